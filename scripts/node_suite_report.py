@@ -1,0 +1,28 @@
+"""Print the README's node-suite table: cases touching our ops, included (all must pass in CI),
+and every exclusion with its reason.  Run: python scripts/node_suite_report.py"""
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from node_suite import all_cases, classify  # noqa: E402
+
+
+def main() -> None:
+    included, excluded = classify()
+    total = len(included) + len(excluded)
+    print(f"ONNX node suite: {len(all_cases())} cases loaded; {total} concern ops we register; "
+          f"{len(included)} run and pass in CI; {len(excluded)} excluded:\n")
+    by_reason = defaultdict(list)
+    for name, reason in sorted(excluded.items()):
+        by_reason[reason].append(name)
+    print("| reason | cases |")
+    print("|---|---|")
+    for reason, names in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        print(f"| {reason} | {len(names)}: {', '.join(f'`{n}`' for n in names)} |")
+
+
+if __name__ == "__main__":
+    main()

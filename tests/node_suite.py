@@ -1,0 +1,82 @@
+"""Which cases of ONNX's backend node suite concern the ops we register, and why any is left out.
+
+Used by ``test_onnx_node_suite.py`` and by ``scripts/node_suite_report.py`` (README numbers).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import onnx
+from onnx.backend.test.loader import load_model_tests
+
+from tr_onnx.dtypes import is_supported
+from tr_onnx.registry import canonical_domain, default_registry
+
+# Cases that concern a registered op but are left out, each with its reason. Regexes match
+# whole test names (without the ``_cpu`` suffix).
+_TRAINING_DROPOUT = ("training-mode Dropout draws a random mask; it belongs to the training "
+                     "session (seeded generator), not to inference")
+EXCLUDED: dict[str, str] = {
+    "test_training_dropout(_default)?(_mask)?": _TRAINING_DROPOUT,
+}
+
+LOADED_FLOOR = 1500  # onnx 1.17+ builds ~1800 node cases; fewer means the loader changed
+
+
+def _model_ops(model: onnx.ModelProto):
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    for node in model.graph.node:
+        yield node, opsets.get(node.domain or "", opsets.get("ai.onnx", 1))
+
+
+def _elem_types(model: onnx.ModelProto):
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.type.HasField("tensor_type"):
+            yield vi.type.tensor_type.elem_type
+        else:
+            yield None  # sequences, optionals, maps
+
+
+@lru_cache(maxsize=1)
+def all_cases():
+    return load_model_tests(kind="node")
+
+
+@lru_cache(maxsize=1)
+def classify() -> tuple[list[str], dict[str, str]]:
+    """(included test names, {excluded test name: reason}) over the cases touching our ops.
+
+    A case counts when one of its nodes is an op we register; an ``_expanded`` case (another op's
+    function body) counts only when we register all of its ops.
+    """
+    registry = default_registry()
+    ours = {(d, o) for d, o in registry.op_types("numpy") if d != "ai.tr_onnx"}
+    included, excluded = [], {}
+    for case in all_cases():
+        model = case.model
+        ops = list(_model_ops(model))
+        if not any((canonical_domain(n.domain), n.op_type) in ours for n, _ in ops):
+            continue
+        reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
+        if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
+            reason = "element type the numpy backend cannot hold (bfloat16/float8/int4/string or a " \
+                     "sequence/optional)"
+        if reason is None and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                  for n, _ in ops for a in n.attribute):
+            reason = "control flow subgraph (If/Loop/Scan) not implemented"
+        if reason is None:
+            for node, opset in ops:
+                version = registry.resolve_version(node.domain, node.op_type, opset)
+                if version is None or registry.lookup(node.domain, node.op_type, version,
+                                                      "numpy") is None:
+                    reason = f"uses {node.op_type} (since_version {version}) which is not registered"
+                    break
+        if reason is None:
+            included.append(case.name)
+        elif "_expanded" in case.name and reason.startswith("uses "):
+            continue  # another op's function body, not a test of ours
+        else:
+            excluded[case.name] = reason
+    return included, excluded

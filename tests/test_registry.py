@@ -1,0 +1,131 @@
+"""The pluggy op registry: keys, duplicate detection, opset -> since_version mapping, entry-point
+discovery and `tr-onnx ops`."""
+
+import json
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tr_onnx.cli import main as cli_main
+from tr_onnx.errors import RegistryError
+from tr_onnx.registry import OpKey, build_registry, default_registry
+
+
+def _write_plugin(tmp_path, module: str, body: str, dist: str | None = None) -> None:
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(body))
+    if dist:
+        info = tmp_path / f"{dist.replace('-', '_')}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[tr_onnx]\n{dist} = {module}\n")
+
+
+PLUGIN = """
+    import numpy as np
+    from tr_onnx import hookimpl
+    from tr_onnx.opdef import OpDef
+
+    def double(ctx):
+        def run(ins, outs, ws):
+            np.multiply(ins[0], 2, out=outs[0])
+        return run
+
+    @hookimpl
+    def tr_onnx_op_definitions():
+        return [OpDef({op!r}, (1,), {{"numpy": double}}, domain="com.example")]
+"""
+
+
+@pytest.fixture
+def plugin_path(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("demo_")]:
+        del sys.modules[name]
+
+
+def test_builtin_keys_and_version_resolution():
+    registry = default_registry()
+    assert OpKey("", "Relu", 14, "numpy") in registry.keys()
+    assert registry.resolve_version("", "Relu", 12) == 6
+    assert registry.resolve_version("ai.onnx", "Relu", 14) == 14
+    assert registry.source_of(OpKey("", "Relu", 14, "numpy")) == "tr_onnx.ops.elementwise"
+
+
+def test_duplicate_key_names_both_sources(plugin_path):
+    _write_plugin(plugin_path, "demo_a", PLUGIN.format(op="Twice"))
+    _write_plugin(plugin_path, "demo_b", PLUGIN.format(op="Twice"))
+    import demo_a
+    import demo_b
+
+    with pytest.raises(RegistryError, match=r"Twice.*registered twice: by 'demo_a' and by 'demo_b'"):
+        build_registry([demo_a, demo_b], autoload=False)
+
+
+def test_duplicate_of_a_builtin_is_an_error(plugin_path):
+    _write_plugin(plugin_path, "demo_relu", PLUGIN.format(op="Relu").replace(
+        'domain="com.example"', 'domain=""').replace("(1,)", "(14,)"))
+    import demo_relu
+
+    with pytest.raises(RegistryError, match="tr_onnx.ops.elementwise.*demo_relu"):
+        build_registry([demo_relu], autoload=False)
+
+
+def test_hookimpl_without_hookspec_is_an_error(plugin_path):
+    _write_plugin(plugin_path, "demo_typo", """
+        from tr_onnx import hookimpl
+
+        @hookimpl
+        def tr_onnx_op_definitons():  # misspelt
+            return []
+    """)
+    import demo_typo
+
+    with pytest.raises(RegistryError, match="demo_typo.*tr_onnx_op_definitons"):
+        build_registry([demo_typo], autoload=False)
+
+
+def test_entry_point_plugins_load_and_broken_ones_warn(plugin_path, monkeypatch):
+    _write_plugin(plugin_path, "demo_good", PLUGIN.format(op="Twice"), dist="demo-good")
+    _write_plugin(plugin_path, "demo_broken", "raise ImportError('boom')\n", dist="demo-broken")
+    monkeypatch.delenv("TR_ONNX_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    with pytest.warns(UserWarning, match="'demo-broken'.*boom"):
+        registry = build_registry()
+    assert registry.lookup("com.example", "Twice", 1, "numpy") is not None
+    assert registry.source_of(OpKey("com.example", "Twice", 1, "numpy")) == "demo-good"
+    monkeypatch.setenv("TR_ONNX_DISABLE_PLUGIN_AUTOLOAD", "1")
+    assert build_registry().lookup("com.example", "Twice", 1, "numpy") is None
+
+
+def test_session_plugins_argument_runs_a_custom_op(plugin_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    import tr_onnx
+
+    _write_plugin(plugin_path, "demo_sess", PLUGIN.format(op="Twice"))
+    import demo_sess
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    node = helper.make_node("Twice", ["x"], ["t"], domain="com.example")
+    relu = helper.make_node("Relu", ["t"], ["y"])
+    model = helper.make_model(helper.make_graph([node, relu], "g", [x], [y]), opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.graph.value_info.append(helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3]))
+    onnx.checker.check_model(model)
+    data = np.array([[-1, 2, 3], [4, -5, 6]], np.float32)
+    with pytest.raises(tr_onnx.UnsupportedModelError, match="Twice"):
+        tr_onnx.InferenceSession(model)
+    out = tr_onnx.InferenceSession(model, plugins=[demo_sess]).run(None, {"x": data})[0]
+    np.testing.assert_array_equal(out, np.maximum(2 * data, 0))
+
+
+def test_ops_cli_lists_registered_ops(capsys):
+    assert cli_main(["ops", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    relu = next(r for r in rows if r["op"] == "Relu")
+    assert relu["domain"] == "ai.onnx" and 14 in relu["versions"]
+    assert relu["backends"] == ["numpy"] and relu["differentiable"] is True

@@ -1,0 +1,79 @@
+"""The numpy backend: one ``uint8`` arena, strided views at the plan's offsets, and a step that is
+a flat list of bound kernel calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import TrOnnxError
+from ..memory import ALIGN, MemoryPlan, Region, pad_lanes_are_zero, write_host
+
+
+class KernelError(TrOnnxError):
+    """A kernel failed while running; the message names the node."""
+
+
+def allocate_arena(nbytes: int) -> np.ndarray:
+    """A zeroed arena whose first byte is 256-byte aligned (padded lanes start, and stay, zero)."""
+    raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
+
+
+class BoundStep:
+    """One prepared kernel call: the function, the views it reads and writes, and the padded
+    lanes of its outputs to zero first (outputs living in reused memory)."""
+
+    __slots__ = ("label", "run", "ins", "outs", "ws", "pads", "out_tensors")
+
+    def __init__(self, label: str, run: Callable, ins: list, outs: list, ws: list, pads: list,
+                 out_tensors: list):
+        self.label, self.run, self.ins, self.outs, self.ws = label, run, ins, outs, ws
+        self.pads, self.out_tensors = pads, out_tensors
+
+
+class NumpyExecutor:
+    """Owns the arena of one plan and replays its bound steps."""
+
+    def __init__(self, plan: MemoryPlan, steps: list[tuple[str, Callable, list, list, list]]):
+        self.plan = plan
+        self.arena = allocate_arena(plan.total_bytes)
+        tensors = plan.tensors
+
+        shared = plan.padded_in_shared_slots()
+
+        def view(name):
+            return None if name is None else tensors[name].kernel_view(self.arena)
+
+        def pad_views(names):
+            return [v for n in names if n in shared
+                    for v in tensors[n].layout.pad_views(self.arena, tensors[n].offset,
+                                                         tensors[n].dtype)]
+
+        self.steps = [BoundStep(label, run, [view(n) for n in ins], [view(n) for n in outs],
+                                [t.kernel_view(self.arena) for t in ws], pad_views(outs),
+                                [tensors[n] for n in outs if n is not None])
+                      for label, run, ins, outs, ws in steps]
+
+    def load_constants(self, values: dict[str, np.ndarray]) -> None:
+        for name, data in values.items():
+            t = self.plan.tensors[name]
+            if t.region in (Region.PARAM, Region.CONST) and t.alias_of is None:
+                write_host(self.arena, t, data)
+
+    def run(self, check_pads: bool = False) -> None:
+        """Replay the step. ``check_pads`` (a debug aid, slow) verifies after every kernel that
+        the padded lanes of what it wrote are still zero, and names the node that broke them."""
+        for step in self.steps:
+            for pad in step.pads:
+                pad.fill(0)
+            try:
+                step.run(step.ins, step.outs, step.ws)
+            except Exception as exc:  # re-raised with the node named; the cause is chained
+                raise KernelError(f"{step.label} failed in the numpy backend: {exc!r}") from exc
+            if check_pads:
+                for t in step.out_tensors:
+                    if not pad_lanes_are_zero(self.arena, t):
+                        raise KernelError(f"{step.label} left non-zero padded lanes in {t.name!r}")

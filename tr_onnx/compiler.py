@@ -1,0 +1,77 @@
+"""Make a runnable plan for concrete input shapes: specialise -> dispatch -> layout -> kernels
+-> MemoryPlan -> bound executor. Everything that is looked up or decided happens here, once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ir
+from .backends import numpy_backend
+from .importer import ImportedModel
+from .layouts import GatherRowsLayout
+from .memory import MemoryPlan, plan_memory
+from .opdef import KernelContext, TensorInfo
+from .passes.dispatch import dispatch
+from .passes.layout import LayoutReport, assign_layouts
+
+
+@dataclass
+class CompiledPlan:
+    graph: ir.Graph
+    layout: LayoutReport
+    memory: MemoryPlan
+    executor: numpy_backend.NumpyExecutor
+    kernels: list[tuple[ir.Node, str]]  # executed nodes and the op set that provided the kernel
+    backend: str
+
+
+def tensor_info(v: ir.Value) -> TensorInfo:
+    layout = v.get_layout()
+    shape = layout.phys_shape if isinstance(layout, GatherRowsLayout) else tuple(v.shape)
+    return TensorInfo(v.name, shape, v.dtype, layout, tuple(v.shape))
+
+
+def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
+                 const_values: dict[str, np.ndarray], backend: str, align: int,
+                 reuse: bool = True) -> CompiledPlan:
+    registry = imported.registry
+    graph = imported.specialize(shapes, const_values)
+    dispatch(graph, registry, backend)
+    report = assign_layouts(graph, registry, backend, align)
+    schedule = list(graph.nodes)
+    factories, workspace = [], {}
+    for index, node in enumerate(schedule):
+        if node.outputs and node.outputs[0] is not None and node.outputs[0].alias_of is not None:
+            continue  # a zero-copy view: nothing to run
+        consts = [v.data if v is not None and v.is_constant else None for v in node.inputs]
+        for i in node.opdef.const_inputs:
+            if i < len(node.inputs) and node.inputs[i] is not None and consts[i] is None:
+                raise imported_error(node, i)
+        ctx = KernelContext(node, [tensor_info(v) if v is not None else None for v in node.inputs],
+                            [tensor_info(v) if v is not None else None for v in node.outputs],
+                            consts, backend)
+        run = node.opdef.kernels[backend](ctx)
+        if ctx.workspace_requests:
+            workspace[index] = ctx.workspace_requests
+        factories.append((index, node, run))
+    memory = plan_memory(graph, schedule, workspace, reuse=reuse)
+    steps = []
+    for index, node, run in factories:
+        steps.append((node.label, run, [v.name if v is not None else None for v in node.inputs],
+                      [v.name if v is not None else None for v in node.outputs],
+                      memory.workspaces.get(index, [])))
+    executor = numpy_backend.NumpyExecutor(memory, steps)
+    executor.load_constants({v.name: v.data for v in graph.values.values() if v.is_constant})
+    kernels = [(node, registry.source_of_node(node, backend)) for _, node, _ in factories]
+    return CompiledPlan(graph, report, memory, executor, kernels, backend)
+
+
+def imported_error(node: ir.Node, index: int) -> Exception:
+    from .errors import UnsupportedModelError
+
+    name = node.inputs[index].name
+    return UnsupportedModelError(
+        f"{node.label}: input {index} ({name!r}) must be known when the plan is made, but it is "
+        "computed at run time", [])

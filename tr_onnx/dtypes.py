@@ -1,0 +1,42 @@
+"""ONNX tensor element types <-> NumPy dtypes (the ones the numpy backend can hold)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+# ONNX element types NumPy represents natively. bfloat16 and the float8/int4 families
+# need ml_dtypes; the numpy backend does not compute in them.
+_ONNX_TO_NP: dict[int, np.dtype] = {
+    onnx.TensorProto.FLOAT: np.dtype(np.float32),
+    onnx.TensorProto.DOUBLE: np.dtype(np.float64),
+    onnx.TensorProto.FLOAT16: np.dtype(np.float16),
+    onnx.TensorProto.INT8: np.dtype(np.int8),
+    onnx.TensorProto.INT16: np.dtype(np.int16),
+    onnx.TensorProto.INT32: np.dtype(np.int32),
+    onnx.TensorProto.INT64: np.dtype(np.int64),
+    onnx.TensorProto.UINT8: np.dtype(np.uint8),
+    onnx.TensorProto.UINT16: np.dtype(np.uint16),
+    onnx.TensorProto.UINT32: np.dtype(np.uint32),
+    onnx.TensorProto.UINT64: np.dtype(np.uint64),
+    onnx.TensorProto.BOOL: np.dtype(np.bool_),
+}
+_NP_TO_ONNX = {v: k for k, v in _ONNX_TO_NP.items()}
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """The NumPy dtype for an ONNX element type; raises ``TypeError`` for ones we cannot hold."""
+    try:
+        return _ONNX_TO_NP[elem_type]
+    except KeyError:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
+        raise TypeError(f"ONNX element type {name} is not supported by tr_onnx") from None
+
+
+def onnx_elem_type(dtype: np.dtype | type) -> int:
+    """The ONNX element type for a NumPy dtype."""
+    return _NP_TO_ONNX[np.dtype(dtype)]
+
+
+def is_supported(elem_type: int) -> bool:
+    return elem_type in _ONNX_TO_NP

@@ -1,0 +1,386 @@
+"""ONNX import: load -> check -> convert opset -> infer shapes -> fold constants -> IR.
+
+``import_model`` does the shape-independent part once per model; ``specialize`` makes the IR
+for one set of concrete input shapes (and values of inputs that must be plan-time constants),
+folding what those make constant. Symbolic batch dimensions stay symbolic until then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from . import ir
+from .dtypes import is_supported, np_dtype
+from .errors import ModelLoadError, ShapeError, UnsupportedModelError
+from .registry import OpRegistry, canonical_domain, default_registry, schema_for
+
+MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
+MAX_OPSET = onnx.defs.onnx_opset_version()
+# Ops whose result is not a function of their inputs' values: never folded.
+_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                     "Multinomial", "Bernoulli", "Dropout"}
+_SHAPE_OPS = {"Shape", "Size"}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple  # ints and str (symbolic)
+    dtype: np.dtype
+
+
+@dataclass
+class ImportedModel:
+    """A checked, opset-converted, shape-inferred, statically folded model."""
+
+    proto: onnx.ModelProto
+    source: str
+    inputs: list[InputSpec]
+    outputs: list[InputSpec]
+    param_names: frozenset[str]  # float initializers of the original model (trainable candidates)
+    const_feeds: frozenset[str]  # graph inputs a plan must treat as constants (Reshape shape...)
+    original_opset: int
+    registry: OpRegistry = field(repr=False, default=None)
+
+    def specialize(self, shapes: dict[str, tuple], const_values: dict[str, np.ndarray]) -> ir.Graph:
+        return specialize(self, shapes, const_values)
+
+
+def load_model(src: str | Path | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, str]:
+    """Read a model; a missing, truncated or non-ONNX file is a ``ModelLoadError`` naming it."""
+    if isinstance(src, onnx.ModelProto):
+        return src, "<ModelProto>"
+    if isinstance(src, bytes):
+        name, data = "<bytes>", src
+    else:
+        path = Path(src)
+        name = str(path)
+        if not path.is_file():
+            raise ModelLoadError(f"{name}: no such model file")
+        data = path.read_bytes()
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"{name}: not a valid ONNX model (truncated or not ONNX): {exc}") \
+            from None
+    if model.ir_version == 0 or not model.HasField("graph") or not model.opset_import:
+        raise ModelLoadError(f"{name}: not a valid ONNX model (no IR version, graph or opset "
+                             "import; truncated or not ONNX)")
+    if not isinstance(src, bytes) and any(
+            i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(Path(src).parent))
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+            raise ModelLoadError(f"{name}: external data could not be read: {exc}") from None
+    return model, name
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    return 1
+
+
+def _check(model: onnx.ModelProto, name: str) -> None:
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelLoadError(f"{name}: fails onnx.checker: {first}") from None
+
+
+def _convert(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    opset = default_opset(model)
+    target = MIN_OPSET if opset < MIN_OPSET else MAX_OPSET if opset > MAX_OPSET else None
+    if target is None:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises bare RuntimeErrors for missing adapters
+        raise ModelLoadError(f"{name}: cannot convert opset {opset} to {target}: {exc}") from None
+
+
+def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                 data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        raise ShapeError(f"{name}: shape inference failed: {exc}") from None
+
+
+def _static_shape(vi: onnx.ValueInfoProto | None) -> tuple[int, ...] | None:
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = vi.type.tensor_type.shape.dim
+    if not all(d.HasField("dim_value") for d in dims):
+        return None
+    return tuple(int(d.dim_value) for d in dims)
+
+
+def fold_constants(model: onnx.ModelProto, param_names: frozenset[str]) -> onnx.ModelProto:
+    """Evaluate nodes whose inputs are all constant (not parameters), and Shape/Size of values
+    with static shapes; their outputs become initializers.
+
+    Float initializers of the original model are parameters: a node reading one is kept, so a
+    trainable weight never disappears into a folded constant.
+    """
+    g = model.graph
+    opsets = list(model.opset_import)
+    consts = {i.name: i for i in g.initializer if i.name not in param_names}
+    infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    graph_outputs = {o.name for o in g.output}
+    kept, folded = [], []
+    for node in g.node:
+        inputs = [n for n in node.input if n]
+        foldable = node.op_type not in _NONDETERMINISTIC and not any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+            for a in node.attribute)
+        if foldable and node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx"):
+            foldable = _static_shape(infos.get(node.input[0])) is not None
+        elif foldable:
+            foldable = all(n in consts for n in inputs)
+        if not foldable or any(o in graph_outputs for o in node.output):
+            kept.append(node)
+            continue
+        results = _evaluate_node(node, opsets, consts, infos)
+        for out_name, value in zip(node.output, results):
+            if out_name:
+                t = numpy_helper.from_array(np.asarray(value), out_name)
+                consts[out_name] = t
+                folded.append(t)
+    if not folded:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    out.graph.initializer.extend(folded)
+    folded_names = {t.name for t in folded}
+    live = [vi for vi in out.graph.value_info if vi.name not in folded_names]
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(live)
+    return out
+
+
+def _fold_to_fixpoint(model: onnx.ModelProto, param_names, name: str) -> onnx.ModelProto:
+    """Infer and fold until nothing more folds: a fold can make another Shape static."""
+    model = _infer(model, name)
+    for _ in range(len(model.graph.node) + 1):
+        before = len(model.graph.node)
+        model = fold_constants(model, param_names)
+        if len(model.graph.node) == before:
+            return model
+        model = _infer(model, name)
+    return model
+
+
+def _evaluate_node(node, opsets, consts, infos) -> list[np.ndarray]:
+    if node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx"):
+        shape = _static_shape(infos.get(node.input[0]))
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(shape)), dtype=np.int64)]
+        attrs = {a.name: a.i for a in node.attribute}
+        rank = len(shape)
+        start = attrs.get("start", 0)
+        end = attrs.get("end", rank)
+        start = min(max(start + rank if start < 0 else start, 0), rank)
+        end = min(max(end + rank if end < 0 else end, 0), rank)
+        return [np.array(shape[start:end], dtype=np.int64)]
+    graph = onnx.helper.make_graph(
+        [node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
+        initializer=[consts[n] for n in dict.fromkeys(n for n in node.input if n)])
+    model = onnx.helper.make_model(graph, opset_imports=opsets)
+    return ReferenceEvaluator(model).run(None, {})
+
+
+def _unsupported_message(missing, backend: str, source: str, registry: OpRegistry) -> str:
+    lines = [f"{source}: {len(missing)} op(s) have no kernel for backend {backend!r}:"]
+    for domain, op_type, version, nodes in missing:
+        have = registry.registered_versions(domain, op_type, backend)
+        shown = ", ".join(repr(n) for n in nodes[:5]) + (" ..." if len(nodes) > 5 else "")
+        extra = f"; registered versions: {have}" if have else ""
+        provider = ("a tr_onnx plugin package providing domain " + repr(domain)) if canonical_domain(
+            domain) else "tr_onnx (builtin op set)"
+        lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version {version}) "
+                     f"at node(s) {shown}{extra}; would be provided by {provider}")
+    lines.append("Ops come from op-set plugins; see README 'Writing a plugin' and "
+                 "`tr-onnx ops` for what is registered.")
+    return "\n".join(lines)
+
+
+def _data_independent_values(model: onnx.ModelProto, param_names) -> set[str]:
+    """Values computable from shapes and constants alone (they fold once shapes are concrete)."""
+    known = {i.name for i in model.graph.initializer if i.name not in param_names}
+    for node in model.graph.node:
+        if node.op_type in _SHAPE_OPS or all(n in known for n in node.input if n):
+            if node.op_type not in _NONDETERMINISTIC:
+                known.update(o for o in node.output if o)
+    return known
+
+
+def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, backend: str,
+                    param_names) -> None:
+    """Raise one error listing every unsupported (domain, op, version) with its nodes."""
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    shape_only = _data_independent_values(model, param_names)
+    missing: dict[tuple[str, str, int], list[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        if all(o in shape_only for o in node.output if o) and node.output:
+            continue  # folds away once input shapes are concrete
+        opset = opsets.get(node.domain or "", opsets.get("ai.onnx", 1))
+        version = registry.resolve_version(node.domain, node.op_type, opset)
+        if version is None or registry.lookup(node.domain, node.op_type, version, backend) is None:
+            key = (node.domain, node.op_type, version if version is not None else opset)
+            missing.setdefault(key, []).append(node.name or f"{node.op_type}_{i}")
+    bad_types = []
+    for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
+        t = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and t.elem_type and not is_supported(t.elem_type):
+            bad_types.append(f"{vi.name!r} ({onnx.TensorProto.DataType.Name(t.elem_type)})")
+    if missing or bad_types:
+        entries = [(d, o, v, n) for (d, o, v), n in missing.items()]
+        msg = _unsupported_message(entries, backend, source, registry) if entries else source + ":"
+        if bad_types:
+            msg += "\n  values with element types tr_onnx cannot hold: " + ", ".join(bad_types[:10])
+        raise UnsupportedModelError(msg, entries)
+
+
+def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy") -> ImportedModel:
+    """Load, check, convert, infer and fold ``src``; verify every op has a kernel for ``backend``."""
+    registry = registry or default_registry()
+    model, name = load_model(src)
+    _check(model, name)
+    original_opset = default_opset(model)
+    model = _convert(model, name)
+    # IR < 4 listed initializers among the graph inputs; they are parameters, not feeds.
+    init_names = {i.name for i in model.graph.initializer}
+    if any(i.name in init_names for i in model.graph.input):
+        inputs = [i for i in model.graph.input if i.name not in init_names]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+        if model.ir_version < 4:
+            model.ir_version = 4
+    param_names = frozenset(i.name for i in model.graph.initializer
+                            if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                               onnx.TensorProto.FLOAT16))
+    model = _fold_to_fixpoint(model, param_names, name)
+    check_supported(model, name, registry, backend, param_names)
+    const_feeds = _const_feed_inputs(model, registry, backend)
+    specs = [_spec(vi) for vi in model.graph.input]
+    outs = [_spec(vi) for vi in model.graph.output]
+    return ImportedModel(model, name, specs, outs, param_names, frozenset(const_feeds),
+                         original_opset, registry)
+
+
+def _spec(vi: onnx.ValueInfoProto) -> InputSpec:
+    t = vi.type.tensor_type
+    dims = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+                 for d in t.shape.dim) if t.HasField("shape") else None
+    return InputSpec(vi.name, dims, np_dtype(t.elem_type))
+
+
+def _opdef_for(node, opsets, registry, backend):
+    opset = opsets.get(node.domain or "", 1)
+    version = registry.resolve_version(node.domain, node.op_type, opset)
+    return None if version is None else registry.lookup(node.domain, node.op_type, version, backend)
+
+
+def _const_feed_inputs(model, registry, backend) -> set[str]:
+    """Graph inputs whose values decide shapes: they reach a ``const_inputs`` position (Reshape's
+    shape, Range's limit...) through nodes that compute on values (Shape/Size read only shapes,
+    so the walk stops there). Plans specialise on their values."""
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    graph_inputs = {i.name for i in model.graph.input}
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    found, seen = set(), set()
+    pending = [node.input[i] for node in model.graph.node
+               for i in (getattr(_opdef_for(node, opsets, registry, backend), "const_inputs", ()))
+               if i < len(node.input) and node.input[i]]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in graph_inputs:
+            found.add(name)
+        elif name in producer and producer[name].op_type not in _SHAPE_OPS:
+            pending.extend(n for n in producer[name].input if n)
+    return found
+
+
+def specialize(imported: ImportedModel, shapes: dict[str, tuple],
+               const_values: dict[str, np.ndarray]) -> ir.Graph:
+    """The IR for concrete input shapes; ``const_values`` binds the model's const-feed inputs."""
+    model = onnx.ModelProto()
+    model.CopyFrom(imported.proto)
+    g = model.graph
+    for vi in g.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = int(d)
+    if const_values:
+        kept = [vi for vi in g.input if vi.name not in const_values]
+        del g.input[:]
+        g.input.extend(kept)
+        g.initializer.extend(numpy_helper.from_array(np.asarray(v), k)
+                             for k, v in const_values.items())
+    model = _fold_to_fixpoint(model, imported.param_names, imported.source)
+    _custom_shapes(model, imported)
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    registry = imported.registry
+
+    def schema_of(domain, op_type):
+        return schema_for(domain, op_type, opsets.get(domain or "", 1)) \
+            if canonical_domain(domain) in ("", "ai.onnx.ml", "ai.onnx.preview.training") else None
+
+    graph = ir.graph_from_onnx(model, schema_of)
+    for v in graph.values.values():
+        if v.kind == ir.PARAM and v.name not in imported.param_names:
+            v.kind = ir.CONST
+    for v in graph.values.values():
+        if not v.is_static:
+            raise ShapeError(f"{imported.source}: value {v.name!r} has a dynamic shape "
+                             f"{list(v.shape)} even with concrete inputs (data-dependent shapes "
+                             "are not supported)")
+    return graph
+
+
+def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
+    """Fill shapes ONNX inference left unknown using the ops' own shape rules (custom domains),
+    then let ONNX inference carry them downstream."""
+    g = model.graph
+    infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    for init in g.initializer:
+        infos.setdefault(init.name, onnx.helper.make_tensor_value_info(
+            init.name, init.data_type, list(init.dims)))
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    changed = False
+    for node in g.node:
+        if all(_static_shape(infos.get(o)) is not None for o in node.output if o):
+            continue
+        opdef = _opdef_for(node, opsets, imported.registry, "numpy")
+        if opdef is None or opdef.shape is None:
+            continue
+        in_shapes = [_static_shape(infos.get(n)) if n else None for n in node.input]
+        in_types = [np_dtype(infos[n].type.tensor_type.elem_type) if n and n in infos else None
+                    for n in node.input]
+        results = opdef.shape(node, in_shapes, in_types)
+        for out_name, (shape, dtype) in zip(node.output, results):
+            from .dtypes import onnx_elem_type
+            vi = onnx.helper.make_tensor_value_info(out_name, onnx_elem_type(dtype), list(shape))
+            g.value_info.append(vi)
+            infos[out_name] = vi
+            changed = True
+    if changed:
+        inferred = _infer(model, imported.source)
+        model.CopyFrom(inferred)

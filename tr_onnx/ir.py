@@ -1,0 +1,227 @@
+"""The IR: a graph of Nodes and Values with logical (ONNX) shapes.
+
+Shapes are the ones ONNX defines (NCHW for feature maps); how a value sits in memory is its
+``layout``, chosen by the layout pass, and where it sits is the MemoryPlan's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .dtypes import np_dtype
+from .errors import ShapeError, UnsupportedModelError
+from .layouts import Layout, StridedLayout
+
+# Value kinds
+INPUT, PARAM, CONST, ACTIVATION = "input", "param", "const", "activation"
+
+
+@dataclass(eq=False)
+class Value:
+    name: str
+    shape: tuple  # ints, or str for a symbolic dimension (only before specialisation)
+    dtype: np.dtype
+    kind: str = ACTIVATION
+    data: np.ndarray | None = None  # PARAM / CONST contents (logical layout)
+    producer: Node | None = None
+    consumers: list[Node] = field(default_factory=list)
+    layout: Layout | None = None
+    alias_of: Value | None = None  # shares the memory of another value (zero-copy reshape)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def is_constant(self) -> bool:
+        return self.kind in (PARAM, CONST)
+
+    def get_layout(self) -> Layout:
+        return self.layout if self.layout is not None else StridedLayout.plain(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Value({self.name!r}, {list(self.shape)}, {self.dtype}, {self.kind})"
+
+
+@dataclass(eq=False)
+class Node:
+    name: str
+    op_type: str
+    domain: str
+    since_version: int
+    inputs: list[Value | None]
+    outputs: list[Value | None]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    opdef: Any = None  # the registry's OpDef, bound at dispatch
+
+    @property
+    def label(self) -> str:
+        """How errors name this node: ``'conv1' (Conv, ai.onnx v11)``."""
+        domain = self.domain or "ai.onnx"
+        return f"node {self.name!r} ({self.op_type}, {domain} v{self.since_version})"
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, {self.op_type})"
+
+
+@dataclass(eq=False)
+class Graph:
+    name: str
+    nodes: list[Node]
+    values: dict[str, Value]
+    inputs: list[Value]
+    outputs: list[Value]
+    opsets: dict[str, int]
+
+    def params(self) -> list[Value]:
+        return [v for v in self.values.values() if v.kind == PARAM]
+
+    def remove_node(self, node: Node) -> None:
+        self.nodes.remove(node)
+        for v in node.inputs:
+            if v is not None and node in v.consumers:
+                v.consumers.remove(node)
+
+    def insert_before(self, anchor: Node, node: Node) -> None:
+        self.nodes.insert(self.nodes.index(anchor), node)
+        for v in node.inputs:
+            if v is not None and node not in v.consumers:
+                v.consumers.append(node)
+        for v in node.outputs:
+            if v is not None:
+                v.producer = node
+                self.values[v.name] = v
+
+    def replace_input(self, node: Node, index: int, new: Value) -> None:
+        old = node.inputs[index]
+        node.inputs[index] = new
+        if old is not None and old not in node.inputs:
+            old.consumers.remove(node)
+        if node not in new.consumers:
+            new.consumers.append(node)
+
+    def unique_name(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.values:
+            i += 1
+            name = f"{base}_{i}"
+        return name
+
+
+def attribute_value(attr: onnx.AttributeProto) -> Any:
+    """An attribute as a Python value: str for strings, np.ndarray for tensors."""
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8") for v in value]
+    return value
+
+
+def node_attributes(proto: onnx.NodeProto, schema: onnx.defs.OpSchema | None) -> dict[str, Any]:
+    """The node's attributes with the schema's defaults filled in, once, here.
+
+    Kernels never repeat a default; an attribute the schema marks required and the node lacks
+    is an error naming the node.
+    """
+    attrs = {a.name: attribute_value(a) for a in proto.attribute}
+    if schema is None:
+        return attrs
+    for name, spec in schema.attributes.items():
+        if name in attrs:
+            continue
+        if spec.default_value is not None and spec.default_value.type != 0:
+            attrs[name] = attribute_value(spec.default_value)
+        elif spec.required:
+            raise UnsupportedModelError(
+                f"node {proto.name!r} ({proto.op_type}) lacks required attribute {name!r}", [])
+    return attrs
+
+
+def _value_info_shape(vi: onnx.ValueInfoProto) -> tuple | None:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    dims = []
+    for i, d in enumerate(t.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or f"{vi.name}:{i}")
+    return tuple(dims)
+
+
+def graph_from_onnx(model: onnx.ModelProto, schema_of) -> Graph:
+    """Build the IR from an imported (checked, inferred, folded) model.
+
+    ``schema_of(domain, op_type)`` returns the ONNX schema for the model's opset, or None.
+    """
+    g = model.graph
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    values: dict[str, Value] = {}
+
+    def new_value(vi: onnx.ValueInfoProto, kind: str) -> Value:
+        shape = _value_info_shape(vi)
+        if shape is None:
+            raise ShapeError(f"value {vi.name!r} has no inferred shape")
+        return Value(vi.name, shape, np_dtype(vi.type.tensor_type.elem_type), kind)
+
+    for init in g.initializer:
+        data = numpy_helper.to_array(init)
+        values[init.name] = Value(init.name, tuple(data.shape), data.dtype, PARAM, data=data)
+    inputs = []
+    for vi in g.input:
+        if vi.name in values:  # IR < 4: initializers were listed as inputs too
+            continue
+        values[vi.name] = v = new_value(vi, INPUT)
+        inputs.append(v)
+    infos = {vi.name: vi for vi in list(g.value_info) + list(g.output)}
+
+    nodes = []
+    for i, p in enumerate(g.node):
+        schema = schema_of(p.domain, p.op_type)
+        name = p.name or f"{p.op_type}_{i}"
+        ins = []
+        for n in p.input:
+            if not n:
+                ins.append(None)
+                continue
+            if n not in values:
+                raise ShapeError(f"node {name!r} ({p.op_type}) reads {n!r}, which nothing defines")
+            ins.append(values[n])
+        outs = []
+        for n in p.output:
+            if not n:
+                outs.append(None)
+                continue
+            if n not in infos:
+                raise ShapeError(f"node {name!r} ({p.op_type}): output {n!r} has no inferred "
+                                 "type/shape")
+            try:
+                values[n] = v = new_value(infos[n], ACTIVATION)
+            except ShapeError:
+                raise ShapeError(f"node {name!r} ({p.op_type}): output {n!r} has no inferred "
+                                 "shape") from None
+            outs.append(v)
+        version = schema.since_version if schema is not None else opsets.get(p.domain, 1)
+        node = Node(name, p.op_type, p.domain, version, ins, outs, node_attributes(p, schema))
+        for v in ins:
+            if v is not None and node not in v.consumers:
+                v.consumers.append(node)
+        for v in outs:
+            if v is not None:
+                v.producer = node
+        nodes.append(node)
+    outputs = [values[o.name] for o in g.output]
+    return Graph(g.name, nodes, values, inputs, outputs, opsets)

@@ -1,0 +1,350 @@
+"""The MemoryPlan: where every tensor lives in one 256-byte-aligned arena.
+
+A pure function of the scheduled graph: schedule -> first/last use -> alloc/free events ->
+aligned offsets. It holds descriptors (DTensor), never memory; a backend allocates one arena
+of ``total_bytes`` and takes views at the offsets. ``reuse=False`` turns lifetime reuse off.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ir
+from .errors import InputError, PlanError
+from .layouts import GatherRowsLayout, Layout, StridedLayout, compact_strides, round_up
+
+ALIGN = 256
+
+
+class Region(enum.IntEnum):
+    """Arena regions, in arena order."""
+
+    PARAM = 0  # trainable-candidate initializers
+    CONST = 1  # other initializers and folded constants
+    GRAD = 2  # parameter gradients (training)
+    OPT_STATE = 3  # optimizer moments (training)
+    INPUT = 4  # graph inputs (``input_buffers`` copies)
+    SAVED = 5  # activations kept for the backward pass (training)
+    ACTIVATION = 6  # intermediate values; lifetimes reused
+    WORKSPACE = 7  # per-node scratch, live only while that node runs
+
+
+_KIND_REGION = {ir.PARAM: Region.PARAM, ir.CONST: Region.CONST, ir.INPUT: Region.INPUT,
+                ir.ACTIVATION: Region.ACTIVATION}
+
+
+@dataclass
+class DTensor:
+    """A tensor's descriptor: logical shape, dtype, layout, region and place in the arena."""
+
+    id: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    region: Region
+    layout: Layout
+    offset: int = 0
+    slot_bytes: int = 0
+    alias_of: int | None = None  # id of the DTensor whose memory this one views
+    first_use: int = -1  # schedule index of the producer (-1: before the step)
+    last_use: int = -1  # schedule index of the last reader (len(schedule): a graph output)
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes(self.dtype.itemsize)
+
+    @property
+    def phys_shape(self) -> tuple[int, ...]:
+        return self.layout.phys_shape
+
+    @property
+    def padded_channels(self) -> int | None:
+        return self.layout.padded_channels
+
+    @property
+    def device_strides(self) -> tuple[int, ...]:
+        """Byte strides of the arena view, logical axis order (padded, permuted)."""
+        return self.layout.view_strides(self.dtype.itemsize)
+
+    @property
+    def host_strides(self) -> tuple[int, ...]:
+        """Byte strides of the compact host array in logical (NCHW) order."""
+        return compact_strides(self.shape, self.dtype.itemsize)
+
+    def kernel_view(self, arena: np.ndarray) -> np.ndarray:
+        return self.layout.kernel_view(arena, self.offset, self.dtype)
+
+    def physical_view(self, arena: np.ndarray) -> np.ndarray:
+        return self.layout.physical_view(arena, self.offset, self.dtype)
+
+
+@dataclass
+class MemoryPlan:
+    tensors: dict[str, DTensor]
+    workspaces: dict[int, list[DTensor]]  # schedule index -> that node's scratch buffers
+    regions: dict[Region, tuple[int, int]]  # region -> (start, bytes)
+    total_bytes: int
+    naive_bytes: int
+    schedule_length: int
+    reuse: bool = True
+    finalized: bool = field(default=False, repr=False)
+
+    def all_tensors(self) -> list[DTensor]:
+        return list(self.tensors.values()) + [t for ws in self.workspaces.values() for t in ws]
+
+    def region_bytes(self, region: Region) -> int:
+        return self.regions[region][1]
+
+    def finalize(self) -> MemoryPlan:
+        """Validate alignment, region bounds and order, and that no two live tensors overlap."""
+        start = 0
+        for region in Region:
+            r_start, r_size = self.regions[region]
+            if r_start != start or r_start % ALIGN or r_size % ALIGN:
+                raise PlanError(f"region {region.name} at {r_start} (+{r_size}) breaks the arena "
+                                f"order or the {ALIGN}-byte alignment")
+            start += r_size
+        if start != self.total_bytes:
+            raise PlanError(f"regions add up to {start} bytes, arena is {self.total_bytes}")
+        by_id = {t.id: t for t in self.all_tensors()}
+        for t in self.all_tensors():
+            if t.offset % ALIGN or t.slot_bytes % ALIGN:
+                raise PlanError(f"tensor {t.name!r}: offset {t.offset} / slot {t.slot_bytes} not "
+                                f"a multiple of {ALIGN}")
+            owner = by_id[t.alias_of] if t.alias_of is not None else t
+            r_start, r_size = self.regions[owner.region]
+            if t.nbytes > owner.slot_bytes or not (
+                    r_start <= t.offset and t.offset + t.nbytes <= r_start + r_size):
+                raise PlanError(f"tensor {t.name!r} ({t.nbytes} bytes at {t.offset}) does not fit "
+                                f"its slot in region {owner.region.name}")
+        self._check_overlaps()
+        self.finalized = True
+        return self
+
+    def _check_overlaps(self) -> None:
+        owned = [t for t in self.tensors.values() if t.alias_of is None and t.slot_bytes]
+        owned.sort(key=lambda t: t.offset)
+        for i, a in enumerate(owned):
+            for b in owned[i + 1:]:
+                if b.offset >= a.offset + a.slot_bytes:
+                    break
+                if a.first_use <= b.last_use and b.first_use <= a.last_use:
+                    raise PlanError(f"tensors {a.name!r} and {b.name!r} are live at the same time "
+                                    f"but overlap in the arena ({a.offset}+{a.slot_bytes}, "
+                                    f"{b.offset}+{b.slot_bytes})")
+        for index, ws in self.workspaces.items():
+            spans = sorted((t.offset, t.offset + t.slot_bytes, t.name) for t in ws)
+            for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
+                if start < end:
+                    raise PlanError(f"workspaces {name!r} and {other!r} overlap")
+
+    def padded_in_shared_slots(self) -> set[str]:
+        """Padded tensors whose bytes other tensors also use at other times.
+
+        Their padded lanes may hold a previous occupant's data, so whoever writes them must
+        zero those lanes first; padded tensors with a slot of their own stay zero from arena
+        creation.
+        """
+        owned = sorted((t for t in self.tensors.values() if t.alias_of is None and t.slot_bytes),
+                       key=lambda t: t.offset)
+        shared = set()
+        for i, a in enumerate(owned):
+            for b in owned[i + 1:]:
+                if b.offset >= a.offset + a.slot_bytes:
+                    break
+                shared.update(t.name for t in (a, b) if t.layout.is_padded)
+        return shared
+
+    def summary_lines(self) -> list[str]:
+        mb = 1 << 20
+        lines = [f"arena {self.total_bytes / mb:.3f} MB (naive {self.naive_bytes / mb:.3f} MB, "
+                 f"reuse {'on' if self.reuse else 'off'})"]
+        for region in Region:
+            r_start, r_size = self.regions[region]
+            count = sum(1 for t in self.all_tensors()
+                        if t.region == region and t.alias_of is None)
+            lines.append(f"  {region.name:<11} {r_size:>12,d} B at {r_start:>12,d}  "
+                         f"({count} tensors)")
+        return lines
+
+
+def _slot(nbytes: int) -> int:
+    return round_up(nbytes, ALIGN)
+
+
+class _Allocator:
+    """Best-fit reuse of freed blocks inside one region; grows at the top when nothing fits."""
+
+    def __init__(self, reuse: bool):
+        self.reuse, self.free, self.top = reuse, [], 0
+
+    def alloc(self, size: int) -> int:
+        if self.reuse:
+            fits = [b for b in self.free if b[1] >= size]
+            if fits:
+                block = min(fits, key=lambda b: b[1])
+                self.free.remove(block)
+                if block[1] > size:
+                    self.free.append((block[0] + size, block[1] - size))
+                return block[0]
+        offset, self.top = self.top, self.top + size
+        return offset
+
+    def release(self, offset: int, size: int) -> None:
+        if not self.reuse or not size:
+            return
+        self.free.append((offset, size))
+        self.free.sort()
+        merged = []
+        for start, length in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        if merged and merged[-1][0] + merged[-1][1] == self.top:
+            self.top = merged.pop()[0]
+        self.free = merged
+
+
+def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
+                workspace_requests: dict[int, list[tuple[tuple[int, ...], np.dtype]]],
+                reuse: bool = True, input_buffers: int = 1) -> MemoryPlan:
+    """Lay every value of ``graph`` out in one arena.
+
+    ``schedule`` is the order nodes run in (alias nodes included: they are uses);
+    ``workspace_requests[i]`` the scratch buffers node ``schedule[i]`` asked for.
+    """
+    end = len(schedule)
+    tensors: dict[str, DTensor] = {}
+    ids = iter(range(1 << 62))
+    for v in graph.values.values():
+        region = _KIND_REGION[v.kind]
+        tensors[v.name] = DTensor(next(ids), v.name, tuple(v.shape), v.dtype, region,
+                                  v.get_layout())
+    _lifetimes(graph, schedule, tensors)
+    for v in graph.values.values():
+        if v.alias_of is not None:
+            tensors[v.name].alias_of = tensors[v.alias_of.name].id
+
+    regions: dict[Region, tuple[int, int]] = {}
+    cursor = 0
+    naive = 0
+    owners = [t for t in tensors.values() if t.alias_of is None]
+    for t in owners:
+        t.slot_bytes = _slot(t.nbytes)
+        naive += t.slot_bytes
+    ws_plan: dict[int, list[DTensor]] = {}
+    ws_size = 0
+    for index, requests in workspace_requests.items():
+        offset, bufs = 0, []
+        for k, (shape, dtype) in enumerate(requests):
+            name = f"{schedule[index].name}:ws{k}"
+            t = DTensor(next(ids), name, shape, dtype, Region.WORKSPACE,
+                        StridedLayout.plain(shape), first_use=index, last_use=index)
+            t.slot_bytes = _slot(t.nbytes)
+            t.offset, offset = offset, offset + t.slot_bytes
+            bufs.append(t)
+        naive += offset
+        ws_size = max(ws_size, offset)
+        ws_plan[index] = bufs
+
+    for region in Region:
+        members = [t for t in owners if t.region == region]
+        if region == Region.ACTIVATION:
+            size = _place_by_lifetime(members, cursor, reuse)
+        elif region == Region.WORKSPACE:
+            for bufs in ws_plan.values():
+                for t in bufs:
+                    t.offset += cursor
+            size = ws_size
+        else:
+            size = 0
+            for t in members:
+                t.offset, size = cursor + size, size + t.slot_bytes
+            if region == Region.INPUT:
+                size *= input_buffers
+        regions[region] = (cursor, size)
+        cursor += size
+    for t in tensors.values():
+        if t.alias_of is not None:
+            owner = next(o for o in owners if o.id == t.alias_of)
+            t.offset, t.region = owner.offset, owner.region
+    return MemoryPlan(tensors, ws_plan, regions, cursor, naive, end, reuse).finalize()
+
+
+def _lifetimes(graph: ir.Graph, schedule: list[ir.Node], tensors: dict[str, DTensor]) -> None:
+    end = len(schedule)
+    position = {id(n): i for i, n in enumerate(schedule)}
+
+    def owner(v: ir.Value) -> ir.Value:
+        return v.alias_of if v.alias_of is not None else v
+
+    for v in graph.values.values():
+        t = tensors[owner(v).name]
+        first = position[id(v.producer)] if v.producer is not None and v.kind == ir.ACTIVATION \
+            else -1
+        t.first_use = first if t.first_use < 0 else min(t.first_use, first)
+        last = max([position[id(c)] for c in v.consumers if id(c) in position] + [first])
+        if v in graph.outputs or v.kind != ir.ACTIVATION:
+            last = end
+        t.last_use = max(t.last_use, last)
+    for v in graph.values.values():
+        if v.alias_of is not None:
+            a, o = tensors[v.name], tensors[owner(v).name]
+            a.first_use, a.last_use = o.first_use, o.last_use
+
+
+def _place_by_lifetime(members: list[DTensor], base: int, reuse: bool) -> int:
+    alloc = _Allocator(reuse)
+    live: list[DTensor] = []
+    for t in sorted(members, key=lambda t: (t.first_use, -t.slot_bytes)):
+        for done in [d for d in live if d.last_use < t.first_use]:
+            alloc.release(done.offset - base, done.slot_bytes)
+            live.remove(done)
+        t.offset = base + alloc.alloc(t.slot_bytes)
+        live.append(t)
+    return max([t.offset - base + t.slot_bytes for t in members] + [0])
+
+
+# ---- host <-> arena transfer ---------------------------------------------------------------
+
+def write_host(arena: np.ndarray, t: DTensor, array: np.ndarray, host_layout: str = "nchw") -> None:
+    """Copy a compact host array (logical NCHW, or NHWC with ``host_layout='nhwc'``) into the
+    arena in ``t``'s padded physical layout. Padded lanes are left untouched (zero)."""
+    array = np.asarray(array)
+    if host_layout == "nhwc" and array.ndim >= 3:
+        array = np.moveaxis(array, -1, 1)
+    if array.shape != t.shape:
+        raise InputError(f"{t.name!r}: expected shape {list(t.shape)}, got {list(array.shape)}")
+    if isinstance(t.layout, GatherRowsLayout):
+        t.physical_view(arena)[...] = t.layout.to_physical(array)
+    else:
+        t.kernel_view(arena)[...] = array
+
+
+def read_host(arena: np.ndarray, t: DTensor, host_layout: str = "nchw") -> np.ndarray:
+    """A compact host copy of ``t`` (logical NCHW, or NHWC with ``host_layout='nhwc'``)."""
+    if isinstance(t.layout, GatherRowsLayout):
+        out = t.layout.to_logical(t.physical_view(arena))
+    else:
+        out = np.array(t.kernel_view(arena), copy=True, order="C")
+    if host_layout == "nhwc" and out.ndim >= 3:
+        out = np.ascontiguousarray(np.moveaxis(out, 1, -1))
+    return out
+
+
+def pad_lanes_are_zero(arena: np.ndarray, t: DTensor) -> bool:
+    """True when every padded lane of ``t`` in the arena holds zero bits."""
+    if t.nbytes == 0 or t.layout.is_plain:
+        return True
+    phys = t.physical_view(arena)
+    raw = phys.view(np.uint8).reshape(phys.shape + (-1,)) if phys.ndim else phys
+    return not np.any(raw[t.layout.pad_mask()])
+
+
+__all__ = ["ALIGN", "DTensor", "MemoryPlan", "Region", "plan_memory", "read_host", "write_host",
+           "pad_lanes_are_zero", "math"]

@@ -1,0 +1,146 @@
+"""What an op module declares: its OpDef (versions, layout rule, kernels) and the KernelContext
+a kernel factory receives at plan time.
+
+A kernel factory runs once, when the plan is made. It reads attributes, shapes and plan-time
+constants from the ``KernelContext``, asks for workspace buffers, and returns the function the
+step calls: ``run(ins, outs, ws) -> None``. ``ins``/``outs`` are arena views (``None`` for an
+absent optional input/output) and ``ws`` the workspace views, in the order they were asked
+for. ``run`` writes its outputs in place and allocates nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from .layouts import Layout
+
+RunFn = Callable[[list, list, list], None]
+KernelFactory = Callable[["KernelContext"], RunFn]
+
+# Input layout requirements
+STRIDED = "strided"  # any StridedLayout; the kernel reads a logical (ONNX axis order) view
+PLAIN = "plain"  # compact logical layout; the layout pass inserts a conversion if needed
+CHANNELS_LAST = "channels_last"  # input 0 is a channels-last feature map (spatial ops)
+# Output layout policies
+FOLLOW = "follow"  # an output takes the channels-last layout of a same-rank input
+# Weight layouts (for PARAM inputs of spatial ops)
+CONV_WEIGHT = "conv_weight"
+CHANNEL_VECTOR = "channel_vector"
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """How an op reads and writes physical layouts; the layout pass applies it.
+
+    ``inputs``: what input 0 needs (``STRIDED``, ``PLAIN`` or ``CHANNELS_LAST``); other
+    activation inputs need ``PLAIN`` when input 0 does, else any strided layout.
+    ``outputs``: ``FOLLOW``, ``PLAIN`` or ``CHANNELS_LAST`` (output 0; other outputs plain).
+    ``weights``: input index -> ``CONV_WEIGHT`` / ``CHANNEL_VECTOR`` for parameters of a
+    spatial op, so they are stored the way the backend's kernels read them.
+    ``absorbs_flatten``: input 0 may be a feature map flattened in its physical order
+    (Gemm/MatMul); the weight in input 1 is then stored with the same row order.
+    ``channel_axis``: the logical channel axis of input 0 by the op's ONNX definition.
+    Padded lanes are zero (the arena starts zeroed) and kernels never write them, which keeps
+    sums, matmuls and convolutions over padded channels exact.
+    """
+
+    inputs: str = STRIDED
+    outputs: str = FOLLOW
+    weights: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
+    absorbs_flatten: bool = False
+    channel_axis: int = 1
+
+
+ELEMENTWISE = LayoutRule()
+SPATIAL = LayoutRule(inputs=CHANNELS_LAST, outputs=CHANNELS_LAST)
+PLAIN_ONLY = LayoutRule(inputs=PLAIN, outputs=PLAIN)
+STRIDED_TO_PLAIN = LayoutRule(inputs=STRIDED, outputs=PLAIN)
+MATMUL = LayoutRule(inputs=STRIDED, outputs=PLAIN, absorbs_flatten=True)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op (or a family sharing a body) as an op set provides it.
+
+    ``versions`` are the ONNX schema ``since_version`` values this definition implements (one
+    body for all; ``ctx.since_version`` tells them apart where semantics changed).
+    ``kernels`` maps a backend name (``"numpy"``, ``"cuda"``) to a kernel factory.
+    ``const_inputs``: input indices that must be known when the plan is made (Reshape's shape,
+    Slice's starts...). A graph input in such a position makes the plan specialise on its value.
+    ``alias_output``: output 0 may share input 0's memory when both are plain (Reshape,
+    Identity...): then no kernel runs at all.
+    ``shape``: ``shape(node, input_shapes, input_dtypes) -> [(shape, dtype), ...]`` for ops that
+    ONNX shape inference does not know (custom domains).
+    ``differentiable``: whether a gradient rule exists or is planned (listed by ``tr-onnx ops``).
+    """
+
+    op_type: str
+    versions: tuple[int, ...]
+    kernels: Mapping[str, KernelFactory]
+    domain: str = ""
+    layout: LayoutRule = ELEMENTWISE
+    const_inputs: tuple[int, ...] = ()
+    alias_output: bool = False
+    shape: Callable | None = None
+    differentiable: bool = False
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a kernel knows of one input/output at plan time.
+
+    ``shape`` is the shape of the array the kernel receives: the logical shape, except for a
+    ``GatherRowsLayout`` value (flattened feature map, permuted weight) where it is physical.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    layout: Layout
+    logical_shape: tuple[int, ...]
+
+
+class KernelContext:
+    """Everything a kernel factory may use at plan time."""
+
+    def __init__(self, node, inputs, outputs, consts, backend: str):
+        self.node = node
+        self.attrs: dict[str, Any] = node.attrs
+        self.inputs: list[TensorInfo | None] = inputs
+        self.outputs: list[TensorInfo | None] = outputs
+        self.backend = backend
+        self.since_version: int = node.since_version
+        self._consts: list[np.ndarray | None] = consts
+        self.workspace_requests: list[tuple[tuple[int, ...], np.dtype]] = []
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def const(self, index: int) -> np.ndarray | None:
+        """Input ``index``'s value if it is a plan-time constant, else None (also if absent)."""
+        if index >= len(self._consts):
+            return None
+        return self._consts[index]
+
+    def has_input(self, index: int) -> bool:
+        return index < len(self.inputs) and self.inputs[index] is not None
+
+    def has_output(self, index: int) -> bool:
+        return index < len(self.outputs) and self.outputs[index] is not None
+
+    def workspace(self, shape, dtype) -> int:
+        """Reserve a scratch buffer live only while this node runs; returns its index in ``ws``."""
+        self.workspace_requests.append((tuple(int(d) for d in shape), np.dtype(dtype)))
+        return len(self.workspace_requests) - 1
+
+    def error(self, message: str) -> Exception:
+        from .errors import UnsupportedModelError
+
+        return UnsupportedModelError(f"{self.node.label}: {message}", [])

@@ -1,0 +1,263 @@
+"""Reductions (Reduce*, ArgMax/ArgMin) and the normalising reductions along an axis (Softmax,
+LogSoftmax, Hardmax).
+
+All read logical views (``ELEMENTWISE``): a reduction over a channels-last feature map is a
+strided numpy reduction, and an output of the same rank stays channels-last. Reductions write
+into the output view itself; with ``keepdims=0`` the kernel writes through
+``np.expand_dims(out, axes)``, a view of the same memory in keepdims form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..hookspecs import hookimpl
+from ..opdef import OpDef
+
+# The schema version from which each Reduce op takes ``axes`` as input 1 instead of an attribute.
+_AXES_INPUT_SINCE = {"ReduceSum": 13}
+_AXES_INPUT_SINCE_DEFAULT = 18
+
+
+def _normalize_axes(axes, rank: int, what: str, ctx) -> tuple[int, ...]:
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -rank <= a < max(rank, 1):
+            raise ctx.error(f"{what} {a} is out of range for a rank-{rank} input")
+        out.append(a % rank if rank else 0)
+    return tuple(sorted(set(out)))
+
+
+def _reduce_axes(ctx) -> tuple[int, ...] | None:
+    """The axes a Reduce node reduces, or None for "no reduction" (noop_with_empty_axes)."""
+    rank = len(ctx.inputs[0].shape)
+    if ctx.since_version >= _AXES_INPUT_SINCE.get(ctx.node.op_type, _AXES_INPUT_SINCE_DEFAULT):
+        axes = ctx.const(1) if ctx.has_input(1) else None
+    else:
+        axes = ctx.attrs.get("axes")  # the attribute has no schema default: absent = all axes
+    if axes is None or len(np.ravel(axes)) == 0:
+        # noop_with_empty_axes exists only where axes is an input; older schemas reduce all.
+        if ctx.attrs.get("noop_with_empty_axes", 0):
+            return ()
+        return tuple(range(rank))
+    return _normalize_axes(np.ravel(axes), rank, "axis", ctx)
+
+
+@dataclass(frozen=True)
+class _Reducer:
+    """``pre`` maps x elementwise into a workspace (None: reduce x itself); ``reduce`` is the
+    numpy reduction; ``post`` maps the reduced values in place; ``initial`` is the identity for
+    max/min so that an empty reduction is defined."""
+
+    reduce: object
+    pre: object = None
+    post: object = None
+    initial: str | None = None
+    float_only_math: bool = False  # real-valued math (mean, sqrt, log, exp): ints go via float64
+
+
+_REDUCERS = {
+    "ReduceSum": _Reducer(np.sum),
+    "ReduceMean": _Reducer(np.mean, float_only_math=True),
+    "ReduceMax": _Reducer(np.max, initial="min"),
+    "ReduceMin": _Reducer(np.min, initial="max"),
+    "ReduceProd": _Reducer(np.prod),
+    "ReduceL1": _Reducer(np.sum, pre=np.abs),
+    "ReduceL2": _Reducer(np.sum, pre=np.square, post=np.sqrt, float_only_math=True),
+    "ReduceSumSquare": _Reducer(np.sum, pre=np.square),
+    "ReduceLogSum": _Reducer(np.sum, post=np.log, float_only_math=True),
+    "ReduceLogSumExp": _Reducer(np.sum, float_only_math=True),  # max-shifted, see below
+}
+
+
+def _lowest(dtype: np.dtype, which: str):
+    """The identity of max (``"min"``) or min (``"max"``) reductions for ``dtype``."""
+    if dtype == np.bool_:
+        return which == "max"
+    if np.issubdtype(dtype, np.floating):
+        return -np.inf if which == "min" else np.inf
+    info = np.iinfo(dtype)
+    return info.min if which == "min" else info.max
+
+
+def reduce_numpy(ctx):
+    """One factory for every Reduce* op: (pre) -> reduce -> (post) into the keepdims view."""
+    op = ctx.node.op_type
+    spec = _REDUCERS[op]
+    x_info, y_info = ctx.inputs[0], ctx.outputs[0]
+    axes = _reduce_axes(ctx)
+    keepdims = bool(ctx.attrs["keepdims"])
+    dtype = y_info.dtype
+    kept_shape = tuple(1 if a in axes else d for a, d in enumerate(x_info.shape))
+    # Integer outputs of float math (mean, sqrt, log, exp) are computed in float64 and cast
+    # back with truncation, as the ONNX reference does (``.astype(data.dtype)``).
+    acc = dtype if np.issubdtype(dtype, np.inexact) or not spec.float_only_math \
+        else np.dtype(np.float64)
+    pre_ws = ctx.workspace(x_info.shape, acc) if spec.pre is not None or op == "ReduceLogSumExp" \
+        else None
+    acc_ws = ctx.workspace(kept_shape, acc) if acc != dtype else None
+    max_ws = ctx.workspace(kept_shape, acc) if op == "ReduceLogSumExp" else None
+    initial = {} if spec.initial is None else {"initial": _lowest(dtype, spec.initial)}
+    expand = axes if not keepdims else ()
+    if op == "ReduceLogSumExp":
+        finfo = np.finfo(acc)
+    empty = 0 in x_info.shape
+
+    def run(ins, outs, ws):
+        x = ins[0]
+        y = np.expand_dims(outs[0], expand) if expand else outs[0]
+        r = ws[acc_ws] if acc_ws is not None else y
+        if op == "ReduceLogSumExp":
+            # shift by the max, clamped to finite values so +/-inf inputs stay exact
+            m = ws[max_ws]
+            np.max(x, axis=axes, keepdims=True, out=m, initial=-np.inf)
+            np.clip(m, finfo.min, finfo.max, out=m)
+            t = ws[pre_ws]
+            np.subtract(x, m, out=t)
+            np.exp(t, out=t)
+            np.sum(t, axis=axes, keepdims=True, out=r)
+            with np.errstate(divide="ignore"):
+                np.log(r, out=r)
+            np.add(r, m, out=r)
+        else:
+            src = x
+            if spec.pre is not None:
+                src = ws[pre_ws]
+                spec.pre(x, out=src)
+            if empty and op == "ReduceMean":
+                r[...] = np.nan  # the mean of an empty set; numpy would warn
+            else:
+                spec.reduce(src, axis=axes, keepdims=True, out=r, **initial)
+            if spec.post is not None:
+                with np.errstate(divide="ignore"):  # log(0) = -inf on an empty set is ONNX's
+                    spec.post(r, out=r)
+        if acc_ws is not None:
+            np.copyto(y, r, casting="unsafe")
+
+    return run
+
+
+def _softmax_axes(ctx) -> tuple[int, ...]:
+    """Softmax-family axes: v1/v11 coerce to 2-D at ``axis`` (= every axis from it on)."""
+    rank = len(ctx.inputs[0].shape)
+    (axis,) = _normalize_axes([ctx.attrs["axis"]], rank, "axis", ctx) if rank else (0,)
+    if ctx.since_version < 13:
+        return tuple(range(axis, rank))
+    return (axis,)
+
+
+def softmax_numpy(ctx):
+    """Softmax and LogSoftmax, shifted by the max; float16 sums accumulate in float32."""
+    log = ctx.node.op_type == "LogSoftmax"
+    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
+    axes = _softmax_axes(ctx)
+    kept_shape = tuple(1 if a in axes else d for a, d in enumerate(x_info.shape))
+    m_ws = ctx.workspace(kept_shape, dtype)
+    acc = np.promote_types(dtype, np.float32)
+    s_ws = ctx.workspace(kept_shape, acc)
+    if 0 in x_info.shape:
+        return lambda ins, outs, ws: None
+
+    def run(ins, outs, ws):
+        x, y, m, s = ins[0], outs[0], ws[m_ws], ws[s_ws]
+        np.max(x, axis=axes, keepdims=True, out=m)
+        np.subtract(x, m, out=y)
+        np.exp(y, out=y)
+        np.sum(y, axis=axes, keepdims=True, dtype=acc, out=s)
+        if log:
+            # (x - m) - log(s): adding log(s) to m first would lose it next to a large m
+            np.log(s, out=s)
+            np.subtract(x, m, out=y)
+            np.subtract(y, s, out=y, casting="same_kind")
+        else:
+            np.divide(y, s, out=y, casting="same_kind")
+
+    return run
+
+
+def hardmax_numpy(ctx):
+    """1 at the first maximum along the axis (v1/v11: over the flattened axes from ``axis``)."""
+    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
+    axes = _softmax_axes(ctx)
+    shape = x_info.shape
+    if 0 in shape:
+        return lambda ins, outs, ws: None
+    outer = int(np.prod(shape[:axes[0]], dtype=np.int64))
+    inner = int(np.prod(shape[axes[0]:axes[-1] + 1], dtype=np.int64))
+    if len(axes) == 1:
+        axis = axes[0]
+        idx_ws = ctx.workspace(tuple(1 if a == axis else d for a, d in enumerate(shape)), np.intp)
+
+        def run(ins, outs, ws):
+            idx, y = ws[idx_ws], outs[0]
+            np.argmax(ins[0], axis=axis, keepdims=True, out=idx)
+            y[...] = 0
+            np.put_along_axis(y, idx, 1, axis=axis)  # small index temporaries (size of idx)
+
+        return run
+
+    # Several trailing axes: argmax over their flattening, which needs a contiguous copy.
+    flat_ws = ctx.workspace((outer, inner), dtype)
+    idx_ws = ctx.workspace((outer, 1), np.intp)
+
+    def run_flat(ins, outs, ws):
+        flat, idx = ws[flat_ws], ws[idx_ws]
+        np.copyto(flat.reshape(shape), ins[0])  # reshape of a contiguous workspace: a view
+        np.argmax(flat, axis=1, keepdims=True, out=idx)
+        flat[...] = 0
+        np.put_along_axis(flat, idx, 1, axis=1)  # small index temporaries (size of idx)
+        np.copyto(outs[0], flat.reshape(shape))
+
+    return run_flat
+
+
+def argmax_numpy(ctx):
+    """ArgMax/ArgMin: int64 indices; select_last_index searches a reversed view."""
+    x_info = ctx.inputs[0]
+    rank = len(x_info.shape)
+    (axis,) = _normalize_axes([ctx.attrs["axis"]], rank, "axis", ctx)
+    keepdims = bool(ctx.attrs["keepdims"])
+    last = bool(ctx.attrs.get("select_last_index", 0))  # attribute exists from v12
+    find = np.argmax if ctx.node.op_type == "ArgMax" else np.argmin
+    n = x_info.shape[axis]
+    flip = tuple(slice(None, None, -1) if a == axis else slice(None) for a in range(rank))
+
+    def run(ins, outs, ws):
+        x = ins[0][flip] if last else ins[0]
+        y = outs[0] if keepdims else np.expand_dims(outs[0], axis)
+        find(x, axis=axis, keepdims=True, out=y)
+        if last:
+            np.subtract(n - 1, y, out=y)
+
+    return run
+
+
+_REDUCE_VERSIONS = {
+    "ReduceMean": (1, 11, 13, 18),
+    "ReduceSum": (1, 11, 13),
+    "ReduceMax": (1, 11, 12, 13, 18, 20),
+    "ReduceMin": (1, 11, 12, 13, 18, 20),
+    "ReduceProd": (1, 11, 13, 18),
+    "ReduceL1": (1, 11, 13, 18),
+    "ReduceL2": (1, 11, 13, 18),
+    "ReduceLogSum": (1, 11, 13, 18, 28),
+    "ReduceLogSumExp": (1, 11, 13, 18, 28),
+    "ReduceSumSquare": (1, 11, 13, 18),
+}
+
+
+@hookimpl
+def tr_onnx_op_definitions():
+    reduces = [OpDef(op, versions, {"numpy": reduce_numpy}, const_inputs=(1,),
+                     differentiable=True)
+               for op, versions in _REDUCE_VERSIONS.items()]
+    return reduces + [
+        OpDef("Softmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True),
+        OpDef("LogSoftmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True),
+        OpDef("Hardmax", (1, 11, 13), {"numpy": hardmax_numpy}),
+        OpDef("ArgMax", (1, 11, 12, 13), {"numpy": argmax_numpy}),
+        OpDef("ArgMin", (1, 11, 12, 13), {"numpy": argmax_numpy}),
+    ]

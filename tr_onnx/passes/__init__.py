@@ -1,0 +1,1 @@
+"""Graph passes, run in order: dispatch -> layout (-> autodiff, optimizer: training)."""

@@ -1,0 +1,24 @@
+"""Bind every node to its OpDef for one backend, once, at plan time."""
+
+from __future__ import annotations
+
+from ..errors import UnsupportedModelError
+from ..ir import Graph
+from ..registry import OpRegistry
+
+
+def dispatch(graph: Graph, registry: OpRegistry, backend: str) -> None:
+    """Set ``node.opdef`` for every node; one error lists all nodes without a kernel."""
+    missing: dict[tuple[str, str, int], list[str]] = {}
+    for node in graph.nodes:
+        node.opdef = registry.lookup(node.domain, node.op_type, node.since_version, backend)
+        if node.opdef is None:
+            missing.setdefault((node.domain, node.op_type, node.since_version), []).append(node.name)
+    if missing:
+        lines = [f"{len(missing)} op(s) have no kernel for backend {backend!r}:"]
+        for (domain, op_type, version), names in missing.items():
+            have = registry.registered_versions(domain, op_type, backend)
+            lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version "
+                         f"{version}) at node(s) {names[:5]}; registered versions: {have}")
+        raise UnsupportedModelError("\n".join(lines), [(d, o, v, n) for (d, o, v), n in
+                                                       missing.items()])

@@ -1,0 +1,115 @@
+"""``InferenceSession``: onnxruntime's call shape over a tr_onnx plan, so a user can swap it in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .backends import DEFAULT_CHANNEL_ALIGN, resolve_backend
+from .compiler import CompiledPlan, compile_plan
+from .errors import InputError
+from .importer import ImportedModel, InputSpec, import_model
+from .memory import read_host, write_host
+from .registry import build_registry, default_registry
+
+_TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
+               np.dtype(np.float16): "tensor(float16)", np.dtype(np.bool_): "tensor(bool)"}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """What ``get_inputs``/``get_outputs`` return, like onnxruntime's NodeArg."""
+
+    name: str
+    shape: list
+    type: str
+
+
+def _node_arg(spec: InputSpec) -> NodeArg:
+    shape = list(spec.shape) if spec.shape is not None else None
+    return NodeArg(spec.name, shape, _TYPE_NAMES.get(spec.dtype, f"tensor({spec.dtype.name})"))
+
+
+class InferenceSession:
+    """Run an ONNX model with tr_onnx.
+
+    ``model``: a path, bytes or ``onnx.ModelProto``. ``backend``: ``"numpy"`` or ``"auto"``.
+    ``channel_align``: pad channels of feature maps to this multiple (default: the backend's,
+    1 for numpy; 8 reproduces the GPU's layout on the CPU). ``plugins``: op-set modules or
+    objects to register for this session in addition to the installed ones.
+    A plan is made per concrete input shape (symbolic dimensions stay symbolic until then)
+    and cached.
+    """
+
+    def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
+                 channel_align: int | None = None, plugins=(), reuse_memory: bool = True):
+        self.backend = resolve_backend(backend)
+        self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
+        if self.channel_align < 1:
+            raise ValueError(f"channel_align must be >= 1, got {channel_align}")
+        registry = build_registry(plugins) if plugins else default_registry()
+        self.imported: ImportedModel = import_model(model, registry, self.backend)
+        self.reuse_memory = reuse_memory
+        self._plans: dict[tuple, CompiledPlan] = {}
+
+    def get_inputs(self) -> list[NodeArg]:
+        return [_node_arg(s) for s in self.imported.inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [_node_arg(s) for s in self.imported.outputs]
+
+    def get_providers(self) -> list[str]:
+        return [f"tr_onnx:{self.backend}"]
+
+    def _check_feed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        specs = {s.name: s for s in self.imported.inputs}
+        unknown = [k for k in feed if k not in specs]
+        if unknown:
+            raise InputError(f"unknown input(s) {unknown}; the model's inputs are {list(specs)}")
+        missing = [k for k in specs if k not in feed]
+        if missing:
+            raise InputError(f"missing input(s) {missing}; the model's inputs are {list(specs)}")
+        arrays = {}
+        for name, spec in specs.items():
+            x = np.asarray(feed[name])
+            if x.dtype != spec.dtype:
+                raise InputError(f"input {name!r}: expected dtype {spec.dtype}, got {x.dtype}")
+            if spec.shape is not None and (len(x.shape) != len(spec.shape) or any(
+                    isinstance(d, int) and d != s for d, s in zip(spec.shape, x.shape))):
+                raise InputError(f"input {name!r}: expected shape {list(spec.shape)}, got "
+                                 f"{list(x.shape)}")
+            arrays[name] = x
+        return arrays
+
+    def plan_for(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
+        """The compiled plan for these input shapes (and const-feed values), made once."""
+        const_feeds = {k: v for k, v in feed.items() if k in self.imported.const_feeds}
+        key = tuple((k, v.shape) for k, v in sorted(feed.items())) + tuple(
+            (k, v.dtype.str, v.tobytes()) for k, v in sorted(const_feeds.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            shapes = {k: v.shape for k, v in feed.items() if k not in const_feeds}
+            plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
+                                self.channel_align, reuse=self.reuse_memory)
+            self._plans[key] = plan
+        return plan
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, np.ndarray],
+            run_options=None) -> list[np.ndarray]:
+        """Outputs named in ``output_names`` (all when None), as compact NCHW host arrays."""
+        feed = self._check_feed(input_feed)
+        plan = self.plan_for(feed)
+        executor, tensors = plan.executor, plan.memory.tensors
+        for name, x in feed.items():
+            if name not in self.imported.const_feeds:
+                write_host(executor.arena, tensors[name], x)
+        executor.run()
+        names = output_names or [o.name for o in self.imported.outputs]
+        known = {o.name for o in self.imported.outputs}
+        bad = [n for n in names if n not in known]
+        if bad:
+            raise InputError(f"unknown output(s) {bad}; the model's outputs are {sorted(known)}")
+        return [read_host(executor.arena, tensors[n]) for n in names]
