@@ -155,25 +155,31 @@ def softmax_numpy(ctx):
     x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
     axes = _softmax_axes(ctx)
     kept_shape = tuple(1 if a in axes else d for a, d in enumerate(x_info.shape))
-    m_ws = ctx.workspace(kept_shape, dtype)
     acc = np.promote_types(dtype, np.float32)
+    m_ws = ctx.workspace(kept_shape, acc)
     s_ws = ctx.workspace(kept_shape, acc)
+    # float16: exp, sum and divide in float32 (as onnxruntime does); rounding exp(x - m) to
+    # float16 before the sum costs up to a few ulps of the result
+    e_ws = ctx.workspace(x_info.shape, acc) if acc != dtype else None
     if 0 in x_info.shape:
         return lambda ins, outs, ws: None
 
     def run(ins, outs, ws):
         x, y, m, s = ins[0], outs[0], ws[m_ws], ws[s_ws]
+        e = y if e_ws is None else ws[e_ws]
         np.max(x, axis=axes, keepdims=True, out=m)
-        np.subtract(x, m, out=y)
-        np.exp(y, out=y)
-        np.sum(y, axis=axes, keepdims=True, dtype=acc, out=s)
+        np.subtract(x, m, out=e)
         if log:
             # (x - m) - log(s): adding log(s) to m first would lose it next to a large m
+            np.exp(e, out=y if e_ws is None else e)
+            np.sum(y if e_ws is None else e, axis=axes, keepdims=True, dtype=acc, out=s)
             np.log(s, out=s)
-            np.subtract(x, m, out=y)
-            np.subtract(y, s, out=y, casting="same_kind")
+            np.subtract(x, m, out=e)
+            np.subtract(e, s, out=y, casting="same_kind")
         else:
-            np.divide(y, s, out=y, casting="same_kind")
+            np.exp(e, out=e)
+            np.sum(e, axis=axes, keepdims=True, dtype=acc, out=s)
+            np.divide(e, s, out=y, casting="same_kind")
 
     return run
 
