@@ -45,7 +45,11 @@ def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
     for index, node in enumerate(schedule):
         if node.outputs and node.outputs[0] is not None and node.outputs[0].alias_of is not None:
             continue  # a zero-copy view: nothing to run
-        consts = [v.data if v is not None and v.is_constant else None for v in node.inputs]
+        # Parameters change during training: a kernel sees their values at plan time only where
+        # the op declares the input a plan-time constant.
+        consts = [v.data if v is not None and (v.kind == ir.CONST or v.is_constant and i in
+                                               node.opdef.const_inputs) else None
+                  for i, v in enumerate(node.inputs)]
         for i in node.opdef.const_inputs:
             if i < len(node.inputs) and node.inputs[i] is not None and consts[i] is None:
                 raise imported_error(node, i)

@@ -124,7 +124,10 @@ class KernelContext:
         return self.node.name
 
     def const(self, index: int) -> np.ndarray | None:
-        """Input ``index``'s value if it is a plan-time constant, else None (also if absent)."""
+        """Input ``index``'s value if it is a plan-time constant, else None (also if absent).
+
+        Constants are folded values, non-float initializers and ``const_inputs``; a parameter
+        (a float initializer, trainable) is read in ``run``, never captured here."""
         if index >= len(self._consts):
             return None
         return self._consts[index]
