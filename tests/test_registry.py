@@ -129,3 +129,41 @@ def test_ops_cli_lists_registered_ops(capsys):
     relu = next(r for r in rows if r["op"] == "Relu")
     assert relu["domain"] == "ai.onnx" and 14 in relu["versions"]
     assert relu["backends"] == ["numpy"] and relu["differentiable"] is True
+
+
+def test_custom_op_shape_rule_fills_what_onnx_inference_cannot(plugin_path):
+    from onnx import TensorProto, helper
+
+    import tr_onnx
+
+    _write_plugin(plugin_path, "demo_shape", """
+        import numpy as np
+        from tr_onnx import hookimpl
+        from tr_onnx.opdef import OpDef
+
+        def pairs(ctx):
+            def run(ins, outs, ws):
+                n = ins[0].shape[-1] // 2
+                np.add(ins[0][..., :n], ins[0][..., n:], out=outs[0])
+            return run
+
+        def pairs_shape(node, shapes, dtypes):
+            *lead, last = shapes[0]
+            return [((*lead, last // 2), dtypes[0])]
+
+        @hookimpl
+        def tr_onnx_op_definitions():
+            return [OpDef("AddHalves", (1,), {"numpy": pairs}, domain="com.example",
+                          shape=pairs_shape)]
+    """)
+    import demo_shape
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    nodes = [helper.make_node("AddHalves", ["x"], ["h"], domain="com.example"),
+             helper.make_node("Relu", ["h"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    data = np.arange(-12, 12, dtype=np.float32).reshape(4, 6)
+    out = tr_onnx.InferenceSession(model, plugins=[demo_shape]).run(None, {"x": data})[0]
+    np.testing.assert_array_equal(out, np.maximum(data[:, :3] + data[:, 3:], 0))
