@@ -67,11 +67,18 @@ class ModelSpec(NamedTuple):
 
 
 class ExportSpec(NamedTuple):
-    """One file of the zoo: file stem, model name in ``MODELS`` and ONNX opset."""
+    """One file of the zoo: file stem, model name in ``MODELS``, ONNX opset and export mode.
+
+    ``mode``: ``"eval"`` (inference export, BatchNorm kept), ``"train"``
+    (``TrainingMode.TRAINING``: BatchNormalization with training_mode=1, Dropout active) or
+    ``"fresh"`` (an eval export of the freshly initialised model, before BatchNorm
+    calibration: the exporter then shares equal-valued initializers through Identity nodes).
+    """
 
     stem: str
     model: str
     opset: int
+    mode: str = "eval"
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,21 +340,28 @@ EXPORTS: tuple[ExportSpec, ...] = (
     *(ExportSpec(f"{name}_opset13", name, 13) for name in ("mlp", "lenet", "resnet")),
     # "old converter" files; torch 2.13 still accepts opset 9 with dynamo=False
     *(ExportSpec(f"{name}_opset9", name, 9) for name in ("lenet", "resnet")),
+    *(ExportSpec(f"{name}_train", name, DEFAULT_OPSET, "train")
+      for name in ("mlp", "lenet", "resnet", "mobilenet")),
+    ExportSpec("resnet_fresh", "resnet", DEFAULT_OPSET, "fresh"),
 )
 
 
-def build_torch_model(name: str) -> "torch.nn.Module":
+def build_torch_model(name: str, fresh: bool = False) -> "torch.nn.Module":
     """Rebuild model ``name`` in eval mode with exactly the weights that were exported.
 
-    The global torch RNG is seeded with ``SEED`` inside ``fork_rng`` so the caller's RNG state
-    is left untouched.
+    ``fresh``: the freshly initialised module, before any BatchNorm calibration (the
+    ``*_fresh`` files). The global torch RNG is seeded with ``SEED`` inside ``fork_rng`` so
+    the caller's RNG state is left untouched.
     """
     import torch
 
     spec = MODELS[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = spec.builder()
+        if fresh:
+            model = {"resnet": lambda: _layers().SmallResNet()}[name]()
+        else:
+            model = spec.builder()
     return model.eval()
 
 
@@ -378,16 +392,28 @@ def _exporter_context() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export")
             warnings.filterwarnings("ignore", message=".*feature will be removed")
             warnings.filterwarnings("ignore", message=".*constant folding be turned off")
+            # train-mode tracing: num_batches_tracked is not part of the ONNX graph
+            warnings.filterwarnings("ignore", message=".*Removing mutation from node")
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(previous)
 
 
-def export_bytes(name: str, opset: int) -> bytes:
-    """Export model ``name`` at ``opset`` with the TorchScript exporter; return the file bytes."""
+def export_bytes(name: str, opset: int, mode: str = "eval") -> bytes:
+    """Export model ``name`` at ``opset`` with the TorchScript exporter; return the file bytes.
+
+    ``mode="train"`` traces a copy in train mode (tracing runs a forward pass that moves a
+    module's BatchNorm running statistics; the copy keeps ``build_torch_model``'s intact).
+    """
+    import copy
+
     import torch
 
-    model = build_torch_model(name)
+    model = build_torch_model(name, fresh=mode == "fresh")
+    training = torch.onnx.TrainingMode.PRESERVE
+    if mode == "train":
+        model = copy.deepcopy(model).train()
+        training = torch.onnx.TrainingMode.TRAINING
     buffer = io.BytesIO()
     with _exporter_context(), torch.no_grad():
         torch.onnx.export(
@@ -400,8 +426,8 @@ def export_bytes(name: str, opset: int) -> bytes:
             output_names=[OUTPUT_NAME],
             dynamic_axes={INPUT_NAME: {0: BATCH_DIM}, OUTPUT_NAME: {0: BATCH_DIM}},
             # PRESERVE + eval model == EVAL minus the Conv+BN fold (see module docstring)
-            training=torch.onnx.TrainingMode.PRESERVE,
-            do_constant_folding=True,
+            training=training,
+            do_constant_folding=mode != "train",
         )
     return buffer.getvalue()
 
@@ -446,7 +472,7 @@ def export_all(out_dir: str | pathlib.Path) -> dict[str, pathlib.Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, pathlib.Path] = {}
     for spec in EXPORTS:
-        data = export_bytes(spec.model, spec.opset)
+        data = export_bytes(spec.model, spec.opset, spec.mode)
         paths[spec.stem] = out / f"{spec.stem}.onnx"
         _write_if_changed(paths[spec.stem], data)
         if spec.stem == "resnet_opset9":
@@ -531,7 +557,17 @@ def verify_file(stem: str, path: pathlib.Path) -> dict[str, Any]:
     assert not custom, f"{stem}: non-standard op domains {custom}"
 
     name = _stem_model(stem)
-    torch_model = build_torch_model(name)
+    mode = next((s.mode for s in EXPORTS if s.stem == stem), "eval")
+    torch_model = build_torch_model(name, fresh=mode == "fresh")
+    if mode == "train":
+        # onnxruntime runs a training-mode export with batch statistics, as torch.train() does;
+        # Dropout would draw different masks, so such a file is only checked by the checker
+        if any(n.op_type == "Dropout" for n in model.graph.node):
+            return {"file": path.name, "opset": describe_file(path)["opset"],
+                    "ir": model.ir_version, "nodes": len(model.graph.node),
+                    "kib": path.stat().st_size / 1024, "max_abs_err": float("nan"),
+                    "tol_used": float("nan")}
+        torch_model = _copy_in_train_mode(torch_model)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     worst_abs = worst_ratio = 0.0
     for batch in VERIFY_BATCHES:
@@ -554,6 +590,12 @@ def verify_file(stem: str, path: pathlib.Path) -> dict[str, Any]:
         "max_abs_err": worst_abs,
         "tol_used": worst_ratio,
     }
+
+
+def _copy_in_train_mode(model: "torch.nn.Module") -> "torch.nn.Module":
+    import copy
+
+    return copy.deepcopy(model).train()
 
 
 def check_determinism(paths: dict[str, pathlib.Path]) -> list[str]:

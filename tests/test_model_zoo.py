@@ -14,7 +14,10 @@ from tr_onnx.memory import pad_lanes_are_zero
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 MANIFEST = json.loads((ZOO / "MANIFEST.json").read_text())["files"]
-FILES = sorted(MANIFEST)
+# A training-mode export with an active Dropout draws random masks in any runtime: it is
+# trained (test_training.py), not compared with onnxruntime here.
+FILES = sorted(stem for stem in MANIFEST
+               if not (stem.endswith("_train") and "Dropout" in MANIFEST[stem]["op_types"]))
 
 
 def _feed(stem: str, batch: int) -> dict:

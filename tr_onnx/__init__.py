@@ -3,11 +3,15 @@
 ``import tr_onnx`` needs no GPU: CUDA code is imported only when the cuda backend is asked for.
 """
 
-from .errors import (InputError, ModelLoadError, PlanError, RegistryError, ShapeError, TrOnnxError,
-                     UnsupportedModelError)
+from . import optim
+from .errors import (InputError, ModelLoadError, PlanError, RegistryError, ShapeError,
+                     TrainingDiverged, TrOnnxError, UnsupportedModelError)
 from .hookspecs import hookimpl
 from .session import InferenceSession
+from .training.losses import LossSpec
+from .training.session import TrainingSession
 
 __version__ = "0.1.0"
-__all__ = ["InferenceSession", "hookimpl", "TrOnnxError", "ModelLoadError", "UnsupportedModelError",
-           "RegistryError", "ShapeError", "InputError", "PlanError", "__version__"]
+__all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
+           "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
+           "PlanError", "TrainingDiverged", "__version__"]

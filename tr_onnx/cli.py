@@ -1,5 +1,5 @@
-"""``tr-onnx``: the command line. ``inspect`` shows how a model is laid out; ``ops`` lists the
-registered ops."""
+"""``tr-onnx``: the command line. ``inspect`` shows how a model is laid out; ``run`` runs it;
+``ops`` lists the registered ops; ``train`` trains it and exports the trained model."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +42,7 @@ def _concrete_feed(imported, batch: int, shapes: dict[str, tuple[int, ...]]) -> 
 def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
                   shapes: dict | None = None, reuse: bool = True) -> dict:
     """Everything ``tr-onnx inspect`` prints, as a dict."""
+    from .importer import default_opset
     from .session import InferenceSession
 
     sess = InferenceSession(path, channel_align=channel_align, reuse_memory=reuse)
@@ -59,11 +61,13 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     aliased = Counter(n.op_type for n in plan.graph.nodes
                       if n.outputs and n.outputs[0] is not None and n.outputs[0].alias_of)
     mem = plan.memory
+    params = imported.param_names
+    shared = {n.output[0]: n.input[0] for n in imported.proto.graph.node
+              if n.op_type == "Identity" and n.input and n.input[0] in params}
     return {
         "model": imported.source,
         "opset": {"original": imported.original_opset,
-                  "imported": next(o.version for o in imported.proto.opset_import
-                                   if o.domain in ("", "ai.onnx"))},
+                  "imported": default_opset(imported.proto)},
         "inputs": {s.name: list(s.shape) for s in imported.inputs},
         "planned_for": {k: list(v.shape) for k, v in feed.items()},
         "backend": sess.backend,
@@ -73,6 +77,9 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
                      "kernel": f"{sources[(d, o, v)]} ({sess.backend})"}
                     for (d, o, v), c in sorted(ops.items())],
         "zero_copy_views": dict(aliased),
+        # exporters share equal-valued initializers through Identity nodes; training unties
+        # them (tie_shared_initializers=True keeps them one parameter)
+        "shared_initializers": shared,
         "layout": {
             "channels_last_values": plan.layout.channels_last,
             "transposes_inserted": len(plan.layout.transposes),
@@ -102,6 +109,13 @@ def _print_inspect(info: dict, verbose: bool) -> None:
     if info["zero_copy_views"]:
         views = ", ".join(f"{op} x{n}" for op, n in info["zero_copy_views"].items())
         print(f"  zero-copy views (no kernel): {views}")
+    if info["shared_initializers"]:
+        shared = info["shared_initializers"]
+        print(f"  shared initializers (Identity copies): {len(shared)}; they train as separate "
+              "parameters unless tie_shared_initializers=True")
+        if verbose:
+            for copy, source in shared.items():
+                print(f"    {copy} = {source}")
     lay = info["layout"]
     print("\nlayout")
     print(f"  channels-last values  {lay['channels_last_values']}")
@@ -164,10 +178,166 @@ def list_ops() -> list[dict]:
         row["backends"].add(key.backend)
         row["sources"].add(registry.source_of(key))
         opdef = registry.lookup(key.domain, key.op_type, key.since_version, key.backend)
-        row["differentiable"] |= opdef.differentiable
+        row["differentiable"] |= opdef.gradient is not None
     return [{"domain": d or "ai.onnx", "op": o, "versions": sorted(r["versions"]),
              "backends": sorted(r["backends"]), "differentiable": r["differentiable"],
              "source": sorted(r["sources"])} for (d, o), r in sorted(rows.items())]
+
+
+def _schedule(name: str, total_steps: int):
+    """The ``--lr-schedule`` for a run of ``total_steps`` optimizer steps: cosine anneals to 0
+    over the run, step multiplies the lr by 0.1 after each third of it, warmup rises linearly
+    over the first tenth and then stays constant."""
+    from .optim import Constant, Cosine, StepLR, Warmup
+
+    total = max(total_steps, 1)
+    return {"constant": lambda: Constant(),
+            "cosine": lambda: Cosine(total_steps=total),
+            "step": lambda: StepLR(step_size=max(total // 3, 1), gamma=0.1),
+            "warmup": lambda: Warmup(warmup_steps=max(total // 10, 1))}[name]()
+
+
+def _user_error(fn, *args, **kwargs):
+    """Call ``fn``; a ValueError (an unknown loss/optimizer name, a bad option) becomes a
+    TrOnnxError: one line and exit code 2."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        if isinstance(exc, TrOnnxError):
+            raise
+        raise TrOnnxError(str(exc)) from None
+
+
+def train_model(args, log=print) -> dict:
+    """``tr-onnx train``: load the data, train (or resume), export; where the files went."""
+    from .data import load_dataset, split
+    from .optim import make_optimizer
+    from .training.session import TrainingSession
+    from .training.trainer import CHECKPOINT_NAME, Trainer, label_kind
+
+    if args.resume and not args.checkpoint_dir:
+        raise TrOnnxError("--resume needs --checkpoint-dir (where last.ckpt.npz is)")
+    ckpt = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
+    if args.resume:
+        if not ckpt.exists():
+            raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
+        # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
+        session = TrainingSession.from_checkpoint(ckpt)
+        seed = session.checkpoint_extra.get("seed", 0) if args.seed is None else args.seed
+    else:
+        seed = 0 if args.seed is None else args.seed
+        session = _user_error(
+            TrainingSession, args.model, loss=args.loss,
+            optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
+            grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
+            seed=seed)
+    kind, dtype = label_kind(session)
+    arrays, labels = load_dataset(args.data, session.imported.inputs, kind, dtype)
+    if args.val_split > 0:
+        train, val = _user_error(split, arrays, labels, args.val_split, seed)
+    else:
+        train, val = (arrays, labels), None
+    options = {"epochs": args.epochs, "batch_size": args.batch_size, "seed": seed,
+               "checkpoint_dir": args.checkpoint_dir, "metrics_path": args.metrics,
+               "plot_path": args.plot, "progress": not args.no_progress, "log": log,
+               "checkpoint_every": args.checkpoint_every, "metrics_every": args.metrics_every}
+    if args.resume:
+        trainer = _user_error(Trainer.resume, options.pop("checkpoint_dir"), train, val,
+                              session=session, **options)
+    else:
+        batches = -(-len(train[1]) // args.batch_size) * args.epochs
+        session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
+        trainer = _user_error(Trainer, session, train, val, **options)
+    history = trainer.fit()
+    out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
+    session.export(out)
+    final = history[-1] if history else {}
+    return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
+            "train_loss": final.get("train_loss"),
+            "epochs": trainer.epoch, "steps": session.step, "model": str(out),
+            "checkpoint": str(ckpt) if ckpt else None,
+            "metrics": args.metrics, "plot": args.plot if history and args.plot else None}
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _add_train_parser(sub) -> None:
+    from .optim import SCHEDULES
+
+    t = sub.add_parser("train", help="train a model on an .npz or the digits data set, export it")
+    t.add_argument("model")
+    t.add_argument("--data", required=True, metavar="DATA.npz|digits",
+                   help="an .npz with one array per model input plus 'labels', or 'digits'")
+    t.add_argument("--loss", default="cross_entropy", help="builtin loss name or an ONNX loss")
+    t.add_argument("--optimizer", default="adamw")
+    t.add_argument("--lr", type=float, default=None, help="default: the optimizer's")
+    t.add_argument("--epochs", type=_count(0), default=5,
+                   help="total (a resumed run continues to it)")
+    t.add_argument("--batch-size", type=_count(1), default=32)
+    t.add_argument("--val-split", type=float, default=0.2, help="0: no validation")
+    t.add_argument("--seed", type=int, default=None,
+                   help="data split and order, dropout (default 0; on --resume the checkpoint's)")
+    t.add_argument("--out", help="trained model (default: ./<model stem>_trained.onnx)")
+    t.add_argument("--checkpoint-dir", help="last.ckpt.npz is written there each epoch")
+    t.add_argument("--checkpoint-every", type=_count(1), default=None, metavar="N",
+                   help="also checkpoint every N batches")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint-dir (loss, optimizer, lr, schedule, "
+                   "accumulation and clipping come from the checkpoint)")
+    t.add_argument("--metrics", help="JSON lines, one per epoch")
+    t.add_argument("--metrics-every", type=_count(1), default=None, metavar="N",
+                   help="also a metrics line every N batches")
+    t.add_argument("--plot", help="PNG of loss and accuracy per epoch")
+    t.add_argument("--grad-accumulation", type=_count(1), default=1, metavar="K")
+    t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X")
+    t.add_argument("--lr-schedule", default="constant", choices=list(SCHEDULES))
+    t.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch" if n == 1 else f"{n} epochs"
+
+
+def _print_trained(info: dict) -> None:
+    if info["val_acc"] is not None:
+        print(f"final val accuracy {info['val_acc']:.4f} (val loss {info['val_loss']:.4f}) after "
+              f"{info['epochs']} epochs, {info['steps']} steps")
+    elif info["val_loss"] is not None:
+        print(f"final val loss {info['val_loss']:.4f} after {_epochs(info['epochs'])}")
+    elif info["train_loss"] is not None:
+        print(f"final train loss {info['train_loss']:.4f} after {_epochs(info['epochs'])} "
+              "(no validation split)")
+    for what in ("model", "checkpoint", "metrics", "plot"):
+        if info[what]:
+            print(f"{what:<11}{info[what]}")
+
+
+def _train(args) -> int:
+    """Exit codes: 0 trained; 2 bad input (one line on stderr); 1 training diverged (the last
+    good checkpoint stays on disk); 130 interrupted."""
+    from .errors import TrainingDiverged
+
+    try:
+        info = train_model(args)
+    except TrainingDiverged as exc:
+        notes = "; ".join(getattr(exc, "__notes__", []))
+        print(f"tr-onnx: training diverged: {exc}" + (f"; {notes}" if notes else ""),
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        hint = (f"; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
+                if args.checkpoint_dir else "")
+        print(f"tr-onnx: interrupted{hint}", file=sys.stderr)
+        return 130
+    _print_trained(info)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,8 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repeat", type=int, default=10, help="timed runs after the first")
     o = sub.add_parser("ops", help="list registered ops")
     o.add_argument("--json", action="store_true")
+    _add_train_parser(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "train":
+            return _train(args)
         if args.command == "inspect":
             info = inspect_model(args.model, args.batch, args.channel_align,
                                  _parse_shapes(args.shape), reuse=not args.no_reuse)

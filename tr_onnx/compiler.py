@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from . import ir
 from .backends import numpy_backend
 from .importer import ImportedModel
-from .layouts import GatherRowsLayout
-from .memory import MemoryPlan, plan_memory
+from .layouts import GatherRowsLayout, StridedLayout
+from .memory import MemoryPlan, plan_memory, span_elements
 from .opdef import KernelContext, TensorInfo
 from .passes.dispatch import dispatch
 from .passes.layout import LayoutReport, assign_layouts
@@ -25,6 +27,7 @@ class CompiledPlan:
     executor: numpy_backend.NumpyExecutor
     kernels: list[tuple[ir.Node, str]]  # executed nodes and the op set that provided the kernel
     backend: str
+    info: Any = None  # what the graph transform returned (training: parameters, phases...)
 
 
 def tensor_info(v: ir.Value) -> TensorInfo:
@@ -35,11 +38,26 @@ def tensor_info(v: ir.Value) -> TensorInfo:
 
 def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
                  const_values: dict[str, np.ndarray], backend: str, align: int,
-                 reuse: bool = True) -> CompiledPlan:
+                 reuse: bool = True, transform: Callable[[ir.Graph], Any] | None = None,
+                 absorb_flatten: bool = True) -> CompiledPlan:
+    """Specialise ``imported`` to ``shapes`` and compile it. ``transform(graph)`` runs after
+    dispatch (the training pass: train-mode ops, loss, backward, optimizer); what it returns is
+    kept as ``plan.info``."""
     registry = imported.registry
     graph = imported.specialize(shapes, const_values)
     dispatch(graph, registry, backend)
-    report = assign_layouts(graph, registry, backend, align)
+    info = transform(graph) if transform is not None else None
+    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info)
+
+
+def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bool = True,
+                  absorb_flatten: bool = True, info: Any = None) -> CompiledPlan:
+    """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
+    report = assign_layouts(graph, registry, backend, align, absorb_flatten=absorb_flatten)
+    for v in graph.values.values():
+        if v.span_of is not None:
+            v.shape = (span_elements(v.span_of),)
+            v.layout = StridedLayout.plain(v.shape)
     schedule = list(graph.nodes)
     factories, workspace = [], {}
     for index, node in enumerate(schedule):
@@ -65,11 +83,12 @@ def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
     for index, node, run in factories:
         steps.append((node.label, run, [v.name if v is not None else None for v in node.inputs],
                       [v.name if v is not None else None for v in node.outputs],
-                      memory.workspaces.get(index, [])))
+                      memory.workspaces.get(index, []), node.phase))
     executor = numpy_backend.NumpyExecutor(memory, steps)
-    executor.load_constants({v.name: v.data for v in graph.values.values() if v.is_constant})
+    executor.load_constants({v.name: v.data for v in graph.values.values()
+                             if v.data is not None and v.span_of is None})
     kernels = [(node, registry.source_of_node(node, backend)) for _, node, _ in factories]
-    return CompiledPlan(graph, report, memory, executor, kernels, backend)
+    return CompiledPlan(graph, report, memory, executor, kernels, backend, info)
 
 
 def imported_error(node: ir.Node, index: int) -> Exception:

@@ -34,3 +34,7 @@ class InputError(TrOnnxError, ValueError):
 
 class PlanError(TrOnnxError):
     """The MemoryPlan violates an invariant (alignment, overlap, region order)."""
+
+
+class TrainingDiverged(TrOnnxError):
+    """Too many steps in a row had a non-finite loss or gradient; none of them was applied."""

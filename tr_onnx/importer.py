@@ -42,6 +42,7 @@ class ImportedModel:
 
     proto: onnx.ModelProto
     source: str
+    original: onnx.ModelProto  # as loaded (external data inlined): what export writes back
     inputs: list[InputSpec]
     outputs: list[InputSpec]
     param_names: frozenset[str]  # float initializers of the original model (trainable candidates)
@@ -82,11 +83,12 @@ def load_model(src: str | Path | onnx.ModelProto | bytes) -> tuple[onnx.ModelPro
     return model, name
 
 
-def default_opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's ai.onnx opset, or None when it uses no default-domain op."""
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):
             return o.version
-    return 1
+    return None
 
 
 def _check(model: onnx.ModelProto, name: str) -> None:
@@ -99,7 +101,8 @@ def _check(model: onnx.ModelProto, name: str) -> None:
 
 def _convert(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     opset = default_opset(model)
-    target = MIN_OPSET if opset < MIN_OPSET else MAX_OPSET if opset > MAX_OPSET else None
+    target = None if opset is None else MIN_OPSET if opset < MIN_OPSET else \
+        MAX_OPSET if opset > MAX_OPSET else None
     if target is None:
         return model
     try:
@@ -258,6 +261,8 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     registry = registry or default_registry()
     model, name = load_model(src)
     _check(model, name)
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
     original_opset = default_opset(model)
     model = _convert(model, name)
     # IR < 4 listed initializers among the graph inputs; they are parameters, not feeds.
@@ -276,8 +281,8 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     const_feeds = _const_feed_inputs(model, registry, backend)
     specs = [_spec(vi) for vi in model.graph.input]
     outs = [_spec(vi) for vi in model.graph.output]
-    return ImportedModel(model, name, specs, outs, param_names, frozenset(const_feeds),
-                         original_opset, registry)
+    return ImportedModel(model, name, original, specs, outs, param_names,
+                         frozenset(const_feeds), original_opset, registry)
 
 
 def _spec(vi: onnx.ValueInfoProto) -> InputSpec:

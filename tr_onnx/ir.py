@@ -19,6 +19,7 @@ from .layouts import Layout, StridedLayout
 
 # Value kinds
 INPUT, PARAM, CONST, ACTIVATION = "input", "param", "const", "activation"
+GRAD, STATE = "grad", "state"  # gradient accumulators, optimizer state (training)
 
 
 @dataclass(eq=False)
@@ -32,6 +33,11 @@ class Value:
     consumers: list[Node] = field(default_factory=list)
     layout: Layout | None = None
     alias_of: Value | None = None  # shares the memory of another value (zero-copy reshape)
+    # Training: a GRAD/STATE value stored exactly like the parameter it mirrors, and where in
+    # its region it goes, so a region can be updated as one flat span
+    mirror_of: Value | None = None
+    slot_order: int = 1 << 30
+    span_of: list[Value] | None = None  # a flat view over these (contiguous) values
 
     @property
     def rank(self) -> int:
@@ -62,6 +68,7 @@ class Node:
     outputs: list[Value | None]
     attrs: dict[str, Any] = field(default_factory=dict)
     opdef: Any = None  # the registry's OpDef, bound at dispatch
+    phase: str = "forward"  # which part of a training step runs it (forward, commit, apply)
 
     @property
     def label(self) -> str:
@@ -81,6 +88,7 @@ class Graph:
     inputs: list[Value]
     outputs: list[Value]
     opsets: dict[str, int]
+    backward_start: int | None = None  # index of the first backward node (training graphs)
 
     def params(self) -> list[Value]:
         return [v for v in self.values.values() if v.kind == PARAM]

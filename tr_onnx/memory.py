@@ -34,7 +34,8 @@ class Region(enum.IntEnum):
 
 
 _KIND_REGION = {ir.PARAM: Region.PARAM, ir.CONST: Region.CONST, ir.INPUT: Region.INPUT,
-                ir.ACTIVATION: Region.ACTIVATION}
+                ir.ACTIVATION: Region.ACTIVATION, ir.GRAD: Region.GRAD,
+                ir.STATE: Region.OPT_STATE}
 
 
 @dataclass
@@ -50,6 +51,7 @@ class DTensor:
     offset: int = 0
     slot_bytes: int = 0
     alias_of: int | None = None  # id of the DTensor whose memory this one views
+    span: bool = False  # a flat view over consecutive tensors of one region (no slot of its own)
     first_use: int = -1  # schedule index of the producer (-1: before the step)
     last_use: int = -1  # schedule index of the last reader (len(schedule): a graph output)
 
@@ -112,6 +114,11 @@ class MemoryPlan:
             raise PlanError(f"regions add up to {start} bytes, arena is {self.total_bytes}")
         by_id = {t.id: t for t in self.all_tensors()}
         for t in self.all_tensors():
+            if t.span:
+                r_start, r_size = self.regions[t.region]
+                if not r_start <= t.offset <= t.offset + t.nbytes <= r_start + r_size:
+                    raise PlanError(f"span {t.name!r} leaves region {t.region.name}")
+                continue
             if t.offset % ALIGN or t.slot_bytes % ALIGN:
                 raise PlanError(f"tensor {t.name!r}: offset {t.offset} / slot {t.slot_bytes} not "
                                 f"a multiple of {ALIGN}")
@@ -221,19 +228,23 @@ def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
     end = len(schedule)
     tensors: dict[str, DTensor] = {}
     ids = iter(range(1 << 62))
-    for v in graph.values.values():
+    # slot_order first: a training graph's parameters, gradients and optimizer state sit in
+    # the same order with the same slot sizes, so their regions line up as flat spans
+    values = sorted(graph.values.values(), key=lambda v: v.slot_order)
+    for v in values:
         region = _KIND_REGION[v.kind]
         tensors[v.name] = DTensor(next(ids), v.name, tuple(v.shape), v.dtype, region,
-                                  v.get_layout())
+                                  v.get_layout(), span=v.span_of is not None)
     _lifetimes(graph, schedule, tensors)
-    for v in graph.values.values():
+    _mark_saved(graph, schedule, tensors)
+    for v in values:
         if v.alias_of is not None:
             tensors[v.name].alias_of = tensors[v.alias_of.name].id
 
     regions: dict[Region, tuple[int, int]] = {}
     cursor = 0
     naive = 0
-    owners = [t for t in tensors.values() if t.alias_of is None]
+    owners = [t for t in tensors.values() if t.alias_of is None and not t.span]
     for t in owners:
         t.slot_bytes = _slot(t.nbytes)
         naive += t.slot_bytes
@@ -254,7 +265,7 @@ def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
 
     for region in Region:
         members = [t for t in owners if t.region == region]
-        if region == Region.ACTIVATION:
+        if region in (Region.ACTIVATION, Region.SAVED):
             size = _place_by_lifetime(members, cursor, reuse)
         elif region == Region.WORKSPACE:
             for bufs in ws_plan.values():
@@ -269,10 +280,14 @@ def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
                 size *= input_buffers
         regions[region] = (cursor, size)
         cursor += size
+    by_id = {o.id: o for o in owners}
     for t in tensors.values():
         if t.alias_of is not None:
-            owner = next(o for o in owners if o.id == t.alias_of)
+            owner = by_id[t.alias_of]
             t.offset, t.region = owner.offset, owner.region
+    for v in values:
+        if v.span_of is not None:
+            _place_span(tensors[v.name], [tensors[m.name] for m in v.span_of])
     return MemoryPlan(tensors, ws_plan, regions, cursor, naive, end, reuse).finalize()
 
 
@@ -296,6 +311,33 @@ def _lifetimes(graph: ir.Graph, schedule: list[ir.Node], tensors: dict[str, DTen
         if v.alias_of is not None:
             a, o = tensors[v.name], tensors[owner(v).name]
             a.first_use, a.last_use = o.first_use, o.last_use
+
+
+def _mark_saved(graph: ir.Graph, schedule: list[ir.Node], tensors: dict[str, DTensor]) -> None:
+    """Activations made before the backward pass and read during it live in SAVED."""
+    start = graph.backward_start
+    if start is None:
+        return
+    for t in tensors.values():
+        if t.region == Region.ACTIVATION and t.alias_of is None and t.first_use < start \
+                <= t.last_use < len(schedule):
+            t.region = Region.SAVED
+
+
+def span_elements(members: list[ir.Value]) -> int:
+    """Elements of a flat span over ``members`` placed consecutively (slots and gaps included)."""
+    itemsize = members[0].dtype.itemsize
+    return sum(_slot(m.get_layout().nbytes(itemsize)) for m in members) // itemsize
+
+
+def _place_span(span: DTensor, members: list[DTensor]) -> None:
+    span.region = members[0].region
+    span.offset = members[0].offset
+    for a, b in zip(members, members[1:]):
+        if b.offset != a.offset + a.slot_bytes or b.region != a.region:
+            raise PlanError(f"span {span.name!r}: {a.name!r} and {b.name!r} are not adjacent")
+    if span.nbytes != members[-1].offset + members[-1].slot_bytes - span.offset:
+        raise PlanError(f"span {span.name!r} does not cover its members exactly")
 
 
 def _place_by_lifetime(members: list[DTensor], base: int, reuse: bool) -> int:

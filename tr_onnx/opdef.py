@@ -39,7 +39,8 @@ class LayoutRule:
 
     ``inputs``: what input 0 needs (``STRIDED``, ``PLAIN`` or ``CHANNELS_LAST``); other
     activation inputs need ``PLAIN`` when input 0 does, else any strided layout.
-    ``outputs``: ``FOLLOW``, ``PLAIN`` or ``CHANNELS_LAST`` (output 0; other outputs plain).
+    ``outputs``: ``FOLLOW`` (every output of the same rank as a channels-last input is
+    channels-last), ``PLAIN``, or ``CHANNELS_LAST`` (output 0; the other outputs plain).
     ``weights``: input index -> ``CONV_WEIGHT`` / ``CHANNEL_VECTOR`` for parameters of a
     spatial op, so they are stored the way the backend's kernels read them.
     ``absorbs_flatten``: input 0 may be a feature map flattened in its physical order
@@ -76,7 +77,17 @@ class OpDef:
     Identity...): then no kernel runs at all.
     ``shape``: ``shape(node, input_shapes, input_dtypes) -> [(shape, dtype), ...]`` for ops that
     ONNX shape inference does not know (custom domains).
-    ``differentiable``: whether a gradient rule exists or is planned (listed by ``tr-onnx ops``).
+    ``gradient``: the gradient rule, ``vjp(b, node, gys, needed) -> [gx or None per input]``
+    (see ``tr_onnx.passes.autodiff``): it builds IR nodes through the GradBuilder ``b``, never
+    arrays; ``gys`` holds the output gradients (None where no gradient flows) and ``needed``
+    says which inputs want one. ``differentiable`` declares that the op has a rule (a test
+    holds every such OpDef to it); non-differentiable ops (Shape, comparisons, ArgMax...) have
+    neither, and autodiff stops at them.
+    ``grad_inputs``: the inputs a gradient can flow to (None: every floating-point input);
+    BatchNormalization's running statistics, Clip's bounds and the like are not among them,
+    so a parameter feeding only such inputs is not trainable.
+    ``updates_inputs``: inputs the kernel writes in place (optimizer and assignment ops); such
+    nodes run after everything that reads the old values.
     """
 
     op_type: str
@@ -87,8 +98,11 @@ class OpDef:
     const_inputs: tuple[int, ...] = ()
     alias_output: bool = False
     shape: Callable | None = None
-    differentiable: bool = False
+    differentiable: bool | None = None  # None: undeclared (an error if autodiff meets it)
     doc: str = ""
+    gradient: Callable | None = None
+    grad_inputs: tuple[int, ...] | None = None
+    updates_inputs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

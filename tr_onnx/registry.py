@@ -27,7 +27,9 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.pool",
     "tr_onnx.ops.normalization",
     "tr_onnx.ops.reduce",
+    "tr_onnx.ops.losses",
     "tr_onnx.ops.layout_convert",
+    "tr_onnx.ops.optimizers",
 )
 ONNX_DOMAINS = ("", "ai.onnx")
 

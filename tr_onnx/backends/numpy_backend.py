@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import TrOnnxError
-from ..memory import ALIGN, MemoryPlan, Region, pad_lanes_are_zero, write_host
+from ..memory import ALIGN, MemoryPlan, pad_lanes_are_zero, write_host
 
 
 class KernelError(TrOnnxError):
@@ -26,12 +26,12 @@ class BoundStep:
     """One prepared kernel call: the function, the views it reads and writes, and the padded
     lanes of its outputs to zero first (outputs living in reused memory)."""
 
-    __slots__ = ("label", "run", "ins", "outs", "ws", "pads", "out_tensors")
+    __slots__ = ("label", "run", "ins", "outs", "ws", "pads", "out_tensors", "phase")
 
     def __init__(self, label: str, run: Callable, ins: list, outs: list, ws: list, pads: list,
-                 out_tensors: list):
+                 out_tensors: list, phase: str):
         self.label, self.run, self.ins, self.outs, self.ws = label, run, ins, outs, ws
-        self.pads, self.out_tensors = pads, out_tensors
+        self.pads, self.out_tensors, self.phase = pads, out_tensors, phase
 
 
 class NumpyExecutor:
@@ -54,25 +54,32 @@ class NumpyExecutor:
 
         self.steps = [BoundStep(label, run, [view(n) for n in ins], [view(n) for n in outs],
                                 [t.kernel_view(self.arena) for t in ws], pad_views(outs),
-                                [tensors[n] for n in outs if n is not None])
-                      for label, run, ins, outs, ws in steps]
+                                [tensors[n] for n in outs if n is not None], phase)
+                      for label, run, ins, outs, ws, phase in steps]
+        self.phases: dict[str, list[BoundStep]] = {}
+        for step in self.steps:
+            self.phases.setdefault(step.phase, []).append(step)
+        if len(self.phases) > 1 and "forward" in self.phases:
+            raise TrOnnxError(f"{self.phases['forward'][0].label} has no training phase; a pass "
+                              "that adds nodes to a training graph must give them one")
 
     def load_constants(self, values: dict[str, np.ndarray]) -> None:
+        """Initial contents: parameters, constants, optimizer state with a non-zero start."""
         for name, data in values.items():
             t = self.plan.tensors[name]
-            if t.region in (Region.PARAM, Region.CONST) and t.alias_of is None:
+            if t.alias_of is None:
                 write_host(self.arena, t, data)
 
-    def run(self, check_pads: bool = False) -> None:
+    def run(self, check_pads: bool = False, phase: str | None = None) -> None:
         """Replay the step. ``check_pads`` (a debug aid, slow) verifies after every kernel that
         the padded lanes of what it wrote are still zero, and names the node that broke them.
         Floating-point exceptions follow IEEE (log(0) = -inf, 0/0 = nan) silently, as in other
         ONNX runtimes."""
         with np.errstate(all="ignore"):
-            self._run(check_pads)
+            self._run(check_pads, self.steps if phase is None else self.phases.get(phase, []))
 
-    def _run(self, check_pads: bool) -> None:
-        for step in self.steps:
+    def _run(self, check_pads: bool, steps: list[BoundStep]) -> None:
+        for step in steps:
             for pad in step.pads:
                 pad.fill(0)
             try:

@@ -5,6 +5,11 @@ view (near-contiguous over the physical NHWC buffer) and the output is written t
 same kind of view. Conv is im2col + one matmul per group (``im2col_nhwc``); depthwise Conv
 accumulates kernel taps instead; ConvTranspose is one matmul per group + col2im
 (``col2im_nhwc``). Every buffer the step needs is a plan-time workspace.
+
+Gradients: Conv's rule emits the backward ops ConvGradData (gy @ w, then col2im: the
+transposed convolution) and ConvGradFilter (im2col(x)^T @ gy), both domain ai.tr_onnx, and a
+ReduceSum for the bias; ConvTranspose's rule is a Conv of gy and a ConvGradFilter with the
+roles of x and gy swapped.
 """
 
 from __future__ import annotations
@@ -16,11 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
-from ..opdef import CHANNEL_VECTOR, CONV_WEIGHT, SPATIAL, LayoutRule, OpDef
+from ..opdef import (CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, PLAIN, SPATIAL, LayoutRule,
+                     OpDef)
 
 CONV_LAYOUT = LayoutRule(inputs=SPATIAL.inputs, outputs=SPATIAL.outputs,
                          weights={1: CONV_WEIGHT, 2: CHANNEL_VECTOR})
+# ConvGradFilter slides over a feature map (input 0) and writes a weight-shaped gradient
+GRAD_FILTER_LAYOUT = LayoutRule(inputs=CHANNELS_LAST, outputs=PLAIN)
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,15 +54,16 @@ class Window:
     out_shape: tuple[int, ...]
 
     @staticmethod
-    def for_node(ctx, in_shape, kernel, ceil_mode: bool = False) -> Window:
-        """The window of a Conv/pool node from its attributes (``auto_pad``, ``pads``,
-        ``strides``, ``dilations``; absent ones mean none). Checks the output shape against the
-        one shape inference gave the node."""
+    def resolve(attrs, in_shape, kernel, ceil_mode: bool = False) -> Window:
+        """The window from Conv/pool attributes (``auto_pad``, ``pads``, ``strides``,
+        ``dilations``; absent ones mean none). Gradient rules call it on the forward node's
+        attributes and hand the resolved pads to their backward ops. Raises ValueError for
+        what it cannot do (negative pads)."""
         in_shape, kernel = tuple(int(d) for d in in_shape), tuple(int(k) for k in kernel)
         nd = len(in_shape)
-        strides = tuple(int(s) for s in ctx.attrs.get("strides") or (1,) * nd)
-        dilations = tuple(int(d) for d in ctx.attrs.get("dilations") or (1,) * nd)
-        auto_pad = ctx.attrs["auto_pad"]
+        strides = tuple(int(s) for s in attrs.get("strides") or (1,) * nd)
+        dilations = tuple(int(d) for d in attrs.get("dilations") or (1,) * nd)
+        auto_pad = attrs["auto_pad"]
         spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             out = [-(-s // st) for s, st in zip(in_shape, strides)]
@@ -66,10 +76,10 @@ class Window:
             begin = end = [0] * nd
             out = [(s - sp) // st + 1 for s, sp, st in zip(in_shape, spans, strides)]
         else:
-            pads = [int(p) for p in ctx.attrs.get("pads") or (0,) * (2 * nd)]
+            pads = [int(p) for p in attrs.get("pads") or (0,) * (2 * nd)]
             begin, end = pads[:nd], pads[nd:]
             if min(pads, default=0) < 0:
-                raise ctx.error(f"negative pads {pads} are not supported")
+                raise ValueError(f"negative pads {pads} are not supported")
             out = []
             for s, b, e, sp, st in zip(in_shape, begin, end, spans, strides):
                 room = s + b + e - sp
@@ -77,12 +87,28 @@ class Window:
                 if ceil_mode and (o - 1) * st >= s + b:
                     o -= 1  # the last window must start inside the input or its left padding
                 out.append(o)
-        win = Window(in_shape, kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
-        want = tuple(ctx.outputs[0].shape[2:])
+        return Window(in_shape, kernel, strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+    @staticmethod
+    def for_node(ctx, in_shape, kernel, ceil_mode: bool = False, out_shape=None) -> Window:
+        """The window of a Conv/pool node (or of a backward op, whose attributes carry the
+        forward's resolved window). Checks the window's output shape against ``out_shape``
+        (default: the one shape inference gave the node's output 0)."""
+        try:
+            win = Window.resolve(ctx.attrs, in_shape, kernel, ceil_mode)
+        except ValueError as e:
+            raise ctx.error(str(e)) from None
+        want = tuple(ctx.outputs[0].shape[2:] if out_shape is None else out_shape)
         if win.out_shape != want:
             raise ctx.error(f"window arithmetic gives spatial output {list(win.out_shape)} but "
                             f"shape inference says {list(want)}")
         return win
+
+    def attrs(self) -> dict:
+        """The attributes a backward op needs to rebuild this window (explicit pads)."""
+        return {"kernel_shape": list(self.kernel), "strides": list(self.strides),
+                "dilations": list(self.dilations),
+                "pads": list(self.pads_begin) + list(self.pads_end), "auto_pad": "NOTSET"}
 
     @property
     def ndim(self) -> int:
@@ -159,6 +185,24 @@ def im2col_nhwc(xp: np.ndarray, win: Window, col: np.ndarray) -> np.ndarray:
     return col
 
 
+def col2im_slices_nhwc(win: Window, channels: slice = slice(None)) -> list[tuple]:
+    """Per tap, (slice of the padded ``[N, *Sp, C]`` buffer, slice of the ``[N, *S_out, *K, C']``
+    columns) for ``col2im_nhwc``; ``channels`` selects the buffer's channels (one group)."""
+    lead = (slice(None),) * (1 + win.ndim)
+    return [(dst[:-1] + (channels,), lead + tap)
+            for dst, tap in zip(win.tap_slices_nhwc(), win.taps)]
+
+
+def col2im_nhwc(cols: np.ndarray, xp: np.ndarray, scatter: list[tuple]) -> np.ndarray:
+    """The adjoint of ``im2col_nhwc``: add every window of ``cols`` ``[N, *S_out, *K, C]`` back
+    into the padded ``xp`` (not cleared here). One tap never hits a position twice, so each
+    tap is one in-place add; ``scatter`` comes from ``col2im_slices_nhwc``."""
+    for dst, src in scatter:
+        d = xp[dst]
+        np.add(d, cols[src], out=d)
+    return xp
+
+
 def _merge_ok(shape, strides) -> int | None:
     """The common stride when the axes can be merged into one (size-1 axes ignored)."""
     inner = None
@@ -203,8 +247,13 @@ def matrix_view_or_copy(a: np.ndarray, split: int, ws: np.ndarray | None) -> np.
     return ws
 
 
-def _kernel_shape(ctx, w_shape) -> tuple[int, ...]:
-    return tuple(int(k) for k in (ctx.attrs.get("kernel_shape") or w_shape[2:]))
+def _groups(group: int, cg: int, og: int) -> list[tuple[slice, slice]]:
+    """(input channels, output channels) of each group."""
+    return [(slice(g * cg, (g + 1) * cg), slice(g * og, (g + 1) * og)) for g in range(group)]
+
+
+def _kernel_shape(attrs, w_shape) -> tuple[int, ...]:
+    return tuple(int(k) for k in (attrs.get("kernel_shape") or w_shape[2:]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,7 +272,7 @@ def conv_numpy(ctx):
     n, c, *spatial = x_info.shape
     o, cg, *_ = w_info.shape
     group = int(ctx.attrs["group"])
-    kernel = _kernel_shape(ctx, w_info.shape)
+    kernel = _kernel_shape(ctx.attrs, w_info.shape)
     if tuple(w_info.shape[2:]) != kernel or cg * group != c or o % group:
         raise ctx.error(f"weight {list(w_info.shape)} does not fit input {list(x_info.shape)} "
                         f"with group={group}, kernel_shape={list(kernel)}")
@@ -246,7 +295,7 @@ def conv_numpy(ctx):
            else ctx.workspace((o, taps * cg), compute))
     y_k = (None if not cast and mergeable_2d(y_info, True, 1 + win.ndim)
            else ctx.workspace((rows, o), compute))
-    groups = [(slice(g * cg, (g + 1) * cg), slice(g * og, (g + 1) * og)) for g in range(group)]
+    groups = _groups(group, cg, og)
     has_bias = ctx.has_input(2)
     zero = compute.type(0)
 
@@ -317,13 +366,13 @@ def _depthwise_conv_numpy(ctx, win, mult, xp_k, interior, slabs, compute):
 # ConvTranspose
 # --------------------------------------------------------------------------------------------
 
-def conv_transpose_pads(ctx, in_shape, kernel, strides, dilations, out_shape):
+def conv_transpose_pads(attrs, in_shape, kernel, strides, dilations):
     """(pads_begin, pads_end) of a ConvTranspose: from ``output_shape`` or ``auto_pad`` SAME_*
     (the total split as ONNX and onnxruntime do), else the explicit ``pads``."""
     nd = len(in_shape)
-    out_pad = [int(p) for p in ctx.attrs.get("output_padding") or (0,) * nd]
-    auto_pad = ctx.attrs["auto_pad"]
-    target = ctx.attrs.get("output_shape")
+    out_pad = [int(p) for p in attrs.get("output_padding") or (0,) * nd]
+    auto_pad = attrs["auto_pad"]
+    target = attrs.get("output_shape")
     if target is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         target = [s * st for s, st in zip(in_shape, strides)]
     if target is not None:
@@ -333,7 +382,7 @@ def conv_transpose_pads(ctx, in_shape, kernel, strides, dilations, out_shape):
         if auto_pad == "SAME_UPPER":
             return [t // 2 for t in total], [t - t // 2 for t in total], out_pad
         return [t - t // 2 for t in total], [t // 2 for t in total], out_pad
-    pads = [int(p) for p in ctx.attrs.get("pads") or (0,) * (2 * nd)]
+    pads = [int(p) for p in attrs.get("pads") or (0,) * (2 * nd)]
     return pads[:nd], pads[nd:], out_pad
 
 
@@ -342,13 +391,12 @@ def conv_transpose_numpy(ctx):
     n, c, *spatial = x_info.shape
     _, og, *_ = w_info.shape
     group = int(ctx.attrs["group"])
-    kernel = _kernel_shape(ctx, w_info.shape)
+    kernel = _kernel_shape(ctx.attrs, w_info.shape)
     nd = len(spatial)
     strides = tuple(int(s) for s in ctx.attrs.get("strides") or (1,) * nd)
     dilations = tuple(int(d) for d in ctx.attrs.get("dilations") or (1,) * nd)
     out_shape = tuple(y_info.shape[2:])
-    begin, end, out_pad = conv_transpose_pads(ctx, spatial, kernel, strides, dilations,
-                                              out_shape)
+    begin, end, out_pad = conv_transpose_pads(ctx.attrs, spatial, kernel, strides, dilations)
     want = tuple(st * (s - 1) + op + (k - 1) * d + 1 - b - e for st, s, op, k, d, b, e in
                  zip(strides, spatial, out_pad, kernel, dilations, begin, end))
     if want != out_shape or w_info.shape[0] != c or c % group:
@@ -357,7 +405,7 @@ def conv_transpose_numpy(ctx):
     compute = accumulator_dtype(y_info.dtype)
     cast = compute != np.dtype(y_info.dtype)
     cg, o = c // group, og * group
-    taps = list(itertools.product(*(range(k) for k in kernel)))
+    taps = math.prod(kernel)
     # The full (uncropped) result lives in a workspace whose origin is shifted so that
     # negative pads (an output larger than the full result) still index from 0.
     shift = [max(0, -b) for b in begin]
@@ -367,19 +415,19 @@ def conv_transpose_numpy(ctx):
               zip(shift, full_len, begin, out_shape)]
     full_k = ctx.workspace((n, *extent, o), compute)
     rows = n * math.prod(spatial)
-    col_k = ctx.workspace((rows, len(taps) * og), compute)
+    col_k = ctx.workspace((rows, taps * og), compute)
     x_k = (None if not cast and mergeable_2d(x_info, True, 1 + nd)
            else ctx.workspace((rows, c), compute))
     w_k = (None if not cast and mergeable_2d(w_info, True, 1)
-           else ctx.workspace((c, len(taps) * og), compute))
-    scatter = [(slice(None),) + tuple(
-        slice(sh + t * d, sh + t * d + (s - 1) * st + 1, st)
-        for sh, t, d, s, st in zip(shift, tap, dilations, spatial, strides)) for tap in taps]
-    col_taps = [(slice(None),) * (1 + nd) + tap for tap in taps]
+           else ctx.workspace((c, taps * og), compute))
+    # x's positions are the windows of a convolution over the full result: col2im_nhwc into it
+    frame_win = Window(tuple(full_len), kernel, strides, dilations, (0,) * nd, (0,) * nd,
+                       tuple(spatial))
+    frame = (slice(None),) + tuple(slice(sh, sh + fl) for sh, fl in zip(shift, full_len))
     crop = (slice(None),) + tuple(slice(sh + b, sh + b + os_) for sh, b, os_ in
                                   zip(shift, begin, out_shape)) + (slice(None),)
     col_shape = (n, *spatial, *kernel, og)
-    groups = [(slice(g * cg, (g + 1) * cg), slice(g * og, (g + 1) * og)) for g in range(group)]
+    groups = [(cs, col2im_slices_nhwc(frame_win, os_)) for cs, os_ in _groups(group, cg, og)]
     has_bias = ctx.has_input(2)
 
     def run(ins, outs, ws):
@@ -390,11 +438,9 @@ def conv_transpose_numpy(ctx):
         full, col = ws[full_k], ws[col_k]
         full.fill(0)
         cols = col.reshape(col_shape)
-        for cs, os_ in groups:
+        for cs, scatter in groups:
             np.matmul(x2[:, cs], w2[cs], out=col)
-            for sc, ct in zip(scatter, col_taps):  # col2im_nhwc: scatter-add each tap
-                dst = full[sc + (os_,)]
-                np.add(dst, cols[ct], out=dst)
+            col2im_nhwc(cols, full[frame], scatter)
         cropped = full[crop]
         if has_bias:
             np.add(cropped, ins[2], out=cropped)
@@ -403,10 +449,241 @@ def conv_transpose_numpy(ctx):
     return run
 
 
+# --------------------------------------------------------------------------------------------
+# Backward ops (domain ai.tr_onnx): ConvGradData, ConvGradFilter
+# --------------------------------------------------------------------------------------------
+# Both carry the forward window with explicit pads (``Window.attrs``) and ``group``; the
+# feature-map operand they slide over is input 0 (channels-last, like the forward's x).
+
+def _as_compute(a: np.ndarray, ws_arr: np.ndarray | None) -> np.ndarray:
+    """``a`` itself, or its copy in the accumulation dtype (a plan-time workspace)."""
+    if ws_arr is None:
+        return a
+    np.copyto(ws_arr.reshape(a.shape), a)
+    return ws_arr.reshape(a.shape)
+
+
+def conv_grad_data_numpy(ctx):
+    """gx = the transposed convolution of gy: one matmul per group (``gy @ w`` gives every
+    window's contribution, ``[rows, taps*cg]``), then col2im into the padded gx and a crop."""
+    gy_info, w_info, gx_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    n, c, *spatial = gx_info.shape
+    o, cg, *_ = w_info.shape
+    group = int(ctx.attrs["group"])
+    kernel = tuple(int(k) for k in ctx.attrs["kernel_shape"])
+    win = Window.for_node(ctx, spatial, kernel, out_shape=gy_info.shape[2:])
+    nd, dtype = win.ndim, np.dtype(gx_info.dtype)
+    compute = accumulator_dtype(dtype)
+    cast = compute != dtype
+    direct = not win.needs_padding and not cast  # accumulate straight into gx's view
+    gxp_k = None if direct else ctx.workspace((n, *win.padded_shape, c), compute)
+    interior, _ = padding_slabs_nhwc(win)
+    if group == c and group > 1:
+        return _depthwise_grad_data_numpy(ctx, win, o // c, gxp_k, interior, compute)
+    og, taps = o // group, math.prod(kernel)
+    rows = n * math.prod(win.out_shape)
+    gy_k = (None if not cast and mergeable_2d(gy_info, True, 1 + nd)
+            else ctx.workspace((rows, o), compute))
+    w_k = (None if not cast and mergeable_2d(w_info, True, 1)
+           else ctx.workspace((o, taps * cg), compute))
+    col_k = ctx.workspace((rows, taps * cg), compute)
+    col_shape = (n, *win.out_shape, *kernel, cg)
+    groups = [(cs, os_, col2im_slices_nhwc(win, cs)) for cs, os_ in _groups(group, cg, og)]
+
+    def run(ins, outs, ws):
+        gy2 = matrix_view_or_copy(np.moveaxis(ins[0], 1, -1), 1 + nd,
+                                  ws[gy_k] if gy_k is not None else None)
+        w2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1,
+                                 ws[w_k] if w_k is not None else None)
+        gx = np.moveaxis(outs[0], 1, -1)
+        gxp = gx if direct else ws[gxp_k]
+        gxp.fill(0)
+        col = ws[col_k]
+        for _, os_, scatter in groups:
+            np.matmul(gy2[:, os_], w2[os_], out=col)
+            col2im_nhwc(col.reshape(col_shape), gxp, scatter)
+        if not direct:
+            np.copyto(gx, gxp[interior], casting="same_kind")
+
+    return run
+
+
+def _depthwise_grad_data_numpy(ctx, win, mult, gxp_k, interior, compute):
+    """group == C: per tap, gx's channel c gets ``sum_m gy[c*mult+m] * w[c*mult+m, tap]``."""
+    n, c = ctx.outputs[0].shape[:2]
+    cast = compute != np.dtype(ctx.outputs[0].dtype)
+    split = (n, *win.out_shape, c, mult)
+    scatter = col2im_slices_nhwc(win)
+    w_taps = [(slice(None), 0, *tap) for tap in win.taps]
+    gyc_k = ctx.workspace(split, compute) if cast else None
+    wc_k = ctx.workspace(ctx.inputs[1].shape, compute) if cast else None
+    prod_k = ctx.workspace(split, compute) if mult > 1 else None
+    tmp_k = ctx.workspace((n, *win.out_shape, c), compute)
+
+    def run(ins, outs, ws):
+        gy = np.moveaxis(ins[0], 1, -1)
+        gy4 = as_strided(gy, split, (*gy.strides[:-1], gy.strides[-1] * mult, gy.strides[-1]))
+        gy4 = _as_compute(gy4, ws[gyc_k] if gyc_k is not None else None)
+        w = _as_compute(ins[1], ws[wc_k] if wc_k is not None else None)
+        gx = np.moveaxis(outs[0], 1, -1)
+        gxp = gx if gxp_k is None else ws[gxp_k]
+        gxp.fill(0)
+        tmp = ws[tmp_k]
+        for (dst, _), wsl in zip(scatter, w_taps):
+            wt = w[wsl].reshape(c, mult)  # a 1-D strided vector: reshaping it is a view
+            if mult == 1:
+                np.multiply(gy4[..., 0], wt[:, 0], out=tmp)
+            else:
+                np.multiply(gy4, wt, out=ws[prod_k])
+                np.add.reduce(ws[prod_k], axis=-1, out=tmp)
+            d = gxp[dst]
+            np.add(d, tmp, out=d)
+        if gxp_k is not None:
+            np.copyto(gx, gxp[interior], casting="same_kind")
+
+    return run
+
+
+def conv_grad_filter_numpy(ctx):
+    """gw = im2col(x)^T @ gy per group, written through gw's OHWI view."""
+    x_info, gy_info, gw_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    n, c, *spatial = x_info.shape
+    o, cg, *_ = gw_info.shape
+    group = int(ctx.attrs["group"])
+    kernel = tuple(int(k) for k in ctx.attrs["kernel_shape"])
+    win = Window.for_node(ctx, spatial, kernel, out_shape=gy_info.shape[2:])
+    nd, dtype = win.ndim, np.dtype(gw_info.dtype)
+    compute = accumulator_dtype(dtype)
+    cast = compute != dtype
+    xp_k = (ctx.workspace((n, *win.padded_shape, c), compute) if win.needs_padding or cast
+            else None)
+    interior, slabs = padding_slabs_nhwc(win)
+    zero = compute.type(0)
+    if group == c and group > 1:
+        return _depthwise_grad_filter_numpy(ctx, win, o // c, xp_k, interior, slabs, compute)
+    og, taps = o // group, math.prod(kernel)
+    rows = n * math.prod(win.out_shape)
+    gy_k = (None if not cast and mergeable_2d(gy_info, True, 1 + nd)
+            else ctx.workspace((rows, o), compute))
+    col_k = ctx.workspace((rows, taps * cg), compute)
+    gw_k = ctx.workspace((o, taps * cg), compute)
+    groups = _groups(group, cg, og)
+    ohwi = (o, *kernel, cg)
+
+    def run(ins, outs, ws):
+        x = np.moveaxis(ins[0], 1, -1)
+        xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
+        gy2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1 + nd,
+                                  ws[gy_k] if gy_k is not None else None)
+        gw2, col = ws[gw_k], ws[col_k]
+        for cs, os_ in groups:
+            im2col_nhwc(xp[..., cs], win, col)
+            np.matmul(gy2[:, os_].T, col, out=gw2[os_])
+        np.copyto(np.moveaxis(outs[0], 1, -1), gw2.reshape(ohwi), casting="same_kind")
+
+    return run
+
+
+def _depthwise_grad_filter_numpy(ctx, win, mult, xp_k, interior, slabs, compute):
+    """group == C: per tap, ``gw[c*mult+m, 0, tap] = sum_{n,s} x[c] * gy[c*mult+m]``."""
+    n, c = ctx.inputs[0].shape[:2]
+    cast = compute != np.dtype(ctx.outputs[0].dtype)
+    split = (n, *win.out_shape, c, mult)
+    x_taps = win.tap_slices_nhwc()
+    w_taps = [(slice(None), 0, *tap) for tap in win.taps]
+    gyc_k = ctx.workspace(split, compute) if cast else None
+    prod_k = ctx.workspace(split, compute)
+    acc_k = ctx.workspace((c, mult), compute)
+    sum_axes = tuple(range(1 + win.ndim))
+    zero = compute.type(0)
+
+    def run(ins, outs, ws):
+        x = np.moveaxis(ins[0], 1, -1)
+        xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
+        gy = np.moveaxis(ins[1], 1, -1)
+        gy4 = as_strided(gy, split, (*gy.strides[:-1], gy.strides[-1] * mult, gy.strides[-1]))
+        gy4 = _as_compute(gy4, ws[gyc_k] if gyc_k is not None else None)
+        prod, acc, gw = ws[prod_k], ws[acc_k], outs[0]
+        for xs, wsl in zip(x_taps, w_taps):
+            np.multiply(xp[xs][..., None], gy4, out=prod)
+            np.add.reduce(prod, axis=sum_axes, out=acc)
+            np.copyto(gw[wsl].reshape(c, mult), acc, casting="same_kind")
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient rules
+# --------------------------------------------------------------------------------------------
+
+INTERNAL_DOMAIN = "ai.tr_onnx"
+
+
+def _bias_grad(b, gy):
+    """d/db of a bias added per output channel: gy summed over N and the spatial axes."""
+    return b.op("ReduceSum", [gy, b.ints([0, *range(2, len(gy.shape))])], {"keepdims": 0})
+
+
+def conv_vjp(b, node, gys, needed):
+    """Conv: gx = ConvGradData(gy, w), gw = ConvGradFilter(x, gy), gb = ReduceSum(gy)."""
+    gy = gys[0]
+    grads = [None] * len(node.inputs)
+    if gy is None:
+        return grads
+    x, w = node.inputs[:2]
+    win = Window.resolve(node.attrs, x.shape[2:], _kernel_shape(node.attrs, w.shape))
+    attrs = {**win.attrs(), "group": int(node.attrs["group"])}
+    if needed[0]:
+        grads[0] = b.op("ConvGradData", [gy, w], attrs, domain=INTERNAL_DOMAIN, like=x)
+    if needed[1]:
+        grads[1] = b.op("ConvGradFilter", [x, gy], attrs, domain=INTERNAL_DOMAIN, like=w)
+    if len(needed) > 2 and needed[2]:
+        grads[2] = _bias_grad(b, gy)
+    return grads
+
+
+def conv_transpose_vjp(b, node, gys, needed):
+    """ConvTranspose is the adjoint of a Conv with the same weight: gx = Conv(gy, w) over gy
+    padded back to the uncropped frame, gw = ConvGradFilter(gy, x) (roles swapped)."""
+    gy = gys[0]
+    grads = [None] * len(node.inputs)
+    if gy is None:
+        return grads
+    x, w = node.inputs[:2]
+    spatial = x.shape[2:]
+    nd = len(spatial)
+    kernel = _kernel_shape(node.attrs, w.shape)
+    strides = [int(s) for s in node.attrs.get("strides") or (1,) * nd]
+    dilations = [int(d) for d in node.attrs.get("dilations") or (1,) * nd]
+    begin, end, out_pad = conv_transpose_pads(node.attrs, spatial, kernel, strides, dilations)
+    # the output_padding tail never received x's contributions: drop it from the end pad
+    # (a conv pad below one stride is absorbed by the floor of the window count)
+    conv_end = [max(0, e - op) for e, op in zip(end, out_pad)]
+    if min(begin) < 0 or any(e - op <= -st for e, op, st in zip(end, out_pad, strides)):
+        raise UnsupportedModelError(
+            f"{node.label}: no gradient for a ConvTranspose whose output extends past its full "
+            f"result (pads {list(begin) + list(end)}, output_padding {out_pad})", [])
+    attrs = {"kernel_shape": list(kernel), "strides": strides, "dilations": dilations,
+             "pads": list(begin) + conv_end, "auto_pad": "NOTSET",
+             "group": int(node.attrs["group"])}
+    if needed[0]:
+        grads[0] = b.op("Conv", [gy, w], attrs, like=x)
+    if needed[1]:
+        grads[1] = b.op("ConvGradFilter", [gy, x], attrs, domain=INTERNAL_DOMAIN, like=w)
+    if len(needed) > 2 and needed[2]:
+        grads[2] = _bias_grad(b, gy)
+    return grads
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
-        OpDef("Conv", (1, 11, 22), {"numpy": conv_numpy}, layout=CONV_LAYOUT, differentiable=True),
+        OpDef("Conv", (1, 11, 22), {"numpy": conv_numpy}, layout=CONV_LAYOUT,
+              differentiable=True, gradient=conv_vjp),
         OpDef("ConvTranspose", (1, 11, 22), {"numpy": conv_transpose_numpy}, layout=CONV_LAYOUT,
-              differentiable=True),
+              differentiable=True, gradient=conv_transpose_vjp),
+        OpDef("ConvGradData", (1,), {"numpy": conv_grad_data_numpy}, domain=INTERNAL_DOMAIN,
+              layout=CONV_LAYOUT, doc="gx of Conv: the transposed convolution of gy"),
+        OpDef("ConvGradFilter", (1,), {"numpy": conv_grad_filter_numpy}, domain=INTERNAL_DOMAIN,
+              layout=GRAD_FILTER_LAYOUT, doc="gw of Conv: im2col(x)^T @ gy per group"),
     ]

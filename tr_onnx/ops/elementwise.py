@@ -1,11 +1,15 @@
 """Elementwise ops: unary math and activations, broadcasting binary ops, variadic reductions
-over inputs (Sum/Mean/Max/Min), Clip, Where, Cast/CastLike, Identity, Dropout (inference).
+over inputs (Sum/Mean/Max/Min), Clip, Where, Cast/CastLike, Identity, Dropout (inference) and
+the training-mode ``ai.tr_onnx.DropoutTraining``.
 
 Most bodies are one line over NumPy ufuncs with ``out=``; they sit in two tables (``UNARY``,
 ``BINARY``) that one factory each turns into kernels. A body that needs intermediate arrays
 names its scratch buffers in the table (``scratch``); the factory reserves them with
 ``ctx.workspace`` at plan time, so ``run`` allocates nothing. Inputs are logical views (maybe
 channels-last and padded): bodies only read through them and write through ``out=``.
+
+The tables' ``vjp`` column holds each op's gradient rule: it builds IR nodes (see
+``tr_onnx.passes.autodiff``), one line or two per op.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..dtypes import onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -26,12 +31,14 @@ class Elementwise(NamedTuple):
     where ``t`` are the scratch buffers and ``a`` the node's attributes (floats already in the
     input's dtype when it is a float type). ``scratch``: the scratch dtypes, a tuple of codes
     (``"y"``: the output's dtype, ``"x"``: input 0's, ``"f8"``: float64, ``"?"``: bool) or a
-    callable ``(x_dtype, y_dtype) -> codes``; every buffer has the output's shape."""
+    callable ``(x_dtype, y_dtype) -> codes``; every buffer has the output's shape. ``vjp``: the
+    gradient rule (``vjp(b, node, gys, needed)``) of a differentiable op."""
 
     versions: tuple[int, ...]
     fn: Callable
     differentiable: bool
     scratch: tuple[str, ...] | Callable = ()
+    vjp: Callable | None = None
 
 
 # ---- bodies that are more than one ufunc -----------------------------------------------------
@@ -262,65 +269,313 @@ def _ufunc2(ufunc):
     return lambda x1, x2, y, t, a: ufunc(x1, x2, out=y)
 
 
+# ---- gradient rules --------------------------------------------------------------------------
+# Unary derivatives ``d(b, x, y, gy, a) -> gx`` build gy * f'(x) from the forward input ``x``,
+# output ``y`` (Values), the output gradient ``gy`` and the node's attributes ``a`` (schema
+# defaults filled); ``_unary`` turns one into a rule. Binary ones ``d(b, x1, x2, y, gy, a,
+# needed) -> (g1, g2)`` give the gradients at the output's (broadcast) shape, None where not
+# needed; ``_binary`` unbroadcasts them to the inputs' shapes. Constants take the input's dtype.
+
+def _c(b, value: float, like):
+    return b.scalar_like(value, like)
+
+
+def _greater(b, x, value: float):
+    return b.op("Greater", [x, _c(b, value, x)])
+
+
+def _less(b, x, value: float):
+    return b.op("Less", [x, _c(b, value, x)])
+
+
+def _where(b, cond, a, c=None):
+    """Where(cond, a, c), ``c`` defaulting to zero (broadcast to ``a``'s shape)."""
+    return b.op("Where", [cond, a, c if c is not None else _c(b, 0.0, a)])
+
+
+def _masked(b, cond, gy):
+    """gy where ``cond``, else 0."""
+    return _where(b, cond, gy)
+
+
+def _scaled(b, g, value: float):
+    return b.mul(g, _c(b, value, g))
+
+
+def _unary(d):
+    def vjp(b, node, gys, needed):
+        if gys[0] is None or not needed[0]:
+            return [None]
+        return [d(b, node.inputs[0], node.outputs[0], gys[0], node.attrs)]
+
+    return vjp
+
+
+def _binary(d):
+    def vjp(b, node, gys, needed):
+        if gys[0] is None:
+            return [None, None]
+        (x1, x2), y = node.inputs, node.outputs[0]
+        gs = d(b, x1, x2, y, gys[0], node.attrs, needed)
+        return [b.unbroadcast(g, x.shape) if need and g is not None else None
+                for g, x, need in zip(gs, (x1, x2), needed)]
+
+    return vjp
+
+
+def _cast(b, v, dtype: np.dtype):
+    return v if v.dtype == dtype else b.op("Cast", [v], {"to": onnx_elem_type(dtype)})
+
+
+def _one_minus_square(b, v):
+    return b.sub(_c(b, 1.0, v), b.mul(v, v))
+
+
+def _over_sqrt(b, gy, v):
+    return b.div(gy, b.op("Sqrt", [v]))
+
+
+def _hard_sigmoid_d(b, x, y, gy, a):
+    inside = b.op("And", [_greater(b, y, 0.0), _less(b, y, 1.0)])  # slope alpha off the clamps
+    return _masked(b, inside, _scaled(b, gy, a["alpha"]))
+
+
+def _hard_swish_d(b, x, y, gy, a):
+    # x/3 + 1/2 on (-3, 3), 1 above, 0 below
+    inner = b.mul(gy, b.add(_scaled(b, x, 1.0 / 3.0), _c(b, 0.5, x)))
+    return _where(b, _less(b, x, -3.0), _c(b, 0.0, gy), _where(b, _greater(b, x, 3.0), gy, inner))
+
+
+def _erf_d(b, x, y, gy, a):  # 2/sqrt(pi) exp(-x^2)
+    e = b.op("Exp", [b.neg(b.mul(x, x))])
+    return b.mul(gy, _scaled(b, e, 2.0 / math.sqrt(math.pi)))
+
+
+def _gelu_d(b, x, y, gy, a):
+    x2 = b.mul(x, x)
+    if a["approximate"] == "tanh":
+        # y = x/2 (1 + t), t = tanh(c (x + k x^3)): y' = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3k x^2)
+        c, k = math.sqrt(2.0 / math.pi), 0.044715
+        t = b.op("Tanh", [_scaled(b, b.mul(x, b.add(_scaled(b, x2, k), _c(b, 1.0, x))), c)])
+        slope = b.mul(_one_minus_square(b, t), b.add(_scaled(b, x2, 3 * k * c), _c(b, c, x)))
+        d = b.add(b.add(t, _c(b, 1.0, t)), b.mul(x, slope))
+        return b.mul(gy, _scaled(b, d, 0.5))
+    # y = x Phi(x): y' = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
+    cdf = b.add(b.op("Erf", [_scaled(b, x, 1.0 / math.sqrt(2.0))]), _c(b, 1.0, x))
+    pdf = _scaled(b, b.op("Exp", [_scaled(b, x2, -0.5)]), 1.0 / math.sqrt(2.0 * math.pi))
+    return b.mul(gy, b.add(_scaled(b, cdf, 0.5), b.mul(x, pdf)))
+
+
+def _mish_d(b, x, y, gy, a):  # tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x), sp = softplus(x)
+    t = b.op("Tanh", [b.op("Softplus", [x])])
+    d = b.add(t, b.mul(x, b.mul(_one_minus_square(b, t), b.op("Sigmoid", [x]))))
+    return b.mul(gy, d)
+
+
+def _softsign_d(b, x, y, gy, a):  # 1 / (1 + |x|)^2
+    s = b.add(b.op("Abs", [x]), _c(b, 1.0, x))
+    return b.div(gy, b.mul(s, s))
+
+
+def _mul_d(b, x1, x2, y, gy, a, needed):
+    return (b.mul(gy, x2) if needed[0] else None, b.mul(gy, x1) if needed[1] else None)
+
+
+def _div_d(b, x1, x2, y, gy, a, needed):  # d/dx2 (x1/x2) = -y/x2
+    q = b.div(gy, x2)
+    return q, (b.neg(b.mul(q, y)) if needed[1] else None)
+
+
+def _pow_d(b, x1, x2, y, gy, a, needed):
+    """x1^x2: x2 x1^(x2-1) for the base; y log(x1) for the exponent, 0 where x1 == 0 (the limit
+    for a positive exponent, as PyTorch). Pow-12+ exponents may have another dtype: they are
+    cast to the base's, and the exponent's gradient back."""
+    e = _cast(b, x2, x1.dtype)
+    g1 = g2 = None
+    if needed[0]:
+        power = b.op("Pow", [x1, b.sub(e, _c(b, 1.0, e))])
+        g1 = b.mul(gy, b.mul(e, power))
+    if needed[1]:
+        at_zero = b.op("Equal", [x1, _c(b, 0.0, x1)])
+        g2 = _cast(b, _where(b, at_zero, _c(b, 0.0, gy), b.mul(gy, b.mul(y, b.op("Log", [x1])))),
+                   x2.dtype)
+    return g1, g2
+
+
+def _mod_d(b, x1, x2, y, gy, a, needed):
+    """y = x1 - x2 q with q = trunc(x1/x2) (fmod) or floor(x1/x2): 1 for x1, -q for x2; q is
+    recovered exactly as round((x1 - y) / x2)."""
+    g2 = None
+    if needed[1]:
+        q = b.op("Round", [b.div(b.sub(x1, y), x2)])
+        g2 = b.neg(b.mul(gy, q))
+    return gy, g2
+
+
+def _prelu_d(b, x, slope, y, gy, a, needed):
+    positive = _greater(b, x, 0.0)
+    g1 = _where(b, positive, gy, b.mul(gy, slope)) if needed[0] else None
+    g2 = _where(b, positive, _c(b, 0.0, gy), b.mul(gy, x)) if needed[1] else None
+    return g1, g2
+
+
+def _sum_vjp(b, node, gys, needed, scale: float = 1.0):
+    gy = gys[0]
+    if gy is None:
+        return [None] * len(node.inputs)
+    if scale != 1.0:
+        gy = _scaled(b, gy, scale)
+    return [b.unbroadcast(gy, x.shape) if need else None for x, need in zip(node.inputs, needed)]
+
+
+def _mean_vjp(b, node, gys, needed):
+    return _sum_vjp(b, node, gys, needed, 1.0 / len(node.inputs))
+
+
+def _extremum_vjp(b, node, gys, needed):
+    """Max/Min: the whole gradient goes to the input that gave the output, the first one on a
+    tie (as onnxruntime's and numpy's reductions pick it)."""
+    gy, y = gys[0], node.outputs[0]
+    if gy is None:
+        return [None] * len(node.inputs)
+    last = max((i for i, need in enumerate(needed) if need), default=-1)
+    gxs, taken = [None] * len(node.inputs), None
+    for i, x in enumerate(node.inputs[:last + 1]):
+        hit = b.op("Equal", [x, y])
+        first = hit if taken is None else b.op("And", [hit, b.op("Not", [taken])])
+        if needed[i]:
+            gxs[i] = b.unbroadcast(_masked(b, first, gy), x.shape)
+        if i < last:
+            taken = hit if taken is None else b.op("Or", [taken, hit])
+    return gxs
+
+
+def _clip_vjp(b, node, gys, needed):
+    """Pass-through where Clip left x unchanged (inside [min, max], bounds included, whatever
+    the opset put them in attributes or inputs); the bounds get no gradient."""
+    x, y = node.inputs[0], node.outputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None] * len(node.inputs)
+    return [_masked(b, b.op("Equal", [x, y]), gys[0])] + [None] * (len(node.inputs) - 1)
+
+
+def _where_vjp(b, node, gys, needed):
+    cond, x1, x2 = node.inputs
+    gy = gys[0]
+    if gy is None:
+        return [None] * 3
+    zero = _c(b, 0.0, gy)
+    return [None,
+            b.unbroadcast(_where(b, cond, gy, zero), x1.shape) if needed[1] else None,
+            b.unbroadcast(_where(b, cond, zero, gy), x2.shape) if needed[2] else None]
+
+
+def _cast_vjp(b, node, gys, needed):
+    """float -> float: the gradient cast back; a cast to or from a non-float type has none."""
+    x, y, gy = node.inputs[0], node.outputs[0], gys[0]
+    rest = [None] * (len(node.inputs) - 1)
+    if gy is None or not needed[0] or y.dtype.kind != "f" or x.dtype.kind != "f":
+        return [None] + rest
+    return [_cast(b, gy, x.dtype)] + rest
+
+
+def _identity_vjp(b, node, gys, needed):
+    """Identity and inference Dropout: y = x; Dropout's ratio/training_mode get nothing."""
+    return [gys[0] if needed[0] else None] + [None] * (len(node.inputs) - 1)
+
+
 _TRIG_1 = (7, 22)  # Sin, Cos, Tan, Asin, Acos, Atan
 _TRIG_2 = (9, 22)  # Sinh, Cosh, Asinh, Acosh, Atanh
 _MATH = (1, 6, 13)  # Exp, Log, Sqrt, Reciprocal, Neg, Abs, Floor, Ceil, Tanh, Sigmoid
 
 UNARY: dict[str, Elementwise] = {
-    "Relu": Elementwise((1, 6, 13, 14), lambda x, y, t, a: np.maximum(x, 0, out=y), True),
-    "LeakyRelu": Elementwise((1, 6, 16), _leaky_relu, True, ("y",)),
-    "Elu": Elementwise((1, 6, 22), _elu, True, ("y",)),
-    "Selu": Elementwise((1, 6, 22), _selu, True, ("y",)),
-    "Celu": Elementwise((12, 28), _celu, True, ("y",)),
-    "ThresholdedRelu": Elementwise((10, 22), _thresholded_relu, True, ("?",)),
-    "Sigmoid": Elementwise(_MATH, _sigmoid, True, ("y", "?")),
-    "HardSigmoid": Elementwise((1, 6, 22), _hard_sigmoid, True),
-    "HardSwish": Elementwise((14, 22), _hard_swish, True),
-    "Tanh": Elementwise(_MATH, _ufunc1(np.tanh), True),
-    "Erf": Elementwise((9, 13), _erf, True, _ERF_SCRATCH),
-    "Gelu": Elementwise((20,), _gelu, True, _ERF_SCRATCH),
-    "Softplus": Elementwise((1, 22), _softplus, True, ("y",)),
-    "Softsign": Elementwise((1, 22), _softsign, True),
-    "Mish": Elementwise((18, 22), _mish, True, ("y",)),
-    "Exp": Elementwise(_MATH, _ufunc1(np.exp), True),
-    "Log": Elementwise(_MATH, _ufunc1(np.log), True),
-    "Sqrt": Elementwise(_MATH, _ufunc1(np.sqrt), True),
-    "Reciprocal": Elementwise(_MATH, _ufunc1(np.reciprocal), True),
-    "Neg": Elementwise(_MATH, _ufunc1(np.negative), True),
-    "Abs": Elementwise(_MATH, _ufunc1(np.absolute), True),
+    "Relu": Elementwise((1, 6, 13, 14), lambda x, y, t, a: np.maximum(x, 0, out=y), True,
+                        vjp=_unary(lambda b, x, y, gy, a: _masked(b, _greater(b, x, 0), gy))),
+    "LeakyRelu": Elementwise((1, 6, 16), _leaky_relu, True, ("y",), _unary(
+        lambda b, x, y, gy, a: _where(b, _greater(b, x, 0), gy, _scaled(b, gy, a["alpha"])))),
+    "Elu": Elementwise((1, 6, 22), _elu, True, ("y",), _unary(  # alpha e^x = y + alpha below 0
+        lambda b, x, y, gy, a: _where(b, _greater(b, x, 0), gy,
+                                      b.mul(gy, b.add(y, _c(b, a["alpha"], y)))))),
+    "Selu": Elementwise((1, 6, 22), _selu, True, ("y",), _unary(
+        lambda b, x, y, gy, a: _where(b, _greater(b, x, 0), _scaled(b, gy, a["gamma"]),
+                                      b.mul(gy, b.add(y, _c(b, a["gamma"] * a["alpha"], y)))))),
+    "Celu": Elementwise((12, 28), _celu, True, ("y",), _unary(  # e^(x/alpha) = y/alpha + 1
+        lambda b, x, y, gy, a: _where(b, _greater(b, x, 0), gy, b.mul(
+            gy, b.add(_scaled(b, y, 1.0 / a["alpha"]), _c(b, 1.0, y)))))),
+    "ThresholdedRelu": Elementwise((10, 22), _thresholded_relu, True, ("?",), _unary(
+        lambda b, x, y, gy, a: _masked(b, _greater(b, x, a["alpha"]), gy))),
+    "Sigmoid": Elementwise(_MATH, _sigmoid, True, ("y", "?"), _unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.mul(y, b.sub(_c(b, 1.0, y), y))))),
+    "HardSigmoid": Elementwise((1, 6, 22), _hard_sigmoid, True, vjp=_unary(_hard_sigmoid_d)),
+    "HardSwish": Elementwise((14, 22), _hard_swish, True, vjp=_unary(_hard_swish_d)),
+    "Tanh": Elementwise(_MATH, _ufunc1(np.tanh), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, _one_minus_square(b, y)))),
+    "Erf": Elementwise((9, 13), _erf, True, _ERF_SCRATCH, _unary(_erf_d)),
+    "Gelu": Elementwise((20,), _gelu, True, _ERF_SCRATCH, _unary(_gelu_d)),
+    "Softplus": Elementwise((1, 22), _softplus, True, ("y",), _unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.op("Sigmoid", [x])))),
+    "Softsign": Elementwise((1, 22), _softsign, True, vjp=_unary(_softsign_d)),
+    "Mish": Elementwise((18, 22), _mish, True, ("y",), _unary(_mish_d)),
+    "Exp": Elementwise(_MATH, _ufunc1(np.exp), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, y))),
+    "Log": Elementwise(_MATH, _ufunc1(np.log), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.div(gy, x))),
+    "Sqrt": Elementwise(_MATH, _ufunc1(np.sqrt), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.div(_scaled(b, gy, 0.5), y))),
+    "Reciprocal": Elementwise(_MATH, _ufunc1(np.reciprocal), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.neg(b.mul(gy, b.mul(y, y))))),
+    "Neg": Elementwise(_MATH, _ufunc1(np.negative), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.neg(gy))),
+    "Abs": Elementwise(_MATH, _ufunc1(np.absolute), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.op("Sign", [x])))),
     "Sign": Elementwise((9, 13), _ufunc1(np.sign), False),
     "Floor": Elementwise(_MATH, _ufunc1(np.floor), False),
     "Ceil": Elementwise(_MATH, _ufunc1(np.ceil), False),
     "Round": Elementwise((11, 22), _ufunc1(np.rint), False),  # half to even, as ONNX
-    "Sin": Elementwise(_TRIG_1, _ufunc1(np.sin), True),
-    "Cos": Elementwise(_TRIG_1, _ufunc1(np.cos), True),
-    "Tan": Elementwise(_TRIG_1, _ufunc1(np.tan), True),
-    "Asin": Elementwise(_TRIG_1, _ufunc1(np.arcsin), True),
-    "Acos": Elementwise(_TRIG_1, _ufunc1(np.arccos), True),
-    "Atan": Elementwise(_TRIG_1, _ufunc1(np.arctan), True),
-    "Sinh": Elementwise(_TRIG_2, _ufunc1(np.sinh), True),
-    "Cosh": Elementwise(_TRIG_2, _ufunc1(np.cosh), True),
-    "Asinh": Elementwise(_TRIG_2, _ufunc1(np.arcsinh), True),
-    "Acosh": Elementwise(_TRIG_2, _ufunc1(np.arccosh), True),
-    "Atanh": Elementwise(_TRIG_2, _ufunc1(np.arctanh), True),
+    "Sin": Elementwise(_TRIG_1, _ufunc1(np.sin), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.op("Cos", [x])))),
+    "Cos": Elementwise(_TRIG_1, _ufunc1(np.cos), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.neg(b.mul(gy, b.op("Sin", [x]))))),
+    "Tan": Elementwise(_TRIG_1, _ufunc1(np.tan), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.add(_c(b, 1.0, y), b.mul(y, y))))),
+    "Asin": Elementwise(_TRIG_1, _ufunc1(np.arcsin), True, vjp=_unary(
+        lambda b, x, y, gy, a: _over_sqrt(b, gy, _one_minus_square(b, x)))),
+    "Acos": Elementwise(_TRIG_1, _ufunc1(np.arccos), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.neg(_over_sqrt(b, gy, _one_minus_square(b, x))))),
+    "Atan": Elementwise(_TRIG_1, _ufunc1(np.arctan), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.div(gy, b.add(_c(b, 1.0, x), b.mul(x, x))))),
+    "Sinh": Elementwise(_TRIG_2, _ufunc1(np.sinh), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.op("Cosh", [x])))),
+    "Cosh": Elementwise(_TRIG_2, _ufunc1(np.cosh), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.mul(gy, b.op("Sinh", [x])))),
+    "Asinh": Elementwise(_TRIG_2, _ufunc1(np.arcsinh), True, vjp=_unary(
+        lambda b, x, y, gy, a: _over_sqrt(b, gy, b.add(b.mul(x, x), _c(b, 1.0, x))))),
+    "Acosh": Elementwise(_TRIG_2, _ufunc1(np.arccosh), True, vjp=_unary(
+        lambda b, x, y, gy, a: _over_sqrt(b, gy, b.sub(b.mul(x, x), _c(b, 1.0, x))))),
+    "Atanh": Elementwise(_TRIG_2, _ufunc1(np.arctanh), True, vjp=_unary(
+        lambda b, x, y, gy, a: b.div(gy, _one_minus_square(b, x)))),
     "IsNaN": Elementwise((9, 13, 20), _ufunc1(np.isnan), False),
     "IsInf": Elementwise((10, 20), _is_inf, False),
     "Not": Elementwise((1,), _ufunc1(np.logical_not), False),
     "BitwiseNot": Elementwise((18,), _ufunc1(np.invert), False),
-    "Shrink": Elementwise((9,), _shrink, True, ("?", "?")),
+    "Shrink": Elementwise((9,), _shrink, True, ("?", "?"), _unary(  # slope 1 outside the band
+        lambda b, x, y, gy, a: _masked(b, _greater(b, b.op("Abs", [x]), a["lambd"]), gy))),
 }
 
 _ARITH = (1, 6, 7, 13, 14)  # Add, Sub, Mul, Div
 
 BINARY: dict[str, Elementwise] = {
-    "Add": Elementwise(_ARITH, _ufunc2(np.add), True),
-    "Sub": Elementwise(_ARITH, _ufunc2(np.subtract), True),
-    "Mul": Elementwise(_ARITH, _ufunc2(np.multiply), True),
-    "Div": Elementwise(_ARITH, _div, True, _div_scratch),
-    "Pow": Elementwise((1, 7, 12, 13, 15), _pow, True),
-    "Mod": Elementwise((10, 13, 28), _mod, False),
+    "Add": Elementwise(_ARITH, _ufunc2(np.add), True, vjp=_binary(
+        lambda b, x1, x2, y, gy, a, needed: (gy, gy))),
+    "Sub": Elementwise(_ARITH, _ufunc2(np.subtract), True, vjp=_binary(
+        lambda b, x1, x2, y, gy, a, needed: (
+            gy, b.neg(b.unbroadcast(gy, x2.shape)) if needed[1] else None))),
+    "Mul": Elementwise(_ARITH, _ufunc2(np.multiply), True, vjp=_binary(_mul_d)),
+    "Div": Elementwise(_ARITH, _div, True, _div_scratch, _binary(_div_d)),
+    "Pow": Elementwise((1, 7, 12, 13, 15), _pow, True, vjp=_binary(_pow_d)),
+    "Mod": Elementwise((10, 13, 28), _mod, True, vjp=_binary(_mod_d)),
     "BitShift": Elementwise((11, 28), _bit_shift, False),
-    "PRelu": Elementwise((1, 6, 7, 9, 16), _prelu, True, ("y",)),
+    "PRelu": Elementwise((1, 6, 7, 9, 16), _prelu, True, ("y",), _binary(_prelu_d)),
     "Equal": Elementwise((1, 7, 11, 13, 19), _ufunc2(np.equal), False),
     "Less": Elementwise((1, 7, 9, 13), _ufunc2(np.less), False),
     "LessOrEqual": Elementwise((12, 16), _ufunc2(np.less_equal), False),
@@ -535,30 +790,95 @@ def dropout_numpy(ctx):
 _CAST_LIKE = (15, 19, 21, 23, 24, 25)
 _CAST = (1, 6, 9, 13, 19, 21, 23, 24, 25, 28)
 _IDENTITY = (1, 13, 14, 16, 19, 21, 23, 24, 25)
-_VARIADIC = {  # op: (versions, ufunc, differentiable)
-    "Sum": ((1, 6, 8, 13), np.add, True),
-    "Mean": ((1, 6, 8, 13), np.add, True),
-    "Max": ((1, 6, 8, 12, 13), np.maximum, True),
-    "Min": ((1, 6, 8, 12, 13), np.minimum, True),
+_VARIADIC = {  # op: (versions, ufunc, gradient rule)
+    "Sum": ((1, 6, 8, 13), np.add, _sum_vjp),
+    "Mean": ((1, 6, 8, 13), np.add, _mean_vjp),
+    "Max": ((1, 6, 8, 12, 13), np.maximum, _extremum_vjp),
+    "Min": ((1, 6, 8, 12, 13), np.minimum, _extremum_vjp),
 }
+
+
+# ---- training-mode dropout -------------------------------------------------------------------
+
+def dropout_training_numpy(ctx):
+    """``ai.tr_onnx.DropoutTraining(x, step) -> (y, mask)``: mask = u >= ratio for uniforms u
+    drawn from Philox(key=seed) jumped ``step`` times, y = x * mask / (1 - ratio). The stream is
+    counter-based: the mask of a step depends only on (seed, step), so a run resumed from a
+    checkpoint redraws it bitwise. The uniforms are float64 in the logical C order of x's shape
+    whatever x's dtype and layout, so the mask does not depend on either."""
+    missing = [k for k in ("ratio", "seed") if k not in ctx.attrs]
+    if missing:
+        raise ctx.error(f"DropoutTraining needs the attributes {missing} (internal ops have "
+                        f"no defaults)")
+    ratio = float(ctx.attrs["ratio"])
+    if not 0.0 <= ratio <= 1.0:
+        raise ctx.error(f"ratio {ratio} is not in [0, 1]")
+    scale = ctx.inputs[0].dtype.type(_dropout_scale(ratio))
+    if ratio == 0.0:
+        def run(ins, outs, ws):
+            np.copyto(outs[0], ins[0])
+            outs[1].fill(True)
+
+        return run
+    k = ctx.workspace(ctx.inputs[0].shape, np.float64)
+    stream = np.random.Philox(key=int(ctx.attrs["seed"]) % 2**64)  # a negative seed wraps
+
+    def run(ins, outs, ws):
+        x, step = ins
+        u, (y, mask) = ws[k], outs
+        # jumped() leaves ``stream`` as it is; the small Generator/Philox pair it makes per
+        # step is an unavoidable temporary (the stream position changes every step)
+        rng = np.random.Generator(stream.jumped(int(step.reshape(()))))
+        rng.random(out=u.reshape(-1))
+        np.greater_equal(u, ratio, out=mask)
+        np.multiply(x, mask, out=y)
+        y *= scale
+
+    return run
+
+
+def _dropout_scale(ratio: float) -> float:
+    return 0.0 if ratio >= 1.0 else 1.0 / (1.0 - ratio)
+
+
+def _dropout_training_shape(node, shapes, dtypes):
+    return [(shapes[0], dtypes[0]), (shapes[0], np.dtype(np.bool_))]
+
+
+def _dropout_training_vjp(b, node, gys, needed):
+    """gx = gy * mask / (1 - ratio); the step counter gets nothing."""
+    gy, mask = gys[0], node.outputs[1]
+    if gy is None or not needed[0]:
+        return [None, None]
+    return [_masked(b, mask, _scaled(b, gy, _dropout_scale(float(node.attrs["ratio"])))), None]
 
 
 @hookimpl
 def tr_onnx_op_definitions():
-    defs = [OpDef(op, e.versions, {"numpy": unary_numpy(e)}, differentiable=e.differentiable)
-            for op, e in UNARY.items()]
-    defs += [OpDef(op, e.versions, {"numpy": binary_numpy(e)}, differentiable=e.differentiable)
-             for op, e in BINARY.items()]
+    defs = [OpDef(op, e.versions, {"numpy": unary_numpy(e)}, differentiable=e.differentiable,
+                  gradient=e.vjp) for op, e in UNARY.items()]
+    defs += [OpDef(op, e.versions, {"numpy": binary_numpy(e)}, differentiable=e.differentiable,
+                   gradient=e.vjp) for op, e in BINARY.items()]
     defs += [OpDef(op, versions, {"numpy": variadic_numpy(ufunc, mean=op == "Mean")},
-                   differentiable=diff) for op, (versions, ufunc, diff) in _VARIADIC.items()]
+                   differentiable=True, gradient=vjp)
+             for op, (versions, ufunc, vjp) in _VARIADIC.items()]
     defs += [
-        OpDef("Clip", (1, 6, 11, 12, 13), {"numpy": clip_numpy}, differentiable=True),
-        OpDef("Where", (9, 16), {"numpy": where_numpy}, differentiable=True),
-        OpDef("Cast", _CAST, {"numpy": cast_numpy}, differentiable=True),
-        OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True),
+        OpDef("Clip", (1, 6, 11, 12, 13), {"numpy": clip_numpy}, differentiable=True,
+              gradient=_clip_vjp, grad_inputs=(0,)),
+        OpDef("Where", (9, 16), {"numpy": where_numpy}, differentiable=True,
+              gradient=_where_vjp, grad_inputs=(1, 2)),
+        OpDef("Cast", _CAST, {"numpy": cast_numpy}, differentiable=True, gradient=_cast_vjp),
+        OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True,
+              gradient=_cast_vjp, grad_inputs=(0,)),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
-              differentiable=True),
+              differentiable=True, gradient=_identity_vjp),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
-              const_inputs=(1, 2), differentiable=True),
+              const_inputs=(1, 2), differentiable=True, gradient=_identity_vjp,
+              grad_inputs=(0,)),
+        OpDef("DropoutTraining", (1,), {"numpy": dropout_training_numpy}, domain="ai.tr_onnx",
+              shape=_dropout_training_shape, differentiable=True,
+              gradient=_dropout_training_vjp, grad_inputs=(0,),
+              doc="Training-mode dropout with a counter-based mask: inputs (x, step: int64 "
+                  "scalar), attributes ratio (float), seed (int); outputs (y, mask: bool)."),
     ]
     return defs

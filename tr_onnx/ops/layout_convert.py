@@ -27,9 +27,14 @@ def layout_transpose_numpy(ctx):
     return run
 
 
+def _identity_vjp(b, node, gys, needed):
+    """A layout change is the identity on logical values."""
+    return [gys[0]]
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     # The output layout is set by the pass that inserts the node, not by the rule.
     return [OpDef("LayoutTranspose", (1,), {"numpy": layout_transpose_numpy}, domain="ai.tr_onnx",
-                  layout=STRIDED_TO_PLAIN, differentiable=True,
+                  layout=STRIDED_TO_PLAIN, differentiable=True, gradient=_identity_vjp,
                   doc="copy a value into another physical layout")]

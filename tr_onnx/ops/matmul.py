@@ -4,12 +4,18 @@ over whatever matrices it is handed (``ctx.inputs[i].shape`` is the physical sha
 
 ``np.matmul`` is a gufunc with optional core dimensions, so 1-D operands, batch broadcasting
 and integer types all go through one ``np.matmul(a, b, out=y)`` with no temporary.
+
+Gradient rules emit Gemm/MatMul/Transpose nodes. Training graphs never absorb flattens
+(``absorb_flatten=False``), so the operands a rule sees are logical matrices.
 """
+
+import math
 
 import numpy as np
 
 from ..hookspecs import hookimpl
 from ..opdef import MATMUL, OpDef
+from .tensor import reshape_to
 
 
 def gemm_numpy(ctx):
@@ -42,10 +48,85 @@ def matmul_numpy(ctx):
     return run
 
 
+# ---- gradients ------------------------------------------------------------------------------
+
+
+def gemm_vjp(b, node, gys, needed):
+    """``y = alpha * op(A) @ op(B) + beta * C``: each matrix gradient is one Gemm whose
+    transpose flags absorb op(); C's is ``beta * gy`` summed down to C's shape."""
+    gy = gys[0]
+    a, w = node.inputs[0], node.inputs[1]
+    alpha, beta = float(node.attrs["alpha"]), float(node.attrs["beta"])
+    ta, tb = int(node.attrs["transA"]), int(node.attrs["transB"])
+    grads = [None] * len(node.inputs)
+    if needed[0]:
+        # dA' = alpha * gy @ B'^T; with transA, dA = dA'^T = alpha * B' @ gy^T
+        grads[0] = (b.op("Gemm", [gy, w], {"alpha": alpha, "transB": 1 - tb}, like=a)
+                    if not ta else
+                    b.op("Gemm", [w, gy], {"alpha": alpha, "transA": tb, "transB": 1}, like=a))
+    if needed[1]:
+        # dB' = alpha * A'^T @ gy; with transB, dB = dB'^T = alpha * gy^T @ A'
+        grads[1] = (b.op("Gemm", [a, gy], {"alpha": alpha, "transA": 1 - ta}, like=w)
+                    if not tb else
+                    b.op("Gemm", [gy, a], {"alpha": alpha, "transA": 1, "transB": ta}, like=w))
+    if len(node.inputs) > 2 and needed[2] and beta != 0.0:
+        c = node.inputs[2]
+        gc = b.unbroadcast(gy, c.shape)  # reduce first: the scaling then runs on C's size
+        grads[2] = gc if beta == 1.0 else b.mul(gc, b.scalar_like(beta, gc))
+    return grads
+
+
+def _swap_last(b, v):
+    perm = list(range(v.rank - 2)) + [v.rank - 1, v.rank - 2]
+    return b.op("Transpose", [v], {"perm": perm},
+                shapes=[(tuple(v.shape[p] for p in perm), v.dtype)])
+
+
+def matmul_vjp(b, node, gys, needed):
+    """numpy ``matmul`` semantics: a 1-D operand is promoted to a matrix (and the added axis
+    removed from ``y``); batch axes broadcast, so each gradient is summed down to its operand's
+    batch shape. 2-D operands take one Gemm; a batched activation times a 2-D weight folds the
+    batch into the rows of one Gemm (the usual ``x @ W`` of a transformer)."""
+    gy = gys[0]
+    a, w = node.inputs
+    if a.rank == 1 and w.rank == 1:  # dot product: y is a scalar
+        return [b.mul(gy, w) if needed[0] else None, b.mul(gy, a) if needed[1] else None]
+    a2 = reshape_to(b, a, (1,) + a.shape) if a.rank == 1 else a
+    w2 = reshape_to(b, w, w.shape + (1,)) if w.rank == 1 else w
+    m, k, n = a2.shape[-2], a2.shape[-1], w2.shape[-1]
+    batch = _batch(a2, w2)
+    gy2 = reshape_to(b, gy, batch + (m, n))
+    grads = [None, None]
+    if w2.rank == 2:
+        # Batch axes come from A alone: fold them into the rows of one Gemm per gradient.
+        rows = math.prod(a2.shape[:-1])
+        gy_rows = reshape_to(b, gy2, (rows, n))
+        if needed[0]:
+            ga = b.op("Gemm", [gy_rows, w2], {"transB": 1}, shapes=[((rows, k), a.dtype)])
+            grads[0] = reshape_to(b, ga, a.shape)
+        if needed[1]:
+            a_rows = reshape_to(b, a2, (rows, k))
+            gw = b.op("Gemm", [a_rows, gy_rows], {"transA": 1}, like=w2)
+            grads[1] = reshape_to(b, gw, w.shape)
+        return grads
+    if needed[0]:
+        ga = b.op("MatMul", [gy2, _swap_last(b, w2)], shapes=[(batch + (m, k), a.dtype)])
+        grads[0] = reshape_to(b, b.unbroadcast(ga, a2.shape), a.shape)
+    if needed[1]:
+        gw = b.op("MatMul", [_swap_last(b, a2), gy2], shapes=[(batch + (k, n), w.dtype)])
+        grads[1] = reshape_to(b, b.unbroadcast(gw, w2.shape), w.shape)
+    return grads
+
+
+def _batch(a, w) -> tuple[int, ...]:
+    return tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(w.shape[:-2])))
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
         OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": gemm_numpy}, layout=MATMUL,
-              differentiable=True),
-        OpDef("MatMul", (1, 9, 13), {"numpy": matmul_numpy}, layout=MATMUL, differentiable=True),
+              differentiable=True, gradient=gemm_vjp),
+        OpDef("MatMul", (1, 9, 13), {"numpy": matmul_numpy}, layout=MATMUL, differentiable=True,
+              gradient=matmul_vjp),
     ]

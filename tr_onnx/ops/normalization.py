@@ -1,6 +1,10 @@
 """Normalisations: BatchNormalization, InstanceNormalization, GroupNormalization and LRN (spatial:
 they compute on the channels-last view of their input), LayerNormalization,
-MeanVarianceNormalization and LpNormalization (elementwise-layout reductions).
+MeanVarianceNormalization and LpNormalization (elementwise-layout reductions), with their
+gradient rules and the internal ops (domain ai.tr_onnx) they use: BatchNormTraining (what the
+training pass turns a trained model's BatchNormalization into), BatchNormGrad, GroupNormGrad
+(Instance/Group), LRNGrad and LayerNormGrad. MVN and LpNormalization differentiate through
+standard ops.
 
 Spatial kernels take ``x_nhwc = np.moveaxis(x, c, -1)`` with ``c`` the rule's channel axis: a
 near-contiguous view over the physical channels-last buffer, in which a per-channel vector
@@ -15,13 +19,19 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..dtypes import np_dtype
+from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
-from ..opdef import CHANNEL_VECTOR, SPATIAL, OpDef
+from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
+from .reduce import reduce_kept
+
+INTERNAL_DOMAIN = "ai.tr_onnx"
 
 # SPATIAL, with the per-channel parameters stored as (padded) channel vectors
 BATCH_NORM = replace(SPATIAL, weights={i: CHANNEL_VECTOR for i in (1, 2, 3, 4)})
 SCALE_BIAS_NORM = replace(SPATIAL, weights={1: CHANNEL_VECTOR, 2: CHANNEL_VECTOR})
+# backward ops reading (gy, x, per-channel vectors...): gy is the channels-last map of input 0
+BATCH_NORM_GRAD = replace(SPATIAL, weights={i: CHANNEL_VECTOR for i in (2, 3, 4)})
+SCALE_NORM_GRAD = replace(SPATIAL, weights={2: CHANNEL_VECTOR})
 
 
 def _acc_dtype(dtype: np.dtype) -> np.dtype:
@@ -67,6 +77,59 @@ def _batch_norm_training(ctx) -> bool:
     return any(ctx.has_output(i) for i in range(1, 5))
 
 
+def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, slots: dict):
+    """The training-mode kernel: normalise with the batch's statistics and write the outputs
+    ``slots`` names (kind -> output index): ``running_mean``/``running_var`` (momentum update
+    from inputs 3/4, with the unbiased batch variance when ``unbiased``), ``saved_mean``,
+    ``saved_var`` (biased) and ``saved_inv_std`` (1 / sqrt(var + eps)). y always uses the
+    biased batch variance."""
+    c_axis = BATCH_NORM.channel_axis
+    rank = _check_rank(ctx, c_axis + 1)
+    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
+    acc = _acc_dtype(dtype)
+    c = x_info.shape[c_axis]
+    a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
+    mean_ws, var_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
+    d_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
+    stat_axes = tuple(range(rank - 1))  # every axis but the channels of the channels-last view
+    count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
+    correction = count / max(count - 1, 1) if unbiased else 1.0
+
+    def run(ins, outs, ws):
+        scale, bias = ins[1], ins[2]
+        a, b, mean, var, d = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws], ws[d_ws]
+        x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
+        np.mean(x_nhwc, axis=stat_axes, dtype=acc, out=mean)
+        np.subtract(x_nhwc, mean, out=d)
+        flat = d.reshape(-1, c)  # contiguous workspace: a view
+        np.einsum("kc,kc->c", flat, flat, out=var)
+        np.divide(var, count, out=var)
+        # the running/saved outputs, from the batch statistics (a and b are scratch here)
+        for kind, stat, given, factor in (("running_mean", mean, ins[3], 1.0),
+                                          ("running_var", var, ins[4], correction)):
+            if kind in slots:
+                np.multiply(given, momentum, out=b)
+                np.multiply(stat, (1.0 - momentum) * factor, out=a)
+                np.add(b, a, out=b)
+                np.copyto(outs[slots[kind]], b, casting="same_kind")
+        if "saved_mean" in slots:
+            np.copyto(outs[slots["saved_mean"]], mean, casting="same_kind")
+        if "saved_var" in slots:
+            np.copyto(outs[slots["saved_var"]], var, casting="same_kind")
+        np.add(var, eps, out=a)
+        np.sqrt(a, out=a)
+        np.reciprocal(a, out=a)
+        if "saved_inv_std" in slots:
+            np.copyto(outs[slots["saved_inv_std"]], a, casting="same_kind")
+        np.multiply(scale, a, out=a)
+        np.multiply(d, a, out=d)
+        np.add(d, bias, out=d)
+        np.copyto(y_nhwc, d, casting="same_kind")
+
+    return run
+
+
 def batch_norm_numpy(ctx):
     """y = x * a + b per channel, a = scale / sqrt(var + eps), b = bias - mean * a.
 
@@ -84,17 +147,14 @@ def batch_norm_numpy(ctx):
                         "(N, C*D1*...) instead, as the ONNX spec suggests")
     eps = float(ctx.attrs["epsilon"])
     momentum = float(ctx.attrs["momentum"])
-    training = _batch_norm_training(ctx)
+    if _batch_norm_training(ctx):
+        slots = {"running_mean": 1, "running_var": 2}
+        if ctx.since_version < 14:
+            slots.update(saved_mean=3, saved_var=4)
+        return _batch_norm_training_run(ctx, eps, momentum, False, slots)
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-    stat_axes = tuple(range(rank - 1))  # every axis but the channels of the channels-last view
-    if training:
-        mean_ws, var_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-        d_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
-        count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-        running = [i for i in (1, 2) if ctx.has_output(i)]
-        saved = [i for i in (3, 4) if ctx.has_output(i)] if ctx.since_version < 14 else []
 
     def run_inference(ins, outs, ws):
         scale, bias, mean, var = ins[1], ins[2], ins[3], ins[4]
@@ -108,33 +168,117 @@ def batch_norm_numpy(ctx):
         np.multiply(x_nhwc, a, out=y_nhwc, casting="same_kind")
         np.add(y_nhwc, b, out=y_nhwc, casting="same_kind")
 
-    def run_training(ins, outs, ws):
-        scale, bias = ins[1], ins[2]
-        a, b, mean, var, d = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws], ws[d_ws]
-        x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        np.mean(x_nhwc, axis=stat_axes, dtype=acc, out=mean)
-        np.subtract(x_nhwc, mean, out=d)
-        flat = d.reshape(-1, c)  # contiguous workspace: a view
-        np.einsum("kc,kc->c", flat, flat, out=var)
-        np.divide(var, count, out=var)
-        # the running/saved outputs, from the batch statistics (a and b are scratch here)
-        for i, stat, given in ((1, mean, ins[3]), (2, var, ins[4])):
-            if i in running:
-                np.multiply(given, momentum, out=b)
-                np.multiply(stat, 1.0 - momentum, out=a)
-                np.add(b, a, out=b)
-                np.copyto(outs[i], b, casting="same_kind")
-        for i, stat in ((3, mean), (4, var)):
-            if i in saved:
-                np.copyto(outs[i], stat, casting="same_kind")
-        np.add(var, eps, out=a)
-        np.sqrt(a, out=a)
-        np.divide(scale, a, out=a)
-        np.multiply(d, a, out=d)
-        np.add(d, bias, out=d)
-        np.copyto(y_nhwc, d, casting="same_kind")
+    return run_inference
 
-    return run_training if training else run_inference
+
+def batch_norm_training_numpy(ctx):
+    """ai.tr_onnx BatchNormTraining: (y, saved_mean, saved_inv_std, new_running_mean,
+    new_running_var); ``unbiased_running_var`` follows PyTorch's running-variance update."""
+    return _batch_norm_training_run(
+        ctx, float(ctx.attrs["epsilon"]), float(ctx.attrs["momentum"]),
+        bool(ctx.attrs.get("unbiased_running_var", 0)),
+        {"saved_mean": 1, "saved_inv_std": 2, "running_mean": 3, "running_var": 4})
+
+
+def batch_norm_training_shape(node, shapes, dtypes):
+    """y like x; the four statistics like running_mean (one value per channel)."""
+    c = (shapes[0][BATCH_NORM.channel_axis],)
+    stat = dtypes[3] if dtypes[3] is not None else dtypes[0]
+    return [(shapes[0], dtypes[0])] + [(c, stat)] * 4
+
+
+def batch_norm_grad_numpy(ctx):
+    """ai.tr_onnx BatchNormGrad(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias).
+
+    xhat = (x - mean) * inv_std; gbias = sum(gy), gscale = sum(gy * xhat) over every axis but
+    the channels. ``training=1`` (mean/inv_std are x's batch statistics):
+    gx = scale * inv_std * (gy - (gbias + xhat * gscale) / M); ``training=0`` (fixed running
+    statistics): gx = scale * inv_std * gy.
+    """
+    c_axis = BATCH_NORM.channel_axis
+    rank = _check_rank(ctx, c_axis + 1)
+    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
+    acc = _acc_dtype(dtype)
+    c = x_info.shape[c_axis]
+    training = bool(ctx.attrs["training"])
+    nhwc = _channels_last_shape(x_info.shape, c_axis)
+    xhat_ws, t_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
+    gs_ws, gb_ws, a_ws = (ctx.workspace((c,), acc) for _ in range(3))
+    stat_axes = tuple(range(rank - 1))
+    count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
+
+    def run(ins, outs, ws):
+        gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
+        scale, mean, inv = ins[2], ins[3], ins[4]
+        xhat, t, gs, gb, a = ws[xhat_ws], ws[t_ws], ws[gs_ws], ws[gb_ws], ws[a_ws]
+        np.subtract(x_nhwc, mean, out=xhat)
+        np.multiply(xhat, inv, out=xhat)
+        np.sum(gy_nhwc, axis=stat_axes, dtype=acc, out=gb)
+        np.multiply(gy_nhwc, xhat, out=t)
+        np.sum(t, axis=stat_axes, out=gs)
+        if has_gscale:
+            np.copyto(outs[1], gs, casting="same_kind")
+        if has_gbias:
+            np.copyto(outs[2], gb, casting="same_kind")
+        if outs[0] is None:
+            return
+        np.multiply(scale, inv, out=a)
+        gx_nhwc = _channels_last(outs[0], c_axis)
+        if not training:
+            np.multiply(gy_nhwc, a, out=gx_nhwc, casting="same_kind")
+            return
+        np.divide(gs, count, out=gs)
+        np.divide(gb, count, out=gb)
+        np.multiply(xhat, gs, out=t)
+        np.add(t, gb, out=t)
+        np.subtract(gy_nhwc, t, out=t)
+        np.multiply(t, a, out=t)
+        np.copyto(gx_nhwc, t, casting="same_kind")
+
+    return run
+
+
+def _bn_grad(b, x, gy, scale, bias, mean, inv_std, training: int, needed):
+    gx, gscale, gbias = b.op("BatchNormGrad", [gy, x, scale, mean, inv_std],
+                             {"training": training}, domain=INTERNAL_DOMAIN,
+                             like=[x, scale, bias])
+    return [gx if needed[0] else None, gscale if needed[1] else None,
+            gbias if needed[2] else None]
+
+
+def batch_norm_training_vjp(b, node, gys, needed):
+    """Through y only: the saved and running statistics are not differentiated."""
+    x, scale, bias = node.inputs[:3]
+    if gys[0] is None:
+        return [None] * len(node.inputs)
+    return _bn_grad(b, x, gys[0], scale, bias, node.outputs[1], node.outputs[2], 1,
+                    needed) + [None, None]
+
+
+def batch_norm_vjp(b, node, gys, needed):
+    """Inference mode: y = a * x + b with the running statistics (fixed); training mode: the
+    batch statistics, recomputed by a BatchNormTraining node (v14+ does not output them)."""
+    x, scale, bias, mean, var = node.inputs[:5]
+    if gys[0] is None:
+        return [None] * len(node.inputs)
+    eps = float(node.attrs["epsilon"])
+    if node.since_version >= 14:
+        training = bool(node.attrs["training_mode"])
+    elif node.since_version < 7:
+        training = not node.attrs["is_test"]
+    else:
+        training = any(o is not None for o in node.outputs[1:5])
+    if not training:
+        inv_std = b.op("Reciprocal", [b.op("Sqrt", [b.add(var, b.scalar_like(eps, var))])])
+    else:
+        stats = b.op("BatchNormTraining", [x, scale, bias, mean, var],
+                     {"epsilon": eps, "momentum": float(node.attrs["momentum"]),
+                      "unbiased_running_var": 0},
+                     domain=INTERNAL_DOMAIN, like=[x, mean, mean, mean, mean])
+        mean, inv_std = stats[1], stats[2]
+    return _bn_grad(b, x, gys[0], scale, bias, mean, inv_std, int(training),
+                    needed) + [None, None]
 
 
 # ------------------------------------------------------------- Instance / Group normalization
@@ -198,15 +342,123 @@ def group_norm_numpy(ctx):
                            float(ctx.attrs["epsilon"]), acc)
 
 
+def group_norm_grad_numpy(ctx):
+    """ai.tr_onnx GroupNormGrad(gy, x, scale) -> (gx, gscale, gbias) for Instance/Group
+    normalisation (``num_groups``, ``epsilon``, ``per_group_params`` as the forward's).
+
+    Per (n, group) with M elements: xhat = (x - mean) * inv, g = gy * scale;
+    gx = inv * (g - mean(g) - xhat * mean(g * xhat)); gscale/gbias sum gy * xhat / gy over
+    the batch and the spatial axes (and the group's channels for per-group parameters).
+    """
+    c_axis = SCALE_BIAS_NORM.channel_axis
+    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
+    shape = x_info.shape
+    groups, eps = int(ctx.attrs["num_groups"]), float(ctx.attrs["epsilon"])
+    per_group = bool(ctx.attrs["per_group_params"])
+    acc = _acc_dtype(dtype)
+    n, c = shape[0], shape[c_axis]
+    cg = c // groups
+    spatial = int(np.prod([d for i, d in enumerate(shape) if i not in (0, c_axis)],
+                          dtype=np.int64))
+    full = (n, spatial, groups, cg)
+    xhat_ws, g_ws, t_ws = (ctx.workspace(full, acc) for _ in range(3))
+    mean_ws, inv_ws = ctx.workspace((n, 1, groups, 1), acc), ctx.workspace((n, 1, groups, 1), acc)
+    m1_ws, m2_ws = ctx.workspace((n, 1, groups, 1), acc), ctx.workspace((n, 1, groups, 1), acc)
+    gs_ws, gb_ws = ctx.workspace((groups, cg), acc), ctx.workspace((groups, cg), acc)
+    sb_shape = (groups, 1) if per_group else (groups, cg)
+    nhwc = _channels_last_shape(shape, c_axis)[:-1] + (groups, cg)
+    has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
+
+    def run(ins, outs, ws):
+        xhat, g, t = ws[xhat_ws], ws[g_ws], ws[t_ws]
+        mean, inv, m1, m2, gs, gb = (ws[k] for k in (mean_ws, inv_ws, m1_ws, m2_ws, gs_ws,
+                                                     gb_ws))
+        np.copyto(xhat.reshape(nhwc), _split_last_axis(_channels_last(ins[1], c_axis), groups))
+        np.copyto(g.reshape(nhwc), _split_last_axis(_channels_last(ins[0], c_axis), groups))
+        np.mean(xhat, axis=(1, 3), keepdims=True, out=mean)
+        np.subtract(xhat, mean, out=xhat)
+        np.square(xhat, out=t)
+        np.mean(t, axis=(1, 3), keepdims=True, out=inv)
+        np.add(inv, eps, out=inv)
+        np.sqrt(inv, out=inv)
+        np.reciprocal(inv, out=inv)
+        np.multiply(xhat, inv, out=xhat)
+        np.sum(g, axis=(0, 1), out=gb)
+        np.multiply(g, xhat, out=t)
+        np.sum(t, axis=(0, 1), out=gs)
+        for k, src, wanted in ((1, gs, has_gscale), (2, gb, has_gbias)):
+            if wanted:
+                dst = outs[k].reshape(sb_shape)  # (C,) or (G,) unit-stride vectors: views
+                if per_group:
+                    np.sum(src, axis=1, keepdims=True, out=dst)
+                else:
+                    np.copyto(dst, src, casting="same_kind")
+        if outs[0] is None:
+            return
+        np.multiply(g, ins[2].reshape(sb_shape), out=g)
+        np.mean(g, axis=(1, 3), keepdims=True, out=m1)
+        np.multiply(g, xhat, out=t)
+        np.mean(t, axis=(1, 3), keepdims=True, out=m2)
+        np.multiply(xhat, m2, out=t)
+        np.subtract(g, t, out=g)
+        np.subtract(g, m1, out=g)
+        np.multiply(g, inv, out=g)
+        np.copyto(_split_last_axis(_channels_last(outs[0], c_axis), groups), g.reshape(nhwc),
+                  casting="same_kind")
+
+    return run
+
+
+def _group_norm_grad(b, node, gys, needed, groups: int, per_group: bool):
+    x, scale, bias = node.inputs[:3]
+    if gys[0] is None:
+        return [None] * len(node.inputs)
+    gx, gscale, gbias = b.op("GroupNormGrad", [gys[0], x, scale],
+                             {"num_groups": groups, "epsilon": float(node.attrs["epsilon"]),
+                              "per_group_params": int(per_group)},
+                             domain=INTERNAL_DOMAIN, like=[x, scale, bias])
+    return [gx if needed[0] else None, gscale if needed[1] else None,
+            gbias if needed[2] else None]
+
+
+def instance_norm_vjp(b, node, gys, needed):
+    return _group_norm_grad(b, node, gys, needed,
+                            node.inputs[0].shape[SCALE_BIAS_NORM.channel_axis], False)
+
+
+def group_norm_vjp(b, node, gys, needed):
+    return _group_norm_grad(b, node, gys, needed, int(node.attrs["num_groups"]),
+                            node.since_version < 21)
+
+
 # ----------------------------------------------------------------------------------- LRN
+
+
+def _window_shifts(size: int, c: int, transpose: bool = False) -> list[int]:
+    """Offsets k with s[..., j] += sq[..., j + k]: channel j's window is
+    [j - floor((size-1)/2), j + ceil((size-1)/2)]; ``transpose`` gives the windows holding j."""
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    if transpose:
+        lo, hi = hi, lo
+    return [k for k in range(-lo, hi + 1) if abs(k) < c]
+
+
+def _window_sum(src: np.ndarray, dst: np.ndarray, shifts: list[int]) -> None:
+    """dst[..., j] = sum over k of src[..., j + k] where j + k is a channel (last axis)."""
+    c = src.shape[-1]
+    dst[...] = 0
+    for k in shifts:
+        if k >= 0:
+            dst[..., :c - k] += src[..., k:]
+        else:
+            dst[..., -k:] += src[..., :c + k]
 
 
 def lrn_numpy(ctx):
     """y = x / (bias + alpha / size * sum of x^2 over a channel window) ** beta.
 
-    The window of channel c is [c - floor((size-1)/2), c + ceil((size-1)/2)]; its square sum is
-    built as ``size`` shifted adds along the last axis of the channels-last view (exact, unlike
-    differences of a cumulative sum).
+    The window's square sum is built as ``size`` shifted adds along the last axis of the
+    channels-last view (exact, unlike differences of a cumulative sum).
     """
     c_axis = SPATIAL.channel_axis
     _check_rank(ctx, 2)
@@ -216,27 +468,61 @@ def lrn_numpy(ctx):
     bias = float(ctx.attrs["bias"])
     acc = _acc_dtype(dtype)
     nhwc = _channels_last_shape(x_info.shape, c_axis)
-    c = nhwc[-1]
     sq_ws, sum_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
-    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
-    shifts = [k for k in range(-lo, hi + 1) if abs(k) < c]
+    shifts = _window_shifts(size, nhwc[-1])
 
     def run(ins, outs, ws):
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
         sq, s = ws[sq_ws], ws[sum_ws]
         np.square(x_nhwc, out=sq)
-        s[...] = 0
-        for k in shifts:  # s[..., j] += sq[..., j + k] where j + k is a channel
-            if k >= 0:
-                s[..., :c - k] += sq[..., k:]
-            else:
-                s[..., -k:] += sq[..., :c + k]
+        _window_sum(sq, s, shifts)
         np.multiply(s, alpha / size, out=s)
         np.add(s, bias, out=s)
         np.power(s, -beta, out=s)
         np.multiply(x_nhwc, s, out=y_nhwc, casting="same_kind")
 
     return run
+
+
+def lrn_grad_numpy(ctx):
+    """ai.tr_onnx LRNGrad(gy, x) -> gx, with s = bias + alpha/size * window_sum(x^2):
+    gx = gy * s^-beta - 2 beta alpha/size * x * window_sum^T(gy * x * s^(-beta-1))."""
+    c_axis = SPATIAL.channel_axis
+    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
+    size = int(ctx.attrs["size"])
+    alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
+    bias = float(ctx.attrs["bias"])
+    acc = _acc_dtype(dtype)
+    nhwc = _channels_last_shape(x_info.shape, c_axis)
+    s_ws, t_ws, u_ws = (ctx.workspace(nhwc, acc) for _ in range(3))
+    shifts = _window_shifts(size, nhwc[-1])
+    shifts_t = _window_shifts(size, nhwc[-1], transpose=True)
+
+    def run(ins, outs, ws):
+        gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
+        s, t, u = ws[s_ws], ws[t_ws], ws[u_ws]
+        np.square(x_nhwc, out=t)
+        _window_sum(t, s, shifts)
+        np.multiply(s, alpha / size, out=s)
+        np.add(s, bias, out=s)
+        np.power(s, -beta - 1.0, out=t)  # s^(-beta-1)
+        np.multiply(t, gy_nhwc, out=t)
+        np.multiply(t, x_nhwc, out=t)
+        _window_sum(t, u, shifts_t)
+        np.multiply(u, x_nhwc, out=u)
+        np.multiply(u, -2.0 * beta * alpha / size, out=u)
+        np.power(s, -beta, out=s)
+        np.multiply(s, gy_nhwc, out=s)
+        np.add(s, u, out=s)
+        np.copyto(_channels_last(outs[0], c_axis), s, casting="same_kind")
+
+    return run
+
+
+def lrn_vjp(b, node, gys, needed):
+    attrs = {k: node.attrs[k] for k in ("size", "alpha", "beta", "bias")}
+    return [b.op("LRNGrad", [gys[0], node.inputs[0]], attrs, domain=INTERNAL_DOMAIN,
+                 like=node.inputs[0])]
 
 
 # ------------------------------------------------------------ Layer / MVN / Lp normalization
@@ -287,6 +573,95 @@ def layer_norm_numpy(ctx):
         np.copyto(outs[0], d_full, casting="same_kind")
 
     return run
+
+
+def layer_norm_grad_numpy(ctx):
+    """ai.tr_onnx LayerNormGrad(gy, x, scale) -> (gx, gscale, gbias) over axes [axis, rank);
+    gscale/gbias have the normalised shape x.shape[axis:] (the rule sums them down to a
+    broadcast scale/bias). Per row of M elements: xhat = (x - mean) * inv, g = gy * scale,
+    gx = inv * (g - mean(g) - xhat * mean(g * xhat))."""
+    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
+    shape = x_info.shape
+    rank = len(shape)
+    axis = int(ctx.attrs["axis"]) % rank
+    eps = float(ctx.attrs["epsilon"])
+    acc = _acc_dtype(dtype)
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis:], dtype=np.int64))
+    xh_ws, g_ws, t_ws = (ctx.workspace((outer, inner), acc) for _ in range(3))
+    mean_ws, inv_ws, m_ws = (ctx.workspace((outer, 1), acc) for _ in range(3))
+    gs_ws, gb_ws = ctx.workspace((inner,), acc), ctx.workspace((inner,), acc)
+    has = [ctx.has_output(i) for i in range(3)]
+
+    def run(ins, outs, ws):
+        xh, g, t, mean, inv, m = (ws[k] for k in (xh_ws, g_ws, t_ws, mean_ws, inv_ws, m_ws))
+        np.copyto(xh.reshape(shape), ins[1])  # contiguous workspaces: reshape is a view
+        np.copyto(g.reshape(shape), ins[0])
+        np.mean(xh, axis=1, keepdims=True, out=mean)
+        np.subtract(xh, mean, out=xh)
+        np.square(xh, out=t)
+        np.mean(t, axis=1, keepdims=True, out=inv)
+        np.add(inv, eps, out=inv)
+        np.sqrt(inv, out=inv)
+        np.reciprocal(inv, out=inv)
+        np.multiply(xh, inv, out=xh)
+        for k, ws_k in ((1, gs_ws), (2, gb_ws)):
+            if has[k]:
+                if k == 1:
+                    np.multiply(g, xh, out=t)
+                np.sum(t if k == 1 else g, axis=0, out=ws[ws_k])
+                np.copyto(outs[k], ws[ws_k].reshape(outs[k].shape), casting="same_kind")
+        if not has[0]:
+            return
+        np.multiply(g.reshape(shape), ins[2], out=g.reshape(shape))
+        np.mean(g, axis=1, keepdims=True, out=m)
+        np.subtract(g, m, out=g)
+        np.multiply(g, xh, out=t)  # (g - mean(g)) * xhat has the same mean as g * xhat
+        np.mean(t, axis=1, keepdims=True, out=m)
+        np.multiply(xh, m, out=t)
+        np.subtract(g, t, out=g)
+        np.multiply(g, inv, out=g)
+        np.copyto(outs[0], g.reshape(shape), casting="same_kind")
+
+    return run
+
+
+def layer_norm_vjp(b, node, gys, needed):
+    """LayerNormGrad for y; the Mean/InvStdDev outputs' gradients (rarely used) by primitives:
+    d mean/dx = 1/M, d inv/dx = -inv^3 (x - mean) / M."""
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    rank = x.rank
+    axis = int(node.attrs["axis"]) % rank
+    norm_shape = tuple(x.shape[axis:])
+    gx = gscale = gbias = None
+    if gys[0] is not None:
+        gx, gscale, gbias = b.op(
+            "LayerNormGrad", [gys[0], x, scale],
+            {"axis": axis, "epsilon": float(node.attrs["epsilon"])}, domain=INTERNAL_DOMAIN,
+            shapes=[(x.shape, x.dtype), (norm_shape, scale.dtype),
+                    (norm_shape, (bias if bias is not None else scale).dtype)])
+        gscale = b.unbroadcast(gscale, scale.shape) if needed[1] else None
+        gbias = b.unbroadcast(gbias, bias.shape) if bias is not None and needed[2] else None
+    if needed[0] and (len(gys) > 1 and gys[1] is not None or len(gys) > 2 and gys[2] is not None):
+        m = float(np.prod(norm_shape))
+
+        def as_x(v):
+            return v if v.dtype == x.dtype else b.op("Cast", [v], {"to": onnx_elem_type(x.dtype)})
+
+        extra = []
+        if gys[1] is not None:
+            extra.append(b.mul(as_x(gys[1]), b.scalar_like(1.0 / m, x)))
+        if len(gys) > 2 and gys[2] is not None:
+            mean, inv = as_x(node.outputs[1]), as_x(node.outputs[2])
+            coef = b.mul(b.mul(b.mul(inv, inv), inv), as_x(gys[2]))
+            coef = b.mul(coef, b.scalar_like(-1.0 / m, x))
+            extra.append(b.mul(b.sub(x, mean), coef))
+        for e in extra:
+            e = b.op("Expand", [e, b.ints(x.shape)]) if tuple(e.shape) != tuple(x.shape) else e
+            gx = e if gx is None else b.add(gx, e)
+    out = [gx if needed[0] else None, gscale]
+    return out + ([gbias] if len(node.inputs) > 2 else [])
 
 
 def mvn_numpy(ctx):
@@ -340,17 +715,65 @@ def lp_norm_numpy(ctx):
     return run
 
 
+def mvn_vjp(b, node, gys, needed):
+    """y = d / (std + 1e-9), d = x - mean(x), std = sqrt(mean(d^2)) over ``axes``:
+    gd = (gy - mean(gy * y) * d / std) / (std + 1e-9); gx = gd - mean(gd)."""
+    x, y, gy = node.inputs[0], node.outputs[0], gys[0]
+    axes = sorted({int(a) % x.rank for a in node.attrs["axes"]})
+
+    def mean(v):
+        return reduce_kept(b, "ReduceMean", v, axes)
+
+    d = b.sub(x, mean(x))
+    std = b.op("Sqrt", [mean(b.mul(d, d))])
+    den = b.add(std, b.scalar_like(1e-9, x))
+    gd = b.div(b.sub(gy, b.mul(mean(b.mul(gy, y)), b.div(d, std))), den)
+    return [b.sub(gd, mean(gd))]
+
+
+def lp_norm_vjp(b, node, gys, needed):
+    """y = x / n, n = ||x||_p along ``axis``: gx = (gy - t * sum(gy * y)) / n with t = y
+    (p = 2) or sign(x) (p = 1). Undefined (division by 0) where n = 0."""
+    x, y, gy = node.inputs[0], node.outputs[0], gys[0]
+    axes = [int(node.attrs["axis"]) % x.rank]
+    p = int(node.attrs["p"])
+    n = reduce_kept(b, "ReduceL2" if p == 2 else "ReduceL1", x, axes)
+    t = y if p == 2 else b.op("Sign", [x])
+    return [b.div(b.sub(gy, b.mul(t, reduce_kept(b, "ReduceSum", b.mul(gy, y), axes))), n)]
+
+
 @hookimpl
 def tr_onnx_op_definitions():
+    def internal(op_type, factory, layout, **kw):
+        return OpDef(op_type, (1,), {"numpy": factory}, domain=INTERNAL_DOMAIN, layout=layout,
+                     **kw)
+
     return [
         OpDef("BatchNormalization", (1, 6, 7, 9, 14, 15), {"numpy": batch_norm_numpy},
-              layout=BATCH_NORM, differentiable=True),
+              layout=BATCH_NORM, differentiable=True, gradient=batch_norm_vjp,
+              grad_inputs=(0, 1, 2)),
         OpDef("InstanceNormalization", (1, 6, 22), {"numpy": instance_norm_numpy},
-              layout=SCALE_BIAS_NORM, differentiable=True),
+              layout=SCALE_BIAS_NORM, differentiable=True, gradient=instance_norm_vjp),
         OpDef("GroupNormalization", (18, 21), {"numpy": group_norm_numpy},
-              layout=SCALE_BIAS_NORM, differentiable=True),
-        OpDef("LRN", (1, 13), {"numpy": lrn_numpy}, layout=SPATIAL, differentiable=True),
-        OpDef("LayerNormalization", (17,), {"numpy": layer_norm_numpy}, differentiable=True),
-        OpDef("MeanVarianceNormalization", (9, 13), {"numpy": mvn_numpy}, differentiable=True),
-        OpDef("LpNormalization", (1, 22), {"numpy": lp_norm_numpy}, differentiable=True),
+              layout=SCALE_BIAS_NORM, differentiable=True, gradient=group_norm_vjp),
+        OpDef("LRN", (1, 13), {"numpy": lrn_numpy}, layout=SPATIAL, differentiable=True,
+              gradient=lrn_vjp),
+        OpDef("LayerNormalization", (17,), {"numpy": layer_norm_numpy}, differentiable=True,
+              gradient=layer_norm_vjp),
+        OpDef("MeanVarianceNormalization", (9, 13), {"numpy": mvn_numpy}, differentiable=True,
+              gradient=mvn_vjp),
+        OpDef("LpNormalization", (1, 22), {"numpy": lp_norm_numpy}, differentiable=True,
+              gradient=lp_norm_vjp),
+        internal("BatchNormTraining", batch_norm_training_numpy, BATCH_NORM,
+                 shape=batch_norm_training_shape, differentiable=True,
+                 gradient=batch_norm_training_vjp, grad_inputs=(0, 1, 2),
+                 doc="training-mode BatchNormalization: (y, saved_mean, saved_inv_std, "
+                     "new_running_mean, new_running_var)"),
+        internal("BatchNormGrad", batch_norm_grad_numpy, BATCH_NORM_GRAD,
+                 doc="(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias)"),
+        internal("GroupNormGrad", group_norm_grad_numpy, SCALE_NORM_GRAD,
+                 doc="(gy, x, scale) -> (gx, gscale, gbias) of Instance/GroupNormalization"),
+        internal("LRNGrad", lrn_grad_numpy, SPATIAL, doc="(gy, x) -> gx"),
+        internal("LayerNormGrad", layer_norm_grad_numpy, ELEMENTWISE,
+                 doc="(gy, x, scale) -> (gx, gscale, gbias) over the normalised shape"),
     ]

@@ -3,6 +3,11 @@
 A pool is a loop over the kernel taps: each tap is one strided slice of the (padded)
 ``[N, *S, C]`` input covering every output position at once, folded into the output with one
 ufunc. The window arithmetic (pads, ``auto_pad``, ``ceil_mode``, dilations) is ``conv.Window``.
+
+Gradients: the windowed pools' rules emit MaxPoolGrad, AveragePoolGrad and LpPoolGrad (domain
+ai.tr_onnx), which add each tap's share of gy back through the same per-tap slices into a
+padded gx; GlobalMaxPool has GlobalMaxPoolGrad, GlobalAveragePool and GlobalLpPool are a few
+standard ops.
 """
 
 from __future__ import annotations
@@ -27,18 +32,41 @@ class _Tapped:
     """What every windowed pool prepares: the window, the padded-input workspace and the
     per-tap slices."""
 
-    def __init__(self, ctx, fill, ceil_mode: bool):
-        x_info = ctx.inputs[0]
+    def __init__(self, ctx, fill, ceil_mode: bool, x_info=None, out_shape=None,
+                 pad_input: bool = True):
+        """``x_info``: the tensor the windows slide over (default input 0); a backward op
+        passes its input x or its output gx, and the forward's spatial output ``out_shape``
+        (gy's). ``pad_input``: reserve the padded-input workspace."""
+        x_info = x_info or ctx.inputs[0]
         self.n, self.c, *spatial = x_info.shape
         kernel = [int(k) for k in ctx.attrs["kernel_shape"]]
-        self.win = Window.for_node(ctx, spatial, kernel, ceil_mode=ceil_mode)
+        self.win = Window.for_node(ctx, spatial, kernel, ceil_mode=ceil_mode, out_shape=out_shape)
         self.dtype = np.dtype(ctx.outputs[0].dtype)
         self.fill = fill(self.dtype) if callable(fill) else self.dtype.type(fill)
         self.interior, self.slabs = padding_slabs_nhwc(self.win)
         self.xp_k = (ctx.workspace((self.n, *self.win.padded_shape, self.c), self.dtype)
-                     if self.win.needs_padding else None)
+                     if self.win.needs_padding and pad_input else None)
         self.taps = self.win.tap_slices_nhwc()
         self.out_nhwc = (self.n, *self.win.out_shape, self.c)
+
+    def grad_buffer(self, ctx):
+        """(workspace index or None, dtype) of the padded gx the backward ops scatter into:
+        None when gx's own view serves (no padding, no float16 accumulation)."""
+        compute = accumulator_dtype(self.dtype)
+        if self.win.needs_padding or compute != self.dtype:
+            return ctx.workspace((self.n, *self.win.padded_shape, self.c), compute), compute
+        return None, compute
+
+    def scatter_begin(self, outs, ws, gxp_k):
+        """The zeroed buffer gx is accumulated in (padded workspace or gx's channels-last view)."""
+        gxp = np.moveaxis(outs[0], 1, -1) if gxp_k is None else ws[gxp_k]
+        gxp.fill(0)
+        return gxp
+
+    def scatter_end(self, outs, gxp, gxp_k) -> None:
+        """Crop the padded buffer into gx."""
+        if gxp_k is not None:
+            np.copyto(np.moveaxis(outs[0], 1, -1), gxp[self.interior], casting="same_kind")
 
     def padded(self, x, ws):
         x = np.moveaxis(x, 1, -1)
@@ -237,19 +265,224 @@ def global_lp_pool_numpy(ctx):
     return run
 
 
+# --------------------------------------------------------------------------------------------
+# Backward ops (domain ai.tr_onnx) and gradient rules
+# --------------------------------------------------------------------------------------------
+# A windowed pool's backward op gets the forward window with explicit pads (``Window.attrs``)
+# plus ``ceil_mode``; it accumulates each tap's share of gy into a padded gx (the adjoint of
+# the forward's per-tap slices) and crops it.
+
+INTERNAL_DOMAIN = "ai.tr_onnx"
+
+
+def max_pool_grad_numpy(ctx):
+    """MaxPoolGrad(gy, x) -> gx: recompute each window's argmax tap (the first maximum in scan
+    order wins, as in the forward) and route gy to it."""
+    gy_info, x_info = ctx.inputs[0], ctx.inputs[1]
+    t = _Tapped(ctx, _lowest, bool(ctx.attrs["ceil_mode"]), x_info=x_info,
+                out_shape=gy_info.shape[2:])
+    gxp_k, compute = t.grad_buffer(ctx)
+    best_k = ctx.workspace(t.out_nhwc, t.dtype)
+    arg_k = ctx.workspace(t.out_nhwc, np.int32)
+    mask_k = ctx.workspace(t.out_nhwc, np.bool_)
+    share_k = ctx.workspace(t.out_nhwc, compute)
+
+    def run(ins, outs, ws):
+        xp = t.padded(ins[1], ws)
+        best, arg, mask, share = ws[best_k], ws[arg_k], ws[mask_k], ws[share_k]
+        np.copyto(best, xp[t.taps[0]])
+        arg.fill(0)
+        for k, tap in enumerate(t.taps[1:], 1):
+            xt = xp[tap]
+            np.greater(xt, best, out=mask)
+            np.copyto(best, xt, where=mask)
+            np.copyto(arg, k, where=mask)
+        gy = np.moveaxis(ins[0], 1, -1)
+        gxp = t.scatter_begin(outs, ws, gxp_k)
+        for k, tap in enumerate(t.taps):
+            np.equal(arg, k, out=mask)
+            np.multiply(gy, mask, out=share)
+            dst = gxp[tap]
+            np.add(dst, share, out=dst)
+        t.scatter_end(outs, gxp, gxp_k)
+
+    return run
+
+
+def average_pool_grad_numpy(ctx):
+    """AveragePoolGrad(gy) -> gx: every tap of a window gets gy / the window's divisor."""
+    t = _Tapped(ctx, 0, bool(ctx.attrs["ceil_mode"]), x_info=ctx.outputs[0],
+                out_shape=ctx.inputs[0].shape[2:], pad_input=False)
+    gxp_k, compute = t.grad_buffer(ctx)
+    counts = _window_counts(t.win, bool(ctx.attrs["count_include_pad"]))
+    divisor = counts.reshape((1, *t.win.out_shape, 1)).astype(compute)
+    share_k = ctx.workspace(t.out_nhwc, compute)
+
+    def run(ins, outs, ws):
+        share = ws[share_k]
+        np.divide(np.moveaxis(ins[0], 1, -1), divisor, out=share)
+        gxp = t.scatter_begin(outs, ws, gxp_k)
+        for tap in t.taps:
+            dst = gxp[tap]
+            np.add(dst, share, out=dst)
+        t.scatter_end(outs, gxp, gxp_k)
+
+    return run
+
+
+def _signed_pow(x, q: float, out) -> None:
+    """``out = sign(x) * |x| ** q`` (d|x|^p/dx / p with q = p - 1); ``out`` is a workspace."""
+    if q == 1.0:
+        np.copyto(out, x)
+        return
+    if q == 0.0:
+        np.sign(x, out=out)
+        return
+    np.abs(x, out=out)
+    np.power(out, q, out=out)
+    np.copysign(out, x, out=out)
+
+
+def lp_pool_grad_numpy(ctx):
+    """LpPoolGrad(gy, x, y) -> gx = sum over windows of gy * y^(1-p), times sign(x)|x|^(p-1)."""
+    gy_info, x_info = ctx.inputs[0], ctx.inputs[1]
+    p = float(ctx.attrs["p"])
+    t = _Tapped(ctx, 0, bool(ctx.attrs["ceil_mode"]), x_info=x_info,
+                out_shape=gy_info.shape[2:], pad_input=False)
+    gxp_k, compute = t.grad_buffer(ctx)
+    share_k = ctx.workspace(t.out_nhwc, compute)
+    dx_k = ctx.workspace((t.n, *t.win.in_shape, t.c), compute)
+
+    def run(ins, outs, ws):
+        share, dx = ws[share_k], ws[dx_k]
+        gy, x, y = (np.moveaxis(a, 1, -1) for a in ins[:3])
+        if p == 1.0:
+            np.copyto(share, gy)
+        else:
+            np.power(y, 1.0 - p, out=share)
+            np.multiply(share, gy, out=share)
+        gxp = t.scatter_begin(outs, ws, gxp_k)
+        for tap in t.taps:
+            dst = gxp[tap]
+            np.add(dst, share, out=dst)
+        _signed_pow(x, p - 1.0, dx)
+        inner = gxp[t.interior] if gxp_k is not None else gxp
+        np.multiply(inner, dx, out=inner)
+        t.scatter_end(outs, gxp, gxp_k)
+
+    return run
+
+
+def global_max_pool_grad_numpy(ctx):
+    """GlobalMaxPoolGrad(gy, x) -> gx: gy goes to each (n, c) plane's first maximum."""
+    x_info = ctx.inputs[1]
+    n, c, *spatial = x_info.shape
+    size = math.prod(spatial)
+    dtype = np.dtype(ctx.outputs[0].dtype)
+    flat_k = ctx.workspace((n, size, c), dtype)
+    arg_k = ctx.workspace((n, 1, c), np.intp)
+
+    def run(ins, outs, ws):
+        flat, arg = ws[flat_k], ws[arg_k]
+        np.copyto(flat.reshape((n, *spatial, c)), np.moveaxis(ins[1], 1, -1))
+        np.argmax(flat, axis=1, keepdims=True, out=arg)
+        flat.fill(0)
+        # gy [N, C, 1...] seen as [N, 1, C]: a view (its spatial axes have size 1)
+        gy = np.moveaxis(ins[0], 1, -1).reshape(n, 1, c)
+        np.put_along_axis(flat, arg, gy, axis=1)
+        np.copyto(np.moveaxis(outs[0], 1, -1), flat.reshape((n, *spatial, c)))
+
+    return run
+
+
+def _pool_attrs(node, x) -> dict:
+    """The forward's window with explicit pads, for a pool's backward op."""
+    ceil_mode = int(node.attrs.get("ceil_mode", 0))  # absent before MaxPool-10/AveragePool-10
+    win = Window.resolve(node.attrs, x.shape[2:], node.attrs["kernel_shape"], bool(ceil_mode))
+    return {**win.attrs(), "ceil_mode": ceil_mode}
+
+
+def max_pool_vjp(b, node, gys, needed):
+    """MaxPool: MaxPoolGrad(gy, x); the Indices output carries no gradient."""
+    x = node.inputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None]
+    return [b.op("MaxPoolGrad", [gys[0], x], _pool_attrs(node, x), domain=INTERNAL_DOMAIN,
+                 like=x)]
+
+
+def average_pool_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None]
+    attrs = {**_pool_attrs(node, x),
+             "count_include_pad": int(node.attrs.get("count_include_pad", 0))}
+    return [b.op("AveragePoolGrad", [gys[0]], attrs, domain=INTERNAL_DOMAIN, like=x)]
+
+
+def lp_pool_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None]
+    attrs = {**_pool_attrs(node, x), "p": float(node.attrs["p"])}
+    return [b.op("LpPoolGrad", [gys[0], x, node.outputs[0]], attrs, domain=INTERNAL_DOMAIN,
+                 like=x)]
+
+
+def global_average_pool_vjp(b, node, gys, needed):
+    """gx = gy broadcast over the spatial axes, / their size."""
+    x = node.inputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None]
+    spread = b.op("Expand", [gys[0], b.ints(x.shape)])
+    return [b.mul(spread, b.scalar_like(1.0 / math.prod(x.shape[2:]), x))]
+
+
+def global_max_pool_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None]
+    return [b.op("GlobalMaxPoolGrad", [gys[0], x], {}, domain=INTERNAL_DOMAIN, like=x)]
+
+
+def global_lp_pool_vjp(b, node, gys, needed):
+    """gx = gy * y^(1-p) * sign(x)|x|^(p-1), broadcast over the spatial axes."""
+    x, y = node.inputs[0], node.outputs[0]
+    if gys[0] is None or not needed[0]:
+        return [None]
+    p = float(node.attrs["p"])
+    if p == 1.0:
+        return [b.mul(b.op("Sign", [x]), gys[0])]
+    if p == 2.0:
+        return [b.mul(x, b.div(gys[0], y))]
+    q = b.scalar_like(p - 1.0, x)
+    dx = b.mul(b.op("Sign", [x]), b.op("Pow", [b.op("Abs", [x]), q]))
+    return [b.mul(dx, b.div(gys[0], b.op("Pow", [y, q])))]
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
         OpDef("MaxPool", (1, 8, 10, 11, 12, 22), {"numpy": max_pool_numpy}, layout=SPATIAL,
-              differentiable=True),
+              differentiable=True, gradient=max_pool_vjp),
         OpDef("AveragePool", (1, 7, 10, 11, 19, 22), {"numpy": average_pool_numpy},
-              layout=SPATIAL, differentiable=True),
+              layout=SPATIAL, differentiable=True, gradient=average_pool_vjp),
         OpDef("LpPool", (1, 2, 11, 18, 22), {"numpy": lp_pool_numpy}, layout=SPATIAL,
-              differentiable=True),
+              differentiable=True, gradient=lp_pool_vjp),
         OpDef("GlobalAveragePool", (1, 22), {"numpy": global_average_pool_numpy},
-              layout=SPATIAL, differentiable=True),
+              layout=SPATIAL, differentiable=True, gradient=global_average_pool_vjp),
         OpDef("GlobalMaxPool", (1, 22), {"numpy": global_max_pool_numpy}, layout=SPATIAL,
-              differentiable=True),
+              differentiable=True, gradient=global_max_pool_vjp),
         OpDef("GlobalLpPool", (1, 2, 22), {"numpy": global_lp_pool_numpy}, layout=SPATIAL,
-              differentiable=True),
+              differentiable=True, gradient=global_lp_pool_vjp),
+        OpDef("MaxPoolGrad", (1,), {"numpy": max_pool_grad_numpy}, domain=INTERNAL_DOMAIN,
+              layout=SPATIAL, doc="gx of MaxPool: gy routed to each window's first maximum"),
+        OpDef("AveragePoolGrad", (1,), {"numpy": average_pool_grad_numpy},
+              domain=INTERNAL_DOMAIN, layout=SPATIAL,
+              doc="gx of AveragePool: gy / divisor spread over each window"),
+        OpDef("LpPoolGrad", (1,), {"numpy": lp_pool_grad_numpy}, domain=INTERNAL_DOMAIN,
+              layout=SPATIAL, doc="gx of LpPool from (gy, x, y)"),
+        OpDef("GlobalMaxPoolGrad", (1,), {"numpy": global_max_pool_grad_numpy},
+              domain=INTERNAL_DOMAIN, layout=SPATIAL,
+              doc="gx of GlobalMaxPool: gy routed to each plane's first maximum"),
     ]

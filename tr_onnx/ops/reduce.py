@@ -1,5 +1,7 @@
 """Reductions (Reduce*, ArgMax/ArgMin) and the normalising reductions along an axis (Softmax,
-LogSoftmax, Hardmax).
+LogSoftmax, Hardmax), with their gradient rules (standard ops only). ReduceMax/ReduceMin send
+the gradient to every element equal to the extremum, split evenly among ties (PyTorch's
+amax/amin); Hardmax, ArgMax and ArgMin are not differentiable.
 
 All read logical views (``ELEMENTWISE``): a reduction over a channels-last feature map is a
 strided numpy reduction, and an output of the same rank stays channels-last. Reductions write
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -241,6 +244,94 @@ def argmax_numpy(ctx):
     return run
 
 
+# ----------------------------------------------------------------------------- gradient rules
+# Rules emit standard ops at the autodiff GRAD_OPSET (17): ReduceSum takes axes as an input,
+# the other Reduce ops as an attribute.
+
+
+def reduce_kept(b, op_type: str, v, axes) -> object:
+    """``op_type`` over ``axes`` of ``v`` with keepdims=1, in GRAD_OPSET form (no axes: the
+    sum/mean of one element, ``v`` itself; an empty axes list would mean "all axes")."""
+    axes = [int(a) for a in axes]
+    if not axes and op_type in ("ReduceSum", "ReduceMean"):
+        return v
+    if op_type == "ReduceSum":
+        return b.op("ReduceSum", [v, b.ints(axes)], {"keepdims": 1})
+    return b.op(op_type, [v], {"axes": axes, "keepdims": 1})
+
+
+def _node_reduce_axes(node) -> tuple[int, ...]:
+    """The forward node's reduced axes (() for a no-op with empty axes), as ``_reduce_axes``."""
+    rank = node.inputs[0].rank
+    if node.since_version >= _AXES_INPUT_SINCE.get(node.op_type, _AXES_INPUT_SINCE_DEFAULT):
+        given = node.inputs[1] if len(node.inputs) > 1 else None
+        axes = None if given is None else given.data
+    else:
+        axes = node.attrs.get("axes")
+    if axes is None or len(np.ravel(axes)) == 0:
+        return () if node.attrs.get("noop_with_empty_axes", 0) else tuple(range(rank))
+    return tuple(sorted({int(a) % rank for a in np.ravel(axes)}))
+
+
+def _kept(b, v, shape):
+    """``v`` (the reduced output or its gradient, keepdims 0 or 1) in keepdims form."""
+    return v if tuple(v.shape) == tuple(shape) else b.op("Reshape", [v, b.ints(shape)])
+
+
+def _reduce_term(b, op, x, y, gy, axes, count):
+    """The factor gx = gy (kept, broadcast) * term; None means term = 1."""
+    if op == "ReduceSum":
+        return None
+    if op == "ReduceMean":
+        return b.scalar_like(1.0 / count, x)
+    if op in ("ReduceMax", "ReduceMin"):
+        # every element equal to the extremum shares the gradient evenly (PyTorch's amax/amin)
+        mask = b.op("Cast", [b.op("Equal", [x, y])], {"to": onnx_elem_type(x.dtype)})
+        return b.div(mask, reduce_kept(b, "ReduceSum", mask, axes))
+    if op == "ReduceProd":
+        return b.div(y, x)  # prod / x: undefined where x == 0
+    if op == "ReduceL1":
+        return b.op("Sign", [x])
+    if op == "ReduceL2":
+        return b.div(x, y)  # undefined where the norm is 0
+    if op == "ReduceSumSquare":
+        return b.mul(x, b.scalar_like(2.0, x))
+    if op == "ReduceLogSum":
+        return b.op("Exp", [b.neg(y)])  # 1 / sum = exp(-log(sum))
+    if op == "ReduceLogSumExp":
+        return b.op("Exp", [b.sub(x, y)])  # softmax over the reduced axes
+    raise AssertionError(op)
+
+
+def reduce_vjp(b, node, gys, needed):
+    """gx = broadcast(gy) * d(reduction)/dx, the reduced values kept as size-1 axes. With
+    noop_with_empty_axes the op is elementwise (|x|, x^2, log x...) and so is its rule."""
+    x, gy = node.inputs[0], gys[0]
+    axes = _node_reduce_axes(node)
+    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+    count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    term = _reduce_term(b, node.op_type, x, _kept(b, node.outputs[0], kept), gy, axes,
+                        max(count, 1))
+    g = _kept(b, gy, kept)
+    if term is not None:
+        g = b.mul(g, term)
+    if tuple(g.shape) != tuple(x.shape):
+        g = b.op("Expand", [g, b.ints(x.shape)])
+    return [g] + [None] * (len(node.inputs) - 1)
+
+
+def softmax_vjp(b, node, gys, needed):
+    """Softmax: gx = y * (gy - sum(gy * y)); LogSoftmax: gx = gy - exp(y) * sum(gy); sums over
+    the op's axes (v1/v11: every axis from ``axis`` on)."""
+    x, y, gy = node.inputs[0], node.outputs[0], gys[0]
+    rank = x.rank
+    axis = int(node.attrs["axis"]) % max(rank, 1)
+    axes = list(range(axis, rank)) if node.since_version < 13 else [axis]
+    if node.op_type == "Softmax":
+        return [b.mul(y, b.sub(gy, reduce_kept(b, "ReduceSum", b.mul(gy, y), axes)))]
+    return [b.sub(gy, b.mul(b.op("Exp", [y]), reduce_kept(b, "ReduceSum", gy, axes)))]
+
+
 _REDUCE_VERSIONS = {
     "ReduceMean": (1, 11, 13, 18),
     "ReduceSum": (1, 11, 13),
@@ -258,12 +349,15 @@ _REDUCE_VERSIONS = {
 @hookimpl
 def tr_onnx_op_definitions():
     reduces = [OpDef(op, versions, {"numpy": reduce_numpy}, const_inputs=(1,),
-                     differentiable=True)
+                     differentiable=True, gradient=reduce_vjp, grad_inputs=(0,))
                for op, versions in _REDUCE_VERSIONS.items()]
     return reduces + [
-        OpDef("Softmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True),
-        OpDef("LogSoftmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True),
-        OpDef("Hardmax", (1, 11, 13), {"numpy": hardmax_numpy}),
-        OpDef("ArgMax", (1, 11, 12, 13), {"numpy": argmax_numpy}),
-        OpDef("ArgMin", (1, 11, 12, 13), {"numpy": argmax_numpy}),
+        OpDef("Softmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True,
+              gradient=softmax_vjp),
+        OpDef("LogSoftmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True,
+              gradient=softmax_vjp),
+        # piecewise constant (one-hot of the maximum) / integer outputs: no gradient
+        OpDef("Hardmax", (1, 11, 13), {"numpy": hardmax_numpy}, differentiable=False),
+        OpDef("ArgMax", (1, 11, 12, 13), {"numpy": argmax_numpy}, differentiable=False),
+        OpDef("ArgMin", (1, 11, 12, 13), {"numpy": argmax_numpy}, differentiable=False),
     ]

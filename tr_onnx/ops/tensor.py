@@ -13,10 +13,13 @@ plan-time facts (Shape, Size, Constant, Range, EyeLike...) compute it in the fac
 from __future__ import annotations
 
 import math
+import string
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+from onnx import numpy_helper
 
+from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
 
@@ -108,9 +111,13 @@ def transpose_numpy(ctx):
 # ---- joining and splitting ------------------------------------------------------------------
 
 
+# Concat-1 and Split-1 give ``axis`` no schema default; their docs say 1 and (as Split-2) 0.
+CONCAT1_AXIS, SPLIT1_AXIS = 1, 0
+
+
 def concat_numpy(ctx):
     rank = len(ctx.outputs[0].shape)
-    axis = _axis(ctx.attrs["axis"], rank)
+    axis = _axis(ctx.attrs.get("axis", CONCAT1_AXIS), rank)
     regions, start = [], 0
     for info in ctx.inputs:
         n = info.shape[axis]
@@ -127,7 +134,7 @@ def concat_numpy(ctx):
 
 def split_numpy(ctx):
     rank = len(ctx.inputs[0].shape)
-    axis = _axis(ctx.attrs["axis"], rank)
+    axis = _axis(ctx.attrs.get("axis", SPLIT1_AXIS), rank)
     # The sizes (from the attribute, input 1, num_outputs or an even split) are already in
     # the inferred output shapes.
     regions, start = [], 0
@@ -164,20 +171,26 @@ def slice_index(shape, starts, ends, axes, steps) -> tuple:
     return tuple(index)
 
 
-def slice_numpy(ctx):
-    shape = ctx.inputs[0].shape
-    if ctx.since_version < 10:
-        starts, ends = ctx.attrs["starts"], ctx.attrs["ends"]
-        axes = ctx.attrs.get("axes", range(len(starts)))
+def slice_args(since_version: int, attrs, const) -> tuple[list, list, list, list]:
+    """Slice's (starts, ends, axes, steps) from the attributes (<10) or the inputs;
+    ``const(i)`` is input i's plan-time value."""
+    if since_version < 10:
+        starts, ends = attrs["starts"], attrs["ends"]
+        axes = attrs.get("axes", range(len(starts)))
         steps = [1] * len(starts)
     else:
-        starts, ends = _ints(ctx.const(1)), _ints(ctx.const(2))
-        axes = _ints(ctx.const(3)) if ctx.has_input(3) else range(len(starts))
-        steps = _ints(ctx.const(4)) if ctx.has_input(4) else [1] * len(starts)
+        starts, ends = _ints(const(1)), _ints(const(2))
+        axes = _ints(const(3)) if const(3) is not None else range(len(starts))
+        steps = _ints(const(4)) if const(4) is not None else [1] * len(starts)
+    return [int(v) for v in starts], [int(v) for v in ends], [int(v) for v in axes], \
+        [int(v) for v in steps]
+
+
+def slice_numpy(ctx):
+    starts, ends, axes, steps = slice_args(ctx.since_version, ctx.attrs, ctx.const)
     if 0 in steps:
         raise ctx.error("Slice steps must not be 0")
-    index = slice_index(shape, [int(s) for s in starts], [int(e) for e in ends], list(axes),
-                        steps)
+    index = slice_index(ctx.inputs[0].shape, starts, ends, axes, steps)
 
     def run(ins, outs, ws):
         np.copyto(outs[0], ins[0][index])
@@ -195,22 +208,30 @@ def gather_numpy(ctx):
 
 
 def gather_elements_numpy(ctx):
-    axis = _axis(ctx.attrs["axis"], len(ctx.inputs[0].shape))
+    shape = ctx.inputs[1].shape
+    axis = _axis(ctx.attrs["axis"], len(shape))
+    # The indices may be shorter than the data along every axis (take_along_axis would need
+    # them to broadcast): index with aranges over the indices' own axes.
+    grids = np.indices(shape, sparse=True)
 
     def run(ins, outs, ws):
-        # take_along_axis has no out=: one temporary the size of the output.
-        np.copyto(outs[0], np.take_along_axis(ins[0], ins[1].astype(np.intp, copy=False), axis))
+        index = tuple(ins[1] if a == axis else g for a, g in enumerate(grids))
+        # Advanced indexing has no out=: one temporary the size of the output.
+        np.copyto(outs[0], ins[0][index])
 
     return run
 
 
+def _nd_grids(idx_shape, batch_dims: int) -> tuple:
+    """Broadcastable aranges over GatherND's batch axes, against ``indices[..., j]``."""
+    rank = len(idx_shape)
+    return tuple(np.arange(n).reshape((1,) * i + (n,) + (1,) * (rank - 2 - i))
+                 for i, n in enumerate(idx_shape[:batch_dims]))
+
+
 def gather_nd_numpy(ctx):
-    b = int(ctx.attrs.get("batch_dims", 0))
-    idx_rank = len(ctx.inputs[1].shape)
     k = ctx.inputs[1].shape[-1]
-    # Broadcastable aranges over the batch axes, against indices[..., j] (rank idx_rank - 1).
-    grids = tuple(np.arange(n).reshape((1,) * i + (n,) + (1,) * (idx_rank - 2 - i))
-                  for i, n in enumerate(ctx.inputs[1].shape[:b]))
+    grids = _nd_grids(ctx.inputs[1].shape, int(ctx.attrs.get("batch_dims", 0)))
 
     def run(ins, outs, ws):
         idx = ins[1]
@@ -245,8 +266,6 @@ def scatter_elements_numpy(ctx):
 
 
 def _sparse_to_dense(sparse) -> np.ndarray:
-    from onnx import numpy_helper
-
     values = numpy_helper.to_array(sparse.values)
     indices = numpy_helper.to_array(sparse.indices)
     dense = np.zeros(tuple(sparse.dims), values.dtype)
@@ -366,33 +385,37 @@ def _copy_runs(dst: list[int], src: list[int]) -> list[tuple[slice, slice]]:
     return slices
 
 
-def pad_numpy(ctx):
-    in_shape = ctx.inputs[0].shape
-    rank = len(in_shape)
-    mode = ctx.attrs["mode"]
-    if ctx.since_version < 11:
-        pads = list(ctx.attrs["pads"] if "pads" in ctx.attrs else ctx.attrs["paddings"])
+def pad_amounts(since_version: int, attrs, pads, axes, rank: int) -> tuple[list, list]:
+    """Pad's per-axis (begin, end) amounts from the attribute (<11) or the pads/axes inputs."""
+    if since_version < 11:
+        pads = list(attrs["pads"] if "pads" in attrs else attrs["paddings"])
         axes = list(range(rank))
-        value = ctx.attrs["value"]
     else:
-        pads = _ints(ctx.const(1))
-        axes = [_axis(a, rank) for a in _ints(ctx.const(3))] if ctx.has_input(3) else \
-            list(range(rank))
-        value = None  # input 2, read at run time (or 0 when absent)
+        pads = _ints(pads)
+        axes = [_axis(a, rank) for a in _ints(axes)] if axes is not None else list(range(rank))
     begin, end = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
-        begin[a], end[a] = pads[i], pads[i + len(axes)]
-    # Negative pads crop the input; the rest pads around what remains.
+        begin[a], end[a] = int(pads[i]), int(pads[i + len(axes)])
+    return begin, end
+
+
+def pad_plan(in_shape, begin, end, mode: str, error):
+    """(crop of the input, interior of the output, border steps) for Pad and PadGrad.
+
+    Negative pads crop the input; the rest pads around what remains. Axes are padded one
+    after another; axis a's border is filled over the full extent of the axes before it
+    (already padded) and the interior of the axes after it. A step is ``(region, fills,
+    copies)``: ``fills`` (constant mode) are slices of the region to set, ``copies`` pairs
+    ``(dst, src)`` of slices of the region (source step +1, -1 or 0 along the axis)."""
+    rank = len(in_shape)
     crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begin, end, in_shape))
     lo, hi = [max(b, 0) for b in begin], [max(e, 0) for e in end]
     kept = [s.stop - s.start for s in crop]
     interior = tuple(slice(lo[a], lo[a] + kept[a]) for a in range(rank))
     if mode not in ("constant", "reflect", "edge", "wrap"):
-        raise ctx.error(f"unknown Pad mode {mode!r}")
+        raise error(f"unknown Pad mode {mode!r}")
     if mode != "constant" and any((lo[a] or hi[a]) and kept[a] == 0 for a in range(rank)):
-        raise ctx.error(f"Pad mode {mode!r} cannot pad an empty axis")
-    # Axes are padded one after another; axis a's border is filled over the full extent of
-    # the axes before it (already padded) and the interior of the axes after it.
+        raise error(f"Pad mode {mode!r} cannot pad an empty axis")
     steps = []
     for a in range(rank):
         if not lo[a] and not hi[a]:
@@ -408,6 +431,16 @@ def pad_numpy(ctx):
             src = [lo[a] + _pad_source(j - lo[a], kept[a], mode) for j in border]
             copies = [(head + (d,), head + (s,)) for d, s in _copy_runs(border, src)]
             steps.append((region, None, copies))
+    return crop, interior, steps
+
+
+def pad_numpy(ctx):
+    in_shape = ctx.inputs[0].shape
+    begin, end = pad_amounts(ctx.since_version, ctx.attrs, ctx.const(1),
+                             ctx.const(3) if ctx.has_input(3) else None, len(in_shape))
+    # Before v11 the fill is an attribute; later it is input 2, read at run time (0 if absent).
+    value = ctx.attrs["value"] if ctx.since_version < 11 else None
+    crop, interior, steps = pad_plan(in_shape, begin, end, ctx.attrs["mode"], ctx.error)
 
     def run(ins, outs, ws):
         y = outs[0]
@@ -546,9 +579,361 @@ def einsum_numpy(ctx):
     return run
 
 
+# ---- backward ops (domain ai.tr_onnx) -------------------------------------------------------
+# Named backward steps that no short chain of standard ops does well. Each writes a gradient
+# shaped like the forward input (``ctx.outputs[0]``) from ``gy`` (input 0).
+
+
+def slice_grad_numpy(ctx):
+    """``gx = 0; gx[slice] = gy`` for any steps (negative, non-unit) and clamped bounds; attrs
+    ``starts``, ``ends``, ``axes`` (non-negative), ``steps`` as the forward Slice resolved them."""
+    a = ctx.attrs
+    index = slice_index(ctx.outputs[0].shape, a["starts"], a["ends"], a["axes"], a["steps"])
+
+    def run(ins, outs, ws):
+        outs[0].fill(0)
+        outs[0][index] = ins[0]
+
+    return run
+
+
+def gather_grad_numpy(ctx):
+    """``gx = 0; gx[..., indices, ...] += gy`` along ``axis`` (non-negative attr): repeated
+    indices accumulate (``np.add.at``), negative ones count from the end (input 1)."""
+    head = (slice(None),) * int(ctx.attrs["axis"])
+
+    def run(ins, outs, ws):
+        outs[0].fill(0)
+        np.add.at(outs[0], head + (ins[1],), ins[0])
+
+    return run
+
+
+def gather_nd_grad_numpy(ctx):
+    """GatherND's scatter-add: ``gx = 0; gx[batch grids + indices] += gy`` (attr
+    ``batch_dims``; input 1 the indices)."""
+    k = ctx.inputs[1].shape[-1]
+    grids = _nd_grids(ctx.inputs[1].shape, int(ctx.attrs["batch_dims"]))
+
+    def run(ins, outs, ws):
+        outs[0].fill(0)
+        idx = ins[1]
+        np.add.at(outs[0], grids + tuple(idx[..., j] for j in range(k)), ins[0])
+
+    return run
+
+
+def pad_grad_numpy(ctx):
+    """Pad's forward steps run backwards: every border element copied from the interior
+    adds its gradient back to its source, last axis first; what the forward cropped (negative
+    pads) gets zero. Attrs: ``mode`` and ``pads`` (begin then end, one per axis)."""
+    in_shape = ctx.outputs[0].shape
+    rank = len(in_shape)
+    pads = [int(p) for p in ctx.attrs["pads"]]
+    crop, interior, steps = pad_plan(in_shape, pads[:rank], pads[rank:], ctx.attrs["mode"],
+                                     ctx.error)
+    acc = ctx.workspace(ctx.inputs[0].shape, ctx.inputs[0].dtype)  # gy must stay untouched
+    cropped = any(s.start or s.stop != n for s, n in zip(crop, in_shape))
+
+    def run(ins, outs, ws):
+        g = ws[acc]
+        np.copyto(g, ins[0])
+        for region, _, copies in reversed(steps):  # constant fills carry no gradient
+            v = g[region]
+            for d, s in reversed(copies):
+                src, dst = v[s], v[d]
+                if src.shape != dst.shape:  # one element broadcast (edge): a small temporary
+                    dst = dst.sum(axis=len(d) - 1, keepdims=True)
+                np.add(src, dst, out=src)
+        if cropped:
+            outs[0].fill(0)
+        np.copyto(outs[0][crop], g[interior])
+
+    return run
+
+
+# ---- gradient rules -------------------------------------------------------------------------
+# Each returns one entry per forward input; index/shape inputs never get one (``grad_inputs``).
+
+
+def reshape_to(b, v, shape):
+    """``v`` reshaped to ``shape`` (no node when it already has it)."""
+    shape = tuple(shape)
+    if tuple(v.shape) == shape:
+        return v
+    return b.op("Reshape", [v, b.ints(shape)], {"allowzero": 1}, shapes=[(shape, v.dtype)])
+
+
+def zeros_like(b, v):
+    """Zeros shaped like ``v``, made each step (ConstantOfShape) rather than stored."""
+    return b.op("ConstantOfShape", [b.ints(v.shape)],
+                {"value": numpy_helper.from_array(np.zeros(1, v.dtype))}, like=v)
+
+
+def _first(node, gx) -> list:
+    return [gx] + [None] * (len(node.inputs) - 1)
+
+
+def _const_of(node):
+    """``const(i)``: the plan-time value of input i of a forward node (None if absent)."""
+    def const(i):
+        v = node.inputs[i] if i < len(node.inputs) else None
+        return v.data if v is not None else None
+    return const
+
+
+def regroup_vjp(b, node, gys, needed):
+    """Reshape/Flatten/Squeeze/Unsqueeze: gy reshaped back."""
+    return _first(node, reshape_to(b, gys[0], node.inputs[0].shape))
+
+
+def transpose_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    perm = node.attrs.get("perm", list(reversed(range(x.rank))))
+    inverse = [int(p) for p in np.argsort(perm)]
+    return [b.op("Transpose", [gys[0]], {"perm": inverse}, like=x)]
+
+
+def concat_vjp(b, node, gys, needed):
+    """One Split of gy (a Slice when only one input needs its part)."""
+    gy, xs = gys[0], node.inputs
+    if len(xs) == 1:
+        return [gy]
+    axis = _axis(node.attrs.get("axis", CONCAT1_AXIS), gy.rank)
+    sizes = [x.shape[axis] for x in xs]
+    if sum(needed) == 1:
+        i = needed.index(True)
+        start = sum(sizes[:i])
+        part = b.op("Slice", [gy, b.ints([start]), b.ints([start + sizes[i]]), b.ints([axis])],
+                    like=xs[i])
+        return [part if j == i else None for j in range(len(xs))]
+    parts = b.op("Split", [gy, b.ints(sizes)], {"axis": axis}, like=list(xs))
+    return [p if need else None for p, need in zip(parts, needed)]
+
+
+def split_vjp(b, node, gys, needed):
+    """Concat of the output gradients; zeros for outputs nothing differentiates."""
+    x = node.inputs[0]
+    parts = [g if g is not None else zeros_like(b, y) for g, y in zip(gys, node.outputs)]
+    if len(parts) == 1:
+        return _first(node, parts[0])
+    axis = _axis(node.attrs.get("axis", SPLIT1_AXIS), x.rank)
+    return _first(node, b.op("Concat", parts, {"axis": axis}, like=x))
+
+
+def slice_vjp(b, node, gys, needed):
+    """Unit steps: gy zero-padded back to x's shape (Pad). Other steps: SliceGrad."""
+    x, gy = node.inputs[0], gys[0]
+    starts, ends, axes, steps = slice_args(node.since_version, node.attrs, _const_of(node))
+    axes = [_axis(a, x.rank) for a in axes]
+    index = slice_index(x.shape, starts, ends, axes, steps)
+    if gy.shape and 0 in gy.shape:
+        return _first(node, zeros_like(b, x))
+    if all(s.step in (None, 1) for s in index):
+        begin = [s.start or 0 for s in index]
+        end = [n - (s.stop if s.stop is not None else n) for s, n in zip(index, x.shape)]
+        if not any(begin) and not any(end):
+            return _first(node, gy)
+        return _first(node, b.op("Pad", [gy, b.ints(begin + end)], {"mode": "constant"},
+                                 like=x))
+    attrs = {"starts": starts, "ends": ends, "axes": axes, "steps": steps}
+    return _first(node, b.op("SliceGrad", [gy], attrs, domain=INTERNAL, like=x))
+
+
+def gather_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    axis = _axis(node.attrs["axis"], x.rank)
+    return _first(node, b.op("GatherGrad", [gys[0], node.inputs[1]], {"axis": axis},
+                             domain=INTERNAL, like=x))
+
+
+def gather_elements_vjp(b, node, gys, needed):
+    """Scatter-add of gy into zeros (ScatterElements, reduction add)."""
+    x = node.inputs[0]
+    return _first(node, b.op("ScatterElements", [zeros_like(b, x), node.inputs[1], gys[0]],
+                             {"axis": int(node.attrs["axis"]), "reduction": "add"}, like=x))
+
+
+def gather_nd_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    return _first(node, b.op("GatherNDGrad", [gys[0], node.inputs[1]],
+                             {"batch_dims": int(node.attrs.get("batch_dims", 0))},
+                             domain=INTERNAL, like=x))
+
+
+def scatter_elements_vjp(b, node, gys, needed):
+    """reduction none: data's gradient is gy with the overwritten positions zeroed, the
+    updates' is gy gathered there (with repeated indices only the last update reaches y; all
+    receive gy, as in PyTorch's scatter). reduction add: data's gradient is gy itself."""
+    x, idx, updates = node.inputs
+    gy = gys[0]
+    axis = int(node.attrs["axis"])
+    reduction = node.attrs.get("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise UnsupportedModelError(f"{node.label}: no gradient for ScatterElements with "
+                                    f"reduction {reduction!r} (none and add have one)", [])
+    gx = gu = None
+    if needed[0]:
+        gx = gy if reduction == "add" else b.op(
+            "ScatterElements", [gy, idx, zeros_like(b, updates)], {"axis": axis}, like=x)
+    if needed[2]:
+        gu = b.op("GatherElements", [gy, idx], {"axis": axis}, like=updates)
+    return [gx, None, gu]
+
+
+def expand_vjp(b, node, gys, needed):
+    return _first(node, b.unbroadcast(gys[0], node.inputs[0].shape))
+
+
+def pad_vjp(b, node, gys, needed):
+    """constant: the interior of gy (Slice), zero-padded back over what negative pads cropped.
+    reflect/edge/wrap: PadGrad adds each border's gradient back to its source."""
+    x, gy = node.inputs[0], gys[0]
+    const = _const_of(node)
+    begin, end = pad_amounts(node.since_version, node.attrs, const(1), const(3), x.rank)
+    mode = node.attrs["mode"]
+    if mode != "constant":
+        return _first(node, b.op("PadGrad", [gy], {"mode": mode, "pads": begin + end},
+                                 domain=INTERNAL, like=x))
+    crop = [(max(-p, 0), max(-q, 0)) for p, q in zip(begin, end)]
+    kept = tuple(n - lo - hi for n, (lo, hi) in zip(x.shape, crop))
+    starts = [max(p, 0) for p in begin]
+    g = gy
+    if tuple(gy.shape) != kept:
+        ends = [s + k for s, k in zip(starts, kept)]
+        g = b.op("Slice", [gy, b.ints(starts), b.ints(ends), b.ints(range(x.rank))],
+                 shapes=[(kept, gy.dtype)])
+    if kept != tuple(x.shape):
+        g = b.op("Pad", [g, b.ints([lo for lo, _ in crop] + [hi for _, hi in crop])],
+                 {"mode": "constant"}, like=x)
+    return _first(node, g)
+
+
+def tile_vjp(b, node, gys, needed):
+    """gy split into (repeats, n) per tiled axis and summed over the repeats."""
+    x, gy = node.inputs[0], gys[0]
+    if x.shape and 0 in x.shape:
+        return _first(node, zeros_like(b, x))
+    split, axes = [], []
+    for n, o in zip(x.shape, gy.shape):
+        if o != n:
+            axes.append(len(split))
+            split.append(o // n)
+        split.append(n)
+    if not axes:
+        return _first(node, gy)
+    g = reshape_to(b, gy, split)
+    return _first(node, b.op("ReduceSum", [g, b.ints(axes)], {"keepdims": 0}, like=x))
+
+
+def depth_to_space_vjp(b, node, gys, needed):
+    """The inverse rearrangement. SpaceToDepth of opset 17 knows only the DCR order, so
+    CRD's inverse is spelled as Reshape -> Transpose -> Reshape."""
+    x, gy = node.inputs[0], gys[0]
+    bs = int(node.attrs["blocksize"])
+    if node.attrs.get("mode", "DCR") == "DCR":
+        return [b.op("SpaceToDepth", [gy], {"blocksize": bs}, like=x)]
+    n, c, h, w = x.shape
+    g = reshape_to(b, gy, (n, c // (bs * bs), h, bs, w, bs))
+    g = b.op("Transpose", [g], {"perm": [0, 1, 3, 5, 2, 4]},
+             shapes=[((n, c // (bs * bs), bs, bs, h, w), gy.dtype)])
+    return [reshape_to(b, g, x.shape)]
+
+
+def space_to_depth_vjp(b, node, gys, needed):
+    mode = node.attrs.get("mode", "DCR")
+    return [b.op("DepthToSpace", [gys[0]], {"blocksize": int(node.attrs["blocksize"]),
+                                            "mode": mode}, like=node.inputs[0])]
+
+
+def trilu_vjp(b, node, gys, needed):
+    """The same triangle of gy."""
+    return _first(node, b.op("Trilu", [gys[0]] + node.inputs[1:],
+                             {"upper": int(node.attrs["upper"])}, like=node.inputs[0]))
+
+
+def cumsum_vjp(b, node, gys, needed):
+    """A cumulative sum the other way round, with the same exclusiveness."""
+    attrs = {"exclusive": int(node.attrs["exclusive"]), "reverse": 1 - int(node.attrs["reverse"])}
+    return _first(node, b.op("CumSum", [gys[0], node.inputs[1]], attrs, like=node.inputs[0]))
+
+
+def top_k_vjp(b, node, gys, needed):
+    """The values' gradient scattered back to where they came from (the indices output)."""
+    x = node.inputs[0]
+    if gys[0] is None:
+        return _first(node, None)
+    g = b.op("ScatterElements", [zeros_like(b, x), node.outputs[1], gys[0]],
+             {"axis": _axis(node.attrs["axis"], x.rank)}, like=x)
+    return _first(node, g)
+
+
+def einsum_terms(equation: str, shapes) -> tuple[list[str], str, list[str]]:
+    """Einsum's operand and output subscripts with ``...`` spelled out as letters (right-
+    aligned, as numpy broadcasts them), the implicit output made explicit, and the letters
+    still free."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    free = [c for c in string.ascii_letters if c not in equation]
+    counts = [len(s) - (len(t) - 3) if "..." in t else 0 for t, s in zip(terms, shapes)]
+    ell = "".join(free[:max(counts, default=0)])
+    free = free[len(ell):]
+    spelled = [t.replace("...", ell[len(ell) - k:] if k else "") for t, k in zip(terms, counts)]
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:  # implicit: the broadcast axes, then the letters used once, sorted
+        once = [c for c in sorted(set(lhs)) if c.isalpha() and lhs.count(c) == 1]
+        out = ell + "".join(once)
+    return spelled, out, free
+
+
+def einsum_vjp(b, node, gys, needed):
+    """One Einsum per operand: gy and the other operands contracted to the operand's
+    subscripts. Letters the result cannot produce come from small constants in the same
+    Einsum: an identity for a repeated letter (a diagonal), ones for a letter only this operand
+    has (a broadcast of gy) or an axis it broadcasts (size 1 against a longer one)."""
+    gy, xs = gys[0], node.inputs
+    spelled, out, free = einsum_terms(node.attrs["equation"], [x.shape for x in xs])
+    sizes: dict[str, int] = {}
+    for term, x in zip(spelled, xs):
+        for c, n in zip(term, x.shape):
+            sizes[c] = max(sizes.get(c, 1), n)
+    grads = []
+    for i, x in enumerate(xs):
+        if not needed[i]:
+            grads.append(None)
+            continue
+        fresh = iter(free)
+        others = [t for j, t in enumerate(spelled) if j != i]
+        elsewhere = set(out).union(*others)
+        term, result, extra = spelled[i], [], []
+        for c, n in zip(term, x.shape):
+            if c in result:  # a repeated letter: place gy on the diagonal
+                f = next(fresh)
+                extra.append((c + f, np.eye(n, dtype=x.dtype)))
+                result.append(f)
+            elif n == 1 and sizes[c] != 1:  # broadcast: sum over the longer axis
+                f = next(fresh)
+                extra.append((f, np.ones(1, x.dtype)))
+                result.append(f)
+            else:
+                result.append(c)
+                if c not in elsewhere and term.count(c) == 1:
+                    extra.append((c, np.ones(n, x.dtype)))
+        equation = ",".join([out, *others, *(t for t, _ in extra)]) + "->" + "".join(result)
+        inputs = [gy, *(v for j, v in enumerate(xs) if j != i), *(b.const(a) for _, a in extra)]
+        grads.append(b.op("Einsum", inputs, {"equation": equation}, like=x))
+    return grads
+
+
 # ---- registration ---------------------------------------------------------------------------
 
-_ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True}
+INTERNAL = "ai.tr_onnx"
+_ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
+          "gradient": regroup_vjp, "grad_inputs": (0,)}
+_DATA = (0,)  # the data input: shapes, indices, axes and pads never receive a gradient
+_NONE = {"differentiable": False}
 
 
 @hookimpl
@@ -562,39 +947,55 @@ def tr_onnx_op_definitions():
         OpDef("Unsqueeze", (1, 11, 13, 21, 23, 24, 25), {"numpy": _copy_regrouped},
               const_inputs=(1,), **_ALIAS),
         OpDef("Transpose", (1, 13, 21, 23, 24, 25), {"numpy": transpose_numpy},
-              layout=STRIDED_TO_PLAIN, differentiable=True),
-        OpDef("Concat", (1, 4, 11, 13), {"numpy": concat_numpy}, differentiable=True),
+              layout=STRIDED_TO_PLAIN, differentiable=True, gradient=transpose_vjp),
+        OpDef("Concat", (1, 4, 11, 13), {"numpy": concat_numpy}, differentiable=True,
+              gradient=concat_vjp),
         OpDef("Split", (1, 2, 11, 13, 18), {"numpy": split_numpy}, const_inputs=(1,),
-              differentiable=True),
+              differentiable=True, gradient=split_vjp, grad_inputs=_DATA),
         OpDef("Slice", (1, 10, 11, 13), {"numpy": slice_numpy}, const_inputs=(1, 2, 3, 4),
-              differentiable=True),
-        OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True),
-        OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True),
-        OpDef("GatherND", (11, 12, 13), {"numpy": gather_nd_numpy}, differentiable=True),
+              differentiable=True, gradient=slice_vjp, grad_inputs=_DATA),
+        OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
+              gradient=gather_vjp, grad_inputs=_DATA),
+        OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True,
+              gradient=gather_elements_vjp, grad_inputs=_DATA),
+        OpDef("GatherND", (11, 12, 13), {"numpy": gather_nd_numpy}, differentiable=True,
+              gradient=gather_nd_vjp, grad_inputs=_DATA),
         OpDef("ScatterElements", (11, 13, 16, 18), {"numpy": scatter_elements_numpy},
-              differentiable=True),
-        OpDef("Constant", (1, 9, 11, 12, 13, 19, 21, 23, 24, 25), {"numpy": constant_numpy}),
+              differentiable=True, gradient=scatter_elements_vjp, grad_inputs=(0, 2)),
+        OpDef("Constant", (1, 9, 11, 12, 13, 19, 21, 23, 24, 25), {"numpy": constant_numpy},
+              **_NONE),
         OpDef("ConstantOfShape", (9, 20, 21, 23, 24, 25), {"numpy": constant_of_shape_numpy},
-              const_inputs=(0,)),
-        OpDef("Shape", (1, 13, 15, 19, 21, 23, 24, 25), {"numpy": shape_numpy}),
-        OpDef("Size", (1, 13, 19, 21, 23, 24, 25), {"numpy": size_numpy}),
+              const_inputs=(0,), **_NONE),
+        OpDef("Shape", (1, 13, 15, 19, 21, 23, 24, 25), {"numpy": shape_numpy}, **_NONE),
+        OpDef("Size", (1, 13, 19, 21, 23, 24, 25), {"numpy": size_numpy}, **_NONE),
         OpDef("Expand", (8, 13), {"numpy": expand_numpy}, const_inputs=(1,),
-              differentiable=True),
+              differentiable=True, gradient=expand_vjp, grad_inputs=_DATA),
         OpDef("Pad", (1, 2, 11, 13, 18, 19, 21, 23, 24, 25), {"numpy": pad_numpy},
-              const_inputs=(1, 3), differentiable=True),
+              const_inputs=(1, 3), differentiable=True, gradient=pad_vjp, grad_inputs=_DATA),
         OpDef("Tile", (1, 6, 13), {"numpy": tile_numpy}, const_inputs=(1, 2),
-              differentiable=True),
-        OpDef("Range", (11, 27), {"numpy": range_numpy}, const_inputs=(0, 1, 2)),
-        OpDef("OneHot", (9, 11, 28), {"numpy": one_hot_numpy}, const_inputs=(1,)),
-        OpDef("Trilu", (14,), {"numpy": trilu_numpy}, const_inputs=(1,), differentiable=True),
+              differentiable=True, gradient=tile_vjp, grad_inputs=_DATA),
+        OpDef("Range", (11, 27), {"numpy": range_numpy}, const_inputs=(0, 1, 2), **_NONE),
+        OpDef("OneHot", (9, 11, 28), {"numpy": one_hot_numpy}, const_inputs=(1,), **_NONE),
+        OpDef("Trilu", (14,), {"numpy": trilu_numpy}, const_inputs=(1,), differentiable=True,
+              gradient=trilu_vjp, grad_inputs=_DATA),
         OpDef("DepthToSpace", (1, 11, 13, 28), {"numpy": depth_to_space_numpy},
-              differentiable=True),
+              differentiable=True, gradient=depth_to_space_vjp),
         OpDef("SpaceToDepth", (1, 13, 28), {"numpy": space_to_depth_numpy},
-              differentiable=True),
-        OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}),
+              differentiable=True, gradient=space_to_depth_vjp),
+        OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
         OpDef("CumSum", (11, 14), {"numpy": cumsum_numpy}, const_inputs=(1,),
-              differentiable=True),
+              differentiable=True, gradient=cumsum_vjp, grad_inputs=_DATA),
         OpDef("TopK", (1, 10, 11, 24), {"numpy": top_k_numpy}, const_inputs=(1,),
-              differentiable=True),
-        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True),
+              differentiable=True, gradient=top_k_vjp, grad_inputs=_DATA),
+        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
+              gradient=einsum_vjp),
+        # backward-only ops of the rules above
+        OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,
+              doc="gradient of Slice: gy written into zeros at the slice"),
+        OpDef("GatherGrad", (1,), {"numpy": gather_grad_numpy}, domain=INTERNAL,
+              doc="gradient of Gather: scatter-add of gy along axis"),
+        OpDef("GatherNDGrad", (1,), {"numpy": gather_nd_grad_numpy}, domain=INTERNAL,
+              doc="gradient of GatherND: scatter-add of gy at the index tuples"),
+        OpDef("PadGrad", (1,), {"numpy": pad_grad_numpy}, domain=INTERNAL,
+              doc="gradient of Pad (any mode): border gradients added back to their sources"),
     ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..ir import ACTIVATION, INPUT, Graph, Node, Value
+from ..ir import ACTIVATION, GRAD, INPUT, Graph, Node, Value
 from ..layouts import GatherRowsLayout, StridedLayout
 from ..opdef import CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, FOLLOW, PLAIN
 from ..registry import OpRegistry
@@ -49,19 +49,24 @@ def _same_layout(a, b) -> bool:
 
 
 class _LayoutPass:
-    def __init__(self, graph: Graph, registry: OpRegistry, backend: str, align: int):
+    def __init__(self, graph: Graph, registry: OpRegistry, backend: str, align: int,
+                 absorb_flatten: bool):
         self.graph, self.registry, self.backend, self.align = graph, registry, backend, align
+        self.absorb_flatten = absorb_flatten
         self.report = LayoutReport(align)
         self.converted: dict[tuple[int, str], Value] = {}
 
     def run(self) -> LayoutReport:
         self._graph_inputs()
         for node in list(self.graph.nodes):
-            if node.op_type in _FLATTENS and not node.domain and self._absorb_flatten(node):
+            if (self.absorb_flatten and node.op_type in _FLATTENS and not node.domain
+                    and self._absorb_flatten(node)):
                 continue
             self._node(node)
         for v in self.graph.values.values():
-            if v.layout is None:
+            if v.mirror_of is not None:  # gradient accumulators, optimizer state
+                v.layout = v.mirror_of.get_layout()
+            elif v.layout is None:
                 v.layout = StridedLayout.plain(v.shape)
             if v.layout.is_channels_last:
                 self.report.channels_last += 1
@@ -97,7 +102,7 @@ class _LayoutPass:
                 x.layout = StridedLayout.plain(x.shape)
             same_bytes = (x.layout.is_plain and y.layout.is_plain) or (
                 x.shape == y.shape and _same_layout(x.layout, y.layout))
-            if same_bytes:
+            if same_bytes and y.kind == ACTIVATION and x.kind != GRAD:
                 y.alias_of = x.alias_of or x
                 self.report.aliases.append(node.name)
 
@@ -129,7 +134,8 @@ class _LayoutPass:
     def _insert_transpose(self, before: Node, v: Value, layout, kind: str) -> Value:
         name = self.graph.unique_name(f"{v.name}__{kind}")
         out = Value(name, v.shape, v.dtype, ACTIVATION, layout=layout)
-        node = Node(name, "LayoutTranspose", INTERNAL_DOMAIN, 1, [v], [out], {"to": kind})
+        node = Node(name, "LayoutTranspose", INTERNAL_DOMAIN, 1, [v], [out], {"to": kind},
+                    phase=before.phase)
         node.opdef = self.registry.lookup(INTERNAL_DOMAIN, "LayoutTranspose", 1, self.backend)
         self.graph.insert_before(before, node)
         self.report.transposes.append(name)
@@ -163,6 +169,10 @@ class _LayoutPass:
         return True
 
 
-def assign_layouts(graph: Graph, registry: OpRegistry, backend: str, align: int) -> LayoutReport:
-    """Give every value a layout (mutates the graph); returns what was decided."""
-    return _LayoutPass(graph, registry, backend, align).run()
+def assign_layouts(graph: Graph, registry: OpRegistry, backend: str, align: int,
+                   absorb_flatten: bool = True) -> LayoutReport:
+    """Give every value a layout (mutates the graph); returns what was decided.
+
+    Training graphs pass ``absorb_flatten=False``: a weight stored in a feature map's physical
+    row order would need its gradient in that order too."""
+    return _LayoutPass(graph, registry, backend, align, absorb_flatten).run()

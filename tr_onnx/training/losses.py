@@ -1,0 +1,102 @@
+"""Loss nodes appended to the model's graph: ``loss(b, output, labels) -> scalar Value``.
+
+Each builder emits standard ONNX ops through a GradBuilder (so their gradients come from the
+same rules as any model op). ``cross_entropy`` is ONNX's SoftmaxCrossEntropyLoss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir import Value
+from ..passes.autodiff import GradBuilder
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A builtin loss by name with its options (``reduction``: mean or sum)."""
+
+    name: str
+    reduction: str = "mean"
+    ignore_index: int | None = None  # cross_entropy
+    weights: tuple[float, ...] | None = None  # cross_entropy: per-class weights
+    beta: float = 1.0  # smooth_l1
+    options: dict = field(default_factory=dict)
+
+    def config(self) -> dict:
+        return {"name": self.name, "reduction": self.reduction, "ignore_index": self.ignore_index,
+                "weights": list(self.weights) if self.weights else None, "beta": self.beta}
+
+
+def _reduce(b: GradBuilder, v: Value, reduction: str) -> Value:
+    if not v.shape:
+        return v
+    axes = list(range(len(v.shape)))
+    if reduction == "sum":
+        return b.op("ReduceSum", [v, b.ints(axes)], {"keepdims": 0})
+    return b.op("ReduceMean", [v], {"axes": axes, "keepdims": 0})  # attribute until opset 18
+
+
+def cross_entropy(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    attrs = {"reduction": spec.reduction}
+    if spec.ignore_index is not None:
+        attrs["ignore_index"] = int(spec.ignore_index)
+    inputs = [x, y]
+    if spec.weights is not None:
+        inputs.append(b.const(np.asarray(spec.weights, dtype=x.dtype)))
+    return b.op("SoftmaxCrossEntropyLoss", inputs, attrs)
+
+
+def mse(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    d = b.sub(x, y)
+    return _reduce(b, b.mul(d, d), spec.reduction)
+
+
+def l1(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    return _reduce(b, b.op("Abs", [b.sub(x, y)]), spec.reduction)
+
+
+def bce_with_logits(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    """max(x, 0) - x*y + log(1 + exp(-|x|)): stable for large |x| (PyTorch's formula)."""
+    pos = b.op("Relu", [x])
+    soft = b.op("Softplus", [b.neg(b.op("Abs", [x]))])
+    return _reduce(b, b.add(b.sub(pos, b.mul(x, y)), soft), spec.reduction)
+
+
+def smooth_l1(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (PyTorch's smooth_l1_loss)."""
+    d = b.op("Abs", [b.sub(x, y)])
+    beta = b.scalar_like(spec.beta, x)
+    quad = b.div(b.mul(b.mul(d, d), b.scalar_like(0.5, x)), beta)
+    lin = b.sub(d, b.scalar_like(0.5 * spec.beta, x))
+    return _reduce(b, b.op("Where", [b.op("Less", [d, beta]), quad, lin]), spec.reduction)
+
+
+LOSSES: dict[str, Callable] = {"cross_entropy": cross_entropy, "mse": mse, "l1": l1,
+                               "bce_with_logits": bce_with_logits, "smooth_l1": smooth_l1}
+INTEGER_LABELS = {"cross_entropy"}
+
+
+def make_loss_spec(loss: str | LossSpec | dict) -> LossSpec:
+    if isinstance(loss, LossSpec):
+        spec = loss
+    elif isinstance(loss, dict):
+        d = dict(loss)
+        if d.get("weights") is not None:
+            d["weights"] = tuple(d["weights"])
+        spec = LossSpec(**d)
+    else:
+        spec = LossSpec(loss)
+    if spec.name not in LOSSES:
+        raise ValueError(f"unknown loss {spec.name!r}; valid: {', '.join(LOSSES)} (or an ONNX "
+                         "loss model path)")
+    if spec.reduction not in ("mean", "sum"):
+        raise ValueError(f"loss reduction {spec.reduction!r}; valid: mean, sum")
+    return spec
+
+
+def label_dtype(spec: LossSpec, output_dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.int64) if spec.name in INTEGER_LABELS else np.dtype(output_dtype)

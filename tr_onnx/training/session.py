@@ -1,0 +1,441 @@
+"""``TrainingSession``: train an ONNX model, evaluate it, export it, checkpoint it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .. import ir
+from ..backends import DEFAULT_CHANNEL_ALIGN, resolve_backend
+from ..compiler import CompiledPlan, compile_plan
+from ..errors import InputError, TrainingDiverged, TrOnnxError
+from ..importer import ImportedModel, import_model
+from ..memory import read_host, write_host
+from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
+from ..registry import build_registry, default_registry
+from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
+from .train_pass import (GRAD_SCALE, LR, RNG, STEP, TrainConfig, TrainInfo,
+                         build_training_graph, to_inference_mode, untie_identity_params)
+
+CHECKPOINT_FORMAT = 1
+
+
+def atomic_write(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never half
+    of one: a temporary file in the same folder, fsync, rename, fsync of the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _inference_form(g: onnx.GraphProto) -> None:
+    """A training-mode export goes back in inference form: BatchNormalization with its running
+    statistics (training_mode=0, one output), Dropout off."""
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for node in g.node:
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "training_mode" and attr.i:
+                    attr.i = 0
+                    if not any(o in used for o in node.output[1:]):
+                        del node.output[1:]
+        elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            name = f"{node.name or node.output[0]}/eval_mode"
+            g.initializer.append(numpy_helper.from_array(np.array(False), name))
+            node.input[2] = name
+
+
+class TrainingSession:
+    """Train an ONNX model.
+
+    ``model``: path, bytes or ModelProto. ``loss``: ``"cross_entropy"`` (ONNX
+    SoftmaxCrossEntropyLoss), ``"mse"``, ``"l1"``, ``"bce_with_logits"``, ``"smooth_l1"``, a
+    ``LossSpec`` (reduction, ignore_index, class weights, beta), or an ONNX loss model (path or
+    ModelProto) taking (model output, labels) and returning a scalar. ``optimizer``: a
+    ``tr_onnx.optim`` optimizer or its name. ``trainable``: parameter names or fnmatch patterns
+    (None: every parameter the loss depends on); ``frozen`` removes names/patterns from that.
+    ``lr_schedule``: ``tr_onnx.optim`` schedule or name. ``grad_accumulation``: k micro-batches
+    per optimizer step (gradients averaged). ``clip_grad_norm``: global-norm clipping.
+    ``bn_running_var``: ``"biased"`` (ONNX spec) or ``"unbiased"`` (PyTorch). ``tie_shared_
+    initializers``: keep initializers that the exporter shared through Identity nodes as one
+    parameter (default: they train separately, as they did in the exported model).
+    ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
+    """
+
+    def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
+                 trainable=None, backend: str = "auto", label_name: str = "labels", *,
+                 output_name: str | None = None, frozen=(), lr: float | None = None,
+                 lr_schedule: Schedule | str | None = None, grad_accumulation: int = 1,
+                 clip_grad_norm: float | None = None, bn_running_var: str = "biased",
+                 tie_shared_initializers: bool = False, seed: int = 0,
+                 channel_align: int | None = None, max_bad_steps: int = 5, plugins=()):
+        self.backend = resolve_backend(backend)
+        self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
+        self.registry = build_registry(plugins) if plugins else default_registry()
+        self.imported: ImportedModel = import_model(model, self.registry, self.backend)
+        self.optimizer = make_optimizer(optimizer if optimizer is not None else AdamW(), lr)
+        self.schedule = make_schedule(lr_schedule)
+        if grad_accumulation < 1:
+            raise ValueError(f"grad_accumulation must be >= 1, got {grad_accumulation}")
+        if bn_running_var not in ("biased", "unbiased"):
+            raise ValueError(f"bn_running_var {bn_running_var!r}; valid: biased, unbiased")
+        self.loss = self._loss(loss)
+        self.output_name = output_name or self.imported.outputs[0].name
+        if self.output_name not in {o.name for o in self.imported.outputs}:
+            raise InputError(f"output_name {self.output_name!r}; the model's outputs are "
+                             f"{[o.name for o in self.imported.outputs]}")
+        self.label_name = label_name
+        self.options = dict(trainable=list(trainable) if trainable is not None else None,
+                            frozen=list(frozen), grad_accumulation=int(grad_accumulation),
+                            clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
+                            tie_shared_initializers=bool(tie_shared_initializers),
+                            seed=int(seed), max_bad_steps=int(max_bad_steps))
+        self.step = 0  # optimizer steps taken
+        self.micro_step = 0  # micro-batches accumulated towards the next step
+        self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
+        self.bad_steps = 0  # non-finite steps in a row
+        self._plans: dict[tuple, CompiledPlan] = {}
+        self._active: CompiledPlan | None = None
+        self._eval_plans: dict[tuple, CompiledPlan] = {}
+        self._pending: dict[str, np.ndarray] = {}  # state to load into the next plan
+        self._plugins = plugins
+        self.last_grad_norm: float | None = None
+
+    # ---- configuration -----------------------------------------------------------------
+
+    def _loss(self, loss):
+        if isinstance(loss, (onnx.ModelProto, bytes)) or (
+                isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
+            return import_model(loss, self.registry, self.backend)
+        return make_loss_spec(loss)
+
+    def config(self) -> dict:
+        loss = self.loss.config() if isinstance(self.loss, LossSpec) else {
+            "onnx": self.loss.original.SerializeToString().hex()}
+        return {"loss": loss, "optimizer": self.optimizer.config(),
+                "lr_schedule": self.schedule.config(), "label_name": self.label_name,
+                "output_name": self.output_name, "backend": self.backend,
+                "channel_align": self.channel_align, **self.options}
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        return self.optimizer.lr * self.schedule.factor(self.step + 1)
+
+    # ---- feeds ---------------------------------------------------------------------------
+
+    def _check_feed(self, feed: dict) -> dict[str, np.ndarray]:
+        specs = {s.name: s for s in self.imported.inputs}
+        unknown = [k for k in feed if k not in specs]
+        missing = [k for k in specs if k not in feed]
+        if unknown or missing:
+            raise InputError(f"feed names {sorted(feed)} do not match the model's inputs "
+                             f"{list(specs)} (unknown {unknown}, missing {missing})")
+        out = {}
+        for name, spec in specs.items():
+            x = np.asarray(feed[name])
+            if x.dtype != spec.dtype:
+                raise InputError(f"input {name!r}: expected dtype {spec.dtype}, got {x.dtype}")
+            if len(x.shape) != len(spec.shape) or any(
+                    isinstance(d, int) and d != s for d, s in zip(spec.shape, x.shape)):
+                raise InputError(f"input {name!r}: expected shape {list(spec.shape)}, got "
+                                 f"{list(x.shape)}")
+            out[name] = x
+        return out
+
+    def _check_labels(self, labels, plan: CompiledPlan) -> np.ndarray:
+        want = plan.graph.values[self.label_name]
+        y = np.asarray(labels)
+        if y.dtype.kind in "iu" and want.dtype == np.int64:
+            y = y.astype(np.int64, copy=False)
+        elif y.dtype != want.dtype:
+            raise InputError(f"labels {self.label_name!r}: expected dtype {want.dtype}, got "
+                             f"{y.dtype}")
+        if tuple(y.shape) != tuple(want.shape):
+            raise InputError(f"labels {self.label_name!r}: expected shape {list(want.shape)}, "
+                             f"got {list(y.shape)}")
+        return y
+
+    def _label_shape(self, out_shape: tuple) -> tuple:
+        if isinstance(self.loss, LossSpec) and self.loss.name in INTEGER_LABELS:
+            return (out_shape[0], *out_shape[2:])
+        return tuple(out_shape)
+
+    # ---- plans ---------------------------------------------------------------------------
+
+    def _train_plan(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
+        key = tuple((k, v.shape) for k, v in sorted(feed.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._compile(feed)
+            self._plans[key] = plan
+        if plan is not self._active:
+            state = self._read_state(self._active) if self._active is not None else {}
+            state.update(self._pending)
+            self._pending = {}
+            self._active = plan
+            self._write_state(plan, state)
+        return plan
+
+    def _compile(self, feed) -> CompiledPlan:
+        shapes = {k: v.shape for k, v in feed.items()}
+        opts = self.options
+
+        def transform(graph: ir.Graph) -> TrainInfo:
+            out = graph.values[self.output_name]
+            if isinstance(self.loss, LossSpec):
+                label_shape, ldtype, loss = (self._label_shape(out.shape),
+                                             label_dtype(self.loss, out.dtype), self.loss)
+            else:
+                spec = self.loss.inputs[1]
+                label_shape = tuple(out.shape[0] if isinstance(d, str) else d
+                                    for d in spec.shape)
+                ldtype = spec.dtype
+                loss = self.loss.specialize({self.loss.inputs[0].name: out.shape,
+                                             spec.name: label_shape}, {})
+                from ..passes.dispatch import dispatch
+                dispatch(loss, self.registry, self.backend)
+            cfg = TrainConfig(loss, self.optimizer, self.output_name, self.label_name,
+                              label_shape, ldtype, opts["trainable"], opts["frozen"],
+                              opts["clip_grad_norm"], opts["bn_running_var"] == "unbiased",
+                              opts["tie_shared_initializers"], opts["seed"])
+            return build_training_graph(graph, self.registry, self.backend, cfg)
+
+        return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
+                            transform=transform, absorb_flatten=False)
+
+    def _mutable_names(self, plan: CompiledPlan) -> list[str]:
+        info: TrainInfo = plan.info
+        names = list(info.trainable) + list(info.running_stats) + list(info.grads.values())
+        names += [v for s in info.states.values() for v in s.values()]
+        names += [p for p in info.untied if p not in names]
+        return names
+
+    def _read_state(self, plan: CompiledPlan) -> dict[str, np.ndarray]:
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        return {n: read_host(arena, tensors[n]) for n in self._mutable_names(plan)}
+
+    def _write_state(self, plan: CompiledPlan, state: dict[str, np.ndarray]) -> None:
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        for name, value in state.items():
+            if name in tensors:
+                write_host(arena, tensors[name], value)
+
+    def _write_scalar(self, plan: CompiledPlan, name: str, value) -> None:
+        t = plan.memory.tensors[name]
+        t.kernel_view(plan.executor.arena)[...] = value
+
+    # ---- training ------------------------------------------------------------------------
+
+    def train_step(self, feed: dict[str, np.ndarray], labels) -> float:
+        """Forward, backward and (every ``grad_accumulation``-th call) an optimizer step.
+
+        Returns the loss. A batch with a non-finite loss or gradient changes nothing (weights,
+        optimizer state, running statistics); a warning names the step.
+        """
+        feed = self._check_feed(feed)
+        plan = self._train_plan(feed)
+        labels = self._check_labels(labels, plan)
+        info: TrainInfo = plan.info
+        tensors, arena, executor = plan.memory.tensors, plan.executor.arena, plan.executor
+        for name, x in feed.items():
+            write_host(arena, tensors[name], x)
+        write_host(arena, tensors[self.label_name], labels)
+        k = self.options["grad_accumulation"]
+        self._write_scalar(plan, LR, self.lr)
+        self._write_scalar(plan, STEP, self.step + 1)
+        self._write_scalar(plan, GRAD_SCALE, 1.0 / k)
+        self._write_scalar(plan, RNG, self.rng_counter)
+        self.rng_counter += 1
+        executor.run(phase="compute")
+        loss = float(tensors[info.loss].kernel_view(arena).reshape(-1)[0])
+        grads = tensors["__grads"].kernel_view(arena)
+        if not (np.isfinite(loss) and np.isfinite(np.dot(grads, grads))):
+            grads.fill(0)  # the micro-batches accumulated since the last step are dropped too
+            self.micro_step = 0
+            self.bad_steps += 1
+            warnings.warn(f"step {self.step + 1}: non-finite loss ({loss}) or gradient; the "
+                          f"step was not applied ({self.bad_steps} in a row)", RuntimeWarning,
+                          stacklevel=2)
+            if self.bad_steps >= self.options["max_bad_steps"]:
+                raise TrainingDiverged(f"{self.bad_steps} steps in a row had a non-finite loss "
+                                       f"or gradient (last at step {self.step + 1}); weights "
+                                       "are those of the last good step")
+            return loss
+        self.bad_steps = 0
+        executor.run(phase="commit")
+        self.micro_step += 1
+        if self.micro_step == k:
+            executor.run(phase="apply")
+            self.last_grad_norm = float(tensors[info.grad_norm].kernel_view(arena))
+            self.micro_step = 0
+            self.step += 1
+        return loss
+
+    def last_outputs(self) -> dict[str, np.ndarray]:
+        """The model outputs of the last ``train_step`` (training mode), as host arrays."""
+        plan = self._active
+        if plan is None:
+            raise TrOnnxError("no training step has run yet")
+        return {n: read_host(plan.executor.arena, plan.memory.tensors[n])
+                for n in plan.info.outputs}
+
+    # ---- parameters ----------------------------------------------------------------------
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """Current parameters, running statistics, optimizer state and gradient accumulators
+        (logical NCHW host copies), by name."""
+        if self._active is None:
+            return self._initial_state() | dict(self._pending)
+        return self._read_state(self._active)
+
+    def _initial_state(self) -> dict[str, np.ndarray]:
+        return {i.name: numpy_helper.to_array(i) for i in self.imported.proto.graph.initializer
+                if i.name in self.imported.param_names}
+
+    def _untied_names(self) -> dict[str, str]:
+        """Identity copies of parameters that train as parameters of their own."""
+        if self.options["tie_shared_initializers"]:
+            return {}
+        params = self.imported.param_names
+        return {n.output[0]: n.input[0] for n in self.imported.proto.graph.node
+                if n.op_type == "Identity" and n.input and n.input[0] in params}
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """Current values of every parameter and running statistic (what export writes),
+        untied Identity copies included, by name."""
+        params = self._initial_state()
+        untied = self._untied_names()
+        for name, source in untied.items():
+            params[name] = params[source]
+        if self._active is None:
+            params.update({k: v for k, v in self._pending.items() if k in params})
+            return params
+        state = self._read_state(self._active)
+        params.update({k: v for k, v in state.items() if k in params})
+        return params
+
+    def load_parameters(self, values: dict[str, np.ndarray]) -> None:
+        if self._active is None:
+            self._pending.update(values)
+        else:
+            self._write_state(self._active, values)
+
+    # ---- evaluation ----------------------------------------------------------------------
+
+    def run(self, output_names: list[str] | None, feed: dict[str, np.ndarray]) -> list:
+        """Eval mode (running statistics, no dropout) with the current weights."""
+        feed = self._check_feed(feed)
+        key = tuple((k, v.shape) for k, v in sorted(feed.items()))
+        plan = self._eval_plans.get(key)
+        if plan is None:
+            def eval_graph(graph: ir.Graph) -> None:
+                if not self.options["tie_shared_initializers"]:
+                    untie_identity_params(graph)
+                to_inference_mode(graph)
+
+            plan = compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
+                                self.backend, self.channel_align, transform=eval_graph)
+            self._eval_plans[key] = plan
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        for name, value in self.parameters().items():
+            if name in tensors:
+                write_host(arena, tensors[name], value)
+        for name, x in feed.items():
+            write_host(arena, tensors[name], x)
+        plan.executor.run()
+        names = output_names or [o.name for o in self.imported.outputs]
+        return [read_host(arena, tensors[n]) for n in names]
+
+    # ---- export --------------------------------------------------------------------------
+
+    def export_proto(self) -> onnx.ModelProto:
+        """The original model with trained initializers (NCHW, unpadded), same names."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.imported.original)
+        params = self.parameters()
+        untied = self._untied_names()
+        g = model.graph
+        for init in g.initializer:
+            if init.name in params:
+                value = params[init.name].astype(numpy_helper.to_array(init).dtype, copy=False)
+                init.CopyFrom(numpy_helper.from_array(value, init.name))
+        if untied:
+            keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in untied)]
+            del g.node[:]
+            g.node.extend(keep)
+            for name in untied:
+                g.initializer.append(numpy_helper.from_array(params[name], name))
+        _inference_form(g)
+        onnx.checker.check_model(model)
+        return model
+
+    def export(self, path: str | Path) -> Path:
+        """Write the trained model to ``path`` (atomically); onnxruntime can run it."""
+        atomic_write(path, self.export_proto().SerializeToString())
+        return Path(path)
+
+    # ---- checkpoints ---------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str | Path, extra: dict | None = None) -> Path:
+        """Parameters, optimizer state, accumulators, step, schedule, RNG counter, the model
+        and the configuration, in one .npz written atomically."""
+        meta = {"format": CHECKPOINT_FORMAT, "config": self.config(), "step": self.step,
+                "micro_step": self.micro_step, "rng_counter": self.rng_counter,
+                "bad_steps": self.bad_steps, "extra": extra or {}}
+        arrays = {f"state/{k}": v for k, v in self.state_arrays().items()}
+        arrays["__model__"] = np.frombuffer(self.imported.original.SerializeToString(), np.uint8)
+        arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write(path, buf.getvalue())
+        return Path(path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, plugins=(), **overrides) -> TrainingSession:
+        """Resume exactly: the same weights, state, step and RNG counter as when it was saved."""
+        path = Path(path)
+        try:
+            data = np.load(path, allow_pickle=False)
+            meta = json.loads(data["__meta__"].tobytes())
+            model = data["__model__"].tobytes()
+        except (OSError, ValueError, KeyError) as exc:
+            raise TrOnnxError(f"{path}: not a tr_onnx checkpoint ({exc})") from None
+        cfg = dict(meta["config"])
+        loss = cfg.pop("loss")
+        loss = onnx.load_model_from_string(bytes.fromhex(loss["onnx"])) if "onnx" in loss \
+            else LossSpec(**{**loss, "weights": tuple(loss["weights"]) if loss["weights"]
+                             else None})
+        optimizer = make_optimizer(cfg.pop("optimizer"))
+        schedule = make_schedule(cfg.pop("lr_schedule"))
+        cfg.update(overrides)
+        session = cls(model, loss=loss, optimizer=optimizer, lr_schedule=schedule,
+                      plugins=plugins, **cfg)
+        session.step, session.micro_step = meta["step"], meta["micro_step"]
+        session.rng_counter, session.bad_steps = meta["rng_counter"], meta["bad_steps"]
+        session._pending = {k[len("state/"):]: data[k] for k in data.files
+                            if k.startswith("state/")}
+        session.checkpoint_extra = meta.get("extra", {})
+        return session

@@ -1,0 +1,529 @@
+"""``Trainer``: epochs of shuffled batches over a ``TrainingSession``, with validation, metrics
+(JSON lines), a progress line, a plot, and checkpoints that resume bit for bit.
+
+The data order is a pure function of ``(seed, epoch)``: epoch ``e`` visits the samples in the
+order ``np.random.default_rng(seed + e).permutation(n)``, in batches of ``batch_size`` (the last
+one partial). A checkpoint records the position (epoch, next batch), so a resumed run sees
+exactly the batches it would have seen had it not stopped, and its parameters end up equal,
+bit for bit, to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import sys
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..data import Dataset, num_samples
+from ..errors import InputError, TrainingDiverged, TrOnnxError
+from .losses import INTEGER_LABELS, LossSpec
+from .session import TrainingSession, atomic_write
+
+CHECKPOINT_NAME = "last.ckpt.npz"
+
+
+def label_kind(session: TrainingSession) -> tuple[str, np.dtype]:
+    """What the session's loss takes as labels: ``("index", int64)`` for class indices,
+    ``("dense", dtype)`` for targets shaped like the model output."""
+    if isinstance(session.loss, LossSpec):
+        if session.loss.name in INTEGER_LABELS:
+            return "index", np.dtype(np.int64)
+        out = next(o for o in session.imported.outputs if o.name == session.output_name)
+        return "dense", np.dtype(out.dtype)
+    dtype = np.dtype(session.loss.inputs[1].dtype)
+    return ("index" if dtype.kind in "iu" else "dense"), dtype
+
+
+# ---- losses and accuracy in numpy (validation) ------------------------------------------------
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
+    """The builtin loss ``spec`` of output ``x`` and labels ``y``, in float64, with the same
+    semantics as the training graph (ONNX SoftmaxCrossEntropyLoss for cross_entropy)."""
+    x = x.astype(np.float64)
+    if spec.name == "cross_entropy":
+        keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
+        yi = np.where(keep, y, 0)
+        nll = -np.take_along_axis(_log_softmax(x), np.expand_dims(yi, 1), axis=1)[:, 0]
+        w = np.asarray(spec.weights, np.float64)[yi] if spec.weights else np.ones(y.shape)
+        w = w * keep
+        total = float((w * nll).sum())
+        return total / float(w.sum()) if spec.reduction == "mean" else total
+    d = x - y.astype(np.float64)
+    if spec.name == "mse":
+        per = d * d
+    elif spec.name == "l1":
+        per = np.abs(d)
+    elif spec.name == "bce_with_logits":
+        per = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
+    elif spec.name == "smooth_l1":
+        a = np.abs(d)
+        per = np.where(a < spec.beta, 0.5 * a * a / spec.beta, a - 0.5 * spec.beta)
+    else:
+        raise TrOnnxError(f"no numpy evaluation of loss {spec.name!r}")
+    return float(per.mean() if spec.reduction == "mean" else per.sum())
+
+
+def accuracy_kind(labels: np.ndarray) -> str | None:
+    """``"index"`` (class indices), ``"one_hot"`` (rows with a single 1) or None (no accuracy:
+    regression targets)."""
+    if labels.dtype.kind in "iu":
+        return "index"
+    if labels.ndim == 2 and np.all((labels == 0) | (labels == 1)) and np.all(labels.sum(1) == 1):
+        return "one_hot"
+    return None
+
+
+def count_correct(kind: str | None, x: np.ndarray, y: np.ndarray,
+                  ignore_index: int | None = None) -> tuple[int, int]:
+    """(correct, counted) predictions: argmax over axis 1 (the class axis) of the output."""
+    if kind is None or x.ndim < 2:
+        return 0, 0
+    pred = x.argmax(axis=1)
+    if kind == "one_hot":
+        return int((pred == y.argmax(axis=1)).sum()), len(y)
+    keep = np.ones(y.shape, bool) if ignore_index is None else y != ignore_index
+    return int(((pred == y) & keep).sum()), int(keep.sum())
+
+
+# ---- progress, metrics, plot -----------------------------------------------------------------
+
+class ProgressBar:
+    """One status line on ``stream``, redrawn in place with ``\\r`` at most every ``interval``
+    seconds; draws nothing when disabled or when the stream is not a terminal."""
+
+    def __init__(self, total: int, label: str, stream=None, enabled: bool = True,
+                 width: int = 24, interval: float = 0.1):
+        self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.enabled = bool(enabled and isatty is not None and isatty())
+        self.total, self.label, self.width, self.interval = total, label, width, interval
+        self._last = 0.0
+        self._shown = 0
+
+    def update(self, done: int, text: str) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done < self.total and now - self._last < self.interval:
+            return
+        self._last = now
+        filled = self.width * done // max(self.total, 1)
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+                f"{done}/{self.total} {text}")
+        self.stream.write("\r" + line.ljust(self._shown))
+        self.stream.flush()
+        self._shown = len(line)
+
+    def close(self) -> None:
+        """Clear the line (the caller logs a summary in its place)."""
+        if self.enabled and self._shown:
+            self.stream.write("\r" + " " * self._shown + "\r")
+            self.stream.flush()
+            self._shown = 0
+
+
+def _finite(v):
+    """JSON-safe metric: non-finite floats become None (strict JSON has no NaN)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def plot_history(history: list[dict], path: str | Path) -> Path:
+    """Loss and accuracy per epoch (train and validation) as a PNG, written atomically.
+    Imports matplotlib (Agg canvas, no pyplot state); raises ImportError without it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    epochs = [r["epoch"] for r in history]
+    for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
+        for split, style in (("train", "o-"), ("val", "s--")):
+            ys = [r.get(f"{split}_{metric}") for r in history]
+            if any(y is not None for y in ys):
+                ax.plot(epochs, [np.nan if y is None else y for y in ys], style, label=split)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("accuracy" if metric == "acc" else "loss")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    atomic_write(path, buf.getvalue())
+    return Path(path)
+
+
+@dataclass
+class EpochTotals:
+    """Running sums of the epoch in progress (saved in mid-epoch checkpoints)."""
+
+    loss_sum: float = 0.0
+    samples: int = 0  # samples of applied (finite) batches
+    seen: int = 0  # samples of every batch (throughput)
+    correct: int = 0
+    counted: int = 0
+    skipped: int = 0  # batches with a non-finite loss or gradient (not applied)
+    train_seconds: float = 0.0
+
+    @property
+    def loss(self) -> float | None:
+        return self.loss_sum / self.samples if self.samples else None
+
+    @property
+    def acc(self) -> float | None:
+        return self.correct / self.counted if self.counted else None
+
+    def samples_per_s(self) -> float | None:
+        return self.seen / self.train_seconds if self.train_seconds > 0 else None
+
+
+def _fingerprint(data: Dataset) -> int:
+    """CRC-32 of every array's shape, dtype and bytes: a resumed run must see the same data."""
+    arrays, labels = data
+    crc = 0
+    for name, x in [*sorted(arrays.items()), ("labels", labels)]:
+        x = np.ascontiguousarray(x)
+        crc = zlib.crc32(f"{name}{x.shape}{x.dtype}".encode(), crc)
+        crc = zlib.crc32(x.view(np.uint8).reshape(-1), crc)
+    return crc
+
+
+# ---- the trainer -----------------------------------------------------------------------------
+
+class Trainer:
+    """Train ``session`` on ``train_data`` for ``epochs`` epochs (the total: a resumed run
+    continues up to it).
+
+    ``train_data``/``val_data``: ``(arrays by model input name, labels)``, as
+    ``tr_onnx.data.load_dataset`` returns. Per epoch: shuffle (a function of ``seed`` and the
+    epoch), ``session.train_step`` per batch, validation with ``session.run`` in batches of
+    ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint.
+
+    ``checkpoint_dir``: ``last.ckpt.npz`` is written there (atomically) at each epoch end and,
+    with ``checkpoint_every=N``, after every N-th batch (counted from the start of training).
+    ``metrics_path``: JSON lines, one per epoch (``"kind": "epoch"``) and, with
+    ``metrics_every=N``, one every N batches (``"kind": "step"``, the epoch's running values):
+    ``epoch`` (1-based), ``step`` (optimizer steps so far), ``train_loss``, ``train_acc``,
+    ``val_loss``, ``val_acc`` (null in step lines and without validation data), ``lr`` (of the
+    next step), ``samples_per_s`` (training only), ``seconds``, and ``skipped_batches`` (epoch
+    lines) or ``batch`` (step lines). ``plot_path``: a PNG of the
+    per-epoch curves written when ``fit`` ends. ``progress``: a status line on stderr when it is
+    a terminal. ``log``: where summaries go (``print``; None for silence).
+
+    Losses are averages over samples of the per-batch losses (weighted by batch size); batches
+    whose loss or gradient is non-finite are not applied by the session, not counted in the
+    loss or accuracy, and counted in ``skipped_batches``.
+    """
+
+    def __init__(self, session: TrainingSession, train_data: Dataset,
+                 val_data: Dataset | None = None, batch_size: int = 32, epochs: int = 1,
+                 seed: int = 0, checkpoint_dir: str | Path | None = None,
+                 metrics_path: str | Path | None = None, plot_path: str | Path | None = None,
+                 progress: bool = True, log=print, *, checkpoint_every: int | None = None,
+                 metrics_every: int | None = None, val_batch_size: int | None = None):
+        for name, value in (("batch_size", batch_size), ("checkpoint_every", checkpoint_every),
+                            ("metrics_every", metrics_every),
+                            ("val_batch_size", val_batch_size)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {epochs}")
+        self.session = session
+        self.train_data = self._check_data(train_data, "train_data")
+        self.val_data = (self._check_data(val_data, "val_data")
+                         if val_data is not None and num_samples(val_data) else None)
+        self.batch_size, self.epochs, self.seed = batch_size, int(epochs), int(seed)
+        self.val_batch_size = val_batch_size or batch_size
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_every, self.metrics_every = checkpoint_every, metrics_every
+        self.metrics_path = Path(metrics_path) if metrics_path is not None else None
+        self.plot_path = Path(plot_path) if plot_path is not None else None
+        self.progress = progress
+        self.log = log or (lambda *_: None)
+        self.n_train = num_samples(self.train_data)
+        self.batches_per_epoch = -(-self.n_train // batch_size)
+        self.accuracy_kind = accuracy_kind(self.train_data[1])
+        self.ignore_index = (session.loss.ignore_index if isinstance(session.loss, LossSpec)
+                             else None)
+        self.epoch = 0  # epochs completed
+        self.batch = 0  # next batch of the epoch in progress
+        self.history: list[dict] = []
+        self.totals = EpochTotals()
+        self.status = "new"  # "running", "done" or "diverged"
+        self._metrics_lines = 0  # lines of metrics_path that belong to this run
+        self._metrics = None
+        self._loss_model = None
+        self._data_crc: int | None = None
+
+    @property
+    def data_crc(self) -> int:
+        """CRC-32 of the training data (computed once; checkpoints record it)."""
+        if self._data_crc is None:
+            self._data_crc = _fingerprint(self.train_data)
+        return self._data_crc
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return self.checkpoint_dir / CHECKPOINT_NAME if self.checkpoint_dir else None
+
+    def _check_data(self, data: Dataset, what: str) -> Dataset:
+        arrays, labels = data
+        names = [s.name for s in self.session.imported.inputs]
+        if sorted(arrays) != sorted(names):
+            raise InputError(f"{what}: arrays {sorted(arrays)} do not match the model's inputs "
+                             f"{names}")
+        labels = np.asarray(labels)
+        n = len(labels)
+        bad = {k: len(v) for k, v in arrays.items() if len(v) != n}
+        if bad or not n:
+            raise InputError(f"{what}: {n} labels but samples per input {bad or 0}")
+        return dict(arrays), labels
+
+    # ---- resume ------------------------------------------------------------------------------
+
+    @classmethod
+    def resume(cls, checkpoint_dir: str | Path, train_data: Dataset,
+               val_data: Dataset | None = None, *, session: TrainingSession | None = None,
+               plugins=(), **kwargs) -> Trainer:
+        """A Trainer positioned where ``checkpoint_dir/last.ckpt.npz`` left off: the session
+        from the checkpoint (or ``session``, already loaded from it with
+        ``TrainingSession.from_checkpoint``), the same seed and batch size (an explicit
+        different one is an error), ``epochs`` defaulting to the saved total. The data must be
+        the same as when the checkpoint was written (checked by a CRC of its arrays)."""
+        path = Path(checkpoint_dir) / CHECKPOINT_NAME
+        if session is None:
+            if not path.exists():
+                raise TrOnnxError(f"{path}: no checkpoint to resume from")
+            session = TrainingSession.from_checkpoint(path, plugins=plugins)
+        extra = getattr(session, "checkpoint_extra", {})
+        missing = [k for k in ("epoch", "batch", "seed", "batch_size", "history", "n_train")
+                   if k not in extra]
+        if missing:
+            raise TrOnnxError(f"{path}: not written by a Trainer (extra lacks {missing})")
+        for key in ("seed", "batch_size"):
+            if kwargs.get(key) is not None and kwargs[key] != extra[key]:
+                raise ValueError(f"resume: {key} {kwargs[key]} differs from the checkpoint's "
+                                 f"{extra[key]} ({path}); the batches would differ")
+            kwargs[key] = extra[key]
+        kwargs.setdefault("epochs", extra.get("epochs", extra["epoch"]))
+        kwargs.setdefault("checkpoint_dir", checkpoint_dir)
+        trainer = cls(session, train_data, val_data, **kwargs)
+        if trainer.n_train != extra["n_train"] or (
+                "data_crc" in extra and trainer.data_crc != extra["data_crc"]):
+            raise InputError(f"resume: the training data ({trainer.n_train} samples) is not the "
+                             f"data {path} was trained on ({extra['n_train']} samples)")
+        trainer.epoch, trainer.batch = int(extra["epoch"]), int(extra["batch"])
+        trainer.history = list(extra["history"])
+        trainer.totals = EpochTotals(**extra.get("totals", {}))
+        trainer._metrics_lines = int(extra.get("metrics_lines", 0))
+        trainer.log(f"resuming from {path}: epoch {trainer.epoch + 1}, batch "
+                    f"{trainer.batch + 1} of {trainer.batches_per_epoch}, step {session.step}")
+        return trainer
+
+    # ---- training ----------------------------------------------------------------------------
+
+    def fit(self) -> list[dict]:
+        """Train up to ``epochs``; returns the history (one dict per epoch, as in the metrics
+        file).
+
+        If the session raises ``TrainingDiverged``, the trainer logs where, writes the plot of
+        the epochs completed, sets ``status = "diverged"`` and re-raises (with a note naming
+        the last good checkpoint); no checkpoint is written from the diverged state, so
+        ``last.ckpt.npz`` stays the last good one.
+        """
+        self.status = "running"
+        try:
+            with self._metrics_file():
+                while self.epoch < self.epochs:
+                    self._run_epoch()
+        except TrainingDiverged as exc:
+            self.status = "diverged"
+            path = self.checkpoint_path
+            kept = (f"last good checkpoint: {path}" if path is not None and path.exists()
+                    else "no checkpoint was written")
+            msg = (f"training diverged in epoch {self.epoch + 1}, batch {self.batch + 1}: "
+                   f"{exc}; {kept}")
+            exc.add_note(kept)
+            self.log(msg)
+            self._plot()
+            raise
+        self.status = "done"
+        self._plot()
+        return self.history
+
+    def _run_epoch(self) -> None:
+        epoch, bs, nb = self.epoch, self.batch_size, self.batches_per_epoch
+        order = np.random.default_rng(self.seed + epoch).permutation(self.n_train)
+        arrays, labels = self.train_data
+        totals = self.totals
+        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress)
+        output = self.session.output_name
+        try:
+            for b in range(self.batch, nb):
+                start = time.perf_counter()
+                idx = order[b * bs:(b + 1) * bs]
+                y = labels[idx]
+                loss = self.session.train_step({k: v[idx] for k, v in arrays.items()}, y)
+                totals.seen += len(idx)
+                if self.session.bad_steps:
+                    totals.skipped += 1
+                else:
+                    totals.loss_sum += loss * len(idx)
+                    totals.samples += len(idx)
+                    c, k = count_correct(self.accuracy_kind, self.session.last_outputs()[output],
+                                         y, self.ignore_index)
+                    totals.correct += c
+                    totals.counted += k
+                totals.train_seconds += time.perf_counter() - start
+                self.batch = b + 1
+                bar.update(b + 1, self._status_text(totals))
+                self._after_batch(epoch * nb + b + 1)
+        finally:
+            bar.close()
+        start = time.perf_counter()
+        val_loss, val_acc = self.evaluate(self.val_data) if self.val_data else (None, None)
+        record = self._record("epoch", totals, val_loss, val_acc,
+                              totals.train_seconds + time.perf_counter() - start)
+        record["skipped_batches"] = totals.skipped
+        self.history.append(record)
+        self.epoch, self.batch, self.totals = epoch + 1, 0, EpochTotals()
+        self._write_metrics(record)
+        self.log(self._summary(record))
+        self._checkpoint()
+
+    def _after_batch(self, global_batch: int) -> None:
+        if self.metrics_every and global_batch % self.metrics_every == 0:
+            self._write_metrics(self._record("step", self.totals, None, None,
+                                             self.totals.train_seconds))
+        if (self.checkpoint_every and global_batch % self.checkpoint_every == 0
+                and self.batch < self.batches_per_epoch):  # the epoch end writes its own
+            self._checkpoint()
+
+    def _record(self, kind: str, totals: EpochTotals, val_loss, val_acc, seconds) -> dict:
+        record = {"kind": kind, "epoch": self.epoch + 1, "step": self.session.step,
+                  "train_loss": totals.loss, "train_acc": totals.acc, "val_loss": val_loss,
+                  "val_acc": val_acc, "lr": self.session.lr,
+                  "samples_per_s": totals.samples_per_s(), "seconds": seconds}
+        if kind == "step":
+            record["batch"] = self.batch
+        return {k: _finite(v) for k, v in record.items()}
+
+    @staticmethod
+    def _status_text(totals: EpochTotals) -> str:
+        parts = []
+        if totals.loss is not None:
+            parts.append(f"loss {totals.loss:.4f}")
+        if totals.acc is not None:
+            parts.append(f"acc {totals.acc:.3f}")
+        if totals.samples_per_s() is not None:
+            parts.append(f"{totals.samples_per_s():.0f} samples/s")
+        return "  ".join(parts)
+
+    def _summary(self, r: dict) -> str:
+        def fmt(v, spec):
+            return "-" if v is None else format(v, spec)
+        text = (f"epoch {r['epoch']}/{self.epochs}: train loss {fmt(r['train_loss'], '.4f')} "
+                f"acc {fmt(r['train_acc'], '.4f')}")
+        if self.val_data:
+            text += f", val loss {fmt(r['val_loss'], '.4f')} acc {fmt(r['val_acc'], '.4f')}"
+        text += (f", {fmt(r['samples_per_s'], '.0f')} samples/s, {r['seconds']:.2f} s, "
+                 f"step {r['step']}")
+        if r["skipped_batches"]:
+            text += f", {r['skipped_batches']} non-finite batches skipped"
+        return text
+
+    # ---- evaluation --------------------------------------------------------------------------
+
+    def evaluate(self, data: Dataset) -> tuple[float, float | None]:
+        """(loss, accuracy) of the current weights on ``data`` in eval mode, in batches of
+        ``val_batch_size``; the loss as the training loss (sample-weighted batch losses),
+        accuracy None for regression targets."""
+        arrays, labels = data
+        n, bs = len(labels), self.val_batch_size
+        output = self.session.output_name
+        loss_sum, correct, counted = 0.0, 0, 0
+        for start in range(0, n, bs):
+            y = labels[start:start + bs]
+            (x,) = self.session.run([output], {k: v[start:start + bs] for k, v in arrays.items()})
+            loss_sum += self._batch_loss(x, y) * len(y)
+            c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index)
+            correct += c
+            counted += k
+        return loss_sum / n, (correct / counted if counted else None)
+
+    def _batch_loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        loss = self.session.loss
+        if isinstance(loss, LossSpec):
+            return numpy_loss(loss, x, y)
+        if self._loss_model is None:  # an ONNX loss model: run it forward
+            from ..session import InferenceSession
+            self._loss_model = InferenceSession(loss.original)
+        names = [i.name for i in loss.inputs]
+        return float(np.asarray(self._loss_model.run(None, {names[0]: x, names[1]: y})[0]))
+
+    # ---- files -------------------------------------------------------------------------------
+
+    def _checkpoint(self) -> None:
+        if self.checkpoint_path is None:
+            return
+        extra = {"epoch": self.epoch, "batch": self.batch, "seed": self.seed,
+                 "batch_size": self.batch_size, "epochs": self.epochs, "history": self.history,
+                 "totals": asdict(self.totals), "n_train": self.n_train,
+                 "data_crc": self.data_crc,
+                 "metrics_lines": self._metrics_lines}
+        self.session.save_checkpoint(self.checkpoint_path, extra=extra)
+
+    @contextlib.contextmanager
+    def _metrics_file(self):
+        """The metrics file, open while training: new for a fresh run; for a resumed one, cut
+        to the lines the checkpoint had seen (a run that stopped after them wrote lines that
+        the resume repeats)."""
+        if self.metrics_path is None:
+            yield
+            return
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        kept = []
+        if self._metrics_lines and self.metrics_path.exists():
+            kept = self.metrics_path.read_text().splitlines(keepends=True)[:self._metrics_lines]
+        self._metrics_lines = len(kept)
+        with open(self.metrics_path, "w") as f:
+            f.writelines(kept)
+            f.flush()
+            self._metrics = f
+            try:
+                yield
+            finally:
+                self._metrics = None
+
+    def _write_metrics(self, record: dict) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        self._metrics_lines += 1
+
+    def _plot(self) -> None:
+        if self.plot_path is None or not self.history:
+            return
+        try:
+            plot_history(self.history, self.plot_path)
+        except ImportError:
+            self.log(f"matplotlib is not installed: no plot written to {self.plot_path} "
+                     "(pip install 'tr_onnx[train]')")
