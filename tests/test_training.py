@@ -69,6 +69,7 @@ PARITY = [  # (zoo file, model, optimizer, steps, tolerance)
     ("mlp", "mlp", SGD(lr=0.1), 20, 1e-5),
     ("mlp_train", "mlp", SGD(lr=0.1), 20, 1e-5),
     ("mlp", "mlp", AdamW(lr=1e-3), 20, 1e-5),
+    ("mlp_train", "mlp", AdamW(lr=1e-3), 20, 1e-5),
     ("lenet", "lenet", SGD(lr=0.1), 20, 1e-5),
     ("lenet_train", "lenet", SGD(lr=0.1), 20, 1e-5),
     ("resnet", "resnet", SGD(lr=0.01), 20, 1e-4),

@@ -223,9 +223,12 @@ def train_model(args, log=print) -> dict:
             raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
         # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
         session = TrainingSession.from_checkpoint(ckpt)
-        seed = session.checkpoint_extra.get("seed", 0) if args.seed is None else args.seed
+        extra = session.checkpoint_extra
+        seed = extra.get("seed", 0) if args.seed is None else args.seed
+        batch_size = extra.get("batch_size", 32) if args.batch_size is None else args.batch_size
     else:
         seed = 0 if args.seed is None else args.seed
+        batch_size = 32 if args.batch_size is None else args.batch_size
         session = _user_error(
             TrainingSession, args.model, loss=args.loss,
             optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
@@ -237,7 +240,7 @@ def train_model(args, log=print) -> dict:
         train, val = _user_error(split, arrays, labels, args.val_split, seed)
     else:
         train, val = (arrays, labels), None
-    options = {"epochs": args.epochs, "batch_size": args.batch_size, "seed": seed,
+    options = {"epochs": args.epochs, "batch_size": batch_size, "seed": seed,
                "checkpoint_dir": args.checkpoint_dir, "metrics_path": args.metrics,
                "plot_path": args.plot, "progress": not args.no_progress, "log": log,
                "checkpoint_every": args.checkpoint_every, "metrics_every": args.metrics_every}
@@ -245,7 +248,7 @@ def train_model(args, log=print) -> dict:
         trainer = _user_error(Trainer.resume, options.pop("checkpoint_dir"), train, val,
                               session=session, **options)
     else:
-        batches = -(-len(train[1]) // args.batch_size) * args.epochs
+        batches = -(-len(train[1]) // batch_size) * args.epochs
         session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
         trainer = _user_error(Trainer, session, train, val, **options)
     history = trainer.fit()
@@ -280,7 +283,8 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--lr", type=float, default=None, help="default: the optimizer's")
     t.add_argument("--epochs", type=_count(0), default=5,
                    help="total (a resumed run continues to it)")
-    t.add_argument("--batch-size", type=_count(1), default=32)
+    t.add_argument("--batch-size", type=_count(1), default=None,
+                   help="default 32; on --resume the checkpoint's")
     t.add_argument("--val-split", type=float, default=0.2, help="0: no validation")
     t.add_argument("--seed", type=int, default=None,
                    help="data split and order, dropout (default 0; on --resume the checkpoint's)")

@@ -8,7 +8,7 @@ schedule is a pure function of the step, so a checkpoint only needs the step.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
@@ -105,7 +105,7 @@ OPTIMIZERS = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "adagrad": Adagrad}
 def make_optimizer(spec: str | Optimizer | dict, lr: float | None = None) -> Optimizer:
     """An Optimizer from an instance, a name (``"adamw"``) or a config dict."""
     if isinstance(spec, Optimizer):
-        return spec
+        return spec if lr is None else replace(spec, lr=lr)
     if isinstance(spec, dict):
         spec = dict(spec)
         name = spec.pop("name").lower()

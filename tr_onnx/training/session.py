@@ -34,7 +34,10 @@ def atomic_write(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the file should look like any other
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

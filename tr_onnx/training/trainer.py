@@ -349,6 +349,8 @@ class Trainer:
         ``last.ckpt.npz`` stays the last good one.
         """
         self.status = "running"
+        if self.epoch >= self.epochs:
+            self.log(f"{self.epoch} epochs done already (epochs={self.epochs}): nothing to train")
         try:
             with self._metrics_file():
                 while self.epoch < self.epochs:
