@@ -344,6 +344,17 @@ def _train(args) -> int:
     return 0
 
 
+def list_plugins(include_builtin: bool = False) -> dict:
+    """Loaded op-set plugins: origin (package and entry point, or module path), the ops each
+    provides, and every deliberate override."""
+    from .registry import default_registry
+
+    registry = default_registry()
+    plugins = {name: info for name, info in registry.plugins.items()
+               if include_builtin or info["origin"] != "builtin"}
+    return {"plugins": plugins, "overrides": list(registry.overrides)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tr-onnx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -362,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...")
     r.add_argument("--channel-align", type=int, default=None)
     r.add_argument("--repeat", type=int, default=10, help="timed runs after the first")
+    pl = sub.add_parser("plugins", help="list loaded op-set plugins and their ops")
+    pl.add_argument("--builtin", action="store_true", help="include tr_onnx's own op sets")
+    pl.add_argument("--json", action="store_true")
     o = sub.add_parser("ops", help="list registered ops")
     o.add_argument("--json", action="store_true")
     _add_train_parser(sub)
@@ -383,6 +397,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: shape {out['shape']} {out['dtype']}  first {out['first']}")
             print(f"plan + first run {info['plan_and_first_run_ms']:.1f} ms; median run "
                   f"{info['median_run_ms']:.2f} ms over {args.repeat}")
+        elif args.command == "plugins":
+            info = list_plugins(args.builtin)
+            if args.json:
+                print(json.dumps(info, indent=2))
+            else:
+                for name, plugin in info["plugins"].items():
+                    print(f"{name}: {plugin['origin']}")
+                    for op in plugin["ops"]:
+                        print(f"    {op}")
+                if not info["plugins"]:
+                    print("no op-set plugins loaded (entry-point group 'tr_onnx')")
+                for line in info["overrides"]:
+                    print(f"override: {line}")
         elif args.command == "ops":
             rows = list_ops()
             if args.json:

@@ -103,6 +103,34 @@ class OpDef:
     gradient: Callable | None = None
     grad_inputs: tuple[int, ...] | None = None
     updates_inputs: tuple[int, ...] = ()
+    overrides: bool = False  # replace an op already registered (e.g. a builtin) on purpose
+
+
+@dataclass(frozen=True)
+class GradientDef:
+    """A gradient rule for an op registered elsewhere (a builtin with none, or one to replace):
+    returned from ``tr_onnx_op_definitions`` like an OpDef. The op keeps its kernels; the
+    registry reports the change (``tr-onnx plugins``)."""
+
+    op_type: str
+    versions: tuple[int, ...]
+    gradient: Callable
+    domain: str = ""
+    grad_inputs: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    """A CUDA C++ kernel for the cuda backend: ``source`` defines ``extern "C" __global__``
+    function ``function``. ``launch`` says how the backend calls it: ``"elementwise"`` passes
+    ``(const T* in0, ..., T* out0, ..., long long n)`` over the logical elements with attributes
+    as the trailing scalars named in ``scalar_attrs``. Compiled with NVRTC when the cuda backend
+    plans a model; a CPU test compiles every registered source for sm_90."""
+
+    source: str
+    function: str
+    launch: str = "elementwise"
+    scalar_attrs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

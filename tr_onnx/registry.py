@@ -8,8 +8,10 @@ the entry-point group ``tr_onnx``. Dispatch happens once, when a plan is made.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import warnings
+from dataclasses import replace
 from typing import NamedTuple
 
 import onnx
@@ -17,7 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import RegistryError
-from .opdef import OpDef
+from .opdef import GradientDef, OpDef
 
 BUILTIN_OPSETS = (
     "tr_onnx.ops.elementwise",
@@ -41,6 +43,11 @@ class OpKey(NamedTuple):
     backend: str
 
 
+def _key_words(key: OpKey) -> str:
+    return (f"{key.op_type} (domain {key.domain or 'ai.onnx'!r}, since_version "
+            f"{key.since_version}, backend {key.backend!r})")
+
+
 def canonical_domain(domain: str) -> str:
     return "" if domain in ONNX_DOMAINS else domain
 
@@ -61,34 +68,74 @@ class OpRegistry:
         self._entries: dict[OpKey, tuple[OpDef, str]] = {}
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.plugin_manager.add_hookspecs(hookspecs)
+        self.overrides: list[str] = []  # what plugins replaced on purpose, in words
+        self.plugins: dict[str, dict] = {}  # plugin name -> {"origin": ..., "ops": [...]}
+        self._overridden: dict[tuple, str] = {}  # key (or gradient key) -> overriding source
 
-    def register(self, opdef: OpDef, source: str) -> None:
-        """Add every key ``opdef`` covers; a key another source already has is an error."""
+    def register(self, opdef: OpDef | GradientDef, source: str) -> None:
+        """Add every key ``opdef`` covers. A key another source already has is an error naming
+        both, unless the new definition says ``overrides=True`` (then it replaces the old one
+        and the override is reported); two overrides of one key are an error too."""
+        if isinstance(opdef, GradientDef):
+            return self._register_gradient(opdef, source)
         for version in opdef.versions:
             for backend in opdef.kernels:
                 key = OpKey(canonical_domain(opdef.domain), opdef.op_type, version, backend)
                 if key in self._entries:
                     other = self._entries[key][1]
-                    raise RegistryError(
-                        f"op {key.op_type} (domain {key.domain or 'ai.onnx'!r}, since_version "
-                        f"{key.since_version}, backend {key.backend!r}) is registered twice: by "
-                        f"{other!r} and by {source!r}")
+                    if not opdef.overrides or key in self._overridden:
+                        raise RegistryError(
+                            f"op {_key_words(key)} is registered twice: by {other!r} and by "
+                            f"{source!r}" + ("" if opdef.overrides else
+                                             " (a plugin replaces an op with overrides=True)"))
+                    self._overridden[key] = source
+                    self._report(f"{source} overrides op {_key_words(key)} of {other}")
                 self._entries[key] = (opdef, source)
 
-    def add_plugin(self, plugin, name: str | None = None) -> None:
+    def _register_gradient(self, grad: GradientDef, source: str) -> None:
+        keys = [k for k in self._entries if k.domain == canonical_domain(grad.domain)
+                and k.op_type == grad.op_type and k.since_version in grad.versions]
+        if not keys:
+            raise RegistryError(f"{source}: gradient for {grad.op_type} (domain "
+                                f"{grad.domain or 'ai.onnx'!r}, versions {list(grad.versions)}), "
+                                "which no op set registers")
+        for key in keys:
+            gkey = ("gradient", key)
+            if gkey in self._overridden:
+                raise RegistryError(f"gradient of {_key_words(key)} is given twice: by "
+                                    f"{self._overridden[gkey]!r} and by {source!r}")
+            opdef, owner = self._entries[key]
+            self._overridden[gkey] = source
+            what = "replaces the gradient" if opdef.gradient is not None else "adds a gradient"
+            self._report(f"{source} {what} of op {_key_words(key)} ({owner})")
+            self._entries[key] = (replace(opdef, gradient=grad.gradient, differentiable=True,
+                                          grad_inputs=grad.grad_inputs), owner)
+
+    def _report(self, message: str) -> None:
+        self.overrides.append(message)
+        logging.getLogger("tr_onnx").info(message)
+
+    def add_plugin(self, plugin, name: str | None = None, origin: str | None = None) -> None:
         """Register a module/object implementing the hooks and collect its op definitions."""
         try:
             name = self.plugin_manager.register(plugin, name=name)
             self.plugin_manager.check_pending()
         except pluggy.PluginValidationError as exc:
+            if name is not None and self.plugin_manager.get_plugin(name) is not None:
+                self.plugin_manager.unregister(name=name)
             raise RegistryError(f"op-set plugin {name or plugin!r}: {exc}") from None
-        self._collect(self.plugin_manager.get_plugin(name), name)
+        origin = origin or getattr(plugin, "__file__", None) or repr(plugin)
+        self._collect(self.plugin_manager.get_plugin(name), name, origin)
 
-    def _collect(self, plugin, name: str) -> None:
+    def _collect(self, plugin, name: str, origin: str) -> None:
+        ops = []
         for impl in self.plugin_manager.hook.tr_onnx_op_definitions.get_hookimpls():
             if impl.plugin is plugin:
                 for opdef in impl.function() or []:
                     self.register(opdef, name)
+                    kind = "gradient of " if isinstance(opdef, GradientDef) else ""
+                    ops.append(f"{kind}{opdef.domain or 'ai.onnx'}.{opdef.op_type}")
+        self.plugins[name] = {"origin": origin, "ops": ops}
 
     def load_entry_points(self) -> None:
         """Load third-party op sets from the entry-point group ``tr_onnx``.
@@ -106,7 +153,9 @@ class OpRegistry:
                 warnings.warn(f"tr_onnx plugin {ep.name!r} ({ep.value}) failed to load: {exc!r}",
                               stacklevel=2)
                 continue
-            self.add_plugin(plugin, name=ep.name)
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "?"
+            self.add_plugin(plugin, name=ep.name,
+                            origin=f"{dist} (entry point {ep.name} = {ep.value})")
 
     def lookup(self, domain: str, op_type: str, since_version: int, backend: str) -> OpDef | None:
         entry = self._entries.get(OpKey(canonical_domain(domain), op_type, since_version, backend))
@@ -153,7 +202,8 @@ def build_registry(plugins=(), autoload: bool | None = None) -> OpRegistry:
     """A registry with the builtin op sets, entry-point plugins and ``plugins`` (modules/objects)."""
     registry = OpRegistry()
     for module_name in BUILTIN_OPSETS:
-        registry.add_plugin(importlib.import_module(module_name), name=module_name)
+        registry.add_plugin(importlib.import_module(module_name), name=module_name,
+                            origin="builtin")
     if autoload is None:
         autoload = os.environ.get("TR_ONNX_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
     if autoload:
