@@ -8,18 +8,20 @@ schedule is a pure function of the step, so a checkpoint only needs the step.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass
-class Optimizer:
+class Optimizer(ABC):
     lr: float = 1e-3
 
-    op: str = field(default="", init=False, repr=False)
+    op: str = field(default="", init=False, repr=False)  # the ai.tr_onnx update op it emits
     state: tuple[str, ...] = field(default=(), init=False, repr=False)
 
+    @abstractmethod
     def attrs(self) -> dict:
-        raise NotImplementedError
+        """Attributes of the update op."""
 
     def state_init(self, name: str) -> float:
         """Initial value of state buffer ``name``."""
