@@ -99,8 +99,9 @@ class Graph:
             if v is not None and node in v.consumers:
                 v.consumers.remove(node)
 
-    def insert_before(self, anchor: Node, node: Node) -> None:
-        self.nodes.insert(self.nodes.index(anchor), node)
+    def insert(self, index: int, node: Node) -> None:
+        """Put ``node`` at ``index`` of the schedule and wire its values (one place for it)."""
+        self.nodes.insert(index, node)
         for v in node.inputs:
             if v is not None and node not in v.consumers:
                 v.consumers.append(node)
@@ -108,6 +109,17 @@ class Graph:
             if v is not None:
                 v.producer = node
                 self.values[v.name] = v
+
+    def append(self, node: Node) -> None:
+        self.insert(len(self.nodes), node)
+
+    def insert_before(self, anchor: Node, node: Node) -> None:
+        self.insert(self.nodes.index(anchor), node)
+
+    def replace_node(self, old: Node, new: Node) -> None:
+        index = self.nodes.index(old)
+        self.remove_node(old)
+        self.insert(index, new)
 
     def replace_input(self, node: Node, index: int, new: Value) -> None:
         old = node.inputs[index]

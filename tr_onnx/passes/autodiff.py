@@ -100,13 +100,7 @@ class GradBuilder:
         outs = [Value(self._name(op_type), tuple(s), np.dtype(d), ACTIVATION) for s, d in specs]
         node = Node(self._name(op_type), op_type, domain, version, list(inputs), outs, full_attrs,
                     opdef, self.phase)
-        self.graph.nodes.append(node)
-        for v in inputs:
-            if v is not None and node not in v.consumers:
-                v.consumers.append(node)
-        for v in outs:
-            v.producer = node
-            self.graph.values[v.name] = v
+        self.graph.append(node)
         self.emitted.append(node)
         return outs[0] if len(outs) == 1 else outs
 

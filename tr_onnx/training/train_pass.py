@@ -92,19 +92,6 @@ def _internal(graph: Graph, registry: OpRegistry, backend: str, op_type: str, na
     return Node(name, op_type, INTERNAL, 1, inputs, outputs, attrs, opdef)
 
 
-def _replace_node(graph: Graph, old: Node, new: Node) -> None:
-    index = graph.nodes.index(old)
-    graph.remove_node(old)
-    graph.nodes.insert(index, new)
-    for v in new.inputs:
-        if v is not None and new not in v.consumers:
-            v.consumers.append(new)
-    for v in new.outputs:
-        if v is not None:
-            v.producer = new
-            graph.values[v.name] = v
-
-
 def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: TrainConfig,
                      counter: Value) -> tuple[list[tuple[Value, Value]], dict[str, int]]:
     """Rewrite BatchNormalization and Dropout to their training forms.
@@ -138,7 +125,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
                      "unbiased_running_var": int(cfg.bn_unbiased_running_var)}
             new = _internal(graph, registry, backend, "BatchNormTraining", node.name,
                             [x, scale, bias, mean, var], [y, *saved, *new_stats], attrs)
-            _replace_node(graph, node, new)
+            graph.replace_node(node, new)
             commits += [(stat, v) for stat, v in zip((mean, var), new_stats)
                         if stat.kind == ir.PARAM]
             counts["BatchNormalization"] += 1
@@ -157,7 +144,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             new = _internal(graph, registry, backend, "DropoutTraining", node.name,
                             [node.inputs[0], counter], [y, mask],
                             {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
-            _replace_node(graph, node, new)
+            graph.replace_node(node, new)
             counts["Dropout"] += 1
     return commits, counts
 
@@ -220,13 +207,7 @@ def splice_loss_graph(graph: Graph, loss_graph: Graph, output: Value, labels: Va
         new = Node(graph.unique_name(f"loss/{node.name}"), node.op_type, node.domain,
                    node.since_version, [mapped(v) for v in node.inputs],
                    [mapped(v) for v in node.outputs], node.attrs, node.opdef)
-        graph.nodes.append(new)
-        for v in new.inputs:
-            if v is not None and new not in v.consumers:
-                v.consumers.append(new)
-        for v in new.outputs:
-            if v is not None:
-                v.producer = new
+        graph.append(new)
     loss = mapped(loss_graph.outputs[0])
     if loss.shape not in ((), (1,)):
         raise TrOnnxError(f"the ONNX loss model returns shape {list(loss.shape)}, not a scalar")
