@@ -5,7 +5,11 @@ computes ``d sum(y * cot) / d x`` with tr_onnx's autodiff + kernels (``tr_onnx.t
 gradients.vjp``), and compares, along random directions d, with central differences
 ``(f(x + h d) - f(x - h d)) / 2h`` of ``f = sum(y * cot)`` evaluated by ``onnx.reference`` (an
 implementation nobody here wrote; ``fd_oracle="ours"`` uses our forward where the reference
-is wrong for an op, and the case must say why).
+is wrong for an op, and the case must say why). Plugin ops name their ``onnx.reference``
+implementations in ``reference_ops`` (``ReferenceEvaluator(new_ops=...)``); a straight-through
+estimator, whose gradient is the derivative of a surrogate forward rather than of the op's own,
+names that surrogate in ``fd_reference_ops`` (used for the finite differences only, ahead of
+``reference_ops``).
 
 Each op family keeps its table in ``tests/grad_cases_<family>.py`` as ``CASES``;
 ``tests/test_gradients.py`` runs them all and checks every differentiable op has a case.
@@ -46,6 +50,8 @@ class GradCase:
     rtol: float = 1e-6
     step: float = 1e-6
     output_shapes: list[tuple[int, ...]] | None = None  # where ONNX inference cannot type them
+    reference_ops: tuple = ()  # OpRun classes: plugin ops for onnx.reference
+    fd_reference_ops: tuple = ()  # OpRun classes replacing ops for the finite differences only
 
 
 @dataclass
@@ -57,7 +63,7 @@ def _name(i: int) -> str:
     return f"x{i}"
 
 
-def build_model(case: GradCase) -> onnx.ModelProto:
+def build_model(case: GradCase, registry=None) -> onnx.ModelProto:
     ins, inits, names = [], [], []
     for i, x in enumerate(case.inputs):
         if x is None:
@@ -90,7 +96,8 @@ def build_model(case: GradCase) -> onnx.ModelProto:
         model.graph.output.extend(typed)
     else:  # ONNX does not know the op: its OpDef's shape rule types the outputs
         del model.graph.output[:]
-        opdef = default_registry().lookup(case.domain, case.op, case.domain_version, "numpy")
+        opdef = (registry or default_registry()).lookup(case.domain, case.op,
+                                                        case.domain_version, "numpy")
         arrays = [None if x is None else np.asarray(getattr(x, "value", x)) for x in case.inputs]
         results = opdef.shape(node, [None if a is None else a.shape for a in arrays],
                               [None if a is None else a.dtype for a in arrays])
@@ -113,24 +120,31 @@ def wrt_names(case: GradCase) -> list[str]:
 
 def check_case(case: GradCase, channel_align: int | None = None, directions: int = 3,
                plugins=()) -> None:
-    model = build_model(case)
+    registry = tr_onnx.registry.build_registry(plugins) if plugins else None
+    model = build_model(case, registry) if registry is not None else build_model(case)
     feed = _feed(case)
     out_name = f"y{case.output}"
     if case.fd_oracle == "reference":
-        ref = ReferenceEvaluator(model)
+        ref = ReferenceEvaluator(model, new_ops=list(case.reference_ops) or None)
+        fd_ref = ref if not case.fd_reference_ops else ReferenceEvaluator(
+            model, new_ops=[*case.fd_reference_ops, *case.reference_ops])
 
-        def forward(f):
-            return np.asarray(ref.run([out_name], f)[0])
+        def forward(f, ev=ref):
+            return np.asarray(ev.run([out_name], f)[0])
+
+        def fd_forward(f):
+            return forward(f, fd_ref)
     else:
         sess = tr_onnx.InferenceSession(model, plugins=plugins)
 
         def forward(f):
             return sess.run([out_name], f)[0]
 
+        fd_forward = forward
+
     y_ref = forward(feed)
     rng = np.random.default_rng(abs(hash(case.id)) % 2**32)
     cot = rng.standard_normal(y_ref.shape).astype(y_ref.dtype)
-    registry = tr_onnx.registry.build_registry(plugins) if plugins else None
     y, grads = vjp(model, feed, wrt_names(case), cot, output=out_name,
                    channel_align=channel_align, registry=registry)
     np.testing.assert_allclose(y, y_ref, rtol=1e-10, atol=1e-12,
@@ -140,8 +154,8 @@ def check_case(case: GradCase, channel_align: int | None = None, directions: int
         assert g.shape == x.shape and g.dtype == x.dtype, (name, g.shape, g.dtype)
         for _ in range(directions):
             d = rng.standard_normal(x.shape).astype(x.dtype)
-            hi = forward({**feed, name: x + case.step * d})
-            lo = forward({**feed, name: x - case.step * d})
+            hi = fd_forward({**feed, name: x + case.step * d})
+            lo = fd_forward({**feed, name: x - case.step * d})
             fd = float(np.sum((hi - lo) * cot)) / (2 * case.step)
             analytic = float(np.sum(g * d))
             scale = abs(fd) + abs(analytic) + 1e-8

@@ -19,7 +19,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 @hookspec
 def tr_onnx_op_definitions() -> list:
-    """Return the ``OpDef`` objects this op set provides.
+    """Return the ``OpDef`` objects this op set provides (new ops, or ``overrides=True``
+    replacements), and ``GradientDef`` objects (gradients for ops registered elsewhere).
 
     Called once per plugin when the op registry is built (the first time a model is imported,
     or when ``tr-onnx ops`` lists them). Every ``(domain, op_type, since_version, backend)`` a

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from . import ir
-from .dtypes import is_supported, np_dtype
+from .dtypes import is_supported, np_dtype, onnx_elem_type
 from .errors import ModelLoadError, ShapeError, UnsupportedModelError
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 
@@ -369,6 +369,14 @@ def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
         infos.setdefault(init.name, onnx.helper.make_tensor_value_info(
             init.name, init.data_type, list(init.dims)))
     opsets = {o.domain or "": o.version for o in model.opset_import}
+    # custom op -> standard op -> custom op: each pass types what the previous one made known
+    for _ in range(len(g.node)):
+        if not _custom_shapes_pass(model, imported, infos, opsets):
+            return
+
+
+def _custom_shapes_pass(model, imported, infos, opsets) -> bool:
+    g = model.graph
     changed = False
     for node in g.node:
         if all(_static_shape(infos.get(o)) is not None for o in node.output if o):
@@ -377,15 +385,24 @@ def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
         if opdef is None or opdef.shape is None:
             continue
         in_shapes = [_static_shape(infos.get(n)) if n else None for n in node.input]
+        if any(n and shape is None for n, shape in zip(node.input, in_shapes)):
+            continue  # an input is not known yet; a later pass gets it
         in_types = [np_dtype(infos[n].type.tensor_type.elem_type) if n and n in infos else None
                     for n in node.input]
         results = opdef.shape(node, in_shapes, in_types)
+        outputs = {o.name: o for o in g.output}
         for out_name, (shape, dtype) in zip(node.output, results):
-            from .dtypes import onnx_elem_type
             vi = onnx.helper.make_tensor_value_info(out_name, onnx_elem_type(dtype), list(shape))
-            g.value_info.append(vi)
+            if out_name in outputs:  # a graph output: its declared (symbolic) type is replaced
+                outputs[out_name].type.CopyFrom(vi.type)
+                vi = outputs[out_name]
+            else:
+                g.value_info.append(vi)
             infos[out_name] = vi
             changed = True
     if changed:
         inferred = _infer(model, imported.source)
         model.CopyFrom(inferred)
+        g = model.graph
+        infos.update({vi.name: vi for vi in list(g.value_info) + list(g.output)})
+    return changed

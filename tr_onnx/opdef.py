@@ -104,6 +104,9 @@ class OpDef:
     grad_inputs: tuple[int, ...] | None = None
     updates_inputs: tuple[int, ...] = ()
     overrides: bool = False  # replace an op already registered (e.g. a builtin) on purpose
+    # Defaults of attributes for ops without an ONNX schema (custom domains), filled into
+    # node.attrs at dispatch, so kernels, rules and backends read ctx.attrs[name] directly.
+    attr_defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -121,10 +124,12 @@ class GradientDef:
 
 @dataclass(frozen=True)
 class CudaKernel:
-    """A CUDA C++ kernel for the cuda backend: ``source`` defines ``extern "C" __global__``
-    function ``function``. ``launch`` says how the backend calls it: ``"elementwise"`` passes
-    ``(const T* in0, ..., T* out0, ..., long long n)`` over the logical elements with attributes
-    as the trailing scalars named in ``scalar_attrs``. Compiled with NVRTC when the cuda backend
+    """A CUDA C++ kernel for the cuda backend. ``source`` defines ``extern "C" __global__``
+    entry points ``<function>_f32`` and ``<function>_f16`` (float16 passed as raw 16-bit
+    ``unsigned short``). ``launch`` says how the backend calls them: ``"elementwise"`` passes
+    ``(const T* in0, ..., T* out0, ..., long long n)`` over the logical elements, then the
+    attributes named in ``scalar_attrs`` as float scalars; ``"bias_last_axis"`` is the same with
+    the length of a last-axis bias input after ``n``. Compiled with NVRTC when the cuda backend
     plans a model; a CPU test compiles every registered source for sm_90."""
 
     source: str

@@ -209,6 +209,8 @@ def build_registry(plugins=(), autoload: bool | None = None) -> OpRegistry:
     if autoload:
         registry.load_entry_points()
     for plugin in plugins:
+        if registry.plugin_manager.is_registered(plugin):
+            continue  # an installed plugin passed explicitly too: its entry point loaded it
         registry.add_plugin(plugin, name=getattr(plugin, "__name__", None))
     return registry
 

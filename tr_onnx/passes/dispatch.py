@@ -12,6 +12,9 @@ def dispatch(graph: Graph, registry: OpRegistry, backend: str) -> None:
     missing: dict[tuple[str, str, int], list[str]] = {}
     for node in graph.nodes:
         node.opdef = registry.lookup(node.domain, node.op_type, node.since_version, backend)
+        if node.opdef is not None:
+            for name, value in node.opdef.attr_defaults.items():
+                node.attrs.setdefault(name, value)
         if node.opdef is None:
             missing.setdefault((node.domain, node.op_type, node.since_version), []).append(node.name)
     if missing:
