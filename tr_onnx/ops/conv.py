@@ -6,8 +6,9 @@ same kind of view. Conv is im2col + one matmul per group (``im2col_nhwc``); dept
 accumulates kernel taps instead; ConvTranspose is one matmul per group + col2im
 (``col2im_nhwc``). Every buffer the step needs is a plan-time workspace.
 
-Gradients: Conv's rule emits the backward ops ConvGradData (gy @ w, then col2im: the
-transposed convolution) and ConvGradFilter (im2col(x)^T @ gy), both domain ai.tr_onnx, and a
+Gradients: Conv's rule emits the backward ops ConvGradData (the transposed convolution: for
+stride 1 a Conv of the padded gy with the flipped weight, else gy @ w then col2im) and
+ConvGradFilter (im2col(x)^T @ gy), both domain ai.tr_onnx, and a
 ReduceSum for the bias; ConvTranspose's rule is a Conv of gy and a ConvGradFilter with the
 roles of x and gy swapped.
 """
@@ -464,7 +465,8 @@ def _as_compute(a: np.ndarray, ws_arr: np.ndarray | None) -> np.ndarray:
 
 
 def conv_grad_data_numpy(ctx):
-    """gx = the transposed convolution of gy: one matmul per group (``gy @ w`` gives every
+    """gx = the transposed convolution of gy. Stride 1: a forward convolution of the padded gy
+    (``_grad_data_as_conv_numpy``). Otherwise one matmul per group (``gy @ w`` gives every
     window's contribution, ``[rows, taps*cg]``), then col2im into the padded gx and a crop."""
     gy_info, w_info, gx_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     n, c, *spatial = gx_info.shape
@@ -475,6 +477,9 @@ def conv_grad_data_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gx_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
+    adjoint = _adjoint_window(win)
+    if adjoint is not None and not (group == c and group > 1):
+        return _grad_data_as_conv_numpy(ctx, adjoint, group, compute)
     direct = not win.needs_padding and not cast  # accumulate straight into gx's view
     gxp_k = None if direct else ctx.workspace((n, *win.padded_shape, c), compute)
     interior, _ = padding_slabs_nhwc(win)
@@ -504,6 +509,70 @@ def conv_grad_data_numpy(ctx):
             col2im_nhwc(col.reshape(col_shape), gxp, scatter)
         if not direct:
             np.copyto(gx, gxp[interior], casting="same_kind")
+
+    return run
+
+
+def _adjoint_window(win: Window) -> Window | None:
+    """For a stride-1 window, the window of the convolution that computes gx from gy: over
+    gy padded by ``dilation*(k-1) - pad`` on each side, the same kernel and dilations. None
+    when the window is strided or a pad exceeds the kernel's span (gy would be cropped)."""
+    if any(st != 1 for st in win.strides):
+        return None
+    spans = [(k - 1) * d for k, d in zip(win.kernel, win.dilations)]
+    begin = tuple(sp - b for sp, b in zip(spans, win.pads_begin))
+    end = tuple(sp - e for sp, e in zip(spans, win.pads_end))
+    if min(begin + end) < 0:
+        return None
+    return Window(win.out_shape, win.kernel, win.strides, win.dilations, begin, end,
+                  win.in_shape)
+
+
+def _grad_data_as_conv_numpy(ctx, adjoint: Window, group: int, compute: np.dtype):
+    """Stride 1: gx = Conv(pad(gy), w'), where ``w'[g*cg + i, o, tap] = w[g*og + o, i,
+    flipped tap]`` (the kernel flipped, in and out channels swapped, per group): im2col + one
+    matmul per group into gx, no scatter. ``w'`` is copied every step (weights change)."""
+    gy_info, w_info, gx_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    n, c = gx_info.shape[:2]
+    o, cg, *kernel = w_info.shape
+    og, taps, nd = o // group, math.prod(kernel), adjoint.ndim
+    cast = compute != np.dtype(gx_info.dtype)
+    rows = n * math.prod(adjoint.out_shape)
+    direct = not adjoint.needs_padding and not cast  # 1x1 kernel: gy itself is the matrix
+    gyp_k = None if direct else ctx.workspace((n, *adjoint.padded_shape, o), compute)
+    interior, slabs = padding_slabs_nhwc(adjoint)
+    gy_k = None if not direct or mergeable_2d(gy_info, True, 1 + nd) else \
+        ctx.workspace((rows, o), compute)
+    col_k = None if direct else ctx.workspace((rows, taps * og), compute)
+    wt_k = ctx.workspace((c, taps * og), compute)
+    gx_k = (None if not cast and mergeable_2d(gx_info, True, 1 + nd)
+            else ctx.workspace((rows, c), compute))
+    wt_shape = (group, cg, *kernel, og)
+    # w [O, Cg, *K] seen as [group, og, cg, *K], kernel flipped, then ordered like wt_shape
+    flip = (slice(None),) * 3 + (slice(None, None, -1),) * nd
+    order = (0, 2, *range(3, 3 + nd), 1)
+    groups = _groups(group, cg, og)
+    zero = compute.type(0)
+
+    def run(ins, outs, ws):
+        w = ins[1]
+        np.copyto(ws[wt_k].reshape(wt_shape),
+                  w.reshape(group, og, cg, *w.shape[2:])[flip].transpose(order))
+        wt = ws[wt_k]
+        gy = np.moveaxis(ins[0], 1, -1)
+        gx = np.moveaxis(outs[0], 1, -1)
+        gx2 = as_2d(gx, 1 + nd) if gx_k is None else ws[gx_k]
+        if direct:
+            gy2 = matrix_view_or_copy(gy, 1 + nd, ws[gy_k] if gy_k is not None else None)
+            for cs, os_ in groups:
+                np.matmul(gy2[:, os_], wt[cs].T, out=gx2[:, cs])
+        else:
+            gyp = pad_nhwc(gy, ws[gyp_k], interior, slabs, zero)
+            for cs, os_ in groups:
+                col = im2col_nhwc(gyp[..., os_], adjoint, ws[col_k])
+                np.matmul(col, wt[cs].T, out=gx2[:, cs])
+        if gx_k is not None:
+            np.copyto(gx, gx2.reshape(gx.shape), casting="same_kind")
 
     return run
 
@@ -566,7 +635,9 @@ def conv_grad_filter_numpy(ctx):
     gy_k = (None if not cast and mergeable_2d(gy_info, True, 1 + nd)
             else ctx.workspace((rows, o), compute))
     col_k = ctx.workspace((rows, taps * cg), compute)
-    gw_k = ctx.workspace((o, taps * cg), compute)
+    # gw transposed, [(tap, channel), o]: col^T @ gy (M = taps*cg) runs ~1.6x faster in
+    # OpenBLAS than gy^T @ col (M = og, often 16) for the same product
+    gwt_k = ctx.workspace((taps * cg, o), compute)
     groups = _groups(group, cg, og)
     ohwi = (o, *kernel, cg)
 
@@ -575,11 +646,11 @@ def conv_grad_filter_numpy(ctx):
         xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
         gy2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1 + nd,
                                   ws[gy_k] if gy_k is not None else None)
-        gw2, col = ws[gw_k], ws[col_k]
+        gwt, col = ws[gwt_k], ws[col_k]
         for cs, os_ in groups:
             im2col_nhwc(xp[..., cs], win, col)
-            np.matmul(gy2[:, os_].T, col, out=gw2[os_])
-        np.copyto(np.moveaxis(outs[0], 1, -1), gw2.reshape(ohwi), casting="same_kind")
+            np.matmul(col.T, gy2[:, os_], out=gwt[:, os_])
+        np.copyto(np.moveaxis(outs[0], 1, -1), gwt.T.reshape(ohwi), casting="same_kind")
 
     return run
 

@@ -742,10 +742,52 @@ def clip_numpy(ctx):
     return run
 
 
+_BIT_PATTERNS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+                 8: np.dtype(np.uint64)}
+
+
+def _all_bits_zero(value: np.ndarray | None) -> bool:
+    """Whether a plan-time constant is +0 everywhere (its bytes are all zero; -0.0 is not)."""
+    return value is not None and not np.ascontiguousarray(value).reshape(-1).view(np.uint8).any()
+
+
 def where_numpy(ctx):
-    def run(ins, outs, ws):
+    """Where as unsigned integer arithmetic on the values' bit patterns (``x * cond`` keeps or
+    zeroes a pattern exactly, NaN and -0.0 included): a masked ``np.copyto(where=)`` runs ~15x
+    slower than a multiply by the bool mask. The gradient rules' ``Where(cond, gy, 0)`` and
+    ``Where(cond, 0, gy)`` take one and two passes; the general case three, b + (a - b) * cond
+    with wrap-around. Other dtypes (strings, complex128) keep the masked copy."""
+    dtype = np.dtype(ctx.outputs[0].dtype)
+    bits = _BIT_PATTERNS.get(dtype.itemsize) if dtype.kind in "biufc" else None
+
+    def masked_copy(ins, outs, ws):
         np.copyto(outs[0], ins[2])
         np.copyto(outs[0], ins[1], where=ins[0])
+
+    if bits is None:
+        return masked_copy
+    if _all_bits_zero(ctx.const(2)):
+        def run(ins, outs, ws):
+            np.multiply(ins[1].view(bits), ins[0], out=outs[0].view(bits))
+    elif _all_bits_zero(ctx.const(1)):
+        def run(ins, outs, ws):
+            b, y = ins[2], outs[0]
+            if np.may_share_memory(y, b):  # b is read again after y is written
+                masked_copy(ins, outs, ws)
+                return
+            b, y = b.view(bits), y.view(bits)
+            np.multiply(b, ins[0], out=y)
+            np.subtract(b, y, out=y)
+    else:
+        def run(ins, outs, ws):
+            b, y = ins[2], outs[0]
+            if np.may_share_memory(y, b):
+                masked_copy(ins, outs, ws)
+                return
+            b, y = b.view(bits), y.view(bits)
+            np.subtract(ins[1].view(bits), b, out=y)
+            np.multiply(y, ins[0], out=y)
+            np.add(y, b, out=y)
 
     return run
 
