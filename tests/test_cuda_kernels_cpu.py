@@ -1,0 +1,673 @@
+"""The cuda backend's own kernels, checked without a GPU (tr_onnx/backends/cuda/kernels).
+
+1. Every registered source compiles with NVRTC for sm_90 (CuPy's low-level NVRTC binding needs
+   no driver) and the cubin defines every kernel the registry names.
+2. The same sources, compiled by the host C++ compiler (``elementwise.cuh`` makes a kernel a
+   plain function whose grid-stride loop one "thread" runs to the end), are called through
+   ctypes and compared with the NumPy kernels: unary ops through ``InferenceSession`` and
+   their backward through ``tr_onnx.training.gradients.vjp``, the optimizer updates through
+   the numpy kernels of ops/optimizers.py, the losses through ops/losses.py, NHWC pad/unpad
+   against ``StridedLayout.channels_last(shape, 8)``, loss scaling against torch's kernels.
+
+Tolerances. fp32: plain arithmetic (+ - * /, sqrt) is correctly rounded on both sides and done
+in the same order with contraction off, so binary ops, layouts, conversions, optimizer updates
+and the piecewise-linear activations must match bit for bit. Formulas with a libm call (exp,
+tanh, expm1, log1p) differ by the two libraries' errors (glibc here, CUDA's <= 1-2 ulp on the
+device; NumPy's SIMD float32 exp/log/tanh): 4 ulp allowed (3 seen); Gelu 8 (NumPy's float64
+Gelu is itself 4 ulp off near x = -5). Where a formula cancels (1 + tanh(u), 1 + erf(u) in the
+negative tails), a few ulp of the terms before the cancellation are many ulp of the small
+result, so there the bound is absolute: that many ulp of the cancelled terms' size (the
+``scale`` column). fp16 / bf16 storage (compute in fp32): within 1 ulp of NumPy's fp32 result
+on the same upcast inputs, rounded to the storage type (or within the fp32 absolute bound
+where that applies). A backward in fp16/bf16 reads the rounded forward output, which NumPy's
+fp32 backward never sees, so it must equal the host fp32 kernel on the same rounded inputs,
+rounded: that checks the storage path, the fp32 comparison the math.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import shutil
+import subprocess
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+
+import tr_onnx
+from tr_onnx.backends.cuda import sources
+from tr_onnx.layouts import StridedLayout
+from tr_onnx.opdef import KernelContext, TensorInfo
+from tr_onnx.ops import optimizers as np_optim
+from tr_onnx.training.gradients import vjp
+
+F32_EPS = float(np.finfo(np.float32).eps)
+
+# ---- 1. NVRTC ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(sources.SOURCES))
+def test_source_compiles_with_nvrtc_for_sm90(family):
+    start = time.perf_counter()
+    cubin = sources.compile_nvrtc(family, "sm_90")
+    elapsed = time.perf_counter() - start
+    assert isinstance(cubin, bytes) and cubin[:4] == b"\x7fELF", family
+    missing = [k for k in sources.SOURCES[family].kernels if k.encode() + b"\0" not in cubin]
+    assert not missing, f"{family}: the cubin lacks {missing}"
+    assert elapsed < 20, f"{family}: NVRTC took {elapsed:.1f} s"
+
+
+def test_compile_all_nvrtc_covers_every_family():
+    # ptx for compute_90 exercises the other output path on the smallest family set
+    ptx = sources.compile_nvrtc("convert", "compute_90")
+    assert b".entry tr_convert_f32_f16" in ptx
+    assert set(sources.SOURCES) == {"unary", "binary", "layout", "convert", "optim", "amp",
+                                    "loss"}
+
+
+def test_kernel_names_are_unique_and_suffixed():
+    names = [k for s in sources.SOURCES.values() for k in s.kernels]
+    assert len(names) == len(set(names))
+    assert all(k.startswith("tr_") for k in names)
+
+
+# ---- 2. the host build ----------------------------------------------------------------------
+
+def _host_compiler() -> str:
+    for cxx in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if cxx and shutil.which(cxx):
+            return cxx
+    pytest.fail("no host C++ compiler (g++ >= 12 or clang >= 15, for _Float16) on PATH")
+
+
+class HostKernels:
+    """The whole registry compiled into one shared library; ``call(name, *args)`` with numpy
+    arrays (passed as pointers), None (a null pointer) and ctypes scalars."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(str(path))
+
+    def __call__(self, name, *args):
+        cargs = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
+                 else ctypes.c_void_p(None) if a is None else a for a in args]
+        fn = getattr(self.lib, name)
+        fn.argtypes = [type(a) for a in cargs]
+        fn.restype = None
+        fn(*cargs)
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cuda_host")
+    src = d / "all_kernels.cpp"
+    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
+    lib = d / "all_kernels.so"
+    cmd = [_host_compiler(), "-x", "c++", "-std=c++17", "-O2", "-ffp-contract=off", "-fPIC",
+           "-shared", "-Wall", "-Werror", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr}"
+    return HostKernels(lib)
+
+
+LL, F32, F64, I32 = ctypes.c_longlong, ctypes.c_float, ctypes.c_double, ctypes.c_int
+
+
+# storage helpers: bf16 as uint16 bits (numpy has no bfloat16); torch rounds it for us
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    t = torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(torch.bfloat16)
+    return t.view(torch.int16).numpy().view(np.uint16)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _to_f16(x) -> np.ndarray:
+    with np.errstate(over="ignore"):  # beyond 65504 rounds to inf, as intended
+        return np.asarray(x, np.float32).astype(np.float16)
+
+
+STORAGE = {  # dt: (numpy storage dtype, fp32 -> storage, storage -> fp32)
+    "f32": (np.float32, lambda x: np.asarray(x, np.float32), lambda s: s),
+    "f16": (np.float16, lambda x: _to_f16(x), lambda s: s.astype(np.float32)),
+    "bf16": (np.uint16, to_bf16, from_bf16),
+}
+
+
+def poisoned(shape, dt) -> np.ndarray:
+    """An output buffer full of NaN: an element a kernel forgets to write shows."""
+    return STORAGE[dt][1](np.full(shape, np.nan, np.float32))
+
+
+def ordered(x: np.ndarray) -> np.ndarray:
+    """Floats (as fp32) mapped to integers in value order, consecutive floats 1 apart;
+    +0 and -0 both map to 0."""
+    i = np.asarray(x, np.float32).view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
+def assert_close_f32(got, want, ulps=0, scale=None, what=""):
+    """|got - want| within ``ulps`` ulp of want, or within ``ulps`` ulp of ``scale`` (the
+    magnitude of the intermediates a cancelling formula subtracts); NaN where NaN."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan, err_msg=f"{what}: NaN positions")
+    dist = np.abs(ordered(got) - ordered(want))
+    ok = dist <= ulps
+    if scale is not None:
+        bound = ulps * F32_EPS * np.maximum(np.abs(np.asarray(scale, np.float64)), 1e-30)
+        with np.errstate(invalid="ignore"):  # inf - inf where both are inf: equal already
+            ok |= np.abs(got.astype(np.float64) - want) <= bound
+    ok |= nan
+    bad = np.flatnonzero(~ok)
+    assert bad.size == 0, (f"{what}: {bad.size} elements off by more than {ulps} ulp, e.g. "
+                           f"index {bad[:5]}: got {got.flat[bad[:5]]} want {want.flat[bad[:5]]}"
+                           f" ({dist.flat[bad[:5]]} ulp)")
+
+
+def assert_storage_within_1ulp(got, want_f32, dt, what="", abs_bound=None):
+    """``got`` (storage ``dt``) within 1 ulp of ``want_f32`` rounded to ``dt``; or, where the
+    fp32 reference is only accurate to ``abs_bound`` (a cancelling formula), within that."""
+    want = STORAGE[dt][1](want_f32)
+    as_f32 = STORAGE[dt][2]
+    nan = np.isnan(as_f32(want))
+    np.testing.assert_array_equal(np.isnan(as_f32(got)), nan, err_msg=f"{what}: NaN positions")
+    dist = np.where(nan, 0, _storage_dist(got, want, dt))
+    if abs_bound is not None:
+        with np.errstate(invalid="ignore"):
+            close = np.abs(as_f32(got).astype(np.float64) - want_f32) <= abs_bound
+        dist = np.where(close, 0, dist)
+    assert dist.max(initial=0) <= 1, (f"{what}: {dt} off by {dist.max()} ulp at "
+                                      f"{np.flatnonzero(dist > 1)[:5]}")
+
+
+def _storage_dist(a, b, dt):
+    """ulp distance between two arrays of 16-bit storage (as their bit patterns) or fp32."""
+    if dt == "f32":
+        return np.abs(ordered(a) - ordered(b))
+    ia, ib = (v.view(np.int16).astype(np.int64) for v in (a, b))
+    ia, ib = (np.where(v < 0, -(v & 0x7FFF), v) for v in (ia, ib))
+    return np.abs(ia - ib)
+
+
+# ---- unary ops --------------------------------------------------------------------------------
+
+def _single_node(op, x, attrs=None, consts=(), opset=20):
+    """A one-node model y = op(x, *consts)."""
+    inits = [numpy_helper.from_array(np.asarray(c, np.float32), f"c{i}")
+             for i, c in enumerate(consts)]
+    node = helper.make_node(op, ["x"] + [t.name for t in inits], ["y"], **(attrs or {}))
+    graph = helper.make_graph(
+        [node], op, [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(x.shape))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _grid(domain: str) -> np.ndarray:
+    """float32 inputs: a dense grid, exact breakpoints (0, +-3), tails, and a few specials."""
+    dense = np.linspace(-12, 12, 4801, dtype=np.float32)
+    special = np.array([0.0, -0.0, 1e-30, -1e-30, 1e-7, -1e-7, 3.0, -3.0, 0.5, -0.5, 20, -20,
+                        40, -40, 87, -87, 100, -100, np.inf, -np.inf, np.nan], np.float32)
+    x = np.concatenate([dense, special])
+    if domain == "positive":
+        x = np.concatenate([np.abs(x), np.geomspace(1e-30, 1e30, 601, dtype=np.float32),
+                            np.array([-1.0], np.float32)])
+    return x
+
+
+class Unary:
+    """A table row: ONNX op and attrs, kernel stem, (a, b), the fp32 tolerance in ulp (0:
+    exact) and for formulas that cancel, ``scale(x, y)``: the magnitude of the cancelled
+    terms (forward; ``bscale(x, y, gy)`` for the backward)."""
+
+    def __init__(self, op, stem, attrs=None, ab=(0.0, 0.0), ulps=0, scale=None, bulps=None,
+                 bscale=None, domain="real", consts=(), opset=20):
+        self.op, self.stem, self.attrs, self.ab = op, stem, attrs or {}, ab
+        self.ulps, self.scale = ulps, scale
+        self.bulps = ulps if bulps is None else bulps
+        self.bscale, self.domain, self.consts, self.opset = bscale, domain, consts, opset
+
+
+def _one_plus(x, y):  # gelu-type: x/2 (1 + ...) cancels to y; the terms are ~|x|
+    with np.errstate(invalid="ignore"):
+        return np.abs(np.asarray(x, np.float64)) + 1
+
+
+def _grad_terms(x, y, gy):
+    return np.abs(gy) * (np.abs(x.astype(np.float64)) + 1) ** 2
+
+
+LIBM = 4  # glibc vs NumPy's SIMD float32 exp/log/tanh (observed <= 3)
+GELU = 8  # NumPy's float64 Gelu is itself 4 ulp off near x = -5, ours 3 (see the test below)
+
+UNARY = {
+    "Relu": Unary("Relu", "relu"),
+    "LeakyRelu": Unary("LeakyRelu", "leaky_relu", {"alpha": 0.1}, (np.float32(0.1), 0.0)),
+    "Elu": Unary("Elu", "elu", {"alpha": 1.3}, (np.float32(1.3), 0.0), ulps=LIBM,
+                 bscale=lambda x, y, gy: np.abs(gy) * 2.3),
+    "Sigmoid": Unary("Sigmoid", "sigmoid", ulps=LIBM, bscale=lambda x, y, gy: np.abs(gy)),
+    "HardSigmoid": Unary("HardSigmoid", "hardsigmoid", {"alpha": 0.3, "beta": 0.4},
+                         (np.float32(0.3), np.float32(0.4))),
+    "HardSwish": Unary("HardSwish", "hardswish"),
+    "Tanh": Unary("Tanh", "tanh", ulps=LIBM, bscale=lambda x, y, gy: np.abs(gy)),
+    "Gelu": Unary("Gelu", "gelu", ulps=GELU, scale=_one_plus, bscale=_grad_terms),
+    "GeluTanh": Unary("Gelu", "gelu_tanh", {"approximate": "tanh"}, ulps=GELU, scale=_one_plus,
+                      bscale=_grad_terms),
+    "Softplus": Unary("Softplus", "softplus", ulps=LIBM, bscale=lambda x, y, gy: np.abs(gy)),
+    "Exp": Unary("Exp", "exp", ulps=LIBM, bulps=0),
+    "Log": Unary("Log", "log", ulps=LIBM, bulps=0, domain="positive"),
+    "Sqrt": Unary("Sqrt", "sqrt", domain="positive"),
+    "Neg": Unary("Neg", "neg"),
+    "Abs": Unary("Abs", "abs"),
+    "Clip": Unary("Clip", "clip", ab=(np.float32(-1.5), np.float32(2.25)),
+                  consts=(np.float32(-1.5), np.float32(2.25)), opset=13),
+}
+
+
+def test_unary_table_covers_the_registry():
+    assert {u.stem for u in UNARY.values()} == set(sources.UNARY_OPS)
+    assert {op for op in sources.ONNX_UNARY} <= {u.op for u in UNARY.values()}
+
+
+def _numpy_forward(u: Unary, x: np.ndarray) -> np.ndarray:
+    model = _single_node(u.op, x, u.attrs, u.consts, u.opset)
+    return tr_onnx.InferenceSession(model).run(["y"], {"x": x})[0]
+
+
+def _numpy_backward(u: Unary, x: np.ndarray, gy: np.ndarray):
+    model = _single_node(u.op, x, u.attrs, u.consts, u.opset)
+    y, grads = vjp(model, {"x": x}, ["x"], gy)
+    return y, grads["x"]
+
+
+def _host_unary_fwd(host, stem, dt, x32, ab):
+    xs = STORAGE[dt][1](x32)
+    ys = poisoned(xs.shape, dt)
+    host(f"tr_{stem}_fwd_{dt}", xs, ys, LL(xs.size), F32(ab[0]), F32(ab[1]))
+    return xs, ys
+
+
+def _host_unary_bwd(host, stem, dt, x, y, gy, ab):
+    gx = np.empty_like(gy)
+    host(f"tr_{stem}_bwd_{dt}", x, y, gy, gx, LL(gy.size), F32(ab[0]), F32(ab[1]))
+    return gx
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_forward_fp32_matches_numpy(host, name):
+    u = UNARY[name]
+    x = _grid(u.domain)
+    want = _numpy_forward(u, x)
+    _, got = _host_unary_fwd(host, u.stem, "f32", x, u.ab)
+    scale = u.scale(x, want) if u.scale else None
+    assert_close_f32(got, want, u.ulps, scale, f"{name} forward")
+
+
+def test_gelu_is_accurate_in_the_negative_tail(host):
+    """Ours is x erfc(-x/sqrt 2)/2 with the argument's rounding put back: within 4 ulp of the
+    float64 value down to x = -12, where NumPy's 1 + erf(z) (float64) has cancelled to 0
+    below x = -8 (hence the absolute bound of the comparison with NumPy)."""
+    x = np.linspace(-12, 12, 24001, dtype=np.float32)
+    want = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in x.tolist()], np.float32)
+    _, got = _host_unary_fwd(host, "gelu", "f32", x, (0.0, 0.0))
+    assert_close_f32(got, want, 4, what="gelu vs float64 erfc")
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_forward_low_precision_within_1ulp(host, name, dt):
+    u = UNARY[name]
+    xs = np.unique(STORAGE[dt][1](_grid(u.domain)))  # representable inputs
+    x32 = STORAGE[dt][2](xs)
+    want = _numpy_forward(u, x32)
+    _, got = _host_unary_fwd(host, u.stem, dt, x32, u.ab)
+    bound = u.ulps * F32_EPS * u.scale(x32, want) if u.scale else None
+    assert_storage_within_1ulp(got, want, dt, f"{name} {dt} forward", bound)
+
+
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_backward_fp32_matches_numpy(host, name):
+    u = UNARY[name]
+    x = _grid(u.domain)
+    x = x[np.isfinite(x)]  # the numpy backward of inf/NaN is not what this checks
+    gy = np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+    y, want = _numpy_backward(u, x, gy)
+    got = _host_unary_bwd(host, u.stem, "f32", x, y, gy, u.ab)
+    scale = u.bscale(x, y, gy) if u.bscale else None
+    assert_close_f32(got, want, u.bulps, scale, f"{name} backward")
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("name", list(UNARY))
+def test_unary_backward_low_precision_is_the_rounded_fp32_kernel(host, name, dt):
+    u = UNARY[name]
+    _, store, load = STORAGE[dt]
+    x = np.unique(store(_grid(u.domain)))
+    xs, ys = _host_unary_fwd(host, u.stem, dt, load(x), u.ab)
+    gys = store(np.random.default_rng(1).standard_normal(xs.shape))
+    got = _host_unary_bwd(host, u.stem, dt, xs, ys, gys, u.ab)
+    want32 = _host_unary_bwd(host, u.stem, "f32", load(xs), load(ys), load(gys), u.ab)
+    np.testing.assert_array_equal(load(got), load(store(want32)), err_msg=f"{name} {dt}")
+
+
+def test_unary_backward_accepts_null_inputs(host):
+    # relu's gradient reads y only, leaky_relu's x only: the other pointer may be null
+    x = np.linspace(-2, 2, 9, dtype=np.float32)
+    gy = np.ones_like(x)
+    np.testing.assert_array_equal(_host_unary_bwd(host, "relu", "f32", None, np.maximum(x, 0),
+                                                  gy, (0, 0)), (x > 0).astype(np.float32))
+    np.testing.assert_array_equal(_host_unary_bwd(host, "leaky_relu", "f32", x, None, gy,
+                                                  (0.5, 0)), np.where(x > 0, 1, 0.5))
+
+
+# ---- binary ops -------------------------------------------------------------------------------
+
+BINARY_ONNX = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
+# id: (shape of a, shape of b) in the physical NHWC layout: per-channel vector, scalar, same
+BROADCASTS = {"same": ((2, 3, 4, 16), (2, 3, 4, 16)), "channel": ((2, 3, 4, 16), (16,)),
+              "scalar": ((2, 3, 4, 16), (1,)), "channel_first": ((16,), (2, 3, 4, 16))}
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("bcast", list(BROADCASTS))
+@pytest.mark.parametrize("op", sources.BINARY_OPS)
+def test_binary_broadcast_matches_numpy(host, op, bcast, dt):
+    shape_a, shape_b = BROADCASTS[bcast]
+    rng = np.random.default_rng(2)
+    _, store, load = STORAGE[dt]
+    a, b = store(rng.standard_normal(shape_a) * 3), store(rng.standard_normal(shape_b) * 3)
+    out_shape = np.broadcast_shapes(shape_a, shape_b)
+    n = int(np.prod(out_shape))
+    y = np.empty(out_shape, a.dtype)
+    host(f"tr_{op}_{dt}", a, b, y, LL(n), LL(a.size), LL(b.size))
+    a32, b32 = load(a), load(b)
+    graph = helper.make_graph(
+        [helper.make_node(BINARY_ONNX[op], ["a", "b"], ["y"])], op,
+        [helper.make_tensor_value_info(k, onnx.TensorProto.FLOAT, list(v.shape))
+         for k, v in (("a", a32), ("b", b32))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, list(out_shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want = tr_onnx.InferenceSession(model).run(["y"], {"a": a32, "b": b32})[0]
+    # fp16/bf16: (a op b) rounded once from fp32 is the correctly rounded result (24 >= 2p + 2)
+    np.testing.assert_array_equal(load(y), load(store(want)))
+
+
+# ---- NHWC pad / unpad -------------------------------------------------------------------------
+
+LAYOUT_SHAPES = {"nchw": (2, 3, 4, 5), "c8": (1, 8, 2, 2), "ncl": (2, 13, 3), "nc": (3, 5),
+                 "ncdhw": (2, 17, 2, 3, 2)}
+
+
+def _padded_reference(x: np.ndarray) -> tuple[StridedLayout, np.ndarray]:
+    layout = StridedLayout.channels_last(x.shape, 8)
+    buf = np.zeros(layout.nbytes(x.dtype.itemsize), np.uint8)
+    layout.kernel_view(buf, 0, x.dtype)[...] = x
+    return layout, layout.physical_view(buf, 0, x.dtype)
+
+
+@pytest.mark.parametrize("pair", sources.STORAGE_PAIRS, ids="_".join)
+@pytest.mark.parametrize("shape", list(LAYOUT_SHAPES))
+def test_pad_unpad_nhwc_match_channels_last_layout(host, shape, pair):
+    src, dst = pair
+    shape = LAYOUT_SHAPES[shape]
+    n, c, s = shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))
+    x32 = np.arange(1, np.prod(shape) + 1, dtype=np.float32).reshape(shape) * 0.37 - 5
+    xs = STORAGE[src][1](x32)  # compact NCHW, source storage
+    layout, want = _padded_reference(STORAGE[dst][1](STORAGE[src][2](xs)))
+    cp = layout.padded_channels
+    got = poisoned(layout.phys_shape, dst)
+    host(f"tr_pad_nhwc_{src}_{dst}", xs, got, LL(got.size), LL(c), LL(s), LL(cp))
+    np.testing.assert_array_equal(STORAGE[dst][2](got), STORAGE[dst][2](want))
+    assert not STORAGE[dst][2](got)[layout.pad_mask()].any(), "pad lanes must be written zero"
+    # unpad from a padded buffer whose pad lanes hold garbage
+    phys = STORAGE[src][1](STORAGE[src][2](_padded_reference(xs)[1]))
+    phys[StridedLayout.channels_last(shape, 8).pad_mask()] = phys.flat[0]
+    back = np.empty(shape, STORAGE[dst][0])
+    host(f"tr_unpad_nhwc_{src}_{dst}", phys, back, LL(back.size), LL(c), LL(s), LL(cp))
+    np.testing.assert_array_equal(STORAGE[dst][2](back),
+                                  STORAGE[dst][2](STORAGE[dst][1](STORAGE[src][2](xs))))
+    assert n * c * s == back.size
+
+
+# ---- conversions ------------------------------------------------------------------------------
+
+def _conversion_inputs() -> np.ndarray:
+    rng = np.random.default_rng(3)
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65520, 70000, -70000, 6e-8, 3e-8,
+               1e-40, 3.4e38, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 1.0 + 2**-8, 1.0 + 3 * 2**-8]
+    return np.concatenate([rng.standard_normal(4000) * 10.0 ** rng.integers(-8, 8, 4000),
+                           special]).astype(np.float32)
+
+
+@pytest.mark.parametrize("pair", sources.CONVERT_PAIRS, ids="_".join)
+def test_convert_rounds_to_nearest_even(host, pair):
+    src, dst = pair
+    x = STORAGE[src][1](_conversion_inputs())
+    y = np.empty(x.shape, STORAGE[dst][0])
+    host(f"tr_convert_{src}_{dst}", x, y, LL(x.size))
+    want = STORAGE[dst][1](STORAGE[src][2](x))  # numpy float16 / torch bfloat16 rounding
+    np.testing.assert_array_equal(STORAGE[dst][2](y), STORAGE[dst][2](want))
+
+
+# ---- optimizers -------------------------------------------------------------------------------
+
+def _numpy_update(factory, attrs, p, g, states, lr, step):
+    """Run an ``ai.tr_onnx`` update kernel of ops/optimizers.py on float32 arrays in place."""
+    info = TensorInfo("p", p.shape, p.dtype, StridedLayout.plain(p.shape), p.shape)
+    node = SimpleNamespace(attrs=attrs, since_version=1, name="update", label="update")
+    ctx = KernelContext(node, [info], [], [], "numpy")
+    run = factory(ctx)
+    ws = [np.empty(s, d) for s, d in ctx.workspace_requests]
+    run([p, g, *states, np.float32(lr).reshape(()), np.int64(step).reshape(())], [], ws)
+
+
+# id: (numpy factory, attrs, host kernel stem, host scalar args, number of states)
+OPTIMIZERS = {
+    "sgd": (np_optim.sgd_update_numpy,
+            {"momentum": 0.0, "dampening": 0.0, "nesterov": 0, "weight_decay": 0.0}, "sgd", 1),
+    "sgd_momentum_dampening_wd": (np_optim.sgd_update_numpy,
+                                  {"momentum": 0.9, "dampening": 0.1, "nesterov": 0,
+                                   "weight_decay": 1e-2}, "sgd", 1),
+    "sgd_nesterov_wd": (np_optim.sgd_update_numpy,
+                        {"momentum": 0.8, "dampening": 0.0, "nesterov": 1,
+                         "weight_decay": 5e-4}, "sgd", 1),
+    "adam": (np_optim.adam_update_numpy,
+             {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 0.0,
+              "decoupled": 0}, "adam", 2),
+    "adam_l2": (np_optim.adam_update_numpy,
+                {"beta1": 0.85, "beta2": 0.99, "epsilon": 1e-6, "weight_decay": 1e-2,
+                 "decoupled": 0}, "adam", 2),
+    "adamw": (np_optim.adam_update_numpy,
+              {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "weight_decay": 1e-2,
+               "decoupled": 1}, "adam", 2),
+    "adagrad": (np_optim.adagrad_update_numpy,
+                {"lr_decay": 0.01, "weight_decay": 1e-3, "epsilon": 1e-10}, "adagrad", 1),
+}
+
+
+def _host_scalars(stem, a):
+    if stem == "sgd":
+        return (F64(a["momentum"]), F64(a["dampening"]), I32(a["nesterov"]),
+                F64(a["weight_decay"]))
+    if stem == "adam":
+        return (F64(a["beta1"]), F64(a["beta2"]), F64(a["epsilon"]), F64(a["weight_decay"]),
+                I32(a["decoupled"]))
+    return F64(a["lr_decay"]), F64(a["weight_decay"]), F64(a["epsilon"])
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_update_is_bitwise_numpy(host, name, dt):
+    factory, attrs, stem, n_states = OPTIMIZERS[name]
+    rng = np.random.default_rng(4)
+    n = 1000
+    p = rng.standard_normal(n).astype(np.float32)
+    states = [np.zeros(n, np.float32) for _ in range(n_states)]
+    p_ref, states_ref = p.copy(), [s.copy() for s in states]
+    copy = np.zeros(n, STORAGE[dt][0])
+    lr = np.array([0.05], np.float32)
+    for step in (1, 2, 3, 10):
+        g = STORAGE[dt][1](rng.standard_normal(n) * 0.3)  # grads in the storage type
+        g[:3] = 0  # padded lanes and alignment gaps: zero in, zero out
+        p[:3], p_ref[:3] = 0, 0
+        _numpy_update(factory, attrs, p_ref, STORAGE[dt][2](g), states_ref, lr[0], step)
+        buffers = [p, g, *states, copy]
+        host(f"tr_{stem}_{dt}", *buffers, LL(n), lr, np.array([step], np.int64), None,
+             *_host_scalars(stem, attrs))
+        np.testing.assert_array_equal(p, p_ref, err_msg=f"{name} step {step}: weights")
+        for s, s_ref in zip(states, states_ref):
+            np.testing.assert_array_equal(s, s_ref, err_msg=f"{name} step {step}: state")
+        np.testing.assert_array_equal(copy, STORAGE[dt][1](p), err_msg="the low-precision copy")
+        assert not p[:3].any() and not any(s[:3].any() for s in states)
+
+
+def test_optimizer_skips_the_step_on_found_inf(host):
+    p = np.ones(8, np.float32)
+    m, v = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    g = np.full(8, np.inf, np.float32)
+    host("tr_adam_f32", p, g, m, v, None, LL(8), np.array([0.1], np.float32),
+         np.array([1], np.int64), np.array([1.0], np.float32), F64(0.9), F64(0.999),
+         F64(1e-8), F64(0.0), I32(0))
+    assert (p == 1).all() and not m.any() and not v.any()
+
+
+def test_optimizer_without_momentum_needs_no_buffer(host):
+    p, g = np.ones(4, np.float32), np.full(4, 2.0, np.float32)
+    host("tr_sgd_f32", p, g, None, None, LL(4), np.array([0.25], np.float32),
+         np.array([1], np.int64), None, F64(0.0), F64(0.0), I32(0), F64(0.0))
+    np.testing.assert_array_equal(p, np.full(4, 0.5, np.float32))
+
+
+# ---- dynamic loss scaling -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+def test_unscale_check_matches_torch(host, dt):
+    rng = np.random.default_rng(5)
+    g = STORAGE[dt][1](rng.standard_normal(100) * 1000)
+    inv = np.array([2.0 ** -10], np.float32)
+    found = np.zeros(1, np.float32)
+    want = STORAGE[dt][2](g).copy()
+    host(f"tr_unscale_check_{dt}", g, LL(g.size), inv, found)
+    tg = [torch.from_numpy(want)]
+    tfound = torch.zeros(1)
+    torch._amp_foreach_non_finite_check_and_unscale_(tg, tfound, torch.from_numpy(inv))
+    np.testing.assert_array_equal(STORAGE[dt][2](g), STORAGE[dt][2](STORAGE[dt][1](tg[0])))
+    assert found[0] == tfound.item() == 0
+    g[17] = STORAGE[dt][1](np.array([np.nan]))[0]
+    host(f"tr_unscale_check_{dt}", g, LL(g.size), inv, found)
+    assert found[0] == 1
+
+
+def test_loss_scale_update_follows_torch_sequence(host):
+    scale, inv = np.array([65536.0], np.float32), np.zeros(1, np.float32)
+    tracker, found, step = np.zeros(1, np.int32), np.zeros(1, np.float32), np.zeros(1, np.int64)
+    t_scale, t_tracker = torch.tensor([65536.0]), torch.zeros(1, dtype=torch.int32)
+    t_steps = 0
+    pattern = [0, 0, 1, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    for bad in pattern:
+        found[0] = bad
+        host("tr_step_advance", step, found)
+        t_steps += 0 if bad else 1
+        host("tr_loss_scale_update", scale, inv, tracker, found, F64(2.0), F64(0.5), I32(3))
+        torch._amp_update_scale_(t_scale, t_tracker, torch.tensor([float(bad)]), 2.0, 0.5, 3)
+        assert scale[0] == t_scale.item() and tracker[0] == t_tracker.item()
+        assert inv[0] == np.float32(1.0 / float(scale[0])) and found[0] == 0
+        assert step[0] == t_steps
+
+
+# ---- losses -------------------------------------------------------------------------------------
+
+# id: (scores shape NCHW-style, reduction, ignore_index, class weights?)
+SCE_CASES = {"NC_mean": ((7, 10), "mean", None, False), "NC_sum_w": ((7, 10), "sum", None, True),
+             "NC_none_ii": ((9, 5), "none", 2, False),
+             "NCd_mean_w_ii": ((2, 11, 3), "mean", 4, True)}
+REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+
+
+def _sce_model(x, labels, weights, reduction, ignore):
+    attrs = {"reduction": reduction}
+    if ignore is not None:
+        attrs["ignore_index"] = ignore
+    names, inits = ["x", "t"], []
+    if weights is not None:
+        inits.append(numpy_helper.from_array(weights, "w"))
+        names.append("w")
+    loss_shape = [] if reduction != "none" else list(labels.shape)
+    graph = helper.make_graph(
+        [helper.make_node("SoftmaxCrossEntropyLoss", names, ["y"], **attrs)], "sce",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape)),
+         helper.make_tensor_value_info("t", onnx.TensorProto.INT64, list(labels.shape))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, loss_shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(SCE_CASES))
+def test_softmax_cross_entropy_rows_match_numpy(host, case, dt):
+    shape, reduction, ignore, weighted = SCE_CASES[case]
+    rng = np.random.default_rng(6)
+    n, c, *rest = shape
+    x = STORAGE[dt][2](STORAGE[dt][1](rng.standard_normal(shape) * 4))
+    labels = rng.integers(0, c, (n, *rest)).astype(np.int64)
+    if ignore is not None:
+        labels.flat[::3] = ignore
+    weights = rng.uniform(0.5, 2, c).astype(np.float32) if weighted else None
+    model = _sce_model(x, labels, weights, reduction, ignore)
+    want_loss = tr_onnx.InferenceSession(model).run(["y"], {"x": x, "t": labels})[0]
+    gloss = (rng.standard_normal(labels.shape) if reduction == "none"
+             else np.array(1.7)).astype(np.float32)
+    _, grads = vjp(model, {"x": x, "t": labels}, ["x"], gloss)
+    want_gx = grads["x"]
+
+    # device layout: class-last rows, channels padded to 8 (pad lanes hold garbage on input)
+    x_cl = np.moveaxis(x, 1, -1).reshape(-1, c)
+    rows, cp = x_cl.shape[0], -(-c // 8) * 8
+    xs = np.full((rows, cp), 7.0, np.float32)
+    xs[:, :c] = x_cl
+    xs = STORAGE[dt][1](xs)
+    flat_labels = labels.reshape(-1)
+    row_loss, row_w = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    common = (LL(ignore if ignore is not None else -100), I32(ignore is not None))
+    host(f"tr_sce_fwd_{dt}", xs, flat_labels, weights, row_loss, row_w, LL(rows), LL(c),
+         LL(cp), *common)
+    loss, denom = np.empty(1, np.float32), np.empty(1, np.float32)
+    host("tr_sce_reduce", row_loss, row_w, LL(rows), I32(REDUCTIONS[reduction]),
+         I32(weighted or ignore is not None), loss, denom)
+    got_loss = row_loss.reshape(labels.shape) if reduction == "none" else loss[0]
+    # the row sums (and numpy's pairwise class sums) add in another order: a few ulp
+    np.testing.assert_allclose(got_loss, want_loss, rtol=8 * F32_EPS, atol=8 * F32_EPS)
+
+    gx = np.full((rows, cp), 7.0, np.float32)
+    gx = STORAGE[dt][1](gx)
+    host(f"tr_sce_bwd_{dt}", xs, flat_labels, weights, gloss.reshape(-1), denom, gx, LL(rows),
+         LL(c), LL(cp), *common, I32(REDUCTIONS[reduction]))
+    got_gx = STORAGE[dt][2](gx)
+    assert not got_gx[:, c:].any(), "pad lanes of the gradient must be zero"
+    want_cl = np.moveaxis(want_gx, 1, -1).reshape(-1, c)
+    if dt == "f32":
+        tol = 8 * F32_EPS * np.abs(gloss).max() * (weights.max() if weighted else 1.0)
+        np.testing.assert_allclose(got_gx[:, :c], want_cl, rtol=8 * F32_EPS, atol=tol)
+    else:
+        assert_storage_within_1ulp(gx[:, :c], want_cl, dt, f"sce {case} {dt} backward")
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+def test_mse_elements_match_numpy(host, dt):
+    rng = np.random.default_rng(7)
+    x, t = (STORAGE[dt][1](rng.standard_normal(500)) for _ in range(2))
+    x32, t32 = STORAGE[dt][2](x), STORAGE[dt][2](t)
+    out = np.empty(500, np.float32)
+    host(f"tr_mse_fwd_{dt}", x, t, out, LL(500))
+    d = x32 - t32
+    np.testing.assert_array_equal(out, d * d)
+    g = np.array([np.float32(1.7) / np.float32(500)], np.float32)
+    gx = np.empty_like(x)
+    host(f"tr_mse_bwd_{dt}", x, t, g, gx, LL(500))
+    np.testing.assert_array_equal(STORAGE[dt][2](gx), STORAGE[dt][2](STORAGE[dt][1](
+        g[0] * d + g[0] * d)))
