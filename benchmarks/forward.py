@@ -56,11 +56,11 @@ def main() -> None:
         options.intra_op_num_threads = args.threads
         options.inter_op_num_threads = 1
         ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        t_ort = median_ms(lambda: ref.run(None, feed), args.repeat)
+        t_ort = median_ms(lambda ref=ref, feed=feed: ref.run(None, feed), args.repeat)
         ours = []
         for align in (1, 8):
             sess = tr_onnx.InferenceSession(path, channel_align=align)
-            ours.append(median_ms(lambda: sess.run(None, feed), args.repeat))
+            ours.append(median_ms(lambda sess=sess, feed=feed: sess.run(None, feed), args.repeat))
         print(f"| {stem} | {ours[0]:.3f} | {ours[1]:.3f} | {t_ort:.3f} | "
               f"{ours[0] / t_ort:.1f}x |")
 

@@ -10,7 +10,8 @@ with this python, ORT training with ``benchmarks/.venv-ort/bin/python`` (``bash
 benchmarks/setup_ort_training.sh`` makes it; without it that column says why it is empty).
 Prints one markdown table per model: median (and min) ms per step over the timed steps,
 tr_onnx's median over each peer's, peak RSS (and RSS after imports), the loss of the first and
-last step and the largest loss difference from PyTorch over all steps. Step-1 losses should agree to ~1e-5: all
+last step and the largest loss difference from PyTorch over all steps. Step-1 losses should
+agree to ~1e-5: all
 three start from the same weights and see the same batch. A peer that cannot train a model gets
 its error message in the table.
 """
@@ -178,7 +179,8 @@ def main(argv=None) -> int:
           f"{args.warmup} warm-up + {args.steps} timed steps; each peer in its own process; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n")
     if "ort" in args.peers and ort_missing():
-        print(f"ORT training column skipped: {ort_missing()} (downloads ~300 MB from PyPI, ~1 GB on disk)\n")
+        print(f"ORT training column skipped: {ort_missing()} "
+              "(downloads ~300 MB from PyPI, ~1 GB on disk)\n")
     with tempfile.TemporaryDirectory(prefix="tr_onnx_bench_") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,8 @@ import sys
 import tempfile
 import types
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # only for annotations; torch stays optional at import time
     import onnx
@@ -62,7 +63,7 @@ IR3_STEM = "resnet_opset9_ir3"
 class ModelSpec(NamedTuple):
     """Registry entry: a seed-free builder and the example input shape (batch first)."""
 
-    builder: Callable[[], "torch.nn.Module"]
+    builder: Callable[[], torch.nn.Module]
     example_shape: tuple[int, ...]
 
 
@@ -233,7 +234,7 @@ def _layers() -> types.SimpleNamespace:
     )
 
 
-def _calibrate_batchnorm(model: "torch.nn.Module", example_shape: tuple[int, ...]) -> None:
+def _calibrate_batchnorm(model: torch.nn.Module, example_shape: tuple[int, ...]) -> None:
     """Give every BatchNorm non-trivial affine params and running stats, so eval BN != identity.
 
     Fresh BN layers have weight 1, bias 0, mean 0, var 1; a graph built from those would not
@@ -261,7 +262,7 @@ def _calibrate_batchnorm(model: "torch.nn.Module", example_shape: tuple[int, ...
     model.eval()
 
 
-def _perturb_transformer_defaults(model: "torch.nn.Module") -> None:
+def _perturb_transformer_defaults(model: torch.nn.Module) -> None:
     """Make the encoder layers differ and give LayerNorm/attention biases non-default values.
 
     nn.TransformerEncoder deep-copies its layer, so both layers would start with identical
@@ -292,7 +293,7 @@ def _perturb_transformer_defaults(model: "torch.nn.Module") -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _build_mlp() -> "torch.nn.Module":
+def _build_mlp() -> torch.nn.Module:
     """64 -> 128 -> 64 -> 10 MLP with ReLU."""
     from torch import nn
 
@@ -301,26 +302,26 @@ def _build_mlp() -> "torch.nn.Module":
     )
 
 
-def _build_lenet() -> "torch.nn.Module":
+def _build_lenet() -> torch.nn.Module:
     """LeNet-5 for [N, 1, 8, 8]."""
     return _layers().LeNet()
 
 
-def _build_resnet() -> "torch.nn.Module":
+def _build_resnet() -> torch.nn.Module:
     """Small ResNet for [N, 3, 16, 16] with calibrated BatchNorm."""
     model = _layers().SmallResNet()
     _calibrate_batchnorm(model, MODELS["resnet"].example_shape)
     return model
 
 
-def _build_mobilenet() -> "torch.nn.Module":
+def _build_mobilenet() -> torch.nn.Module:
     """Small MobileNetV2 for [N, 3, 16, 16] with calibrated BatchNorm."""
     model = _layers().SmallMobileNetV2()
     _calibrate_batchnorm(model, MODELS["mobilenet"].example_shape)
     return model
 
 
-def _build_transformer() -> "torch.nn.Module":
+def _build_transformer() -> torch.nn.Module:
     """Two-layer transformer encoder classifier for [N, 8, 32]."""
     model = _layers().TransformerClassifier()
     _perturb_transformer_defaults(model)
@@ -346,7 +347,7 @@ EXPORTS: tuple[ExportSpec, ...] = (
 )
 
 
-def build_torch_model(name: str, fresh: bool = False) -> "torch.nn.Module":
+def build_torch_model(name: str, fresh: bool = False) -> torch.nn.Module:
     """Rebuild model ``name`` in eval mode with exactly the weights that were exported.
 
     ``fresh``: the freshly initialised module, before any BatchNorm calibration (the
@@ -365,7 +366,7 @@ def build_torch_model(name: str, fresh: bool = False) -> "torch.nn.Module":
     return model.eval()
 
 
-def example_input(name: str, batch: int = EXAMPLE_BATCH) -> "torch.Tensor":
+def example_input(name: str, batch: int = EXAMPLE_BATCH) -> torch.Tensor:
     """Deterministic random input for model ``name`` with the given batch size."""
     import torch
 
@@ -432,7 +433,7 @@ def export_bytes(name: str, opset: int, mode: str = "eval") -> bytes:
     return buffer.getvalue()
 
 
-def make_ir3_variant(model: "onnx.ModelProto") -> "onnx.ModelProto":
+def make_ir3_variant(model: onnx.ModelProto) -> onnx.ModelProto:
     """Return a copy imitating pre-IR-4 (Caffe2-era) files: ir_version 3, initializers as inputs.
 
     Before IR 4 every initializer also had to be declared as a graph input; the initializer
@@ -494,7 +495,7 @@ def _stem_model(stem: str) -> str:
     return stem.split("_", 1)[0]
 
 
-def _dims(value: "onnx.ValueInfoProto") -> list[int | str]:
+def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
     """Shape of a graph input/output, symbolic dims as their names."""
     return [
         dim.dim_param if dim.HasField("dim_param") else dim.dim_value
@@ -592,7 +593,7 @@ def verify_file(stem: str, path: pathlib.Path) -> dict[str, Any]:
     }
 
 
-def _copy_in_train_mode(model: "torch.nn.Module") -> "torch.nn.Module":
+def _copy_in_train_mode(model: torch.nn.Module) -> torch.nn.Module:
     import copy
 
     return copy.deepcopy(model).train()

@@ -9,7 +9,6 @@ MaxPool inputs are distinct random values (no ties at a window's maximum).
 from __future__ import annotations
 
 import numpy as np
-
 from gradcheck import Const, GradCase
 
 RNG = np.random.default_rng(20240617)

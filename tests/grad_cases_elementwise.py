@@ -9,7 +9,6 @@ model builder leaves a custom op's outputs untyped).
 from __future__ import annotations
 
 import numpy as np
-
 from gradcheck import Const, GradCase
 
 RNG = np.random.default_rng(20240611)

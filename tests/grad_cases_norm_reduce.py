@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-
 from gradcheck import Const, GradCase
 
 _rng = np.random.default_rng(7)

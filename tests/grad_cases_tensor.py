@@ -2,7 +2,6 @@
 (tr_onnx.ops.matmul): float64 finite differences, see tests/gradcheck.py."""
 
 import numpy as np
-
 from gradcheck import Const, GradCase
 
 RNG = np.random.default_rng(7)

@@ -66,7 +66,8 @@ def classify() -> tuple[list[str], dict[str, str]]:
             continue
         reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
         if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
-            reason = "element type the numpy backend cannot hold (bfloat16/float8/int4/string or a " \
+            reason = "element type the numpy backend cannot hold " \
+                     "(bfloat16/float8/int4/string or a " \
                      "sequence/optional)"
         if reason is None and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                   for n, _ in ops for a in n.attribute):
@@ -76,7 +77,8 @@ def classify() -> tuple[list[str], dict[str, str]]:
                 version = registry.resolve_version(node.domain, node.op_type, opset)
                 if version is None or registry.lookup(node.domain, node.op_type, version,
                                                       "numpy") is None:
-                    reason = f"uses {node.op_type} (since_version {version}) which is not registered"
+                    reason = (f"uses {node.op_type} (since_version {version}) which is not "
+                              "registered")
                     break
         if reason is None:
             included.append(case.name)

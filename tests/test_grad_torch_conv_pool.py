@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from gradcheck import GradCase, build_model
+
 from tr_onnx.training.gradients import vjp
 
 ALIGNS = [1, 8]

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gradcheck import GradCase, build_model, wrt_names
 from onnx import TensorProto, helper
 
 import tr_onnx
-from gradcheck import GradCase, build_model, wrt_names
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.training.gradients import vjp
 

@@ -3,15 +3,15 @@ of grad_cases_norm_reduce.py whose outputs ONNX shape inference cannot type."""
 
 from __future__ import annotations
 
+import gradcheck
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from grad_cases_norm_reduce import TYPED_OUTPUT_CASES
 from onnx import helper, numpy_helper
 
-import gradcheck
 import tr_onnx
-from grad_cases_norm_reduce import TYPED_OUTPUT_CASES
 from tr_onnx.training.gradients import vjp
 
 F64 = 11  # onnx TensorProto.DOUBLE

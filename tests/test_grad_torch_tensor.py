@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from gradcheck import Const, GradCase, build_model
+
 from tr_onnx.training.gradients import vjp
 
 RNG = np.random.default_rng(11)

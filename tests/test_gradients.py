@@ -6,8 +6,8 @@ import pkgutil
 from pathlib import Path
 
 import pytest
-
 from gradcheck import check_case
+
 from tr_onnx.registry import default_registry
 
 _TABLES = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])

@@ -7,9 +7,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import assert_close_relative, ort_run
 
 import tr_onnx
-from oracles import assert_close_relative, ort_run
 from tr_onnx.importer import import_model
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"

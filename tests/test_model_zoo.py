@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracles import assert_close_relative, ort_run
 
 import tr_onnx
-from oracles import assert_close_relative, ort_run
 from tr_onnx.memory import pad_lanes_are_zero
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
@@ -39,7 +39,8 @@ def test_zoo_model_matches_onnxruntime(stem, align):
         assert_close_relative(got, want, 1e-5)
         plan = sess.plan_for(feed)
         plan.executor.run(check_pads=True)  # every kernel's outputs keep zero padded lanes
-        live_at_end = [t for t in plan.memory.tensors.values() if t.last_use == len(plan.graph.nodes)]
+        end = len(plan.graph.nodes)
+        live_at_end = [t for t in plan.memory.tensors.values() if t.last_use == end]
         assert all(pad_lanes_are_zero(plan.executor.arena, t) for t in live_at_end)
 
 

@@ -8,8 +8,8 @@ import re
 import warnings
 
 import onnx.backend.test
-
 from node_suite import LOADED_FLOOR, all_cases, classify
+
 from tr_onnx.onnx_backend import TrOnnxBackend
 
 

@@ -14,9 +14,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from oracles import ort_run
 
 import tr_onnx
-from oracles import ort_run
 from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
 
@@ -68,7 +68,7 @@ def _check(model, feed, oracles=("ort", "ref"), rtol=1e-5, atol=1e-6):
         expected["ref"] = ReferenceEvaluator(model).run(None, feed)
     for align in ALIGNS:
         got = _ours(model, feed, align)
-        for name, want in expected.items():
+        for want in expected.values():
             assert len(got) == len(want)
             for g, w in zip(got, want):
                 _close(g, np.asarray(w), rtol, atol)

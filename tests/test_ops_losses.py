@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from oracles import ort_run
 
 import tr_onnx
-from oracles import ort_run
 from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.training.gradients import vjp

@@ -8,9 +8,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from oracles import assert_close_relative, ort_run
 
 import tr_onnx
-from oracles import assert_close_relative, ort_run
 from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.registry import default_registry

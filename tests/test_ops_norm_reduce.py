@@ -9,9 +9,9 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from oracles import ort_run
 
 import tr_onnx
-from oracles import ort_run
 from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
 

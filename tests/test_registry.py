@@ -60,7 +60,8 @@ def test_duplicate_key_names_both_sources(plugin_path):
     import demo_a
     import demo_b
 
-    with pytest.raises(RegistryError, match=r"Twice.*registered twice: by 'demo_a' and by 'demo_b'"):
+    with pytest.raises(RegistryError,
+                       match=r"Twice.*registered twice: by 'demo_a' and by 'demo_b'"):
         build_registry([demo_a, demo_b], autoload=False)
 
 

@@ -5,11 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from oracles import assert_close_relative, ort_run
 
 import tr_onnx
-from oracles import assert_close_relative, ort_run
 from tr_onnx.cli import main as cli_main
-from tr_onnx.memory import pad_lanes_are_zero
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 
@@ -24,7 +23,8 @@ def test_get_inputs_outputs_like_onnxruntime():
 @pytest.mark.parametrize("feed, message", [
     ({"image": np.zeros((1, 64), np.float32)}, r"unknown input\(s\) \['image'\].*\['input'\]"),
     ({}, r"missing input\(s\) \['input'\]"),
-    ({"input": np.zeros((1, 64), np.float64)}, "input 'input': expected dtype float32, got float64"),
+    ({"input": np.zeros((1, 64), np.float64)},
+     "input 'input': expected dtype float32, got float64"),
     ({"input": np.zeros((1, 63), np.float32)}, r"input 'input': expected shape \['batch', 64\]"),
     ({"input": np.zeros((64,), np.float32)}, r"input 'input': expected shape \['batch', 64\]"),
 ], ids=["unknown", "missing", "dtype", "shape", "rank"])

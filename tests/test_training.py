@@ -14,10 +14,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from oracles import assert_close_relative, ort_run
 
 import tr_onnx
 from model_zoo.export_models import build_torch_model
-from oracles import assert_close_relative, ort_run
 from tr_onnx.optim import SGD, Adagrad, Adam, AdamW
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"

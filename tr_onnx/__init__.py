@@ -4,8 +4,16 @@
 """
 
 from . import optim
-from .errors import (InputError, ModelLoadError, PlanError, RegistryError, ShapeError,
-                     TrainingDiverged, TrOnnxError, UnsupportedModelError)
+from .errors import (
+                     InputError,
+                     ModelLoadError,
+                     PlanError,
+                     RegistryError,
+                     ShapeError,
+                     TrainingDiverged,
+                     TrOnnxError,
+                     UnsupportedModelError,
+)
 from .hookspecs import hookimpl
 from .session import InferenceSession
 from .training.losses import LossSpec

@@ -198,7 +198,8 @@ def _evaluate_node(node, opsets, consts, infos) -> list[np.ndarray]:
         end = min(max(end + rank if end < 0 else end, 0), rank)
         return [np.array(shape[start:end], dtype=np.int64)]
     graph = onnx.helper.make_graph(
-        [node], "fold", [], [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
+        [node], "fold", [],
+        [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
         initializer=[consts[n] for n in dict.fromkeys(n for n in node.input if n)])
     model = onnx.helper.make_model(graph, opset_imports=opsets)
     return ReferenceEvaluator(model).run(None, {})
@@ -210,8 +211,8 @@ def _unsupported_message(missing, backend: str, source: str, registry: OpRegistr
         have = registry.registered_versions(domain, op_type, backend)
         shown = ", ".join(repr(n) for n in nodes[:5]) + (" ..." if len(nodes) > 5 else "")
         extra = f"; registered versions: {have}" if have else ""
-        provider = ("a tr_onnx plugin package providing domain " + repr(domain)) if canonical_domain(
-            domain) else "tr_onnx (builtin op set)"
+        provider = (f"a tr_onnx plugin package providing domain {domain!r}"
+                    if canonical_domain(domain) else "tr_onnx (builtin op set)")
         lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version {version}) "
                      f"at node(s) {shown}{extra}; would be provided by {provider}")
     lines.append("Ops come from op-set plugins; see README 'Writing a plugin' and "
@@ -257,7 +258,8 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
 
 
 def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy") -> ImportedModel:
-    """Load, check, convert, infer and fold ``src``; verify every op has a kernel for ``backend``."""
+    """Load, check, convert, infer and fold ``src``; verify every op has a kernel for
+    ``backend``."""
     registry = registry or default_registry()
     model, name = load_model(src)
     _check(model, name)
@@ -342,7 +344,6 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     model = _fold_to_fixpoint(model, imported.param_names, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}
-    registry = imported.registry
 
     def schema_of(domain, op_type):
         return schema_for(domain, op_type, opsets.get(domain or "", 1)) \

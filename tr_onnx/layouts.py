@@ -134,7 +134,8 @@ class StridedLayout:
 
 @dataclass(frozen=True, eq=False)
 class GatherRowsLayout:
-    """Axis ``axis`` is stored in the order ``index`` (logical position per physical one, -1 = 0)."""
+    """Axis ``axis`` is stored in the order ``index`` (the logical position of each physical
+    one; -1 for a zero row)."""
 
     shape: tuple[int, ...]
     axis: int
@@ -208,7 +209,8 @@ class GatherRowsLayout:
         return out
 
     def pad_mask(self) -> np.ndarray:
-        mask = (self.index < 0).reshape([-1 if a == self.axis else 1 for a in range(len(self.shape))])
+        mask = (self.index < 0).reshape([-1 if a == self.axis else 1
+                                         for a in range(len(self.shape))])
         return np.broadcast_to(mask, self.phys_shape).copy()
 
     def describe(self) -> str:

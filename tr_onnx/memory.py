@@ -143,7 +143,7 @@ class MemoryPlan:
                     raise PlanError(f"tensors {a.name!r} and {b.name!r} are live at the same time "
                                     f"but overlap in the arena ({a.offset}+{a.slot_bytes}, "
                                     f"{b.offset}+{b.slot_bytes})")
-        for index, ws in self.workspaces.items():
+        for ws in self.workspaces.values():
             spans = sorted((t.offset, t.offset + t.slot_bytes, t.name) for t in ws)
             for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
                 if start < end:

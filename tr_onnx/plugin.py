@@ -26,9 +26,25 @@ Shape rules (for ops ONNX shape inference does not know):
 from __future__ import annotations
 
 from .hookspecs import hookimpl
-from .opdef import (CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, ELEMENTWISE, FOLLOW, MATMUL,
-                    PLAIN, PLAIN_ONLY, SPATIAL, STRIDED, STRIDED_TO_PLAIN, CudaKernel,
-                    GradientDef, KernelContext, LayoutRule, OpDef, TensorInfo)
+from .opdef import (
+                    CHANNEL_VECTOR,
+                    CHANNELS_LAST,
+                    CONV_WEIGHT,
+                    ELEMENTWISE,
+                    FOLLOW,
+                    MATMUL,
+                    PLAIN,
+                    PLAIN_ONLY,
+                    SPATIAL,
+                    STRIDED,
+                    STRIDED_TO_PLAIN,
+                    CudaKernel,
+                    GradientDef,
+                    KernelContext,
+                    LayoutRule,
+                    OpDef,
+                    TensorInfo,
+)
 from .passes.autodiff import GradBuilder
 
 __all__ = [

@@ -199,7 +199,8 @@ _default: OpRegistry | None = None
 
 
 def build_registry(plugins=(), autoload: bool | None = None) -> OpRegistry:
-    """A registry with the builtin op sets, entry-point plugins and ``plugins`` (modules/objects)."""
+    """A registry with the builtin op sets, entry-point plugins and ``plugins`` (modules or
+    objects)."""
     registry = OpRegistry()
     for module_name in BUILTIN_OPSETS:
         registry.add_plugin(importlib.import_module(module_name), name=module_name,

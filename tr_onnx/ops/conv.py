@@ -24,8 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
-from ..opdef import (CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, PLAIN, SPATIAL, LayoutRule,
-                     OpDef)
+from ..opdef import CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, PLAIN, SPATIAL, LayoutRule, OpDef
 
 CONV_LAYOUT = LayoutRule(inputs=SPATIAL.inputs, outputs=SPATIAL.outputs,
                          weights={1: CONV_WEIGHT, 2: CHANNEL_VECTOR})

@@ -16,7 +16,8 @@ def dispatch(graph: Graph, registry: OpRegistry, backend: str) -> None:
             for name, value in node.opdef.attr_defaults.items():
                 node.attrs.setdefault(name, value)
         if node.opdef is None:
-            missing.setdefault((node.domain, node.op_type, node.since_version), []).append(node.name)
+            key = (node.domain, node.op_type, node.since_version)
+            missing.setdefault(key, []).append(node.name)
     if missing:
         lines = [f"{len(missing)} op(s) have no kernel for backend {backend!r}:"]
         for (domain, op_type, version), names in missing.items():

@@ -22,8 +22,17 @@ from ..memory import read_host, write_host
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
-from .train_pass import (GRAD_SCALE, LR, RNG, STEP, TrainConfig, TrainInfo,
-                         build_training_graph, to_inference_mode, untie_identity_params)
+from .train_pass import (
+    GRAD_SCALE,
+    LR,
+    RNG,
+    STEP,
+    TrainConfig,
+    TrainInfo,
+    build_training_graph,
+    to_inference_mode,
+    untie_identity_params,
+)
 
 CHECKPOINT_FORMAT = 1
 

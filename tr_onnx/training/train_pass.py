@@ -115,7 +115,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             for v in saved:
                 graph.values[v.name] = v
             new_stats = []
-            for k, (stat, old) in enumerate([(mean, outs[1]), (var, outs[2])]):
+            for k, old in enumerate(outs[1:3]):
                 if old is None or old.shape != c:  # opset < 9 had other optional outputs
                     old = Value(graph.unique_name(f"{node.name}/new_running_{k}"), c, x.dtype)
                     graph.values[old.name] = old
