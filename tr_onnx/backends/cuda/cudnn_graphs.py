@@ -557,7 +557,8 @@ class BuiltGraph:
 
     def variant_pack(self, arena_base: int) -> dict[Any, Any]:
         """What ``graph.execute`` takes: frontend tensor -> device pointer, scalar -> host value."""
-        pack: dict[Any, Any] = {self.tensors[p]: ptr for p, ptr in self.pointers(arena_base).items()}
+        pointers = self.pointers(arena_base)
+        pack: dict[Any, Any] = {self.tensors[p]: ptr for p, ptr in pointers.items()}
         for name, s in self.desc.scalars.items():
             pack[self.scalars[name]] = np.full((1, 1, 1, 1), s.value, np.float32)
         return pack
