@@ -18,6 +18,7 @@ from ..backends import DEFAULT_CHANNEL_ALIGN, resolve_backend
 from ..compiler import CompiledPlan, compile_plan
 from ..errors import InputError, TrainingDiverged, TrOnnxError
 from ..importer import ImportedModel, import_model
+from ..layouts import GatherRowsLayout
 from ..memory import read_host, write_host
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
@@ -132,6 +133,8 @@ class TrainingSession:
         self._active: CompiledPlan | None = None
         self._eval_plans: dict[tuple, CompiledPlan] = {}
         self._pending: dict[str, np.ndarray] = {}  # state to load into the next plan
+        self._version = 0  # bumped whenever weights or running statistics change
+        self._eval_synced: dict[int, int] = {}  # eval plan id -> version its weights hold
         self._plugins = plugins
         self.last_grad_norm: float | None = None
 
@@ -298,6 +301,7 @@ class TrainingSession:
             return loss
         self.bad_steps = 0
         executor.run(phase="commit")
+        self._version += 1  # running statistics (and below, maybe weights) changed
         self.micro_step += 1
         if self.micro_step == k:
             executor.run(phase="apply")
@@ -350,6 +354,7 @@ class TrainingSession:
         return params
 
     def load_parameters(self, values: dict[str, np.ndarray]) -> None:
+        self._version += 1
         if self._active is None:
             self._pending.update(values)
         else:
@@ -372,14 +377,32 @@ class TrainingSession:
                                 self.backend, self.channel_align, transform=eval_graph)
             self._eval_plans[key] = plan
         tensors, arena = plan.memory.tensors, plan.executor.arena
-        for name, value in self.parameters().items():
-            if name in tensors:
-                write_host(arena, tensors[name], value)
+        if self._eval_synced.get(id(plan)) != self._version:  # weights changed since last time
+            self._sync_eval_weights(plan)
+            self._eval_synced[id(plan)] = self._version
         for name, x in feed.items():
             write_host(arena, tensors[name], x)
         plan.executor.run()
         names = output_names or [o.name for o in self.imported.outputs]
         return [read_host(arena, tensors[n]) for n in names]
+
+    def _sync_eval_weights(self, plan: CompiledPlan) -> None:
+        """Copy parameters and running statistics into an eval plan's arena, view to view."""
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        if self._active is None:
+            for name, value in self.parameters().items():
+                if name in tensors:
+                    write_host(arena, tensors[name], value)
+            return
+        source, info = self._active, self._active.info
+        for name in [*info.trainable, *info.running_stats, *info.untied]:
+            if name not in tensors:
+                continue
+            value = source.memory.tensors[name].kernel_view(source.executor.arena)
+            if isinstance(tensors[name].layout, GatherRowsLayout):  # rows in another order
+                write_host(arena, tensors[name], value)
+            else:
+                np.copyto(tensors[name].kernel_view(arena), value)
 
     # ---- export --------------------------------------------------------------------------
 
