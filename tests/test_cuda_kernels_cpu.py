@@ -68,7 +68,7 @@ def test_compile_all_nvrtc_covers_every_family():
     ptx = sources.compile_nvrtc("convert", "compute_90")
     assert b".entry tr_convert_f32_f16" in ptx
     assert set(sources.SOURCES) == {"unary", "binary", "layout", "convert", "optim", "amp",
-                                    "loss"}
+                                    "loss", "extra"}
 
 
 def test_kernel_names_are_unique_and_suffixed():

@@ -105,8 +105,26 @@ def _per_dtype(name: str, macro: str, stems: tuple[str, ...], fixed: tuple[str, 
     return KernelSource(name, f"{name}.cu", inst, names)
 
 
+def _extra() -> KernelSource:
+    """kernels/extra.cu: the executor's mixed-layout elementwise ops, Greater/Less/Equal,
+    Where, Expand, GlobalAveragePool, column sums, BatchNorm inference and running statistics,
+    gradient
+    scale/clip and padded-lane zeroing."""
+    inst = tuple(f"TR_MIXED_BINARY({op}, {t}, {dt})" for op in BINARY_OPS
+                 for dt, t in DTYPES.items()) + tuple(f"TR_EXTRA({t}, {dt})"
+                                                      for dt, t in DTYPES.items())
+    names = (tuple(f"tr_{op}_mixed_{dt}" for op in BINARY_OPS for dt in DTYPES)
+             + tuple(f"tr_{stem}_{dt}" for stem in EXTRA_STEMS for dt in DTYPES)
+             + tuple(f"tr_zero_lanes_b{b}" for b in (1, 2, 4)))
+    return KernelSource("extra", "extra.cu", inst, names)
+
+
+EXTRA_STEMS = ("greater", "less", "equal", "where", "expand", "gap", "sum_rows", "bn_running",
+               "bn_infer", "scale_clip_norm")
+"""Kernel stems of ``tr_<stem>_<dt>`` in kernels/extra.cu."""
+
 SOURCES: dict[str, KernelSource] = {s.name: s for s in (
-    _unary(), _binary(), _layout(), _convert(),
+    _unary(), _binary(), _layout(), _convert(), _extra(),
     _per_dtype("optim", "TR_OPTIM", ("sgd", "adam", "adagrad")),
     _per_dtype("amp", "TR_UNSCALE_CHECK", ("unscale_check",),
                ("tr_step_advance", "tr_loss_scale_update")),

@@ -1,0 +1,540 @@
+"""The cuda executor (tr_onnx.backends.cuda.executor), checked without a GPU.
+
+The training plans of the model zoo (channel_align=8, built by the numpy compile path: the
+MemoryPlan is backend-independent) are bound to a FakeDevice built on capture.FakeRecorder,
+which checks every pointer against the MemoryPlan and every write against the phase's regions.
+
+* Binding: every node binds, or one CudaUnsupported names exactly the unbound ops.
+* Launches: every kernel exists in the compiled sources, and its arguments match the kernel's
+  C signature (parsed from the host-preprocessed source): pointers where it takes pointers,
+  to tensors of the element type it reads, scalars of its C types.
+* Capture: first run eager, second captured (no allocation, no sync) and launched, then
+  replayed; the apply phase touches only the PARAM/GRAD/OPT_STATE spans and scalars; the
+  fused optimizer covers the PARAM span once.
+* Emulation: the same launches run on the CPU through the kernels' host build (the g++
+  library of test_cuda_kernels_cpu), cuDNN calls through the numpy kernels of their nodes, on
+  a NumPy arena: three captured training steps equal the numpy backend's, and the host
+  transfers (pad/unpad through WORKSPACE) equal memory.write_host / read_host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tr_onnx
+from tr_onnx.backends.cuda import sources
+from tr_onnx.backends.cuda.capture import CaptureError, DeviceBuffer, FakeRecorder
+from tr_onnx.backends.cuda.device import BLOCK, CupyDevice, KernelRef, cuda_available, launch_dims
+from tr_onnx.backends.cuda.executor import (
+    EXECUTOR_POLICY,
+    CudaExecutor,
+    CudaUnsupported,
+    CudnnCall,
+    Launch,
+)
+from tr_onnx.memory import Region, pad_lanes_are_zero, read_host, write_host
+
+ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
+BASE = 1 << 40
+SHAPES = {"mlp": (4, 64), "lenet": (4, 1, 8, 8), "resnet": (4, 3, 16, 16),
+          "mobilenet": (4, 3, 16, 16)}
+BINDABLE = ["mlp", "resnet", "mobilenet"]
+PHASES = ("compute", "commit", "apply")
+_PLANS = {}
+
+
+def training_plan(stem):
+    """A TrainingSession's active plan after one numpy step (cached; tests copy what they
+    change)."""
+    if stem not in _PLANS:
+        session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8)
+        x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
+        session.train_step({"input": x}, np.arange(4) % 10)
+        _PLANS[stem] = session._active
+    return _PLANS[stem]
+
+
+class FakeDevice(FakeRecorder):
+    """FakeRecorder with the executor's transfer phases and a graph launch that records."""
+
+    def __init__(self, plan):
+        super().__init__(plan.memory, BASE, policy=EXECUTOR_POLICY)
+        self.prepared, self.built = [], []
+
+    def prepare_kernel(self, ref):
+        self.prepared.append(ref)
+
+    def build_cudnn(self, desc):  # the declaration, as the real device would build it
+        self.built.append(desc)
+        return desc
+
+    def launch_graph(self, graph):
+        self._record("launch_graph", calls=len(graph.calls))
+        for call in graph.calls:
+            self.replay(call)
+
+    def replay(self, call):
+        pass
+
+
+def executor(stem, device_cls=FakeDevice):
+    plan = training_plan(stem)
+    device = device_cls(plan)
+    return plan, device, CudaExecutor(plan, device)
+
+
+def run_steps(ex, steps=3):
+    for _ in range(steps):
+        for phase in PHASES:
+            ex.run(phase)
+
+
+# --------------------------------------------------------------------------------------------
+# Binding
+# --------------------------------------------------------------------------------------------
+
+UNBOUND = {"mlp": set(), "resnet": set(), "mobilenet": set(),
+           "lenet": {("", "MaxPool", 12), ("ai.tr_onnx", "MaxPoolGrad", 1)}}
+
+
+@pytest.mark.parametrize("stem", list(UNBOUND))
+def test_every_node_binds_or_the_unbound_ops_are_named(stem):
+    plan = training_plan(stem)
+    if not UNBOUND[stem]:
+        ex = CudaExecutor(plan, FakeDevice(plan))
+        ran = [n for n in plan.graph.nodes if not (n.outputs and n.outputs[0] is not None
+                                                   and n.outputs[0].alias_of is not None)]
+        assert [b.node for b in ex.bound] == ran
+        assert all(b.calls for b in ex.bound)
+        return
+    with pytest.raises(CudaUnsupported) as info:
+        CudaExecutor(plan, FakeDevice(plan))
+    err = info.value
+    assert {(d, o, v) for d, o, v, _ in err.missing} == UNBOUND[stem]
+    for _, o, _, names in err.missing:
+        assert sorted(names) == sorted(n.name for n in plan.graph.nodes if n.op_type == o)
+        assert all(repr(n) in str(err) for n in names)
+    assert "backend='numpy'" in str(err) and "CudaKernel" in str(err)
+
+
+def test_cudnn_nodes_get_their_graphs_built_at_bind_time():
+    plan, device, ex = executor("resnet")
+    cudnn_nodes = [b for b in ex.bound if any(isinstance(c, CudnnCall) for c in b.calls)]
+    assert {b.node.op_type for b in cudnn_nodes} == {
+        "Conv", "ConvGradData", "ConvGradFilter", "BatchNormTraining", "BatchNormGrad", "Gemm"}
+    assert len(device.built) == len(cudnn_nodes)
+    assert not any(c.op != "allocate" for c in device.calls)  # binding issues no device work
+
+
+def test_onnx_running_statistics_get_their_own_kernel():
+    """cuDNN's running update uses the unbiased variance: ONNX's biased one is a kernel."""
+    plan, _, ex = executor("resnet")
+    for b in ex.bound:
+        if b.node.op_type == "BatchNormTraining":
+            names = [c.kernel.name for c in b.calls if isinstance(c, Launch)]
+            assert names == ["tr_bn_running_f32"]
+
+
+# --------------------------------------------------------------------------------------------
+# Launch arguments against the kernels' C signatures
+# --------------------------------------------------------------------------------------------
+
+def _host_compiler():
+    for cxx in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if cxx and shutil.which(cxx):
+            return cxx
+    pytest.fail("no host C++ compiler on PATH")
+
+
+C_SCALARS = {"long long": np.int64, "float": np.float32, "double": np.float64, "int": np.int32}
+C_POINTEES = {"float": "float32", "tr_f16": "float16", "long long": "int64",
+              "unsigned char": "bool"}
+
+
+@pytest.fixture(scope="module")
+def signatures():
+    """kernel name -> [(is_pointer, base C type)], from the preprocessed host sources."""
+    text = "\n".join(s.text for s in sources.SOURCES.values())
+    done = subprocess.run([_host_compiler(), "-E", "-P", "-x", "c++", "-std=c++17",
+                           f"-I{sources.KERNEL_DIR}", "-"], input=text, capture_output=True,
+                          text=True, check=True)
+    sigs = {}
+    for name, params in re.findall(r'extern "C" void (tr_\w+)\s*\(([^)]*)\)', done.stdout):
+        parsed = []
+        for p in params.split(","):
+            p = " ".join(p.replace("const", "").split())
+            pointer = "*" in p
+            ctype = p.split("*")[0].strip() if pointer else p.rsplit(" ", 1)[0]
+            parsed.append((pointer, ctype))
+        sigs[name] = parsed
+    return sigs
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_launch_arguments_match_the_kernel_signatures(stem, signatures):
+    plan, device, ex = executor(stem)
+    families = {name: fam for fam, src in sources.SOURCES.items() for name in src.kernels}
+    launches = [c for b in ex.bound for c in b.calls if isinstance(c, Launch)]
+    assert launches
+    for launch in launches:
+        ref = launch.kernel
+        assert families.get(ref.name) == ref.family, ref
+        sig = signatures[ref.name]
+        assert len(sig) == len(launch.args), (ref.name, len(sig), len(launch.args))
+        for (pointer, ctype), arg in zip(sig, launch.args):
+            if pointer:
+                assert arg is None or isinstance(arg, DeviceBuffer), (ref.name, ctype, arg)
+                if isinstance(arg, DeviceBuffer) and arg.name in plan.memory.tensors \
+                        and ctype in C_POINTEES:
+                    got = plan.memory.tensors[arg.name].dtype.name
+                    assert got == C_POINTEES[ctype], (ref.name, arg.name, got, ctype)
+            else:
+                assert type(arg) is C_SCALARS[ctype], (ref.name, ctype, type(arg))
+    assert set(device.prepared) >= {c.kernel for c in launches}
+
+
+def test_launch_dims_cover_the_elements():
+    assert launch_dims(0) == ((1, 1, 1), (BLOCK, 1, 1))
+    assert launch_dims(BLOCK + 1) == ((2, 1, 1), (BLOCK, 1, 1))
+    grid, block = launch_dims(10 ** 12)
+    assert grid[0] * block[0] < 10 ** 12  # grid-stride loops cover the rest
+
+
+# --------------------------------------------------------------------------------------------
+# Capture discipline, pointers, the apply phase
+# --------------------------------------------------------------------------------------------
+
+def _arena_range(device):
+    return device.arena_base, device.arena_base + device.plan.total_bytes
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_first_run_eager_second_captured_then_replayed(stem):
+    plan, device, ex = executor(stem)
+    run_steps(ex, 3)
+    ops = [c.op for c in device.calls]
+    assert "allocate" not in ops and "memcpy" not in ops
+    assert ops.count("begin_capture") == ops.count("end_capture") == len(ex.phases)
+    assert ops.count("launch_graph") == 2 * len(ex.phases)  # steps 2 and 3
+    captured = [c for c in device.calls if c.capturing]
+    assert captured and all(c.op in ("launch", "cudnn_execute", "memcpy_async")
+                            for c in captured)
+    assert not any(c.op == "synchronize" and c.capturing for c in device.calls)
+    # the captured calls of a phase are the eager ones, in order
+    for phase in ex.phases:
+        eager = [(c.op, c.node) for c in device.calls
+                 if c.phase == phase and not c.capturing and c.op != "end_capture"
+                 and c.op in ("launch", "cudnn_execute", "memcpy_async")]
+        capt = [(c.op, c.node) for c in captured if c.phase == phase]
+        assert eager == capt
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_every_pointer_lies_in_the_arena_at_its_tensors_offset(stem):
+    plan, device, ex = executor(stem)
+    run_steps(ex, 1)
+    lo, hi = _arena_range(device)
+    tensors = {t.name: t for t in plan.memory.all_tensors()}
+    seen = 0
+    for c in device.calls:
+        bufs = [a for a in c.args.get("args", ()) if isinstance(a, DeviceBuffer)]
+        bufs += [a for a in (c.args.get("dst"), c.args.get("src")) if isinstance(a, DeviceBuffer)]
+        for a in bufs:
+            assert lo <= a.ptr and a.ptr + a.nbytes <= hi, (c.node, a)
+            if a.name is not None:
+                assert a.ptr == lo + tensors[a.name].offset, (c.node, a.name)
+            seen += 1
+        for ptr in c.args.get("pointers", {}).values():
+            assert lo <= ptr < hi
+    assert seen > 10
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_apply_touches_only_the_spans_and_scalars(stem):
+    plan, device, ex = executor(stem)
+    run_steps(ex, 1)
+    tensors = plan.memory.tensors
+    apply = [c for c in device.calls if c.phase == "apply" and c.op == "launch"]
+    assert apply
+    for c in apply:
+        for a in c.args["args"]:
+            if isinstance(a, DeviceBuffer):
+                t = tensors[a.name]
+                assert (t.span and t.region in (Region.PARAM, Region.GRAD, Region.OPT_STATE)) \
+                    or math.prod(t.shape) == 1, (c.node, a.name)
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_fused_optimizer_covers_the_param_span_once(stem):
+    plan, device, ex = executor(stem)
+    run_steps(ex, 1)
+    updates = [c for c in device.calls if c.op == "launch"
+               and c.args["kernel"].family == "optim"]
+    assert len(updates) == 1
+    (upd,) = updates
+    span = plan.memory.tensors["__params"]
+    p, n = upd.args["args"][0], int(upd.args["args"][5 if "adam" in upd.args["kernel"].name
+                                                    else 4])
+    assert p.name == "__params" and p.ptr == BASE + span.offset and n == math.prod(span.shape)
+    grid, block = upd.args["grid"], upd.args["block"]
+    assert grid[0] * block[0] >= min(n, grid[0] * block[0])
+    for name in plan.info.trainable:
+        t = plan.memory.tensors[name]
+        assert span.offset <= t.offset and t.offset + t.nbytes <= span.offset + span.nbytes
+
+
+def test_a_capture_error_is_named_and_falls_back_only_when_asked():
+    plan = training_plan("mlp")
+
+    class Syncing(FakeDevice):
+        def launch(self, kernel, grid, block, args):
+            super().launch(kernel, grid, block, args)
+            if self.capturing and kernel.name.startswith("tr_scale_clip"):
+                self.synchronize()
+
+    ex = CudaExecutor(plan, Syncing(plan))
+    ex.run("apply")
+    with pytest.raises(CaptureError, match=r"ScaleClipGrad.*eager_fallback=True") as info:
+        ex.run("apply")
+    assert not info.value.eager_fallback
+    ex = CudaExecutor(plan, Syncing(plan), eager_fallback=True)
+    ex.run("apply")
+    with pytest.warns(RuntimeWarning, match=r"ScaleClipGrad.*falls back to eager"):
+        ex.run("apply")
+    assert ex.eager_phases == {"apply"}
+    ex.run("apply")  # eager from now on, no new capture
+    assert [c.op for c in ex.device.calls].count("begin_capture") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Emulation: the launches on the CPU through the kernels' host build
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def host_lib(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cuda_exec_host")
+    src, lib = d / "kernels.cpp", d / "kernels.so"
+    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
+    cmd = [_host_compiler(), "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
+           "-shared", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(lib))
+
+
+CTYPES = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float, np.float64: ctypes.c_double,
+          np.int32: ctypes.c_int}
+
+
+def emulating_device(lib):
+    class Emulator(FakeDevice):
+        """Runs what it records: kernels through the host build, cuDNN nodes through their
+        numpy kernels, copies with memmove, all on a NumPy arena at BASE."""
+
+        def __init__(self, plan):
+            super().__init__(plan)
+            self.compiled = plan
+            self.arena = plan.executor.arena.copy()  # the numpy arena's state as a start
+            self.numpy_steps = {s.label: s for s in plan.executor.steps}
+
+        def addr(self, x):
+            if isinstance(x, DeviceBuffer):
+                assert BASE <= x.ptr <= BASE + self.arena.size
+                return self.arena.ctypes.data + x.ptr - BASE
+            return x.ctypes.data
+
+        def launch(self, kernel, grid, block, args):
+            super().launch(kernel, grid, block, args)
+            if not self.capturing:  # a captured call runs when the graph is launched
+                self.replay(self.calls[-1])
+
+        def cudnn_execute(self, graph, pointers, workspace):
+            super().cudnn_execute(graph, pointers, workspace)
+            if not self.capturing:  # a captured call runs when the graph is launched
+                self.replay(self.calls[-1])
+
+        def memcpy_async(self, dst, src, nbytes, kind):
+            super().memcpy_async(dst, src, nbytes, kind)
+            if not self.capturing:  # a captured call runs when the graph is launched
+                self.replay(self.calls[-1])
+
+        def memcpy(self, dst, src, nbytes, kind):
+            super().memcpy(dst, src, nbytes, kind)
+            self.replay(self.calls[-1])
+
+        def replay(self, call):
+            if call.op == "launch":
+                args = [ctypes.c_void_p(None) if a is None else
+                        ctypes.c_void_p(self.addr(a)) if isinstance(a, DeviceBuffer) else
+                        CTYPES[type(a)](a) for a in call.args["args"]]
+                fn = getattr(lib, call.args["kernel"].name)
+                fn.argtypes, fn.restype = [type(a) for a in args], None
+                fn(*args)
+            elif call.op == "cudnn_execute":
+                self.numpy_node(call.node)
+            elif call.op in ("memcpy_async", "memcpy"):
+                a = call.args
+                ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])
+
+        def numpy_node(self, label):
+            step = self.numpy_steps[label]
+            src = self.compiled.executor.arena.ctypes.data
+
+            def move(v):
+                if v is None:
+                    return None
+                return np.ndarray(v.shape, v.dtype, self.arena, v.ctypes.data - src, v.strides)
+
+            for pad in step.pads:
+                move(pad).fill(0)
+            with np.errstate(all="ignore"):
+                step.run([move(v) for v in step.ins], [move(v) for v in step.outs],
+                         [move(v) for v in step.ws])
+
+    return Emulator
+
+
+REGIONS = (Region.PARAM, Region.GRAD, Region.OPT_STATE)
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_emulated_gradients_equal_the_numpy_backend(stem, host_lib):
+    """One compute phase: every gradient accumulator, within float32 rounding of the largest
+    gradient (sums run in another order; MobileNet's BN biases before a BN have gradients
+    that cancel to ~0, so relative errors there mean nothing)."""
+    plan = training_plan(stem)
+    start = plan.executor.arena.copy()
+    device = emulating_device(host_lib)(plan)
+    CudaExecutor(plan, device).run("compute")
+    plan.executor.arena[...] = start
+    plan.executor.run(phase="compute")
+    lo, size = plan.memory.regions[Region.GRAD]
+    want = plan.executor.arena[lo:lo + size].view(np.float32)
+    got = device.arena[lo:lo + size].view(np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    plan.executor.arena[...] = start
+
+
+@pytest.mark.parametrize("stem", ["mlp", "resnet"])
+def test_emulated_captured_steps_equal_the_numpy_backend(stem, host_lib):
+    """Three steps (eager, captured + launched, replayed) of the whole training step."""
+    plan = training_plan(stem)
+    start = plan.executor.arena.copy()
+    device = emulating_device(host_lib)(plan)
+    ex = CudaExecutor(plan, device)
+    run_steps(ex, 3)  # eager, captured + launched, replayed
+    plan.executor.arena[...] = start
+    for _ in range(3):
+        for phase in PHASES:
+            plan.executor.run(phase=phase)
+    want, got = plan.executor.arena, device.arena
+    for region in REGIONS:
+        lo, size = plan.memory.regions[region]
+        w = want[lo:lo + size].view(np.float32)
+        g = got[lo:lo + size].view(np.float32)
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-6, err_msg=region.name)
+    for name in (plan.info.loss, plan.info.grad_norm):
+        t = plan.memory.tensors[name]
+        np.testing.assert_allclose(read_host(got, t), read_host(want, t), rtol=1e-5)
+    # padded lanes are zero after the steps (every kernel writes them, as zero)
+    for t in plan.memory.tensors.values():
+        if t.alias_of is None and not t.span and t.layout.is_padded:
+            assert pad_lanes_are_zero(got, t), t.name
+    plan.executor.arena[...] = start
+
+
+@pytest.mark.parametrize("stem", BINDABLE)
+def test_emulated_inference_plan_equals_the_numpy_backend(stem, host_lib):
+    """An inference plan is one phase, ``forward``, captured on its second run."""
+    x = np.random.default_rng(2).standard_normal(SHAPES[stem]).astype(np.float32)
+    plan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).plan_for(
+        {"input": x})
+    device = emulating_device(host_lib)(plan)
+    device.arena[...] = 0  # a fresh device arena: the executor uploads the initial contents
+    ex = CudaExecutor(plan, device)
+    ex.load_constants()
+    assert list(ex.phases) == ["forward"]
+    outputs = []
+    for _ in range(3):
+        ex.write_input("input", x)
+        ex.run()
+        outputs.append(ex.read_output(plan.graph.outputs[0].name))
+    assert [c.op for c in device.calls].count("begin_capture") == 1
+    write_host(plan.executor.arena, plan.memory.tensors["input"], x)
+    plan.executor.run()
+    want = read_host(plan.executor.arena, plan.memory.tensors[plan.graph.outputs[0].name])
+    for got in outputs:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_host_transfers_pad_and_unpad_on_the_device(host_lib):
+    plan = training_plan("resnet")
+    device = emulating_device(host_lib)(plan)
+    ex = CudaExecutor(plan, device)
+    t = plan.memory.tensors["input"]
+    assert t.layout.is_padded
+    x = np.random.default_rng(1).standard_normal(t.shape).astype(np.float32)
+    device.arena[t.offset:t.offset + t.nbytes] = 7  # garbage in the pad lanes too
+    ex.write_input("input", x)
+    want = np.zeros_like(device.arena)
+    write_host(want, t, x)
+    np.testing.assert_array_equal(device.arena[t.offset:t.offset + t.nbytes],
+                                  want[t.offset:t.offset + t.nbytes])
+    kinds = [(c.op, c.phase) for c in device.calls]
+    assert ("memcpy_async", "upload") in kinds and ("launch", "upload") in kinds
+    pad = next(c for c in device.calls if c.op == "launch" and c.phase == "upload")
+    assert pad.args["kernel"] == KernelRef("layout", "tr_pad_nhwc_f32_f32")
+    np.testing.assert_array_equal(ex.read_output("input"), x)
+    np.testing.assert_array_equal(ex.read_output("input", "nhwc"), np.moveaxis(x, 1, -1))
+    labels = np.arange(4) % 10
+    ex.write_input("labels", labels)
+    np.testing.assert_array_equal(ex.read_output("labels"), labels)
+    ex.write_input("__lr", np.float32(0.5))
+    assert ex.read_output("__lr") == np.float32(0.5)
+    with pytest.raises(tr_onnx.errors.InputError, match="expected shape"):
+        ex.write_input("input", x[:2])
+    with pytest.raises(tr_onnx.errors.InputError, match="not an input"):
+        ex.write_input("logits", np.zeros((4, 10), np.float32))
+
+
+def test_inputs_alternate_between_two_host_buffers():
+    plan, device, ex = executor("mlp")
+    x = np.zeros(SHAPES["mlp"], np.float32)
+    srcs = []
+    for _ in range(3):
+        ex.write_input("input", x)
+        srcs.append(device.calls[-1].args["src"].ctypes.data)
+        run_steps(ex, 1)
+    assert srcs[0] != srcs[1] and srcs[0] == srcs[2]
+
+
+# --------------------------------------------------------------------------------------------
+# The real device: importable everywhere, usable only with a GPU
+# --------------------------------------------------------------------------------------------
+
+def test_no_cupy_import_until_the_cuda_backend_is_asked_for():
+    code = ("import sys, tr_onnx, tr_onnx.backends.cuda.executor, tr_onnx.backends.cuda.device;"
+            "print('cupy' in sys.modules, 'cudnn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
+
+
+def test_cuda_available_never_raises_and_the_device_says_why():
+    plan = training_plan("mlp")
+    if not cuda_available():  # CI: no driver; CupyDevice refuses with the reason
+        with pytest.raises(RuntimeError, match="usable GPU"):
+            CupyDevice(plan.memory)
+    else:  # a GPU machine: one aligned arena of the plan's size
+        device = CupyDevice(plan.memory)
+        assert device.arena_base % 256 == 0 and device.arena.nbytes == plan.memory.total_bytes

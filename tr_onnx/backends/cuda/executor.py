@@ -1,0 +1,1076 @@
+"""The cuda executor: every scheduled node of a compiled plan bound, once, to device calls on
+arena pointers; each training phase captured into its own CUDA Graph and replayed.
+
+Binding (``CudaExecutor.__init__``) turns each node into a ``BoundNode``: a list of prepared
+calls -- ``Launch`` (a kernel of ``sources.SOURCES`` or a plugin's ``CudaKernel``, with grid,
+block and arguments: arena base + DTensor offsets as ``DeviceBuffer``, element counts and
+scalar attributes as NumPy scalars of the kernel's C types), ``CudnnCall`` (a cuDNN frontend
+graph from ``cudnn_graphs.describe_node``, built on the device at bind time) or ``Copy``
+(a device-to-device ``memcpy_async``). Nothing is looked up, compiled or allocated in a step.
+
+A node with no cuda binding is collected; after the walk one ``CudaUnsupported`` lists every
+such (domain, op, version) with its nodes and why. There is no per-node fallback to NumPy: the
+message says what to do (run on ``backend="numpy"``, or give the op a cuda kernel).
+
+Phases: a training plan's ``compute``, ``commit`` and ``apply`` nodes are separate step lists,
+each captured into its own graph (``commit``/``apply`` run only after a good step); an
+inference plan has one, ``forward``. ``run(phase)``: the first call runs eagerly (the warm-up:
+modules are loaded and cuDNN plans built by then, caches filled on the capture stream), the
+second captures (``capture.capture_step``) and launches the graph, later calls launch it.
+A capture error propagates, unless the executor was made with ``eager_fallback=True``: then
+it warns, naming the node, and that phase runs eagerly from then on.
+
+Host transfers use the DTensor layouts: ``write_input`` copies a compact (NCHW) host array
+through one of two pinned buffers (the host fills one while the other's copy may be in
+flight) into the arena; a padded channels-last input is uploaded compact into the WORKSPACE
+region (dead between steps) and padded on the device by ``tr_pad_nhwc``; ``read_output``
+the reverse with ``tr_unpad_nhwc``. Where WORKSPACE is too small the host pads instead.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ... import ir
+from ...errors import InputError, UnsupportedModelError
+from ...layouts import GatherRowsLayout
+from ...memory import DTensor, MemoryPlan, Region
+from . import sources
+from .capture import WRITE_POLICY, CaptureError, CaptureStep, DeviceBuffer, capture_step
+from .cudnn_graphs import CUDNN_OPS, CudnnGraphError, describe_node, fusable_activation
+from .device import BLOCK, KernelRef, launch_dims
+
+INTERNAL = "ai.tr_onnx"
+
+EXECUTOR_POLICY = {**WRITE_POLICY,
+                   "upload": frozenset({Region.INPUT, Region.WORKSPACE}),
+                   "download": frozenset({Region.WORKSPACE})}
+"""``capture.WRITE_POLICY`` plus the executor's transfers, issued outside the captured step:
+``upload`` (the batch and per-step scalars into INPUT, staged through WORKSPACE) and
+``download`` (unpadding an output into WORKSPACE before the copy to the host)."""
+
+DT = {"float32": "f32", "float16": "f16"}  # numpy dtype -> kernel storage suffix
+BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sum": "add"}
+COPY_OPS = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+OPTIMIZERS = {"SGDUpdate", "AdamUpdate", "AdagradUpdate"}
+TO_PADDED, TO_COMPACT = -1, -2  # operand specs that change layout (kernels/extra.cu)
+
+
+class CudaUnsupported(UnsupportedModelError):
+    """Nodes the cuda executor cannot bind. ``missing`` lists every ``(domain, op_type,
+    since_version, [node names])``; ``reasons`` maps node labels to why."""
+
+    def __init__(self, missing: list[tuple[str, str, int, list[str]]], reasons: dict[str, str]):
+        lines = [f"the cuda backend cannot run {sum(len(n) for *_, n in missing)} node(s) of "
+                 "this plan:"]
+        for domain, op, version, names in missing:
+            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+            lines.append(f"  {domain or 'ai.onnx'} {op} v{version}: {shown}")
+        detail = list(dict.fromkeys(f"    {label.split(' (', 1)[1].rstrip(')')}: {why}"
+                                    for label, why in reasons.items()))[:12]
+        lines += ["  why:"] + detail if detail else []
+        lines.append("  No node falls back to NumPy on its own. Train this model with "
+                     "backend='numpy', or give these ops a cuda kernel (OpDef.kernels['cuda'] = "
+                     "CudaKernel(...) in a plugin, or a binding in "
+                     "tr_onnx/backends/cuda/executor.py).")
+        super().__init__("\n".join(lines), missing)
+        self.reasons = reasons
+
+
+class _Unbound(Exception):
+    """Raised inside a binder: this node has no cuda binding (the reason)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Prepared calls
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Launch:
+    kernel: KernelRef
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple
+
+    def issue(self, device) -> None:
+        device.launch(self.kernel, self.grid, self.block, self.args)
+
+
+@dataclass
+class CudnnCall:
+    desc: Any  # cudnn_graphs.GraphDesc
+    graph: Any  # what device.build_cudnn returned (a BuiltGraph on the GPU)
+    pointers: dict[str, int]
+    workspace: int
+
+    def issue(self, device) -> None:
+        device.cudnn_execute(self.graph, self.pointers, self.workspace)
+
+
+@dataclass
+class Copy:
+    dst: DeviceBuffer
+    src: DeviceBuffer
+
+    def issue(self, device) -> None:
+        device.memcpy_async(self.dst, self.src, self.dst.nbytes, "d2d")
+
+
+@dataclass
+class BoundNode:
+    """One node's prepared calls; ``fused_into``: the label of the node whose call does its
+    work (a Relu in a Conv's cuDNN epilogue), then ``calls`` is empty."""
+
+    node: ir.Node
+    calls: list = field(default_factory=list)
+    fused_into: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.node.label
+
+    @property
+    def phase(self) -> str:
+        return self.node.phase
+
+    def run(self, device) -> None:
+        for call in self.calls:
+            call.issue(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Geometry: how a DTensor's elements sit in memory, for the flat kernels
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Geometry:
+    """``flat``: elements in logical (row-major) order, ``n`` of them (1-D vectors padded to
+    a channel multiple count their logical length: the pad lanes are never touched);
+    ``channels_last``: ``[N', *S, Cp]`` physical (``n`` = every physical element, pads
+    included), ``c`` logical channels, ``s`` spatial size, ``m`` logical elements."""
+
+    kind: str
+    n: int
+    shape: tuple[int, ...]
+    phys: tuple[int, ...] = ()
+    c: int = 0
+    s: int = 1
+    cp: int = 0
+    m: int = 0
+    padded: bool = False
+
+
+def geometry(t: DTensor) -> Geometry | None:
+    layout = t.layout
+    numel = math.prod(t.shape)
+    if isinstance(layout, GatherRowsLayout):
+        return Geometry("flat", numel, t.shape) if layout.is_identity else None
+    if layout.is_plain or len(t.shape) <= 1:
+        return Geometry("flat", numel, t.shape)
+    if layout.kind in ("channels_last", "conv_weight") and layout.perm == (
+            0, *range(2, len(t.shape)), 1):
+        return Geometry("channels_last", math.prod(layout.phys_shape), t.shape,
+                        layout.phys_shape, t.shape[1], math.prod(t.shape[2:]),
+                        layout.phys_shape[-1], numel, layout.is_padded)
+    return None
+
+
+def _spec(a: DTensor, ga: Geometry | None, out: Geometry) -> int | None:
+    """How operand ``a`` is indexed by the output's elements (module docstring of extra.cu):
+    a period (``out.n`` = same layout, 1 = scalar, a suffix length = trailing broadcast),
+    ``TO_PADDED`` / ``TO_COMPACT`` for a layout change, or None."""
+    if math.prod(a.shape) == 1:
+        return 1
+    if ga is None:
+        return None
+    if ga.kind == out.kind and tuple(a.shape) == tuple(out.shape) and (
+            ga.kind == "flat" or ga.phys == out.phys):
+        return out.n
+    if tuple(a.shape) == tuple(out.shape):
+        if out.kind == "channels_last" and ga.kind == "flat":
+            return TO_PADDED
+        if out.kind == "flat" and ga.kind == "channels_last":
+            return TO_COMPACT
+    if out.kind == "flat" and ga.kind == "flat":
+        shape = tuple(a.shape)
+        while shape and shape[0] == 1:
+            shape = shape[1:]
+        if shape and tuple(out.shape[len(out.shape) - len(shape):]) == shape:
+            return math.prod(shape)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The binder
+# --------------------------------------------------------------------------------------------
+
+def _f32(x) -> np.float32:
+    return np.float32(x)
+
+
+def _i64(x) -> np.int64:
+    return np.int64(x)
+
+
+def _int(x) -> np.int32:
+    return np.int32(x)
+
+
+def _f64(x) -> np.float64:
+    return np.float64(x)
+
+
+class _Binder:
+    """Per-plan helpers the op binders share: pointers, dtypes, launches."""
+
+    def __init__(self, plan, device):
+        self.plan, self.device = plan, device
+        self.memory: MemoryPlan = plan.memory
+        self.base = int(device.arena_base)
+        self.tensors = self.memory.tensors
+        ws_start, ws_bytes = self.memory.regions[Region.WORKSPACE]
+        self.workspace = (self.base + ws_start, ws_bytes)
+
+    # -- pointers ----------------------------------------------------------------------------
+    def t(self, v: ir.Value) -> DTensor:
+        return self.tensors[v.name]
+
+    def buf(self, v: ir.Value | None, writes: bool = False) -> DeviceBuffer | None:
+        if v is None:
+            return None
+        t = self.t(v)
+        return DeviceBuffer(self.base + t.offset, t.nbytes, writes, t.name)
+
+    def ws(self, index: int, k: int, nbytes: int, what: str) -> DeviceBuffer:
+        """Workspace ``k`` of node ``index`` (what the numpy kernel asked for), at least
+        ``nbytes`` long."""
+        bufs = self.memory.workspaces.get(index, [])
+        if k >= len(bufs) or bufs[k].nbytes < nbytes:
+            raise _Unbound(f"needs {nbytes} bytes of scratch for {what} (workspace {k}); the "
+                           "plan reserved none that large")
+        t = bufs[k]
+        return DeviceBuffer(self.base + t.offset, t.nbytes, True, t.name)
+
+    # -- kernels -----------------------------------------------------------------------------
+    def dt(self, v: ir.Value, what: str = "") -> str:
+        name = np.dtype(self.t(v).dtype).name
+        if name not in DT:
+            raise _Unbound(f"{what or v.name!r} has dtype {name}; the cuda kernels store "
+                           f"{', '.join(DT)}")
+        return DT[name]
+
+    def kernel(self, family: str, name: str, source: str | None = None) -> KernelRef:
+        ref = KernelRef(family, name, source)
+        if source is None and name not in sources.SOURCES[family].kernels:
+            raise AssertionError(f"kernel {name} is not in source family {family}")
+        prepare = getattr(self.device, "prepare_kernel", None)
+        if prepare is not None:
+            prepare(ref)
+        return ref
+
+    def launch(self, family: str, name: str, n: int, args: Sequence, block: int = BLOCK,
+               single_block: bool = False) -> Launch:
+        grid, blk = launch_dims(n, block)
+        if single_block:
+            grid = (1, 1, 1)
+        return Launch(self.kernel(family, name), grid, blk, tuple(args))
+
+    def zero_lanes(self, v: ir.Value, g: Geometry) -> Launch:
+        t = self.t(v)
+        rows = g.n // g.cp
+        name = f"tr_zero_lanes_b{t.dtype.itemsize}"
+        if t.dtype.itemsize not in (1, 2, 4):
+            raise _Unbound(f"cannot zero the padded lanes of {t.name!r} ({t.dtype})")
+        return self.launch("extra", name, g.n, [self.buf(v, True), _i64(rows), _i64(g.c),
+                                                  _i64(g.cp)])
+
+
+# -- elementwise -----------------------------------------------------------------------------
+
+def _zero_preserving_unary(stem: str, a: float, b: float) -> bool:
+    """f(+0) is +0 bit for bit, so the kernel keeps padded lanes zero by itself."""
+    if stem in ("relu", "hardswish", "tanh", "gelu", "gelu_tanh", "sqrt", "abs"):
+        return True
+    if stem in ("leaky_relu", "elu"):
+        return a >= 0
+    if stem == "clip":
+        return a <= 0 <= b
+    return False
+
+
+def _const_scalar(v: ir.Value | None) -> float | None:
+    if v is None or v.data is None:
+        return None
+    arr = np.asarray(v.data)
+    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+
+
+def _out_geometry(b: _Binder, v: ir.Value) -> Geometry:
+    g = geometry(b.t(v))
+    if g is None:
+        raise _Unbound(f"output {v.name!r} has layout {b.t(v).layout.describe()}, which the "
+                       "flat kernels cannot index")
+    return g
+
+
+def _specs(b: _Binder, operands: list[ir.Value], out: Geometry):
+    """Each operand's spec and the (m, c, s, cp) the layout-changing ones share."""
+    specs, shape_args = [], None
+    for v in operands:
+        t = b.t(v)
+        g = geometry(t)
+        spec = _spec(t, g, out)
+        if spec is None:
+            raise _Unbound(f"operand {v.name!r} ({t.layout.describe()} {list(t.shape)}) does "
+                           f"not map onto the output's elements ({out.kind} "
+                           f"{list(out.shape)})")
+        if spec in (TO_PADDED, TO_COMPACT):
+            src = out if spec == TO_PADDED else g
+            args = (src.m, src.c, src.s, src.cp)
+            if shape_args not in (None, args):
+                raise _Unbound("operands change layout with different channel paddings")
+            shape_args = args
+        specs.append(spec)
+    return specs, shape_args or (out.n, 1, 1, 1)
+
+
+def _keeps_pads_zero(specs, out: Geometry) -> bool:
+    return all(s in (out.n, TO_PADDED, TO_COMPACT) for s in specs)
+
+
+def bind_binary(b: _Binder, node: ir.Node, index: int) -> list:
+    op = BINARY[node.op_type]
+    ins = [v for v in node.inputs if v is not None]
+    if len(ins) < 2:
+        raise _Unbound("a one-input Sum is a copy; the fan-in sums have a binding")
+    y = node.outputs[0]
+    dt = b.dt(y)
+    for v in ins:
+        if b.dt(v) != dt:
+            raise _Unbound(f"mixed dtypes ({b.t(v).dtype} and {b.t(y).dtype})")
+    out = _out_geometry(b, y)
+    calls = []
+    acc = ins[0]
+    for other in ins[1:]:
+        specs, (m, c, s, cp) = _specs(b, [acc, other], out)
+        a_buf, b_buf, y_buf = b.buf(acc), b.buf(other), b.buf(y, True)
+        if all(isinstance(p, int) and p > 0 for p in specs):
+            calls.append(b.launch("binary", f"tr_{op}_{dt}", out.n,
+                                  [a_buf, b_buf, y_buf, _i64(out.n), _i64(specs[0]),
+                                   _i64(specs[1])]))
+        else:
+            calls.append(b.launch("extra", f"tr_{op}_mixed_{dt}", out.n,
+                                  [a_buf, b_buf, y_buf, _i64(out.n), _i64(specs[0]),
+                                   _i64(specs[1]), _i64(m), _i64(c), _i64(s), _i64(cp)]))
+        acc = y  # Sum of more inputs: y = y + next
+        if out.padded and not (op != "div" and _keeps_pads_zero(specs, out)):
+            calls.append(b.zero_lanes(y, out))
+    return calls
+
+
+def bind_accumulate(b: _Binder, node: ir.Node, index: int) -> list:
+    """acc += g, in place (ins[0] is both read and written)."""
+    acc, g = node.inputs[0], node.inputs[1]
+    dt = b.dt(acc)
+    if b.dt(g) != dt:
+        raise _Unbound(f"accumulator {b.t(acc).dtype}, gradient {b.t(g).dtype}")
+    out = _out_geometry(b, acc)
+    specs, (m, c, s, cp) = _specs(b, [acc, g], out)
+    if specs[1] == 1 and out.n != 1:
+        raise _Unbound("a scalar gradient broadcast into an accumulator")
+    return [b.launch("extra", f"tr_add_mixed_{dt}", out.n,
+                     [b.buf(acc, True), b.buf(g), b.buf(acc, True), _i64(out.n),
+                      _i64(specs[0]), _i64(specs[1]), _i64(m), _i64(c), _i64(s), _i64(cp)])]
+
+
+def bind_unary(b: _Binder, node: ir.Node, index: int) -> list:
+    stem, attr_names = sources.ONNX_UNARY[node.op_type]
+    x, y = node.inputs[0], node.outputs[0]
+    if node.op_type == "Gelu" and node.attrs.get("approximate", "none") == "tanh":
+        stem = "gelu_tanh"
+    if node.op_type == "Clip":
+        lo, hi = -np.inf, np.inf
+        for i, key in ((1, "min"), (2, "max")):
+            v = node.inputs[i] if i < len(node.inputs) else None
+            if v is not None:
+                value = _const_scalar(v)
+                if value is None:
+                    raise _Unbound(f"Clip bound {v.name!r} is computed at run time")
+                lo, hi = (value, hi) if i == 1 else (lo, value)
+            elif node.attrs.get(key) is not None:
+                lo, hi = (float(node.attrs[key]), hi) if i == 1 else (lo, float(node.attrs[key]))
+        a, c = lo, hi
+    else:
+        vals = [float(node.attrs.get(k, 0.0)) for k in attr_names] + [0.0, 0.0]
+        a, c = vals[0], vals[1]
+    dt = b.dt(x)
+    gx, gy = geometry(b.t(x)), _out_geometry(b, y)
+    if gx is None or _spec(b.t(x), gx, gy) != gy.n:
+        raise _Unbound(f"input {x.name!r} and output {y.name!r} are in different layouts")
+    calls = [b.launch("unary", f"tr_{stem}_fwd_{dt}", gy.n,
+                      [b.buf(x), b.buf(y, True), _i64(gy.n), _f32(a), _f32(c)])]
+    if gy.padded and not _zero_preserving_unary(stem, a, c):
+        calls.append(b.zero_lanes(y, gy))
+    return calls
+
+
+COMPARE = {"Greater": "greater", "Less": "less", "Equal": "equal"}
+
+
+def bind_compare(b: _Binder, node: ir.Node, index: int) -> list:
+    """Greater / Less / Equal of float operands into a bool (one byte) output."""
+    a, c, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    dt = b.dt(a)
+    if b.dt(c) != dt or b.t(y).dtype != np.bool_:
+        raise _Unbound("operands of different dtypes")
+    out = _out_geometry(b, y)
+    specs, (m, ch, s, cp) = _specs(b, [a, c], out)
+    calls = [b.launch("extra", f"tr_{COMPARE[node.op_type]}_{dt}", out.n,
+                      [b.buf(a), b.buf(c), b.buf(y, True), _i64(out.n), _i64(specs[0]),
+                       _i64(specs[1]), _i64(m), _i64(ch), _i64(s), _i64(cp)])]
+    if out.padded and not _keeps_pads_zero(specs, out):
+        calls.append(b.zero_lanes(y, out))
+    return calls
+
+
+def bind_where(b: _Binder, node: ir.Node, index: int) -> list:
+    cond, a, c = node.inputs[:3]
+    y = node.outputs[0]
+    dt = b.dt(y)
+    if b.t(cond).dtype != np.bool_ or b.dt(a) != dt or b.dt(c) != dt:
+        raise _Unbound("Where needs a bool condition and two operands of the output's dtype")
+    out = _out_geometry(b, y)
+    specs, (m, ch, s, cp) = _specs(b, [cond, a, c], out)
+    calls = [b.launch("extra", f"tr_where_{dt}", out.n,
+                      [b.buf(cond), b.buf(a), b.buf(c), b.buf(y, True), _i64(out.n)]
+                      + [_i64(p) for p in specs] + [_i64(m), _i64(ch), _i64(s), _i64(cp)])]
+    # a padded lane reads cond = false (pads of a same-layout cond are zero), so it takes c
+    zero_c = specs[2] == 1 and c.data is not None and not np.asarray(c.data).reshape(
+        -1).view(np.uint8).any()
+    if out.padded and not (specs[0] != 1 and (zero_c or specs[2] in (out.n, TO_PADDED))):
+        calls.append(b.zero_lanes(y, out))
+    return calls
+
+
+def bind_expand(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    tx, ty = b.t(x), b.t(y)
+    if geometry(tx) is None or geometry(ty) is None or \
+            (len(tx.shape) > 1 and not tx.layout.is_plain) or not ty.layout.is_plain:
+        raise _Unbound("Expand is bound for compact (plain) tensors only")
+    shape_in = (1,) * (len(ty.shape) - len(tx.shape)) + tuple(tx.shape)
+    bcast = [i for i, (a, o) in enumerate(zip(shape_in, ty.shape)) if a != o]
+    if any(shape_in[i] != 1 for i in bcast):
+        raise _Unbound(f"cannot expand {list(tx.shape)} to {list(ty.shape)}")
+    if not bcast:
+        return [Copy(b.buf(y, True), DeviceBuffer(b.base + tx.offset, ty.nbytes, False, tx.name))]
+    lo, hi = bcast[0], bcast[-1] + 1
+    if any(shape_in[i] != 1 for i in range(lo, hi)):
+        raise _Unbound(f"expanding {list(tx.shape)} to {list(ty.shape)} broadcasts two "
+                       "separate runs of axes; one run is bound")
+    inner, repeat = math.prod(ty.shape[hi:]), math.prod(ty.shape[lo:hi])
+    n = math.prod(ty.shape)
+    dt = b.dt(y)
+    return [b.launch("extra", f"tr_expand_{dt}", n,
+                     [b.buf(x), b.buf(y, True), _i64(n), _i64(inner), _i64(repeat)])]
+
+
+def bind_global_average_pool(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    gx, gy = geometry(b.t(x)), geometry(b.t(y))
+    dt = b.dt(x)
+    tx = b.t(x)
+    n, s = tx.shape[0], math.prod(tx.shape[2:])
+    if gx is not None and gy is not None and gx.kind == gy.kind == "channels_last" \
+            and gx.cp == gy.cp and tx.layout.phys_shape[0] == n:
+        cp, sstride, cstride = gx.cp, gx.cp, 1
+    elif gx is not None and gy is not None and gx.kind == gy.kind == "flat":
+        cp, sstride, cstride = tx.shape[1], 1, s
+    else:
+        raise _Unbound("input and output of GlobalAveragePool must share the layout kind")
+    total = n * cp
+    return [b.launch("extra", f"tr_gap_{dt}", total,
+                     [b.buf(x), b.buf(y, True), _i64(total), _i64(s), _i64(cp), _i64(sstride),
+                      _i64(cstride)])]
+
+
+def _reduce_axes(node: ir.Node, rank: int) -> list[int] | None:
+    v = node.inputs[1] if len(node.inputs) > 1 else None
+    if v is not None:
+        if v.data is None:
+            return None
+        axes = [int(a) for a in np.asarray(v.data).reshape(-1)]
+    else:
+        axes = list(node.attrs.get("axes") or [])
+    if not axes:
+        return [] if int(node.attrs.get("noop_with_empty_axes", 0)) else list(range(rank))
+    return sorted(a % rank for a in axes)
+
+
+def bind_reduce_sum(b: _Binder, node: ir.Node, index: int) -> list:
+    """Sums over leading axes of a compact tensor, or over every axis but the channels of a
+    channels-last one (the bias gradients of Gemm and Conv): column sums."""
+    x, y = node.inputs[0], node.outputs[0]
+    tx, ty = b.t(x), b.t(y)
+    rank = len(tx.shape)
+    axes = _reduce_axes(node, rank)
+    gx, gy = geometry(tx), geometry(ty)
+    dt = b.dt(x)
+    if axes is None or gx is None or gy is None:
+        raise _Unbound("axes computed at run time, or a layout the column sum cannot read")
+    if gx.kind == "flat" and axes == list(range(len(axes))):
+        rows = math.prod(tx.shape[:len(axes)])
+        cols = ld = math.prod(tx.shape[len(axes):])
+    elif gx.kind == "channels_last" and tx.layout.kind == "channels_last" and \
+            axes == [0, *range(2, rank)]:
+        rows, ld = gx.n // gx.cp, gx.cp
+        cols = gy.cp if gy.kind == "channels_last" else tx.shape[1]
+    else:
+        raise _Unbound(f"ReduceSum over axes {axes} of a {tx.layout.describe()} tensor: only "
+                       "leading axes (compact) or all but the channels (channels-last) are "
+                       "bound")
+    return [b.launch("extra", f"tr_sum_rows_{dt}", cols,
+                     [b.buf(x), b.buf(y, True), _i64(rows), _i64(cols), _i64(ld)])]
+
+
+def bind_layout_transpose(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    tx, ty = b.t(x), b.t(y)
+    gx, gy = geometry(tx), geometry(ty)
+    dt_x, dt_y = b.dt(x), b.dt(y)
+    if gx is None or gy is None or tuple(tx.shape) != tuple(ty.shape):
+        raise _Unbound(f"{tx.layout.describe()} -> {ty.layout.describe()} has no kernel")
+    if gx.kind == "channels_last" and gy.kind == "flat" and tx.layout.kind == "channels_last":
+        return [b.launch("layout", f"tr_unpad_nhwc_{dt_x}_{dt_y}", gx.m,
+                         [b.buf(x), b.buf(y, True), _i64(gx.m), _i64(gx.c), _i64(gx.s),
+                          _i64(gx.cp)])]
+    if gx.kind == "flat" and gy.kind == "channels_last" and ty.layout.kind == "channels_last":
+        return [b.launch("layout", f"tr_pad_nhwc_{dt_x}_{dt_y}", gy.n,
+                         [b.buf(x), b.buf(y, True), _i64(gy.n), _i64(gy.c), _i64(gy.s),
+                          _i64(gy.cp)])]
+    raise _Unbound(f"{tx.layout.describe()} -> {ty.layout.describe()} has no kernel")
+
+
+def bind_copy(b: _Binder, node: ir.Node, index: int) -> list:
+    """Identity/Reshape/... that could not alias: a device copy when the bytes are the same."""
+    x, y = node.inputs[0], node.outputs[0]
+    tx, ty = b.t(x), b.t(y)
+    if not (tx.layout.is_plain and ty.layout.is_plain) or tx.dtype != ty.dtype:
+        raise _Unbound(f"a copy from {tx.layout.describe()} to {ty.layout.describe()}")
+    return [Copy(b.buf(y, True), DeviceBuffer(b.base + tx.offset, ty.nbytes, False, tx.name))]
+
+
+def bind_assign(b: _Binder, node: ir.Node, index: int) -> list:
+    target, value = node.inputs[0], node.inputs[1]
+    tt, tv = b.t(target), b.t(value)
+    gt, gv = geometry(tt), geometry(tv)
+    if gt is None or gv is None or tt.dtype != tv.dtype or _spec(tv, gv, gt) != gt.n:
+        raise _Unbound(f"assigning {tv.layout.describe()} {tv.dtype} to "
+                       f"{tt.layout.describe()} {tt.dtype}")
+    nbytes = gt.n * tt.dtype.itemsize
+    return [Copy(DeviceBuffer(b.base + tt.offset, nbytes, True, tt.name),
+                 DeviceBuffer(b.base + tv.offset, nbytes, False, tv.name))]
+
+
+def bind_zero_fill(b: _Binder, node: ir.Node, index: int) -> list:
+    v = node.inputs[0]
+    t = b.t(v)
+    width = 4 if t.nbytes % 4 == 0 else 1
+    words = t.nbytes // width
+    return [b.launch("extra", f"tr_zero_lanes_b{width}", words,
+                     [DeviceBuffer(b.base + t.offset, t.nbytes, True, t.name), _i64(1), _i64(0),
+                      _i64(words)])]
+
+
+def bind_scale_clip_grad(b: _Binder, node: ir.Node, index: int) -> list:
+    g, scale = node.inputs[0], node.inputs[1]
+    norm = node.outputs[0] if node.outputs else None
+    if norm is None or b.t(norm).dtype != np.float32 or b.t(scale).dtype != np.float32:
+        raise _Unbound("needs a float32 scale input and a float32 norm output")
+    dt = b.dt(g)
+    n = math.prod(b.t(g).shape)
+    return [b.launch("extra", f"tr_scale_clip_norm_{dt}", n,
+                     [b.buf(g, True), _i64(n), b.buf(scale), b.buf(norm, True),
+                      _f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
+
+
+def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
+    """The fused update over the whole PARAM span and its GRAD / OPT_STATE mirrors."""
+    a = node.attrs
+    ins = list(node.inputs)
+    p, g = ins[0], ins[1]
+    tp = b.t(p)
+    if tp.dtype != np.float32:
+        raise _Unbound(f"parameters must be float32 master weights, got {tp.dtype}")
+    gdt = b.dt(g)
+    n = math.prod(tp.shape)
+    for v in ins[:-2]:
+        if v is not None and math.prod(b.t(v).shape) != n:
+            raise _Unbound(f"{v.name!r} does not mirror the parameter span")
+    if node.op_type == "SGDUpdate":
+        stem, states, lr, step = "sgd", [ins[2]], ins[3], ins[4]
+        scalars = [_f64(a["momentum"]), _f64(a["dampening"]), _int(int(a["nesterov"])),
+                   _f64(a["weight_decay"])]
+    elif node.op_type == "AdamUpdate":
+        stem, states, lr, step = "adam", ins[2:4], ins[4], ins[5]
+        scalars = [_f64(a["beta1"]), _f64(a["beta2"]), _f64(a["epsilon"]),
+                   _f64(a["weight_decay"]), _int(int(a["decoupled"]))]
+    else:
+        stem, states, lr, step = "adagrad", [ins[2]], ins[3], ins[4]
+        scalars = [_f64(a["lr_decay"]), _f64(a["weight_decay"]), _f64(a["epsilon"])]
+    if b.t(lr).dtype != np.float32 or b.t(step).dtype != np.int64:
+        raise _Unbound("lr must be float32 and step int64 in the arena")
+    args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
+        None, _i64(n), b.buf(lr), b.buf(step), None] + scalars  # copy, found_inf: none yet
+    return [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
+
+
+def _sce_geometry(b: _Binder, x: ir.Value, labels: ir.Value):
+    tx = b.t(x)
+    g = geometry(tx)
+    if b.t(labels).dtype != np.int64:
+        raise _Unbound("labels must be int64")
+    if g is None or tx.dtype != np.float32 and tx.dtype != np.float16:
+        raise _Unbound(f"scores {x.name!r} in a layout the row kernels cannot read")
+    if g.kind == "flat" and len(tx.shape) == 2:
+        return tx.shape[0], tx.shape[1], tx.shape[1]
+    if g.kind == "channels_last" and tx.layout.kind == "channels_last":
+        return g.n // g.cp, g.c, g.cp
+    raise _Unbound("scores of rank > 2 must be channels-last (class-last rows)")
+
+
+def _sce_common(node: ir.Node):
+    reduction = {"none": 0, "sum": 1, "mean": 2}[node.attrs["reduction"]]
+    ignore = node.attrs.get("ignore_index")
+    return reduction, [_i64(ignore if ignore is not None else -100), _int(ignore is not None)]
+
+
+def bind_sce(b: _Binder, node: ir.Node, index: int) -> list:
+    x, labels = node.inputs[0], node.inputs[1]
+    weights = node.inputs[2] if len(node.inputs) > 2 else None
+    out = node.outputs[0]
+    if len(node.outputs) > 1 and node.outputs[1] is not None:
+        raise _Unbound("the log_prob output has no kernel")
+    if b.t(out).dtype != np.float32:
+        raise _Unbound("the loss kernels write a float32 loss")
+    rows, c, ld = _sce_geometry(b, x, labels)
+    dt = b.dt(x)
+    reduction, common = _sce_common(node)
+    weighted = weights is not None or node.attrs.get("ignore_index") is not None
+    row_w = b.ws(index, 1, 4 * rows, "per-row weights")
+    row_loss = b.buf(out, True) if reduction == 0 else b.ws(index, 5, 4 * rows, "per-row loss")
+    calls = [b.launch("loss", f"tr_sce_fwd_{dt}", rows,
+                      [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w, _i64(rows),
+                       _i64(c), _i64(ld)] + common)]
+    if reduction:
+        denom = b.ws(index, 3, 4, "the mean's denominator")
+        calls.append(b.launch("loss", "tr_sce_reduce", 1,
+                              [row_loss, row_w, _i64(rows), _int(reduction), _int(weighted),
+                               b.buf(out, True), denom], single_block=True))
+    return calls
+
+
+def bind_sce_grad(b: _Binder, node: ir.Node, index: int) -> list:
+    gloss, x, labels = node.inputs[:3]
+    weights = node.inputs[3] if len(node.inputs) > 3 else None
+    if len(node.inputs) > 4 and node.inputs[4] is not None:
+        raise _Unbound("a log_prob gradient input has no kernel")
+    gx = node.outputs[0]
+    rows, c, ld = _sce_geometry(b, x, labels)
+    if _sce_geometry(b, gx, labels)[2] != ld:
+        raise _Unbound("scores and their gradient in different layouts")
+    dt = b.dt(x)
+    if b.dt(gx) != dt or b.t(gloss).dtype != np.float32:
+        raise _Unbound("gradient dtype differs from the scores', or a non-float32 loss gradient")
+    reduction, common = _sce_common(node)
+    weighted = weights is not None or node.attrs.get("ignore_index") is not None
+    denom = b.ws(index, 3, 4, "the mean's denominator")
+    calls = []
+    if reduction == 2:  # the mean's denominator: the forward's row weights, summed
+        row_w = b.ws(index, 1, 4 * rows, "per-row weights")
+        row_loss = b.ws(index, 5, 4 * rows, "per-row loss")
+        loss = b.ws(index, 6, 4, "the recomputed loss")
+        calls += [b.launch("loss", f"tr_sce_fwd_{dt}", rows,
+                           [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w, _i64(rows),
+                            _i64(c), _i64(ld)] + common),
+                  b.launch("loss", "tr_sce_reduce", 1,
+                           [row_loss, row_w, _i64(rows), _int(reduction), _int(weighted), loss,
+                            denom], single_block=True)]
+    calls.append(b.launch("loss", f"tr_sce_bwd_{dt}", rows,
+                          [b.buf(x), b.buf(labels), b.buf(weights), b.buf(gloss), denom,
+                           b.buf(gx, True), _i64(rows), _i64(c), _i64(ld)] + common
+                          + [_int(reduction)]))
+    return calls
+
+
+def bind_cudnn(b: _Binder, node: ir.Node, index: int, activation=None) -> list:
+    try:
+        desc = describe_node(node, b.memory, activation)
+    except CudnnGraphError as e:
+        raise _Unbound(str(e).split(": ", 1)[-1]) from None
+    build = getattr(b.device, "build_cudnn", None)
+    graph = build(desc) if build is not None else desc
+    pointers = {port: b.base + t.byte_offset for port, t in desc.tensors().items()
+                if not t.virtual}
+    calls = [CudnnCall(desc, graph, pointers, b.workspace[0])]
+    if desc.kind == "batchnorm" and desc.notes:
+        calls += _bn_running(b, node)
+    return calls
+
+
+def _bn_running(b: _Binder, node: ir.Node) -> list:
+    """ONNX's running statistics (biased variance) after cuDNN's batchnorm, from x and the
+    batch mean cuDNN saved."""
+    outs = node.outputs
+    if not any(i < len(outs) and outs[i] is not None for i in (3, 4)):
+        return []
+    if any(i >= len(outs) or outs[i] is None for i in (1, 3, 4)):
+        raise _Unbound("running statistics need the saved mean and both running outputs")
+    x = node.inputs[0]
+    gx = geometry(b.t(x))
+    if gx is None or gx.kind != "channels_last":
+        raise _Unbound("the running-statistics kernel reads a channels-last x")
+    for v in (node.inputs[3], node.inputs[4], outs[1], outs[3], outs[4]):
+        if b.t(v).dtype != np.float32:
+            raise _Unbound(f"{v.name!r} must be float32")
+    momentum = float(node.attrs.get("momentum", 0.9))
+    return [b.launch("extra", f"tr_bn_running_{b.dt(x)}", gx.c,
+                     [b.buf(x), b.buf(outs[1]), b.buf(node.inputs[3]), b.buf(node.inputs[4]),
+                      b.buf(outs[3], True), b.buf(outs[4], True), _i64(gx.n // gx.cp),
+                      _i64(gx.c), _i64(gx.cp), _f32(momentum), _f32(1.0 - momentum),
+                      _f32(1.0 - momentum)])]
+
+
+def bind_batch_norm_inference(b: _Binder, node: ir.Node, index: int) -> list:
+    """BatchNormalization with fixed statistics (inference; training mode is the training
+    pass's BatchNormTraining, a cuDNN graph)."""
+    outs = [v for v in node.outputs[1:] if v is not None]
+    if outs or int(node.attrs.get("training_mode", 0)):
+        raise _Unbound("training-mode BatchNormalization outside a training plan")
+    x, y = node.inputs[0], node.outputs[0]
+    gx, gy = geometry(b.t(x)), _out_geometry(b, y)
+    if gx is None or _spec(b.t(x), gx, gy) != gy.n:
+        raise _Unbound("input and output in different layouts")
+    if gy.kind == "channels_last" and b.t(y).layout.kind == "channels_last":
+        c, ld = gy.c, gy.cp
+    elif gy.kind == "flat" and len(gy.shape) == 2:
+        c = ld = gy.shape[1]
+    else:
+        raise _Unbound(f"a {b.t(x).layout.describe()} rank-{len(gy.shape)} input; channels-last "
+                       "feature maps and [N, C] are bound")
+    params = node.inputs[1:5]
+    if any(b.t(v).dtype != np.float32 for v in params):
+        raise _Unbound("scale, bias, mean and var must be float32")
+    return [b.launch("extra", f"tr_bn_infer_{b.dt(x)}", gy.n,
+                     [b.buf(x)] + [b.buf(v) for v in params] + [
+                         b.buf(y, True), _i64(gy.n), _i64(c), _i64(ld),
+                         _f32(float(node.attrs.get("epsilon", 1e-5)))])]
+
+
+def bind_plugin(b: _Binder, node: ir.Node, index: int) -> list:
+    """A plugin op's ``CudaKernel``: ``elementwise`` / ``bias_last_axis`` launches."""
+    kernel = node.opdef.kernels["cuda"]
+    ins = [v for v in node.inputs if v is not None]
+    outs = [v for v in node.outputs if v is not None]
+    out = _out_geometry(b, outs[0])
+    dt = b.dt(outs[0])
+    if dt not in ("f32", "f16"):
+        raise _Unbound(f"plugin kernels have _f32 and _f16 entry points, not _{dt}")
+    same = [v for v in ins + outs if _spec(b.t(v), geometry(b.t(v)), out) == out.n]
+    extra: list = []
+    if kernel.launch == "elementwise":
+        if len(same) != len(ins) + len(outs):
+            raise _Unbound("a plugin elementwise kernel needs every operand in one layout")
+    elif kernel.launch == "bias_last_axis":
+        if out.kind != "flat" or len(same) != len(ins) + len(outs) - 1:
+            raise _Unbound("bias_last_axis kernels take compact operands and one bias")
+        extra = [_i64(math.prod(b.t(ins[1]).shape))]
+    else:
+        raise _Unbound(f"launch {kernel.launch!r} is not one the executor knows")
+    family = f"plugin:{node.domain or 'ai.onnx'}/{node.op_type}"
+    ref = KernelRef(family, f"{kernel.function}_{dt}", kernel.source)
+    prepare = getattr(b.device, "prepare_kernel", None)
+    if prepare is not None:
+        prepare(ref)
+    grid, block = launch_dims(out.n)
+    args = [b.buf(v) for v in ins] + [b.buf(v, True) for v in outs] + [_i64(out.n)] + extra + [
+        _f32(float(node.attrs.get(k, 0.0))) for k in kernel.scalar_attrs]
+    calls: list = [Launch(ref, grid, block, tuple(args))]
+    if out.padded:
+        calls += [b.zero_lanes(v, out) for v in outs]
+    return calls
+
+
+BINDERS: dict[tuple[str, str], Callable] = {
+    **{("", op): bind_binary for op in BINARY},
+    **{("", op): bind_unary for op in sources.ONNX_UNARY},
+    **{("", op): bind_copy for op in COPY_OPS},
+    **{("", op): bind_compare for op in COMPARE},
+    ("", "Where"): bind_where,
+    ("", "Expand"): bind_expand,
+    ("", "GlobalAveragePool"): bind_global_average_pool,
+    ("", "BatchNormalization"): bind_batch_norm_inference,
+    ("", "ReduceSum"): bind_reduce_sum,
+    ("", "SoftmaxCrossEntropyLoss"): bind_sce,
+    (INTERNAL, "SoftmaxCrossEntropyLossGrad"): bind_sce_grad,
+    (INTERNAL, "LayoutTranspose"): bind_layout_transpose,
+    (INTERNAL, "Accumulate"): bind_accumulate,
+    (INTERNAL, "Assign"): bind_assign,
+    (INTERNAL, "ZeroFill"): bind_zero_fill,
+    (INTERNAL, "ScaleClipGrad"): bind_scale_clip_grad,
+    **{(INTERNAL, op): bind_optimizer for op in OPTIMIZERS},
+    **{key: bind_cudnn for key in CUDNN_OPS},
+}
+"""(domain, op_type) -> binder(binder_ctx, node, schedule index) -> prepared calls."""
+
+
+def _key(node: ir.Node) -> tuple[str, str]:
+    return ("" if node.domain in ("", "ai.onnx") else node.domain, node.op_type)
+
+
+def _is_alias(node: ir.Node) -> bool:
+    return bool(node.outputs) and node.outputs[0] is not None and \
+        node.outputs[0].alias_of is not None
+
+
+# --------------------------------------------------------------------------------------------
+# The executor
+# --------------------------------------------------------------------------------------------
+
+class CudaExecutor:
+    """Binds ``plan`` (a ``compiler.CompiledPlan``) to ``device`` and runs its phases.
+
+    ``device`` implements ``capture.DeviceAPI`` (``CupyDevice`` on a GPU, a recorder in the
+    tests); optional device methods the executor uses when present: ``prepare_kernel``,
+    ``build_cudnn``, ``pinned_buffers``/``record_host_buffer``/``wait_host_buffer``,
+    ``launch_graph`` and an ``allocation_guard`` factory for capture. A fresh device arena
+    is zero: call ``load_constants()`` once before the first step.
+    """
+
+    def __init__(self, plan, device, eager_fallback: bool = False):
+        self.plan, self.device = plan, device
+        self.memory: MemoryPlan = plan.memory
+        self.eager_fallback = eager_fallback
+        nodes = list(plan.graph.nodes)
+        if len(nodes) != self.memory.schedule_length:
+            raise UnsupportedModelError(f"the plan's graph has {len(nodes)} nodes but its "
+                                        f"MemoryPlan was made for {self.memory.schedule_length}",
+                                        [])
+        self._b = _Binder(plan, device)
+        self.bound: list[BoundNode] = self._bind(nodes)
+        self.phases: dict[str, list[BoundNode]] = {}
+        for bn in self.bound:
+            self.phases.setdefault(bn.phase, []).append(bn)
+        self.graphs: dict[str, Any] = {}
+        self.eager_phases: set[str] = set()
+        self._runs: dict[str, int] = {}
+        self._first_phase = "forward" if "forward" in self.phases else "compute"
+        self._init_transfers()
+
+    # -- binding -----------------------------------------------------------------------------
+    def _bind(self, nodes: list[ir.Node]) -> list[BoundNode]:
+        missing: dict[tuple[str, str, int], list[str]] = {}
+        reasons: dict[str, str] = {}
+        bound: list[BoundNode] = []
+        fused: dict[int, str] = {}
+        for index, node in enumerate(nodes):
+            if _is_alias(node):
+                continue
+            if id(node) in fused:
+                bound.append(BoundNode(node, [], fused[id(node)]))
+                continue
+            try:
+                calls = self._bind_node(node, index, fused)
+            except _Unbound as e:
+                key = (node.domain if node.domain != "ai.onnx" else "", node.op_type,
+                       node.since_version)
+                missing.setdefault(key, []).append(node.name)
+                reasons[node.label] = str(e)
+                continue
+            bound.append(BoundNode(node, calls))
+        if missing:
+            raise CudaUnsupported([(d, o, v, n) for (d, o, v), n in missing.items()], reasons)
+        return bound
+
+    def _bind_node(self, node: ir.Node, index: int, fused: dict[int, str]) -> list:
+        opdef_kernels = getattr(node.opdef, "kernels", {}) or {}
+        if "cuda" in opdef_kernels and not callable(opdef_kernels["cuda"]):
+            return bind_plugin(self._b, node, index)
+        binder = BINDERS.get(_key(node))
+        if binder is None:
+            raise _Unbound("no cuda kernel or cuDNN graph for this op")
+        if _key(node) == ("", "Conv") and node.phase == "forward":
+            activation = fusable_activation(node, self.plan.graph)
+            if activation is not None:
+                fused[id(activation[0])] = node.label
+                return bind_cudnn(self._b, node, index, activation)
+        return binder(self._b, node, index)
+
+    # -- the step ----------------------------------------------------------------------------
+    def steps(self, phase: str) -> list[CaptureStep]:
+        return [CaptureStep(bn.label, bn.phase, bn.run) for bn in self.phases.get(phase, [])]
+
+    def run(self, phase: str | None = None) -> None:
+        """Run ``phase`` (default: the plan's only or first phase): eagerly the first time,
+        captured the second, replayed after."""
+        phase = phase or self._first_phase
+        if phase not in self.phases:
+            return
+        count = self._runs.get(phase, 0)
+        self._runs[phase] = count + 1
+        if phase == self._first_phase:
+            self._flip_host_buffers()
+        if count == 0 or phase in self.eager_phases:
+            self._run_eager(phase)
+            return
+        graph = self.graphs.get(phase)
+        if graph is None:
+            guard = getattr(self.device, "allocation_guard", None)
+            try:
+                graph = capture_step(self.steps(phase), self.device, warmup=0,
+                                     allocation_guard=guard)
+            except CaptureError as e:
+                if not self.eager_fallback:
+                    raise type(e)(e.node, e.reason + " (CudaExecutor(..., eager_fallback="
+                                       "True) runs this phase eagerly instead)", False) from e
+                warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+                self.eager_phases.add(phase)
+                self._run_eager(phase)
+                return
+            self.graphs[phase] = graph
+        self.device.launch_graph(graph)
+
+    def _run_eager(self, phase: str) -> None:
+        for bn in self.phases[phase]:
+            self.device.begin_node(bn.label, bn.phase)
+            bn.run(self.device)
+
+    # -- host transfers ----------------------------------------------------------------------
+    def _init_transfers(self) -> None:
+        start, size = self.memory.regions[Region.INPUT]
+        self._input_start = start
+        largest = max([t.nbytes for t in self.memory.tensors.values()] + [size, 1])
+        make = getattr(self.device, "pinned_buffers", None)
+        if make is not None:
+            self._host = make(max(size, largest), 3)
+        else:
+            self._host = [np.zeros(max(size, largest), np.uint8) for _ in range(3)]
+        self._k, self._k_ready = 0, False
+
+    def _flip_host_buffers(self) -> None:
+        record = getattr(self.device, "record_host_buffer", None)
+        if record is not None:
+            record(self._k)
+        self._k, self._k_ready = 1 - self._k, False
+
+    def _host_buffer(self) -> np.ndarray:
+        if not self._k_ready:
+            wait = getattr(self.device, "wait_host_buffer", None)
+            if wait is not None:
+                wait(self._k)
+            self._k_ready = True
+        return self._host[self._k]
+
+    def write_input(self, name: str, array, host_layout: str = "nchw") -> None:
+        """Upload a graph input (or a per-step scalar: ``__lr``, ``__step``...) from a compact
+        host array (logical NCHW; ``host_layout='nhwc'`` for channels-last host data)."""
+        t = self.memory.tensors.get(name)
+        if t is None or t.region != Region.INPUT:
+            inputs = sorted(n for n, x in self.memory.tensors.items() if x.region == Region.INPUT)
+            raise InputError(f"{name!r} is not an input of this plan; inputs: {inputs}")
+        array = np.asarray(array, dtype=t.dtype)
+        if host_layout == "nhwc" and array.ndim >= 3:
+            array = np.moveaxis(array, -1, 1)
+        if array.shape != tuple(t.shape):
+            raise InputError(f"{name!r}: expected shape {list(t.shape)}, got {list(array.shape)}")
+        host = self._host_buffer()
+        off = t.offset - self._input_start
+        g = geometry(t)
+        compact = array.nbytes
+        self.device.begin_node(f"<upload {name}>", "upload")
+        slot = DeviceBuffer(self._b.base + t.offset, t.nbytes, True, t.name)
+        ws_ptr, ws_bytes = self._b.workspace
+        if g is not None and g.kind == "channels_last" and t.layout.kind == "channels_last" \
+                and compact <= ws_bytes:
+            np.copyto(np.ndarray(t.shape, t.dtype, host, off), array)
+            staging = DeviceBuffer(ws_ptr, compact, True)
+            self.device.memcpy_async(staging, host[off:off + compact], compact, "h2d")
+            dt = DT[t.dtype.name]
+            grid, block = launch_dims(g.n)
+            self.device.launch(self._b.kernel("layout", f"tr_pad_nhwc_{dt}_{dt}"), grid, block,
+                               (DeviceBuffer(ws_ptr, compact, False), slot, _i64(g.n),
+                                _i64(g.c), _i64(g.s), _i64(g.cp)))
+        elif g is not None and g.kind == "flat" and not isinstance(t.layout, GatherRowsLayout):
+            np.copyto(np.ndarray(t.shape, t.dtype, host, off), array)
+            self.device.memcpy_async(slot, host[off:off + compact], compact, "h2d")
+        else:  # the host lays the data out (GatherRows, or no room to stage in WORKSPACE)
+            view = host[off:off + t.nbytes]
+            view[...] = 0
+            if isinstance(t.layout, GatherRowsLayout):
+                t.layout.physical_view(view, 0, t.dtype)[...] = t.layout.to_physical(array)
+            else:
+                t.layout.kernel_view(view, 0, t.dtype)[...] = array
+            self.device.memcpy_async(slot, view, t.nbytes, "h2d")
+
+    def read_output(self, name: str, host_layout: str = "nchw") -> np.ndarray:
+        """A compact host copy of any tensor of the plan (waits for the stream)."""
+        t = self.memory.tensors.get(name)
+        if t is None:
+            raise InputError(f"{name!r} is not a tensor of this plan")
+        host = self._host[2]
+        g = geometry(t)
+        compact = math.prod(t.shape) * t.dtype.itemsize
+        src = DeviceBuffer(self._b.base + t.offset, t.nbytes, False, t.name)
+        self.device.begin_node(f"<download {name}>", "download")
+        ws_ptr, ws_bytes = self._b.workspace
+        if g is not None and g.kind == "channels_last" and t.layout.kind == "channels_last" \
+                and compact <= ws_bytes:
+            dt = DT[t.dtype.name]
+            grid, block = launch_dims(g.m)
+            self.device.launch(self._b.kernel("layout", f"tr_unpad_nhwc_{dt}_{dt}"), grid, block,
+                               (src, DeviceBuffer(ws_ptr, compact, True), _i64(g.m), _i64(g.c),
+                                _i64(g.s), _i64(g.cp)))
+            self.device.memcpy_async(host[:compact], DeviceBuffer(ws_ptr, compact, False),
+                                     compact, "d2h")
+            self.device.synchronize()
+            out = np.ndarray(t.shape, t.dtype, host).copy()
+        elif g is not None and g.kind == "flat" and not isinstance(t.layout, GatherRowsLayout):
+            self.device.memcpy_async(host[:compact], src, compact, "d2h")
+            self.device.synchronize()
+            out = np.ndarray(t.shape, t.dtype, host).copy()
+        else:
+            self.device.memcpy_async(host[:t.nbytes], src, t.nbytes, "d2h")
+            self.device.synchronize()
+            if isinstance(t.layout, GatherRowsLayout):
+                out = t.layout.to_logical(t.layout.physical_view(host, 0, t.dtype))
+            else:
+                out = np.array(t.layout.kernel_view(host, 0, t.dtype), order="C")
+        if host_layout == "nhwc" and out.ndim >= 3:
+            out = np.ascontiguousarray(np.moveaxis(out, 1, -1))
+        return out
+
+    def load_constants(self) -> None:
+        """Upload the plan's initial contents (parameters, constants, optimizer state) once,
+        through the host buffer, before the first step (a synchronous setup)."""
+        graph = self.plan.graph
+        for v in graph.values.values():
+            if v.data is None or v.span_of is not None or v.alias_of is not None:
+                continue
+            t = self.memory.tensors[v.name]
+            host = np.zeros(t.nbytes, np.uint8)
+            if isinstance(t.layout, GatherRowsLayout):
+                t.layout.physical_view(host, 0, t.dtype)[...] = t.layout.to_physical(v.data)
+            else:
+                t.layout.kernel_view(host, 0, t.dtype)[...] = v.data
+            self.device.memcpy(DeviceBuffer(self._b.base + t.offset, t.nbytes, True, t.name),
+                               host, t.nbytes, "h2d")
+
+
+__all__ = ["EXECUTOR_POLICY", "BoundNode", "Copy", "CudaExecutor", "CudaUnsupported",
+           "CudnnCall", "Geometry", "Launch", "geometry"]
