@@ -68,7 +68,7 @@ def test_compile_all_nvrtc_covers_every_family():
     ptx = sources.compile_nvrtc("convert", "compute_90")
     assert b".entry tr_convert_f32_f16" in ptx
     assert set(sources.SOURCES) == {"unary", "binary", "layout", "convert", "optim", "amp",
-                                    "loss", "extra"}
+                                    "loss", "extra", "pool_norm"}
 
 
 def test_kernel_names_are_unique_and_suffixed():
@@ -671,3 +671,213 @@ def test_mse_elements_match_numpy(host, dt):
     host(f"tr_mse_bwd_{dt}", x, t, g, gx, LL(500))
     np.testing.assert_array_equal(STORAGE[dt][2](gx), STORAGE[dt][2](STORAGE[dt][1](
         g[0] * d + g[0] * d)))
+
+
+
+# ---- pools, softmax, layer norm, data movement (kernels/pool_norm.cu) --------------------------
+
+def _model(op, inputs, outputs, attrs=None, inits=(), opset=17, domain_ops=()):
+    """A one-node model: ``inputs``/``outputs`` as {name: array or shape}; ``inits`` arrays."""
+    def info(name, a, elem=onnx.TensorProto.FLOAT):
+        shape = list(a.shape) if hasattr(a, "shape") else list(a)
+        if hasattr(a, "dtype") and a.dtype == np.int64:
+            elem = onnx.TensorProto.INT64
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    node = helper.make_node(op, list(inputs) + [n for n, _ in inits], list(outputs),
+                            **(attrs or {}))
+    graph = helper.make_graph([node], op, [info(k, v) for k, v in inputs.items()],
+                              [info(k, v) for k, v in outputs.items()],
+                              [numpy_helper.from_array(a, n) for n, a in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _nhwc_padded(x, dt, fill=7.0):
+    """NCHW float32 -> [N, H, W, Cp] storage ``dt`` with garbage in the pad lanes."""
+    cp = -(-x.shape[1] // 8) * 8
+    out = np.full((x.shape[0], *x.shape[2:], cp), fill, np.float32)
+    out[..., :x.shape[1]] = np.moveaxis(x, 1, -1)
+    return STORAGE[dt][1](out)
+
+
+def _from_nhwc(y, c, dt):
+    return np.moveaxis(STORAGE[dt][2](y)[..., :c], -1, 1)
+
+
+POOLS = {  # id: (op, x shape, attrs)
+    "max2x2": ("MaxPool", (2, 6, 8, 8), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    "max3x3_pad_ceil": ("MaxPool", (2, 11, 7, 9), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                  "pads": [1, 0, 1, 1], "ceil_mode": 1}),
+    "max_dil": ("MaxPool", (1, 3, 9, 9), {"kernel_shape": [2, 3], "dilations": [2, 1],
+                                         "pads": [1, 1, 0, 1]}),
+    "max1d": ("MaxPool", (2, 5, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    "avg_pad": ("AveragePool", (2, 6, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                             "pads": [1, 1, 1, 1]}),
+    "avg_pad_incl_ceil": ("AveragePool", (2, 9, 8, 7), {"kernel_shape": [3, 2],
+                                                       "strides": [2, 2], "pads": [1, 0, 0, 1],
+                                                       "count_include_pad": 1,
+                                                       "ceil_mode": 1}),
+}
+
+
+def _pool_args(op, shape, attrs):
+    from tr_onnx.ops.conv import Window
+
+    spatial = shape[2:]
+    win = Window.resolve({**attrs, "auto_pad": "NOTSET"}, spatial, attrs["kernel_shape"],
+                         bool(attrs.get("ceil_mode", 0)))
+    one = len(spatial) == 1
+
+    def pick(v, default):
+        return (default, v[0]) if one else tuple(v)
+
+    H, W = pick(spatial, 1)
+    OH, OW = pick(win.out_shape, 1)
+    kh, kw = pick(win.kernel, 1)
+    sh, sw = pick(win.strides, 1)
+    ph, pw = pick(win.pads_begin, 0)
+    eh, ew = pick(win.pads_end, 0)
+    dh, dw = pick(win.dilations, 1)
+    cp_ = -(-shape[1] // 8) * 8
+    window = [H, W, OH, OW, shape[1], cp_, cp_, kh, kw, sh, sw, ph, pw, dh, dw]
+    bounds = [-ph, H + eh, -pw, W + ew] if attrs.get("count_include_pad") else [0, H, 0, W]
+    return win.out_shape, window, bounds
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(POOLS))
+def test_pools_and_their_gradients_match_numpy(host, case, dt):
+    op, shape, attrs = POOLS[case]
+    rng = np.random.default_rng(8)
+    x = STORAGE[dt][2](STORAGE[dt][1](rng.standard_normal(shape)))
+    if op == "MaxPool":
+        x.flat[::7] = x.flat[1]  # ties: the first maximum in scan order takes the gradient
+    out_sp, window, bounds = _pool_args(op, shape, attrs)
+    y_shape = (*shape[:2], *out_sp)
+    model = _model(op, {"x": x}, {"y": y_shape}, attrs, opset=19)
+    want = tr_onnx.InferenceSession(model).run(["y"], {"x": x})[0]
+    gy = STORAGE[dt][2](STORAGE[dt][1](rng.standard_normal(y_shape)))
+    _, grads = vjp(model, {"x": x}, ["x"], gy)
+
+    stem = "maxpool" if op == "MaxPool" else "avgpool"
+    extra = [] if op == "MaxPool" else bounds
+    xs, gys = _nhwc_padded(x, dt), _nhwc_padded(gy, dt)
+    ys = poisoned(gys.shape, dt)
+    host(f"tr_{stem}_fwd_{dt}", xs, ys, LL(ys.size), *[LL(v) for v in window + extra])
+    c = shape[1]
+    assert not STORAGE[dt][2](ys)[..., c:].any(), "pad lanes must be written zero"
+    gxs = poisoned(xs.shape, dt)
+    if op == "MaxPool":
+        host(f"tr_maxpool_bwd_{dt}", gys, xs, gxs, LL(gxs.size), *[LL(v) for v in window])
+    else:
+        host(f"tr_avgpool_bwd_{dt}", gys, gxs, LL(gxs.size), *[LL(v) for v in window + extra])
+    assert not STORAGE[dt][2](gxs)[..., c:].any(), "pad lanes of gx must be written zero"
+    got_y, got_gx = _from_nhwc(ys, c, dt), _from_nhwc(gxs, c, dt)
+    if dt == "f32":  # same taps in the same order: bit for bit
+        np.testing.assert_array_equal(got_y, want)
+        np.testing.assert_array_equal(got_gx, grads["x"])
+    else:
+        assert_storage_within_1ulp(STORAGE[dt][1](got_y), want, dt, f"{case} forward")
+        assert_storage_within_1ulp(STORAGE[dt][1](got_gx), grads["x"], dt, f"{case} grad")
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_rows_match_numpy(host, op, dt):
+    rng = np.random.default_rng(9)
+    x = STORAGE[dt][2](STORAGE[dt][1](rng.standard_normal((3, 5, 17)) * 4))
+    model = _model(op, {"x": x}, {"y": x.shape}, {"axis": -1}, opset=13)
+    want = tr_onnx.InferenceSession(model).run(["y"], {"x": x})[0]
+    y = poisoned(x.shape, dt)
+    host(f"tr_softmax_{dt}", STORAGE[dt][1](x), y, LL(15), LL(17), LL(17),
+         I32(op == "LogSoftmax"))
+    if dt == "f32":
+        np.testing.assert_allclose(y, want, rtol=8 * F32_EPS, atol=8 * F32_EPS)
+    else:
+        assert_storage_within_1ulp(y, want, dt, f"{op} {dt}", abs_bound=8 * F32_EPS)
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+def test_layer_norm_and_its_gradient_match_numpy(host, dt):
+    rng = np.random.default_rng(10)
+    rows, m = 12, 40
+    _, store, load = STORAGE[dt]
+    x, scale, bias, gy = (load(store(rng.standard_normal(s) * 2 + 0.5))
+                          for s in ((3, 4, m), (m,), (m,), (3, 4, m)))
+    model = _model("LayerNormalization", {"x": x}, {"y": x.shape, "mean": (3, 4, 1),
+                                                     "inv": (3, 4, 1)},
+                   {"axis": -1, "epsilon": 1e-5}, [("scale", scale), ("bias", bias)])
+    want_y, want_mean, want_inv = tr_onnx.InferenceSession(model).run(
+        ["y", "mean", "inv"], {"x": x})
+    y = poisoned(x.shape, dt)
+    mean, inv = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    host(f"tr_layernorm_fwd_{dt}", store(x), store(scale), store(bias), y, mean, inv, LL(rows),
+         LL(m), F32(1e-5))
+    np.testing.assert_allclose(mean, want_mean.reshape(-1), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(inv, want_inv.reshape(-1), rtol=1e-6)
+    if dt == "f32":
+        np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    else:
+        assert_storage_within_1ulp(y, want_y, dt, "layer norm", abs_bound=1e-5)
+
+    grad_model = _model("LayerNormalization", {"x": x}, {"y": x.shape},
+                        {"axis": -1, "epsilon": 1e-5}, [("scale", scale), ("bias", bias)])
+    _, grads = vjp(grad_model, {"x": x}, ["x", "scale", "bias"], gy)
+    gx, gscale, gbias = poisoned(x.shape, dt), poisoned((m,), dt), poisoned((m,), dt)
+    host(f"tr_layernorm_bwd_dx_{dt}", store(gy), store(x), store(scale), gx, mean, inv,
+         LL(rows), LL(m), F32(1e-5))
+    host(f"tr_layernorm_bwd_params_{dt}", store(gy), store(x), mean, inv, gscale, gbias,
+         LL(rows), LL(m))
+    for got, name in ((gx, "x"), (gscale, "scale"), (gbias, "bias")):
+        want = grads[name]
+        bound = 1e-5 * np.abs(want).max()
+        if dt == "f32":
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=bound, err_msg=name)
+        else:
+            assert_storage_within_1ulp(got, want, dt, f"layer norm grad {name}", bound)
+
+
+def test_data_movement_kernels_match_numpy(host):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    # Transpose through the strided copy (dims padded to 6 on the left)
+    perm = (2, 0, 3, 1)
+    want = np.ascontiguousarray(np.transpose(x, perm))
+    xs = np.array(x.strides) // 4
+    y = np.full(want.shape, np.nan, np.float32)
+    dims = [1, 1, *want.shape]
+    sx = [0, 0, *[int(xs[p]) for p in perm]]
+    sy = [0, 0, *[int(s) for s in np.array(want.strides) // 4]]
+    host("tr_strided_copy_b4", x, y, LL(y.size), LL(0), LL(0),
+         *[LL(v) for v in dims + sx + sy])
+    np.testing.assert_array_equal(y, want)
+    # Gather along axis 1 with a negative index, and GatherGrad with a repeated one
+    idx = np.array([2, -1, 0, 2], np.int64)
+    g = np.full((2, 4, 4, 5), np.nan, np.float32)
+    host("tr_gather_b4", x, idx, g, LL(g.size), LL(4), LL(3), LL(20))
+    np.testing.assert_array_equal(g, np.take(x, idx, axis=1))
+    gy = rng.standard_normal(g.shape).astype(np.float32)
+    gx = np.full(x.shape, np.nan, np.float32)
+    host("tr_gather_grad_f32", gy, idx, gx, LL(gx.size), LL(4), LL(3), LL(20))
+    want_gx = np.zeros_like(x)
+    np.add.at(want_gx, (slice(None), idx), gy)
+    np.testing.assert_array_equal(gx, want_gx)
+    # a broadcast Sub of [2, 3, 4, 1] from [2, 3, 4, 5] (the softmax gradient's)
+    b = rng.standard_normal((2, 3, 4, 1)).astype(np.float32)
+    y = np.full(x.shape, np.nan, np.float32)
+    host("tr_bcast_binary_f32", x, b, y, LL(x.size), I32(1),
+         *[LL(v) for v in [1, 1, 1, 1, 24, 5] + [0] * 4 + [5, 1] + [0] * 4 + [1, 0]])
+    np.testing.assert_array_equal(y, x - b)
+    # ReduceMean over the middle axis, batched MatMul with a broadcast right operand
+    r = np.full((2, 20), np.nan, np.float32)
+    host("tr_reduce_mid_f32", x, r, LL(2), LL(3), LL(20), I32(1))
+    np.testing.assert_allclose(r, x.reshape(2, 3, 20).mean(axis=1), rtol=1e-6, atol=1e-7)
+    w = rng.standard_normal((5, 7)).astype(np.float32)
+    mm = np.full((2, 3, 4, 7), np.nan, np.float32)
+    host("tr_matmul_f32", x, w, mm, LL(6), LL(4), LL(5), LL(7), LL(20), LL(5), LL(1), LL(0),
+         LL(7), LL(1))
+    np.testing.assert_allclose(mm, x @ w, rtol=1e-5, atol=1e-6)
+    e = np.full(x.shape, np.nan, np.float32)
+    host("tr_erf_f32", x, e, LL(x.size))
+    want_erf = np.array([math.erf(v) for v in x.reshape(-1).tolist()]).reshape(x.shape)
+    np.testing.assert_allclose(e, want_erf, rtol=4 * F32_EPS, atol=F32_EPS)

@@ -1,16 +1,21 @@
 """Make a runnable plan for concrete input shapes: specialise -> dispatch -> layout -> kernels
--> MemoryPlan -> bound executor. Everything that is looked up or decided happens here, once."""
+-> MemoryPlan -> bound executor. Everything that is looked up or decided happens here, once.
+
+Both backends share every step up to the MemoryPlan: a plan is dispatched against the numpy
+reference kernels (``backends.PLAN_BACKEND``), whose factories also size each node's workspace.
+Then the executor: ``NumpyExecutor`` over a NumPy arena, or ``CudaExecutor`` over a device
+(``CupyDevice`` by default; the cuda package is imported only here, only for ``cuda``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import ir
-from .backends import numpy_backend
+from .backends import PLAN_BACKEND, ExecutorAPI, numpy_backend
 from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
 from .memory import MemoryPlan, plan_memory, span_elements
@@ -24,10 +29,13 @@ class CompiledPlan:
     graph: ir.Graph
     layout: LayoutReport
     memory: MemoryPlan
-    executor: numpy_backend.NumpyExecutor
+    executor: ExecutorAPI  # NumpyExecutor or CudaExecutor
     kernels: list[tuple[ir.Node, str]]  # executed nodes and the op set that provided the kernel
     backend: str
     info: Any = None  # what the graph transform returned (training: parameters, phases...)
+    host_steps: list = field(default_factory=list, repr=False)
+    """The numpy kernel calls ``(label, run, inputs, outputs, workspaces, phase)`` the plan was
+    sized with: the reference a ``NumpyExecutor`` replays (tests emulate a device with them)."""
 
 
 def tensor_info(v: ir.Value) -> TensorInfo:
@@ -36,24 +44,31 @@ def tensor_info(v: ir.Value) -> TensorInfo:
     return TensorInfo(v.name, shape, v.dtype, layout, tuple(v.shape))
 
 
+DeviceFactory = Callable[["CompiledPlan"], Any]
+
+
 def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
                  const_values: dict[str, np.ndarray], backend: str, align: int,
                  reuse: bool = True, transform: Callable[[ir.Graph], Any] | None = None,
-                 absorb_flatten: bool = True) -> CompiledPlan:
+                 absorb_flatten: bool = True, device: DeviceFactory | None = None
+                 ) -> CompiledPlan:
     """Specialise ``imported`` to ``shapes`` and compile it. ``transform(graph)`` runs after
     dispatch (the training pass: train-mode ops, loss, backward, optimizer); what it returns is
-    kept as ``plan.info``."""
+    kept as ``plan.info``. ``device`` (cuda only): ``device(plan) -> DeviceAPI`` instead of a
+    ``CupyDevice`` -- the test hook that runs the cuda executor over a fake device on a CPU."""
     registry = imported.registry
     graph = imported.specialize(shapes, const_values)
-    dispatch(graph, registry, backend)
+    dispatch(graph, registry, PLAN_BACKEND[backend])
     info = transform(graph) if transform is not None else None
-    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info)
+    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device)
 
 
 def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bool = True,
-                  absorb_flatten: bool = True, info: Any = None) -> CompiledPlan:
+                  absorb_flatten: bool = True, info: Any = None,
+                  device: DeviceFactory | None = None) -> CompiledPlan:
     """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
-    report = assign_layouts(graph, registry, backend, align, absorb_flatten=absorb_flatten)
+    kernels_of = PLAN_BACKEND[backend]
+    report = assign_layouts(graph, registry, kernels_of, align, absorb_flatten=absorb_flatten)
     for v in graph.values.values():
         if v.span_of is not None:
             v.shape = (span_elements(v.span_of),)
@@ -73,8 +88,8 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
                 raise imported_error(node, i)
         ctx = KernelContext(node, [tensor_info(v) if v is not None else None for v in node.inputs],
                             [tensor_info(v) if v is not None else None for v in node.outputs],
-                            consts, backend)
-        run = node.opdef.kernels[backend](ctx)
+                            consts, kernels_of)
+        run = node.opdef.kernels[kernels_of](ctx)
         if ctx.workspace_requests:
             workspace[index] = ctx.workspace_requests
         factories.append((index, node, run))
@@ -84,11 +99,34 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
         steps.append((node.label, run, [v.name if v is not None else None for v in node.inputs],
                       [v.name if v is not None else None for v in node.outputs],
                       memory.workspaces.get(index, []), node.phase))
-    executor = numpy_backend.NumpyExecutor(memory, steps)
-    executor.load_constants({v.name: v.data for v in graph.values.values()
-                             if v.data is not None and v.span_of is None})
-    kernels = [(node, registry.source_of_node(node, backend)) for _, node, _ in factories]
-    return CompiledPlan(graph, report, memory, executor, kernels, backend, info)
+    kernels = [(node, registry.source_of_node(node, kernels_of)) for _, node, _ in factories]
+    plan = CompiledPlan(graph, report, memory, None, kernels, backend, info, steps)
+    if backend == "cuda":
+        plan.executor = cuda_executor(plan, device)
+        return plan
+    if device is not None:
+        raise ValueError(f"device= is for the cuda backend, not {backend!r}")
+    plan.executor = numpy_backend.NumpyExecutor(memory, steps)
+    plan.executor.load_constants({v.name: v.data for v in graph.values.values()
+                                  if v.data is not None and v.span_of is None})
+    return plan
+
+
+def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None):
+    """A ``CudaExecutor`` bound to ``device(plan)`` (default: a ``CupyDevice`` holding the
+    plan's arena), with the plan's initial contents uploaded. Raises ``CudaUnsupported``
+    listing every op the cuda backend cannot run; nothing falls back to NumPy."""
+    from .backends.cuda.executor import CudaExecutor
+
+    if device is None:
+        from .backends.cuda.device import CupyDevice
+
+        dev = CupyDevice(plan.memory)
+    else:
+        dev = device(plan)
+    executor = CudaExecutor(plan, dev)
+    executor.load_constants()
+    return executor
 
 
 def imported_error(node: ir.Node, index: int) -> Exception:

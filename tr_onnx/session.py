@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .backends import DEFAULT_CHANNEL_ALIGN, resolve_backend
-from .compiler import CompiledPlan, compile_plan
+from .backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, resolve_backend
+from .compiler import CompiledPlan, DeviceFactory, compile_plan
 from .errors import InputError
 from .importer import ImportedModel, InputSpec, import_model
-from .memory import read_host, write_host
 from .registry import build_registry, default_registry
 
 _TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -36,22 +35,27 @@ def _node_arg(spec: InputSpec) -> NodeArg:
 class InferenceSession:
     """Run an ONNX model with tr_onnx.
 
-    ``model``: a path, bytes or ``onnx.ModelProto``. ``backend``: ``"numpy"`` or ``"auto"``.
-    ``channel_align``: pad channels of feature maps to this multiple (default: the backend's,
-    1 for numpy; 8 reproduces the GPU's layout on the CPU). ``plugins``: op-set modules or
-    objects to register for this session in addition to the installed ones.
-    A plan is made per concrete input shape (symbolic dimensions stay symbolic until then)
-    and cached.
+    ``model``: a path, bytes or ``onnx.ModelProto``. ``backend``: ``"numpy"``, ``"cuda"`` or
+    ``"auto"`` (cuda when a GPU is usable). ``channel_align``: pad channels of feature maps to
+    this multiple (default: the backend's, 1 for numpy, 8 for cuda; 8 reproduces the GPU's
+    layout on the CPU). ``plugins``: op-set modules or objects to register for this session in
+    addition to the installed ones. A plan is made per concrete input shape (symbolic
+    dimensions stay symbolic until then) and cached. ``device`` (cuda only, a test hook):
+    ``device(plan) -> DeviceAPI`` used instead of a ``CupyDevice``; with it, ``backend="cuda"``
+    is accepted without a GPU.
     """
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
-                 channel_align: int | None = None, plugins=(), reuse_memory: bool = True):
-        self.backend = resolve_backend(backend)
+                 channel_align: int | None = None, plugins=(), reuse_memory: bool = True,
+                 device: DeviceFactory | None = None):
+        self.backend = "cuda" if device is not None and backend == "cuda" else \
+            resolve_backend(backend)
+        self.device = device
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
         registry = build_registry(plugins) if plugins else default_registry()
-        self.imported: ImportedModel = import_model(model, registry, self.backend)
+        self.imported: ImportedModel = import_model(model, registry, PLAN_BACKEND[self.backend])
         self.reuse_memory = reuse_memory
         self._plans: dict[tuple, CompiledPlan] = {}
 
@@ -93,7 +97,7 @@ class InferenceSession:
         if plan is None:
             shapes = {k: v.shape for k, v in feed.items() if k not in const_feeds}
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
-                                self.channel_align, reuse=self.reuse_memory)
+                                self.channel_align, reuse=self.reuse_memory, device=self.device)
             self._plans[key] = plan
         return plan
 
@@ -102,14 +106,14 @@ class InferenceSession:
         """Outputs named in ``output_names`` (all when None), as compact NCHW host arrays."""
         feed = self._check_feed(input_feed)
         plan = self.plan_for(feed)
-        executor, tensors = plan.executor, plan.memory.tensors
+        executor = plan.executor
         for name, x in feed.items():
             if name not in self.imported.const_feeds:
-                write_host(executor.arena, tensors[name], x)
+                executor.write_input(name, x)
         executor.run()
         names = output_names or [o.name for o in self.imported.outputs]
         known = {o.name for o in self.imported.outputs}
         bad = [n for n in names if n not in known]
         if bad:
             raise InputError(f"unknown output(s) {bad}; the model's outputs are {sorted(known)}")
-        return [read_host(executor.arena, tensors[n]) for n in names]
+        return [executor.read_output(n) for n in names]

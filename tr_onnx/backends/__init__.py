@@ -1,16 +1,124 @@
-"""Backends run a compiled plan. ``numpy`` is the reference (the CPU); ``cuda`` comes later and
-is imported only when asked for."""
+"""Backends run a compiled plan. ``numpy`` is the reference (the CPU); ``cuda`` (CuPy, cuDNN,
+CUDA Graphs) is imported only when asked for, so ``import tr_onnx`` never loads CuPy.
 
-BACKENDS = ("numpy",)
+Both executors implement ``ExecutorAPI``: the sessions move data and run phases through it
+and never index an arena themselves, so the same session code drives a NumPy arena on the CPU
+and a device arena on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+BACKENDS = ("numpy", "cuda")
 DEFAULT_CHANNEL_ALIGN = {"numpy": 1, "cuda": 8}
+CUDA_EXTRA = "pip install 'tr_onnx[cu13]'  (CUDA 12 drivers: 'tr_onnx[cu12]')"
+
+PLAN_BACKEND = {"numpy": "numpy", "cuda": "numpy"}
+"""The registry backend a plan is dispatched with. A cuda plan is dispatched against the numpy
+reference kernels: their factories say how much workspace each node needs (the MemoryPlan the
+device arena copies) and they are the host reference; the cuda executor then binds every node
+by (domain, op) to device calls, or names the ones it cannot (``CudaUnsupported``)."""
+
+
+@runtime_checkable
+class ExecutorAPI(Protocol):
+    """What a session asks of an executor. Arrays on the host side are compact logical (NCHW)
+    NumPy arrays; the executor owns where and how they sit in its arena.
+
+    ``write_input(name, array)``: a graph input or a per-step scalar (``__lr``...), before a run.
+    ``read_output(name) -> array``: a host copy of any tensor of the plan (waits for the device).
+    ``run(phase=None)``: one phase of the step (the plan's first when None).
+    ``write_tensor(name, array)``: overwrite any tensor (parameters, optimizer state) between
+    steps. ``read_scalar(name) -> float`` / ``write_scalar(name, value)``: one-element tensors.
+    ``read_state(names) -> {name: array}`` / ``write_state({name: array})``: host copies of
+    state by name (names the plan lacks are skipped on write). ``copy_state_from(other,
+    names)``: the same tensors from another executor of the same plan family (the training
+    plan's weights into an eval plan). ``all_finite(name)``: no NaN/Inf in the tensor.
+    ``zero(name)``: fill the tensor (padded lanes too) with zeros.
+    """
+
+    def write_input(self, name: str, array) -> None: ...
+    def read_output(self, name: str) -> np.ndarray: ...
+    def run(self, phase: str | None = None) -> None: ...
+    def write_tensor(self, name: str, array) -> None: ...
+    def read_scalar(self, name: str) -> float: ...
+    def write_scalar(self, name: str, value) -> None: ...
+    def read_state(self, names: Iterable[str]) -> dict[str, np.ndarray]: ...
+    def write_state(self, values: dict[str, np.ndarray]) -> None: ...
+    def copy_state_from(self, other: ExecutorAPI, names: Iterable[str]) -> None: ...
+    def all_finite(self, name: str) -> bool: ...
+    def zero(self, name: str) -> None: ...
+
+
+class HostTransfers:
+    """``ExecutorAPI``'s state helpers on top of three primitives a backend provides:
+    ``write_tensor``, ``read_output`` and ``memory`` (the MemoryPlan). The numpy executor
+    overrides them with direct views; the cuda executor uses them as they are (each a host
+    round trip, outside the captured step)."""
+
+    def read_scalar(self, name: str) -> float:
+        return float(np.asarray(self.read_output(name)).reshape(-1)[0])
+
+    def write_scalar(self, name: str, value) -> None:
+        t = self.memory.tensors[name]
+        self.write_tensor(name, np.full(t.shape, value, dtype=t.dtype))
+
+    def read_state(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+        return {n: self.read_output(n) for n in names}
+
+    def write_state(self, values: dict[str, np.ndarray]) -> None:
+        for name, value in values.items():
+            if name in self.memory.tensors:
+                self.write_tensor(name, value)
+
+    def copy_state_from(self, other: ExecutorAPI, names: Iterable[str]) -> None:
+        self.write_state(other.read_state([n for n in names if n in self.memory.tensors]))
+
+    def all_finite(self, name: str) -> bool:
+        x = self.read_output(name).reshape(-1)
+        return bool(np.isfinite(np.dot(x, x)))
+
+    def zero(self, name: str) -> None:
+        t = self.memory.tensors[name]
+        self.write_tensor(name, np.zeros(t.shape, t.dtype))
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why the cuda backend cannot run here (None when it can). Never raises; imports CuPy only
+    inside ``tr_onnx.backends.cuda.device.cuda_available``."""
+    from .cuda.device import cuda_available
+
+    if cuda_available():
+        return None
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a CuPy whose CUDA libraries do not load
+        return f"CuPy is not importable ({type(exc).__name__}: {exc}); install {CUDA_EXTRA}"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError: no driver, or a driver too old for CuPy
+        return (f"CuPy is installed but no CUDA driver/GPU is usable ({exc}); the cuda backend "
+                f"needs an NVIDIA GPU with a driver matching the CuPy build ({CUDA_EXTRA})")
+    return f"CuPy sees {count} usable GPU(s) but cupy.cuda.is_available() is False"
 
 
 def resolve_backend(name: str) -> str:
-    """``auto`` picks the best usable backend; unknown names list the valid ones."""
+    """``auto`` picks cuda when a GPU is usable, numpy otherwise; ``cuda`` without a usable GPU
+    raises ``TrOnnxError`` saying why (no CuPy, no driver) and what to install; unknown names
+    list the valid ones."""
     from ..errors import TrOnnxError
 
     if name == "auto":
-        return "numpy"
+        return "cuda" if cuda_unavailable_reason() is None else "numpy"
     if name not in BACKENDS:
         raise TrOnnxError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)} (or 'auto')")
+    if name == "cuda":
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            raise TrOnnxError(f"backend 'cuda' is not usable here: {reason}. Use backend='numpy' "
+                              "(or 'auto', which picks numpy without a GPU)")
     return name

@@ -3,12 +3,14 @@ a flat list of bound kernel calls."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from ..errors import TrOnnxError
-from ..memory import ALIGN, MemoryPlan, pad_lanes_are_zero, write_host
+from ..layouts import GatherRowsLayout
+from ..memory import ALIGN, MemoryPlan, pad_lanes_are_zero, read_host, write_host
+from . import ExecutorAPI, HostTransfers
 
 
 class KernelError(TrOnnxError):
@@ -34,8 +36,9 @@ class BoundStep:
         self.pads, self.out_tensors, self.phase = pads, out_tensors, phase
 
 
-class NumpyExecutor:
-    """Owns the arena of one plan and replays its bound steps."""
+class NumpyExecutor(HostTransfers):
+    """Owns the arena of one plan and replays its bound steps. Implements ``ExecutorAPI``
+    with direct views of the arena."""
 
     def __init__(self, plan: MemoryPlan, steps: list[tuple[str, Callable, list, list, list]]):
         self.plan = plan
@@ -69,6 +72,46 @@ class NumpyExecutor:
             t = self.plan.tensors[name]
             if t.alias_of is None:
                 write_host(self.arena, t, data)
+
+    # -- ExecutorAPI: host transfers are views of the arena ------------------------------------
+    @property
+    def memory(self) -> MemoryPlan:
+        return self.plan
+
+    def write_input(self, name: str, array) -> None:
+        write_host(self.arena, self.plan.tensors[name], array)
+
+    write_tensor = write_input
+
+    def read_output(self, name: str) -> np.ndarray:
+        return read_host(self.arena, self.plan.tensors[name])
+
+    def read_scalar(self, name: str) -> float:
+        return float(self.plan.tensors[name].kernel_view(self.arena).reshape(-1)[0])
+
+    def write_scalar(self, name: str, value) -> None:
+        self.plan.tensors[name].kernel_view(self.arena)[...] = value
+
+    def copy_state_from(self, other: ExecutorAPI, names: Iterable[str]) -> None:
+        if not isinstance(other, NumpyExecutor):
+            super().copy_state_from(other, names)
+            return
+        tensors = self.plan.tensors
+        for name in names:
+            if name not in tensors:
+                continue
+            value = other.plan.tensors[name].kernel_view(other.arena)
+            if isinstance(tensors[name].layout, GatherRowsLayout):  # rows in another order
+                write_host(self.arena, tensors[name], value)
+            else:
+                np.copyto(tensors[name].kernel_view(self.arena), value)
+
+    def all_finite(self, name: str) -> bool:
+        x = self.plan.tensors[name].kernel_view(self.arena)
+        return bool(np.isfinite(np.dot(x, x)))
+
+    def zero(self, name: str) -> None:
+        self.plan.tensors[name].kernel_view(self.arena).fill(0)
 
     def run(self, check_pads: bool = False, phase: str | None = None) -> None:
         """Replay the step. ``check_pads`` (a debug aid, slow) verifies after every kernel that

@@ -14,12 +14,10 @@ import onnx
 from onnx import numpy_helper
 
 from .. import ir
-from ..backends import DEFAULT_CHANNEL_ALIGN, resolve_backend
-from ..compiler import CompiledPlan, compile_plan
+from ..backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, resolve_backend
+from ..compiler import CompiledPlan, DeviceFactory, compile_plan
 from ..errors import InputError, TrainingDiverged, TrOnnxError
 from ..importer import ImportedModel, import_model
-from ..layouts import GatherRowsLayout
-from ..memory import read_host, write_host
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
@@ -95,6 +93,9 @@ class TrainingSession:
     initializers``: keep initializers that the exporter shared through Identity nodes as one
     parameter (default: they train separately, as they did in the exported model).
     ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
+    ``backend``: ``"numpy"``, ``"cuda"`` or ``"auto"`` (cuda when a GPU is usable).
+    ``device`` (cuda only, a test hook): ``device(plan) -> DeviceAPI`` used instead of a
+    ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -103,11 +104,15 @@ class TrainingSession:
                  lr_schedule: Schedule | str | None = None, grad_accumulation: int = 1,
                  clip_grad_norm: float | None = None, bn_running_var: str = "biased",
                  tie_shared_initializers: bool = False, seed: int = 0,
-                 channel_align: int | None = None, max_bad_steps: int = 5, plugins=()):
-        self.backend = resolve_backend(backend)
+                 channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
+                 device: DeviceFactory | None = None):
+        self.backend = "cuda" if device is not None and backend == "cuda" else \
+            resolve_backend(backend)
+        self.device = device
+        self.kernels_of = PLAN_BACKEND[self.backend]  # the registry backend plans dispatch to
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
-        self.imported: ImportedModel = import_model(model, self.registry, self.backend)
+        self.imported: ImportedModel = import_model(model, self.registry, self.kernels_of)
         self.optimizer = make_optimizer(optimizer if optimizer is not None else AdamW(), lr)
         self.schedule = make_schedule(lr_schedule)
         if grad_accumulation < 1:
@@ -143,7 +148,7 @@ class TrainingSession:
     def _loss(self, loss):
         if isinstance(loss, (onnx.ModelProto, bytes)) or (
                 isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
-            return import_model(loss, self.registry, self.backend)
+            return import_model(loss, self.registry, self.kernels_of)
         return make_loss_spec(loss)
 
     def config(self) -> dict:
@@ -231,15 +236,15 @@ class TrainingSession:
                 loss = self.loss.specialize({self.loss.inputs[0].name: out.shape,
                                              spec.name: label_shape}, {})
                 from ..passes.dispatch import dispatch
-                dispatch(loss, self.registry, self.backend)
+                dispatch(loss, self.registry, self.kernels_of)
             cfg = TrainConfig(loss, self.optimizer, self.output_name, self.label_name,
                               label_shape, ldtype, opts["trainable"], opts["frozen"],
                               opts["clip_grad_norm"], opts["bn_running_var"] == "unbiased",
                               opts["tie_shared_initializers"], opts["seed"])
-            return build_training_graph(graph, self.registry, self.backend, cfg)
+            return build_training_graph(graph, self.registry, self.kernels_of, cfg)
 
         return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
-                            transform=transform, absorb_flatten=False)
+                            transform=transform, absorb_flatten=False, device=self.device)
 
     def _mutable_names(self, plan: CompiledPlan) -> list[str]:
         info: TrainInfo = plan.info
@@ -249,18 +254,10 @@ class TrainingSession:
         return names
 
     def _read_state(self, plan: CompiledPlan) -> dict[str, np.ndarray]:
-        tensors, arena = plan.memory.tensors, plan.executor.arena
-        return {n: read_host(arena, tensors[n]) for n in self._mutable_names(plan)}
+        return plan.executor.read_state(self._mutable_names(plan))
 
     def _write_state(self, plan: CompiledPlan, state: dict[str, np.ndarray]) -> None:
-        tensors, arena = plan.memory.tensors, plan.executor.arena
-        for name, value in state.items():
-            if name in tensors:
-                write_host(arena, tensors[name], value)
-
-    def _write_scalar(self, plan: CompiledPlan, name: str, value) -> None:
-        t = plan.memory.tensors[name]
-        t.kernel_view(plan.executor.arena)[...] = value
+        plan.executor.write_state(state)
 
     # ---- training ------------------------------------------------------------------------
 
@@ -274,21 +271,20 @@ class TrainingSession:
         plan = self._train_plan(feed)
         labels = self._check_labels(labels, plan)
         info: TrainInfo = plan.info
-        tensors, arena, executor = plan.memory.tensors, plan.executor.arena, plan.executor
+        executor = plan.executor
         for name, x in feed.items():
-            write_host(arena, tensors[name], x)
-        write_host(arena, tensors[self.label_name], labels)
+            executor.write_input(name, x)
+        executor.write_input(self.label_name, labels)
         k = self.options["grad_accumulation"]
-        self._write_scalar(plan, LR, self.lr)
-        self._write_scalar(plan, STEP, self.step + 1)
-        self._write_scalar(plan, GRAD_SCALE, 1.0 / k)
-        self._write_scalar(plan, RNG, self.rng_counter)
+        executor.write_scalar(LR, self.lr)
+        executor.write_scalar(STEP, self.step + 1)
+        executor.write_scalar(GRAD_SCALE, 1.0 / k)
+        executor.write_scalar(RNG, self.rng_counter)
         self.rng_counter += 1
         executor.run(phase="compute")
-        loss = float(tensors[info.loss].kernel_view(arena).reshape(-1)[0])
-        grads = tensors["__grads"].kernel_view(arena)
-        if not (np.isfinite(loss) and np.isfinite(np.dot(grads, grads))):
-            grads.fill(0)  # the micro-batches accumulated since the last step are dropped too
+        loss = executor.read_scalar(info.loss)
+        if not (np.isfinite(loss) and executor.all_finite("__grads")):
+            executor.zero("__grads")  # the micro-batches accumulated since the last step go too
             self.micro_step = 0
             self.bad_steps += 1
             warnings.warn(f"step {self.step + 1}: non-finite loss ({loss}) or gradient; the "
@@ -305,7 +301,7 @@ class TrainingSession:
         self.micro_step += 1
         if self.micro_step == k:
             executor.run(phase="apply")
-            self.last_grad_norm = float(tensors[info.grad_norm].kernel_view(arena))
+            self.last_grad_norm = executor.read_scalar(info.grad_norm)
             self.micro_step = 0
             self.step += 1
         return loss
@@ -315,8 +311,7 @@ class TrainingSession:
         plan = self._active
         if plan is None:
             raise TrOnnxError("no training step has run yet")
-        return {n: read_host(plan.executor.arena, plan.memory.tensors[n])
-                for n in plan.info.outputs}
+        return plan.executor.read_state(plan.info.outputs)
 
     # ---- parameters ----------------------------------------------------------------------
 
@@ -374,35 +369,27 @@ class TrainingSession:
                 to_inference_mode(graph)
 
             plan = compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
-                                self.backend, self.channel_align, transform=eval_graph)
+                                self.backend, self.channel_align, transform=eval_graph,
+                                device=self.device)
             self._eval_plans[key] = plan
-        tensors, arena = plan.memory.tensors, plan.executor.arena
         if self._eval_synced.get(id(plan)) != self._version:  # weights changed since last time
             self._sync_eval_weights(plan)
             self._eval_synced[id(plan)] = self._version
         for name, x in feed.items():
-            write_host(arena, tensors[name], x)
+            plan.executor.write_input(name, x)
         plan.executor.run()
         names = output_names or [o.name for o in self.imported.outputs]
-        return [read_host(arena, tensors[n]) for n in names]
+        return [plan.executor.read_output(n) for n in names]
 
     def _sync_eval_weights(self, plan: CompiledPlan) -> None:
-        """Copy parameters and running statistics into an eval plan's arena, view to view."""
-        tensors, arena = plan.memory.tensors, plan.executor.arena
+        """Copy parameters and running statistics into an eval plan's arena (view to view on
+        numpy)."""
         if self._active is None:
-            for name, value in self.parameters().items():
-                if name in tensors:
-                    write_host(arena, tensors[name], value)
+            plan.executor.write_state(self.parameters())
             return
-        source, info = self._active, self._active.info
-        for name in [*info.trainable, *info.running_stats, *info.untied]:
-            if name not in tensors:
-                continue
-            value = source.memory.tensors[name].kernel_view(source.executor.arena)
-            if isinstance(tensors[name].layout, GatherRowsLayout):  # rows in another order
-                write_host(arena, tensors[name], value)
-            else:
-                np.copyto(tensors[name].kernel_view(arena), value)
+        info = self._active.info
+        plan.executor.copy_state_from(self._active.executor,
+                                      [*info.trainable, *info.running_stats, *info.untied])
 
     # ---- export --------------------------------------------------------------------------
 

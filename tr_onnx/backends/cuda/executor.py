@@ -41,6 +41,7 @@ from ... import ir
 from ...errors import InputError, UnsupportedModelError
 from ...layouts import GatherRowsLayout
 from ...memory import DTensor, MemoryPlan, Region
+from .. import HostTransfers
 from . import sources
 from .capture import WRITE_POLICY, CaptureError, CaptureStep, DeviceBuffer, capture_step
 from .cudnn_graphs import CUDNN_OPS, CudnnGraphError, describe_node, fusable_activation
@@ -830,6 +831,453 @@ BINDERS: dict[tuple[str, str], Callable] = {
 """(domain, op_type) -> binder(binder_ctx, node, schedule index) -> prepared calls."""
 
 
+# -- pools, row normalisations, data movement (kernels/pool_norm.cu) ---------------------------
+
+MAX_DIMS = 6  # the collapsed rank the strided kernels take
+
+
+def _compact(b: _Binder, v: ir.Value) -> bool:
+    """Elements in logical row-major order (plain, or a 1-D vector read up to its length)."""
+    g = geometry(b.t(v))
+    return g is not None and g.kind == "flat"
+
+
+def _need_compact(b: _Binder, *vs) -> None:
+    for v in vs:
+        if v is not None and not _compact(b, v):
+            raise _Unbound(f"{v.name!r} is {b.t(v).layout.describe()}; this kernel reads "
+                           "compact (row-major) tensors")
+
+
+def _contiguous_strides(shape) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= int(d)
+    return strides[::-1]
+
+
+def _collapse(dims, stride_sets) -> tuple[list[int], list[list[int]]]:
+    """Drop size-1 axes and merge neighbours every stride set walks contiguously, then pad on
+    the left to MAX_DIMS (dims 1, strides 0)."""
+    keep = [k for k, d in enumerate(dims) if d != 1]
+    dims = [int(dims[k]) for k in keep]
+    sets = [[int(s[k]) for k in keep] for s in stride_sets]
+    k = len(dims) - 2
+    while k >= 0:
+        if all(s[k] == s[k + 1] * dims[k + 1] for s in sets):
+            dims[k:k + 2] = [dims[k] * dims[k + 1]]
+            for s in sets:
+                s[k:k + 2] = [s[k + 1]]
+        k -= 1
+    if len(dims) > MAX_DIMS:
+        raise _Unbound(f"{len(dims)} axes after collapsing; the strided kernels take "
+                       f"{MAX_DIMS}")
+    pad = MAX_DIMS - len(dims)
+    return [1] * pad + dims, [[0] * pad + s for s in sets]
+
+
+def _logical_strides(b: _Binder, v: ir.Value) -> list[int]:
+    """Element strides of ``v``'s logical axes in its physical layout: row-major for a compact
+    tensor, ``[N, *S, Cp]`` order for a channels-last one."""
+    t = b.t(v)
+    g = geometry(t)
+    if g is not None and g.kind == "flat":
+        return _contiguous_strides(t.shape)
+    if g is not None and g.kind == "channels_last" and t.layout.kind == "channels_last":
+        phys = _contiguous_strides(t.layout.phys_shape)  # [N, *S, Cp]
+        return [phys[0], phys[-1], *phys[1:-1]]
+    raise _Unbound(f"{v.name!r} is {t.layout.describe()}; the strided kernels read compact or "
+                   "channels-last tensors")
+
+
+def _pads_after(b: _Binder, y: ir.Value) -> list:
+    g = geometry(b.t(y))
+    return [b.zero_lanes(y, g)] if g is not None and g.padded else []
+
+
+def _move_kernel(b: _Binder, v: ir.Value) -> str:
+    size = b.t(v).dtype.itemsize
+    if size not in (1, 2, 4, 8):
+        raise _Unbound(f"elements of {size} bytes")
+    return f"b{size}"
+
+
+def _strided_copy(b: _Binder, x: ir.Value, y: ir.Value, dims, xs, ys, xo: int = 0,
+                  yo: int = 0) -> Launch:
+    d, (sx, sy) = _collapse(dims, [xs, ys])
+    n = math.prod(d)
+    return b.launch("pool_norm", f"tr_strided_copy_{_move_kernel(b, y)}", n,
+                    [b.buf(x), b.buf(y, True), _i64(n), _i64(xo), _i64(yo)]
+                    + [_i64(v) for v in d + sx + sy])
+
+
+def _pool_geometry(b: _Binder, node: ir.Node, x: ir.Value, y: ir.Value):
+    """(window scalars as kernel args, (lo_h, hi_h, lo_w, hi_w) for count_include_pad on
+    and off, x's and y's channels-last geometry): x the tensor the windows slide over, y the
+    pooled one."""
+    from ...ops.conv import Window
+
+    tx, ty = b.t(x), b.t(y)
+    gx, gy = geometry(tx), geometry(ty)
+    for t, g in ((tx, gx), (ty, gy)):
+        if g is None or g.kind != "channels_last" or t.layout.kind != "channels_last" or \
+                t.layout.phys_shape[0] != t.shape[0]:
+            raise _Unbound(f"{t.name!r} is {t.layout.describe()}; the pool kernels read "
+                           "channels-last feature maps")
+    spatial = tuple(tx.shape[2:])
+    if len(spatial) not in (1, 2):
+        raise _Unbound(f"a {len(spatial)}-D pool; the kernels pool 1-D and 2-D windows")
+    attrs = {**node.attrs, "auto_pad": node.attrs.get("auto_pad", "NOTSET")}
+    try:
+        win = Window.resolve(attrs, spatial, node.attrs["kernel_shape"],
+                             bool(node.attrs.get("ceil_mode", 0)))
+    except ValueError as e:
+        raise _Unbound(str(e)) from None
+    if tuple(win.out_shape) != tuple(ty.shape[2:]):
+        raise _Unbound(f"window output {list(win.out_shape)} != {list(ty.shape[2:])}")
+    one = len(spatial) == 1
+    H, W = (1, spatial[0]) if one else spatial
+    OH, OW = (1, win.out_shape[0]) if one else win.out_shape
+    kh, kw = (1, win.kernel[0]) if one else win.kernel
+    sh, sw = (1, win.strides[0]) if one else win.strides
+    ph, pw = (0, win.pads_begin[0]) if one else win.pads_begin
+    pe_h, pe_w = (0, win.pads_end[0]) if one else win.pads_end
+    dh, dw = (1, win.dilations[0]) if one else win.dilations
+    window = [H, W, OH, OW, tx.shape[1], gx.cp, gy.cp, kh, kw, sh, sw, ph, pw, dh, dw]
+    include = [-ph, H + pe_h, -pw, W + pe_w]
+    exclude = [0, H, 0, W]
+    return window, include, exclude, gx, gy
+
+
+def _float_dt(b: _Binder, *vs) -> str:
+    dts = {b.dt(v) for v in vs if v is not None}
+    if len(dts) != 1:
+        raise _Unbound("operands of different dtypes")
+    return dts.pop()
+
+
+def bind_max_pool(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    if len(node.outputs) > 1 and node.outputs[1] is not None:
+        raise _Unbound("the Indices output has no kernel")
+    window, _, _, _, gy = _pool_geometry(b, node, x, y)
+    dt = _float_dt(b, x, y)
+    return [b.launch("pool_norm", f"tr_maxpool_fwd_{dt}", gy.n,
+                     [b.buf(x), b.buf(y, True), _i64(gy.n)] + [_i64(v) for v in window])]
+
+
+def bind_max_pool_grad(b: _Binder, node: ir.Node, index: int) -> list:
+    gy, x = node.inputs[0], node.inputs[1]
+    gx = node.outputs[0]
+    window, _, _, g_x, g_y = _pool_geometry(b, node, x, gy)
+    if geometry(b.t(gx)) != g_x:
+        raise _Unbound("gx and x in different layouts")
+    dt = _float_dt(b, gy, x, gx)
+    return [b.launch("pool_norm", f"tr_maxpool_bwd_{dt}", g_x.n,
+                     [b.buf(gy), b.buf(x), b.buf(gx, True), _i64(g_x.n)]
+                     + [_i64(v) for v in window])]
+
+
+def bind_average_pool(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    window, include, exclude, _, gy = _pool_geometry(b, node, x, y)
+    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
+    dt = _float_dt(b, x, y)
+    return [b.launch("pool_norm", f"tr_avgpool_fwd_{dt}", gy.n,
+                     [b.buf(x), b.buf(y, True), _i64(gy.n)]
+                     + [_i64(v) for v in window + bounds])]
+
+
+def bind_average_pool_grad(b: _Binder, node: ir.Node, index: int) -> list:
+    gy, gx = node.inputs[0], node.outputs[0]
+    window, include, exclude, g_x, _ = _pool_geometry(b, node, gx, gy)
+    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
+    dt = _float_dt(b, gy, gx)
+    return [b.launch("pool_norm", f"tr_avgpool_bwd_{dt}", g_x.n,
+                     [b.buf(gy), b.buf(gx, True), _i64(g_x.n)]
+                     + [_i64(v) for v in window + bounds])]
+
+
+def _row_split(node: ir.Node, shape, softmax: bool) -> tuple[int, int]:
+    """(rows, row length) of a softmax / layer norm over the trailing axes from ``axis``."""
+    rank = len(shape)
+    axis = int(node.attrs.get("axis", -1 if softmax else -1)) % max(rank, 1)
+    if softmax and node.since_version >= 13 and axis != rank - 1:
+        raise _Unbound(f"softmax over axis {axis} of a rank-{rank} tensor; the row kernel "
+                       "takes the last axis")
+    return math.prod(shape[:axis]), math.prod(shape[axis:])
+
+
+def bind_softmax(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    _need_compact(b, x, y)
+    rows, c = _row_split(node, b.t(x).shape, True)
+    dt = _float_dt(b, x, y)
+    return [b.launch("pool_norm", f"tr_softmax_{dt}", rows,
+                     [b.buf(x), b.buf(y, True), _i64(rows), _i64(c), _i64(c),
+                      _int(node.op_type == "LogSoftmax")])]
+
+
+def bind_layer_norm(b: _Binder, node: ir.Node, index: int) -> list:
+    x, scale = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    outs = list(node.outputs) + [None, None]
+    y, mean, inv = outs[0], outs[1], outs[2]
+    _need_compact(b, x, scale, bias, y, mean, inv)
+    rows, m = _row_split(node, b.t(x).shape, False)
+    for v in (scale, bias):
+        if v is not None and math.prod(b.t(v).shape) != m:
+            raise _Unbound("a scale or bias that broadcasts over the normalised axes")
+    for v in (mean, inv):
+        if v is not None and b.t(v).dtype != np.float32:
+            raise _Unbound("Mean / InvStdDev outputs must be float32")
+    dt = _float_dt(b, x, scale, bias, y)
+    return [b.launch("pool_norm", f"tr_layernorm_fwd_{dt}", rows,
+                     [b.buf(x), b.buf(scale), b.buf(bias), b.buf(y, True), b.buf(mean, True),
+                      b.buf(inv, True), _i64(rows), _i64(m),
+                      _f32(float(node.attrs.get("epsilon", 1e-5)))])]
+
+
+def bind_layer_norm_grad(b: _Binder, node: ir.Node, index: int) -> list:
+    gy, x, scale = node.inputs[:3]
+    outs = list(node.outputs) + [None, None]
+    gx, gscale, gbias = outs[0], outs[1], outs[2]
+    _need_compact(b, gy, x, scale, gx, gscale, gbias)
+    shape = b.t(x).shape
+    axis = int(node.attrs["axis"]) % len(shape)
+    rows, m = math.prod(shape[:axis]), math.prod(shape[axis:])
+    dt = _float_dt(b, gy, x, scale, gx, gscale, gbias)
+    mean = b.ws(index, 3, 4 * rows, "the rows' means")
+    inv = b.ws(index, 4, 4 * rows, "the rows' inverse deviations")
+    calls = [b.launch("pool_norm", f"tr_layernorm_bwd_dx_{dt}", rows,
+                      [b.buf(gy), b.buf(x), b.buf(scale), b.buf(gx, True), mean, inv,
+                       _i64(rows), _i64(m), _f32(float(node.attrs["epsilon"]))])]
+    if gscale is not None or gbias is not None:
+        calls.append(b.launch("pool_norm", f"tr_layernorm_bwd_params_{dt}", m,
+                              [b.buf(gy), b.buf(x), DeviceBuffer(mean.ptr, mean.nbytes, False,
+                                                                 mean.name),
+                               DeviceBuffer(inv.ptr, inv.nbytes, False, inv.name),
+                               b.buf(gscale, True), b.buf(gbias, True), _i64(rows), _i64(m)]))
+    return calls
+
+
+def bind_erf(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    gx, gy = geometry(b.t(x)), _out_geometry(b, y)
+    if gx is None or _spec(b.t(x), gx, gy) != gy.n:
+        raise _Unbound(f"input {x.name!r} and output {y.name!r} are in different layouts")
+    dt = _float_dt(b, x, y)  # erf(+0) = +0: padded lanes stay zero
+    return [b.launch("pool_norm", f"tr_erf_{dt}", gy.n,
+                     [b.buf(x), b.buf(y, True), _i64(gy.n)])]
+
+
+def bind_reduce_run(b: _Binder, node: ir.Node, index: int) -> list:
+    """ReduceSum / ReduceMean over one run of consecutive axes of a compact tensor:
+    ``[outer, r, inner]`` -> ``[outer, inner]``."""
+    x, y = node.inputs[0], node.outputs[0]
+    if node.op_type == "ReduceSum":
+        try:
+            return bind_reduce_sum(b, node, index)
+        except _Unbound:
+            pass
+    _need_compact(b, x, y)
+    shape = b.t(x).shape
+    axes = _reduce_axes(node, len(shape))
+    if axes is None:
+        raise _Unbound("axes computed at run time")
+    dt = _float_dt(b, x, y)
+    if not axes:
+        return [Copy(b.buf(y, True), DeviceBuffer(b.base + b.t(x).offset, b.t(y).nbytes, False,
+                                                  b.t(x).name))]
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        raise _Unbound(f"axes {axes} are not one run of consecutive axes")
+    outer = math.prod(shape[:axes[0]])
+    r = math.prod(shape[axes[0]:axes[-1] + 1])
+    inner = math.prod(shape[axes[-1] + 1:])
+    return [b.launch("pool_norm", f"tr_reduce_mid_{dt}", outer * inner,
+                     [b.buf(x), b.buf(y, True), _i64(outer), _i64(r), _i64(inner),
+                      _int(node.op_type == "ReduceMean")])]
+
+
+def bind_matmul(b: _Binder, node: ir.Node, index: int) -> list:
+    """A cuDNN matmul graph where one describes the node; else the batched kernel (batch dims
+    equal, or one operand's all 1)."""
+    try:
+        return bind_cudnn(b, node, index)
+    except _Unbound as e:
+        why = str(e)
+    a, c, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    _need_compact(b, a, c, y)
+    sa, sc, sy = b.t(a).shape, b.t(c).shape, b.t(y).shape
+    if len(sa) < 2 or len(sc) < 2:
+        raise _Unbound(f"{why}; the batched kernel takes operands of rank >= 2")
+    M, K, N = sa[-2], sa[-1], sc[-1]
+    batch = math.prod(sy[:-2])
+    strides = []
+    for shape in (sa, sc):
+        lead = tuple(shape[:-2])
+        full = (1,) * (len(sy) - 2 - len(lead)) + lead
+        if math.prod(lead) == 1:
+            strides.append(0)
+        elif full == tuple(sy[:-2]):
+            strides.append(shape[-2] * shape[-1])
+        else:
+            raise _Unbound(f"{why}; batch dims {list(lead)} broadcast partly against "
+                           f"{list(sy[:-2])}")
+    dt = _float_dt(b, a, c, y)
+    return [b.launch("pool_norm", f"tr_matmul_{dt}", batch * M * N,
+                     [b.buf(a), b.buf(c), b.buf(y, True), _i64(batch), _i64(M), _i64(K),
+                      _i64(N), _i64(strides[0]), _i64(K), _i64(1), _i64(strides[1]), _i64(N),
+                      _i64(1)])]
+
+
+BCAST_OPS = {"Add": 0, "Sum": 0, "Sub": 1, "Mul": 2, "Div": 3}
+
+
+def bind_binary_any(b: _Binder, node: ir.Node, index: int) -> list:
+    """``bind_binary``; where its operand specs cannot express the broadcast (compact
+    tensors), the general strided one."""
+    try:
+        return bind_binary(b, node, index)
+    except _Unbound as e:
+        why = str(e)
+    ins = [v for v in node.inputs if v is not None]
+    y = node.outputs[0]
+    if len(ins) < 2:
+        raise _Unbound(why)
+    try:
+        _need_compact(b, *ins, y)
+    except _Unbound as e:
+        raise _Unbound(f"{why}; {e}") from None
+    dt = _float_dt(b, *ins, y)
+    shape = tuple(b.t(y).shape)
+    rank = len(shape)
+    calls, acc = [], ins[0]
+    for other in ins[1:]:
+        sets = []
+        for v in (acc, other):
+            s = tuple(b.t(v).shape)
+            s = (1,) * (rank - len(s)) + s
+            st = _contiguous_strides(s)
+            sets.append([0 if s[k] == 1 and shape[k] != 1 else st[k] for k in range(rank)])
+        d, (sa, sb, _) = _collapse(shape, sets + [_contiguous_strides(shape)])
+        n = math.prod(shape)
+        calls.append(b.launch("pool_norm", f"tr_bcast_binary_{dt}", n,
+                              [b.buf(acc), b.buf(other), b.buf(y, True), _i64(n),
+                               _int(BCAST_OPS[node.op_type])] + [_i64(v) for v in d + sa + sb]))
+        acc = y
+    return calls
+
+
+def bind_transpose(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    shape = tuple(b.t(x).shape)
+    perm = [int(p) for p in node.attrs.get("perm") or reversed(range(len(shape)))]
+    xs = _logical_strides(b, x)
+    out = tuple(b.t(y).shape)
+    return [_strided_copy(b, x, y, out, [xs[p] for p in perm], _logical_strides(b, y))] + \
+        _pads_after(b, y)
+
+
+def bind_gather(b: _Binder, node: ir.Node, index: int) -> list:
+    x, idx, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    _need_compact(b, x, idx, y)
+    if b.t(idx).dtype != np.int64:
+        raise _Unbound("indices must be int64")
+    shape = b.t(x).shape
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    n, nidx = math.prod(b.t(y).shape), math.prod(b.t(idx).shape)
+    return [b.launch("pool_norm", f"tr_gather_{_move_kernel(b, y)}", n,
+                     [b.buf(x), b.buf(idx), b.buf(y, True), _i64(n), _i64(nidx),
+                      _i64(shape[axis]), _i64(math.prod(shape[axis + 1:]))])]
+
+
+def bind_gather_grad(b: _Binder, node: ir.Node, index: int) -> list:
+    gy, idx, gx = node.inputs[0], node.inputs[1], node.outputs[0]
+    _need_compact(b, gy, idx, gx)
+    if b.t(idx).dtype != np.int64:
+        raise _Unbound("indices must be int64")
+    shape = b.t(gx).shape
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    n, nidx = math.prod(shape), math.prod(b.t(idx).shape)
+    dt = _float_dt(b, gy, gx)
+    return [b.launch("pool_norm", f"tr_gather_grad_{dt}", n,
+                     [b.buf(gy), b.buf(idx), b.buf(gx, True), _i64(n), _i64(nidx),
+                      _i64(shape[axis]), _i64(math.prod(shape[axis + 1:]))])]
+
+
+def _const_ints(v: ir.Value | None, what: str) -> list[int] | None:
+    if v is None:
+        return None
+    if v.data is None:
+        raise _Unbound(f"{what} computed at run time")
+    return [int(a) for a in np.asarray(v.data).reshape(-1)]
+
+
+def bind_slice(b: _Binder, node: ir.Node, index: int) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    shape = tuple(b.t(x).shape)
+    rank = len(shape)
+    if node.since_version < 10:
+        starts, ends = node.attrs["starts"], node.attrs["ends"]
+        axes, steps = node.attrs.get("axes"), None
+    else:
+        ins = list(node.inputs) + [None] * 5
+        starts, ends = _const_ints(ins[1], "starts"), _const_ints(ins[2], "ends")
+        axes, steps = _const_ints(ins[3], "axes"), _const_ints(ins[4], "steps")
+    axes = [int(a) % rank for a in (axes if axes is not None else range(len(starts)))]
+    steps = steps or [1] * len(axes)
+    begin, step, count = [0] * rank, [1] * rank, list(shape)
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        r = range(*slice(int(s), int(e), int(st)).indices(shape[a]))
+        begin[a], step[a], count[a] = r.start, r.step, len(r)
+    if tuple(count) != tuple(b.t(y).shape):
+        raise _Unbound(f"slice gives {count}, the output is {list(b.t(y).shape)}")
+    xs = _logical_strides(b, x)
+    xo = sum(bg * s for bg, s in zip(begin, xs))
+    return [_strided_copy(b, x, y, count, [st * s for st, s in zip(step, xs)],
+                          _logical_strides(b, y), xo=xo)] + _pads_after(b, y)
+
+
+def bind_concat(b: _Binder, node: ir.Node, index: int) -> list:
+    y = node.outputs[0]
+    ins = [v for v in node.inputs if v is not None]
+    out = tuple(b.t(y).shape)
+    axis = int(node.attrs.get("axis", 1)) % len(out)
+    ys = _logical_strides(b, y)
+    calls, at = [], 0
+    for v in ins:
+        shape = tuple(b.t(v).shape)
+        if math.prod(shape):
+            calls.append(_strided_copy(b, v, y, shape, _logical_strides(b, v), ys,
+                                       yo=at * ys[axis]))
+        at += shape[axis]
+    return calls + _pads_after(b, y)
+
+
+BINDERS.update({
+    ("", "MaxPool"): bind_max_pool,
+    (INTERNAL, "MaxPoolGrad"): bind_max_pool_grad,
+    ("", "AveragePool"): bind_average_pool,
+    (INTERNAL, "AveragePoolGrad"): bind_average_pool_grad,
+    ("", "Softmax"): bind_softmax,
+    ("", "LogSoftmax"): bind_softmax,
+    ("", "LayerNormalization"): bind_layer_norm,
+    (INTERNAL, "LayerNormGrad"): bind_layer_norm_grad,
+    ("", "Erf"): bind_erf,
+    ("", "ReduceSum"): bind_reduce_run,
+    ("", "ReduceMean"): bind_reduce_run,
+    ("", "MatMul"): bind_matmul,
+    **{("", op): bind_binary_any for op in BINARY},
+    ("", "Transpose"): bind_transpose,
+    ("", "Gather"): bind_gather,
+    (INTERNAL, "GatherGrad"): bind_gather_grad,
+    ("", "Slice"): bind_slice,
+    ("", "Concat"): bind_concat,
+})
+
+
 def _key(node: ir.Node) -> tuple[str, str]:
     return ("" if node.domain in ("", "ai.onnx") else node.domain, node.op_type)
 
@@ -843,7 +1291,7 @@ def _is_alias(node: ir.Node) -> bool:
 # The executor
 # --------------------------------------------------------------------------------------------
 
-class CudaExecutor:
+class CudaExecutor(HostTransfers):
     """Binds ``plan`` (a ``compiler.CompiledPlan``) to ``device`` and runs its phases.
 
     ``device`` implements ``capture.DeviceAPI`` (``CupyDevice`` on a GPU, a recorder in the
@@ -1070,6 +1518,24 @@ class CudaExecutor:
                 t.layout.kernel_view(host, 0, t.dtype)[...] = v.data
             self.device.memcpy(DeviceBuffer(self._b.base + t.offset, t.nbytes, True, t.name),
                                host, t.nbytes, "h2d")
+
+    def write_tensor(self, name: str, array) -> None:
+        """Overwrite any tensor of the plan (parameters, optimizer state) from a compact host
+        array, synchronously, between steps (``ExecutorAPI``; its other state helpers come
+        from ``HostTransfers`` on top of this and ``read_output``)."""
+        t = self.memory.tensors.get(name)
+        if t is None:
+            raise InputError(f"{name!r} is not a tensor of this plan")
+        array = np.asarray(array, dtype=t.dtype)
+        if array.shape != tuple(t.shape):
+            raise InputError(f"{name!r}: expected shape {list(t.shape)}, got {list(array.shape)}")
+        host = np.zeros(t.nbytes, np.uint8)
+        if isinstance(t.layout, GatherRowsLayout):
+            t.layout.physical_view(host, 0, t.dtype)[...] = t.layout.to_physical(array)
+        else:
+            t.layout.kernel_view(host, 0, t.dtype)[...] = array
+        self.device.memcpy(DeviceBuffer(self._b.base + t.offset, t.nbytes, True, t.name), host,
+                           t.nbytes, "h2d")
 
 
 __all__ = ["EXECUTOR_POLICY", "BoundNode", "Copy", "CudaExecutor", "CudaUnsupported",

@@ -123,8 +123,25 @@ EXTRA_STEMS = ("greater", "less", "equal", "where", "expand", "gap", "sum_rows",
                "bn_infer", "scale_clip_norm")
 """Kernel stems of ``tr_<stem>_<dt>`` in kernels/extra.cu."""
 
+POOL_NORM_STEMS = ("maxpool_fwd", "maxpool_bwd", "avgpool_fwd", "avgpool_bwd", "softmax",
+                   "layernorm_fwd", "layernorm_bwd_dx", "layernorm_bwd_params", "erf",
+                   "reduce_mid", "matmul", "bcast_binary", "gather_grad")
+"""Kernel stems of ``tr_<stem>_<dt>`` in kernels/pool_norm.cu (besides the bit-pattern movers
+``tr_strided_copy_b<bytes>`` and ``tr_gather_b<bytes>``)."""
+
+
+def _pool_norm() -> KernelSource:
+    """kernels/pool_norm.cu: pools and their backward, softmax, layer norm and its backward,
+    Erf, one-run reductions, batched MatMul, broadcasting binary ops, strided copies and
+    Gather / GatherGrad."""
+    inst = tuple(f"TR_POOL_NORM({t}, {dt})" for dt, t in DTYPES.items())
+    names = (tuple(f"tr_{stem}_{dt}" for stem in POOL_NORM_STEMS for dt in DTYPES)
+             + tuple(f"tr_{k}_b{b}" for k in ("strided_copy", "gather") for b in (1, 2, 4, 8)))
+    return KernelSource("pool_norm", "pool_norm.cu", inst, names)
+
+
 SOURCES: dict[str, KernelSource] = {s.name: s for s in (
-    _unary(), _binary(), _layout(), _convert(), _extra(),
+    _unary(), _binary(), _layout(), _convert(), _extra(), _pool_norm(),
     _per_dtype("optim", "TR_OPTIM", ("sgd", "adam", "adagrad")),
     _per_dtype("amp", "TR_UNSCALE_CHECK", ("unscale_check",),
                ("tr_step_advance", "tr_loss_scale_update")),

@@ -1,0 +1,643 @@
+"""The cuda backend's check on a GPU: parity with the numpy backend, and a benchmark against
+PyTorch. ``scripts/gpu_check.sh`` runs it on the lent H200; ``--dry-run`` runs all of it on a
+CPU (CI), with the cuda executor over ``HostEmulator`` instead of a GPU.
+
+    python scripts/gpu_check.py --benchmark [--out DIR] [--budget-s 300]
+    python scripts/gpu_check.py --dry-run [--out DIR]
+
+Parity (``forward_parity``, ``gradient_parity``, ``training_parity``, ``replay_parity``; the
+GPU tests in tests/test_cuda_gpu.py call the same functions): a model_zoo model through
+``backend="cuda"`` against ``backend="numpy"``, fp32, with the tolerances in ``TOL`` (they leave
+room for TF32 in cuDNN's fp32 convolutions, about 1e-3 relative).
+
+Benchmark (``--benchmark``): training images/s and peak GPU memory, same batch, SGD momentum:
+tr_onnx cuda (the session's ``train_step``, and the bare captured step: input upload + the
+three phase graphs), PyTorch fp32 eager, AMP fp16 + channels_last eager and with
+``torch.compile(mode="reduce-overhead")``. Models: a ResNet-50-shaped net built in plain
+torch (no torchvision) and exported with the TorchScript exporter at run time, and the
+model_zoo models (their torch builders from model_zoo.export_models). A model the cuda
+backend cannot run is a row saying which ops (``CudaUnsupported``), not a crash.
+
+``--dry-run``: every parity check on mlp and resnet and every benchmark row (a small
+ResNet-50-shaped net, batch 2, torch on the CPU, no torch.compile), one step each, no
+timing: the plumbing, proven without a device. Results go to ``results.json``,
+``results.md`` and ``gpu_check.log`` under ``--out`` ($OUT if set, else ./gpu_check_out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import tr_onnx
+from tr_onnx.optim import SGD
+
+ROOT = Path(__file__).resolve().parent.parent
+ZOO = ROOT / "model_zoo"
+SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16), "mobilenet": (3, 16, 16),
+          "transformer": None}
+PARITY_MODELS = ["mlp", "resnet", "mobilenet", "lenet", "transformer"]
+TOL = {"forward": 2e-3, "gradient": 5e-3, "loss": 2e-3, "weights": 1e-2, "replay": 0.0}
+"""fp32 tolerances: forward max|a-b|/max|b| over the outputs; gradient max|a-b| over every
+gradient / the largest |gradient|; weights per tensor ||a-b||/||b|| after the steps; loss per
+step |a-b|/|b| over 20 SGD steps; replay: the captured steps equal the eager first step bit
+for bit (lr=0, so every step sees the same weights)."""
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# A device for the CPU: the cuda executor's launches run through the kernels' host build
+# --------------------------------------------------------------------------------------------
+
+def build_host_library(out_dir: str | Path | None = None) -> ctypes.CDLL:
+    """The CUDA kernel sources compiled by the host C++ compiler (their host-and-device macro
+    makes them plain C++), as tests/test_cuda_executor_cpu.py does."""
+    from tr_onnx.backends.cuda import sources
+
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="tr_onnx_host_kernels_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src, lib = out_dir / "kernels.cpp", out_dir / "kernels.so"
+    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
+    cxx = next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++")
+                if c and shutil.which(c)), None)
+    if cxx is None:
+        raise RuntimeError("the dry run needs a host C++ compiler (g++) on PATH")
+    subprocess.run([cxx, "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
+                    "-shared", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)],
+                   check=True, capture_output=True, text=True)
+    return ctypes.CDLL(str(lib))
+
+
+_CTYPES = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float,
+           np.float64: ctypes.c_double, np.int32: ctypes.c_int}
+
+
+def host_emulator(lib: ctypes.CDLL):
+    """A device factory for ``compile_plan(..., device=...)`` and the sessions' ``device=``:
+    ``factory(plan) -> HostEmulator``."""
+    from tr_onnx.backends.cuda.capture import DeviceBuffer, FakeRecorder
+    from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
+    from tr_onnx.backends.numpy_backend import NumpyExecutor, allocate_arena
+
+    base = 1 << 40
+
+    class HostEmulator(FakeRecorder):
+        """``FakeRecorder`` (capture discipline, pointers, write regions) that also runs what
+        it records on a NumPy arena at a fake device address: kernels through the host build,
+        cuDNN graphs through their nodes' numpy kernels, copies with memmove. A captured call
+        runs when its graph is launched."""
+
+        def __init__(self, plan):
+            super().__init__(plan.memory, base, policy=EXECUTOR_POLICY)
+            self.arena = allocate_arena(plan.memory.total_bytes)  # a fresh device arena: zero
+            self.reference = NumpyExecutor(plan.memory, plan.host_steps)
+            self.steps = {s.label: s for s in self.reference.steps}
+            self.launched_graphs = 0
+
+        def prepare_kernel(self, ref):
+            getattr(lib, ref.name)  # the entry point exists in the host build
+
+        def build_cudnn(self, desc):
+            return desc
+
+        def _addr(self, x) -> int:
+            if isinstance(x, DeviceBuffer):
+                if not base <= x.ptr <= base + self.arena.size:
+                    raise AssertionError(f"{self.node}: pointer {x.ptr:#x} outside the arena")
+                return self.arena.ctypes.data + x.ptr - base
+            return x.ctypes.data
+
+        def _eager(self, call) -> None:
+            if not self.capturing:
+                self.replay(call)
+
+        def launch(self, kernel, grid, block, args):
+            super().launch(kernel, grid, block, args)
+            self._eager(self.calls[-1])
+
+        def cudnn_execute(self, graph, pointers, workspace):
+            super().cudnn_execute(graph, pointers, workspace)
+            self._eager(self.calls[-1])
+
+        def memcpy_async(self, dst, src, nbytes, kind):
+            super().memcpy_async(dst, src, nbytes, kind)
+            self._eager(self.calls[-1])
+
+        def memcpy(self, dst, src, nbytes, kind):
+            super().memcpy(dst, src, nbytes, kind)
+            self.replay(self.calls[-1])
+
+        def launch_graph(self, graph):
+            self._record("launch_graph", calls=len(graph.calls))
+            self.launched_graphs += 1
+            for call in graph.calls:
+                self.replay(call)
+
+        def replay(self, call) -> None:
+            if call.op == "launch":
+                args = [ctypes.c_void_p(None) if a is None else
+                        ctypes.c_void_p(self._addr(a)) if isinstance(a, DeviceBuffer) else
+                        _CTYPES[type(a)](a) for a in call.args["args"]]
+                fn = getattr(lib, call.args["kernel"].name)
+                fn.argtypes, fn.restype = [type(a) for a in args], None
+                fn(*args)
+            elif call.op == "cudnn_execute":
+                self._numpy_node(call.node)
+            elif call.op in ("memcpy_async", "memcpy"):
+                a = call.args
+                ctypes.memmove(self._addr(a["dst"]), self._addr(a["src"]), a["nbytes"])
+
+        def _numpy_node(self, label: str) -> None:
+            step = self.steps[label]
+            src = self.reference.arena.ctypes.data
+
+            def move(v):
+                if v is None:
+                    return None
+                return np.ndarray(v.shape, v.dtype, self.arena, v.ctypes.data - src, v.strides)
+
+            for pad in step.pads:
+                move(pad).fill(0)
+            with np.errstate(all="ignore"):
+                step.run([move(v) for v in step.ins], [move(v) for v in step.outs],
+                         [move(v) for v in step.ws])
+
+    return HostEmulator
+
+
+# --------------------------------------------------------------------------------------------
+# Parity with the numpy backend
+# --------------------------------------------------------------------------------------------
+
+def _batch(stem: str, n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if stem == "transformer":
+        sess = tr_onnx.InferenceSession(ZOO / "transformer.onnx")
+        spec = sess.get_inputs()[0]
+        shape = [n if isinstance(d, str) or d is None else d for d in spec.shape]
+        return {spec.name: rng.standard_normal(shape).astype(np.float32)}
+    return {"input": rng.standard_normal((n, *SHAPES[stem])).astype(np.float32)}
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    den = float(np.linalg.norm(b))
+    return float(np.linalg.norm(a - b)) / (den if den > 0 else 1.0)
+
+
+def _maxrel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    den = float(np.abs(b).max()) if b.size else 1.0
+    return float(np.abs(a - b).max()) / (den if den > 0 else 1.0)
+
+
+def _cuda_kwargs(device) -> dict:
+    return {"backend": "cuda", "device": device}
+
+
+def forward_parity(stem: str, device=None, batch: int = 4) -> dict:
+    """Inference outputs, cuda vs numpy (channel_align 8 on both: the same layout)."""
+    feed = _batch(stem, batch, 0)
+    want = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).run(None, feed)
+    got = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", **_cuda_kwargs(device)).run(None, feed)
+    return {"forward": max(_maxrel(g, w) for g, w in zip(got, want))}
+
+
+def _sessions(stem: str, device, **kw):
+    opt = kw.pop("optimizer", None)
+
+    def make(backend_kw):
+        return tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
+                                       optimizer=opt or SGD(lr=0.05, momentum=0.9),
+                                       **backend_kw, **kw)
+
+    return make({"backend": "numpy"}), make(_cuda_kwargs(device))
+
+
+def _labels(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(100 + seed).integers(0, 10, n).astype(np.int64)
+
+
+def gradient_parity(stem: str, device=None, batch: int = 4) -> dict:
+    """The gradient accumulators after one micro-batch (grad_accumulation=2 keeps them)."""
+    ref, cuda = _sessions(stem, device, grad_accumulation=2)
+    feed, y = _batch(stem, batch, 1), _labels(batch, 1)
+    ref.train_step(feed, y)
+    cuda.train_step(feed, y)
+    names = list(ref._active.info.grads.values())
+    a, b = cuda.state_arrays(), ref.state_arrays()
+    # relative to the largest gradient: some (a bias before a BatchNorm) cancel to ~0, where a
+    # per-tensor relative error means nothing
+    scale = max(float(np.abs(b[n]).max()) for n in names) or 1.0
+    err = max(float(np.abs(a[n].astype(np.float64) - b[n]).max()) for n in names)
+    return {"gradient": err / scale, "tensors": len(names)}
+
+
+def training_parity(stem: str, device=None, steps: int = 20, batch: int = 4) -> dict:
+    """``steps`` SGD (momentum 0.9) steps on the same batches: losses and final weights."""
+    ref, cuda = _sessions(stem, device)
+    worst = 0.0
+    for i in range(steps):
+        feed, y = _batch(stem, batch, 10 + i), _labels(batch, i)
+        want, got = ref.train_step(feed, y), cuda.train_step(feed, y)
+        worst = max(worst, abs(got - want) / max(abs(want), 1e-12))
+    a, b = cuda.parameters(), ref.parameters()
+    return {"loss": worst, "weights": max(_rel(a[n], b[n]) for n in b), "steps": steps}
+
+
+def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
+    """lr=0: the eager first step, the captured second and the replayed third see the same
+    weights, so their losses and outputs must be equal; inference likewise."""
+    _, cuda = _sessions(stem, device, optimizer=SGD(lr=0.0))
+    feed, y = _batch(stem, batch, 2), _labels(batch, 2)
+    losses, outs = [], []
+    for _ in range(3):
+        losses.append(cuda.train_step(feed, y))
+        outs.append(cuda.last_outputs())
+    diff = max(abs(v - losses[0]) for v in losses)
+    diff = max([diff] + [float(np.abs(o[k] - outs[0][k]).max()) for o in outs for k in o])
+    sess = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", **_cuda_kwargs(device))
+    runs = [sess.run(None, feed) for _ in range(3)]
+    diff = max([diff] + [float(np.abs(r[0] - runs[0][0]).max()) for r in runs])
+    graphs = len(cuda._active.executor.graphs)
+    return {"replay": diff, "captured_phases": graphs}
+
+
+def run_parity(stems, device=None, steps: int = 20, rows: list | None = None,
+               save=lambda: None) -> list[dict]:
+    """Every parity check for each model; a model the cuda backend cannot run is one row that
+    names its ops. Rows are appended to ``rows``, ``save()`` called after each."""
+    from tr_onnx.backends.cuda.executor import CudaUnsupported
+
+    rows = [] if rows is None else rows
+    for stem in stems:
+        row = {"model": stem}
+        t0 = time.perf_counter()
+        try:
+            for check in (forward_parity, gradient_parity, replay_parity):
+                row.update(check(stem, device))
+            row.update(training_parity(stem, device, steps))
+            row["ok"] = all(row[k] <= TOL[k] for k in TOL if k in row)
+        except CudaUnsupported as e:
+            row.update(ok=None, unsupported=sorted({f"{d or 'ai.onnx'}:{o}"
+                                                    for d, o, _, _ in e.missing}))
+        except Exception as e:  # one model's failure is a row, the others still run
+            traceback.print_exc()
+            row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        log(f"parity {stem}: {row}")
+        rows.append(row)
+        save()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------------
+
+def resnet50_like(width: int = 64, layers=(3, 4, 6, 3), classes: int = 1000, pool: bool = True):
+    """A ResNet-50-shaped torch model (bottleneck blocks, expansion 4) in plain torch;
+    ``width``/``layers`` shrink it for the dry run. ``pool=False`` replaces the stem's
+    MaxPool by a stride-2 3x3 conv (for a backend without MaxPool)."""
+    import torch
+    from torch import nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, mid, stride):
+            super().__init__()
+            cout = mid * 4
+            self.conv1, self.bn1 = nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid)
+            self.conv2 = nn.Conv2d(mid, mid, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(mid)
+            self.conv3, self.bn3 = nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = torch.relu(self.bn2(self.conv2(y)))
+            y = self.bn3(self.conv3(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    stem = [nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    stem.append(nn.MaxPool2d(3, 2, 1) if pool else nn.Conv2d(width, width, 3, 2, 1))
+    blocks, cin = [], width
+    for i, n in enumerate(layers):
+        mid = width * 2 ** i
+        for j in range(n):
+            blocks.append(Bottleneck(cin, mid, 2 if j == 0 and i > 0 else 1))
+            cin = mid * 4
+    return nn.Sequential(*stem, *blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(cin, classes))
+
+
+def export_onnx(model, shape) -> bytes:
+    """The TorchScript exporter (dynamo=False), BatchNorm kept (PRESERVE, eval model)."""
+    import torch
+
+    model = model.eval()
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and folding notices
+        torch.onnx.export(model, (torch.randn(2, *shape[1:]),), buf, dynamo=False,
+                          opset_version=17, input_names=["input"], output_names=["logits"],
+                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                          training=torch.onnx.TrainingMode.PRESERVE)
+    return buf.getvalue()
+
+
+@dataclass
+class Bench:
+    name: str
+    torch_model: object
+    onnx: bytes | Path
+    shape: tuple  # with the batch
+    classes: int
+
+
+def bench_models(dry: bool, batch: int) -> list[Bench]:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the model_zoo package (its torch builders)
+    from model_zoo.export_models import build_torch_model
+
+    if dry:
+        r50 = resnet50_like(width=8, layers=(1, 1, 1, 1), classes=10)
+        shape, classes = (2, 3, 32, 32), 10
+    else:
+        r50, shape, classes = resnet50_like(), (batch, 3, 224, 224), 1000
+    out = [Bench("resnet50", r50, export_onnx(r50, shape), shape, classes)]
+    b = 2 if dry else max(batch, 64)
+    for stem in ("mlp", "resnet", "mobilenet", "lenet"):
+        out.append(Bench(stem, build_torch_model(stem), ZOO / f"{stem}.onnx",
+                         (b, *SHAPES[stem]), 10))
+    return out
+
+
+def _sync(device) -> None:
+    if device is None:
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+
+
+def bench_tr_onnx(b: Bench, device, iters: int, dry: bool) -> list[dict]:
+    """Session ``train_step`` and the bare captured step (upload + three phase graphs)."""
+    from tr_onnx.backends.cuda.executor import CudaUnsupported
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(b.shape).astype(np.float32)
+    y = (np.arange(b.shape[0]) % b.classes).astype(np.int64)
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        sess = tr_onnx.TrainingSession(b.onnx, optimizer=SGD(lr=0.01, momentum=0.9),
+                                       **_cuda_kwargs(device))
+        sess.train_step({"input": x}, y)  # plan, bind, eager warm-up
+        plan_s = time.perf_counter() - t0
+    except CudaUnsupported as e:
+        ops = sorted({f"{o}" for _, o, _, _ in e.missing})
+        return [{"model": b.name, "runner": "tr_onnx cuda fp32", "batch": b.shape[0],
+                 "note": "unsupported: " + ", ".join(ops)}]
+    warm = 1 if dry else 3
+    for _ in range(warm):
+        sess.train_step({"input": x}, y)
+    n = 1 if dry else iters
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        sess.train_step({"input": x}, y)
+    _sync(device)
+    dt = time.perf_counter() - t0
+    mem = _cupy_pool_bytes() if device is None else None
+    rows.append({"model": b.name, "runner": "tr_onnx cuda fp32 (train_step)",
+                 "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
+                 "peak_mem_mb": mem, "note": f"plan+bind+warm-up {plan_s:.1f}s"})
+    ex = sess._active.executor
+    t0 = time.perf_counter()
+    for _ in range(n):
+        ex.write_input("input", x)
+        for phase in ("compute", "commit", "apply"):
+            ex.run(phase)
+    _sync(device)
+    dt = time.perf_counter() - t0
+    rows.append({"model": b.name, "runner": "tr_onnx cuda fp32 (captured step)",
+                 "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
+                 "peak_mem_mb": mem, "note": "upload + 3 graph launches, no host checks"})
+    return rows
+
+
+def _cupy_pool_bytes() -> float:
+    import cupy
+
+    return cupy.get_default_memory_pool().total_bytes() / 2**20
+
+
+def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
+    """PyTorch training steps: ``fp32`` eager NCHW, ``amp`` fp16 autocast + channels_last
+    eager, ``amp+compile`` the same under torch.compile(mode="reduce-overhead")."""
+    import copy
+
+    import torch
+
+    dev = "cpu" if dry else "cuda"
+    model = copy.deepcopy(b.torch_model).to(dev).train()
+    spatial = len(b.shape) == 4
+    amp = variant.startswith("amp")
+    if amp and spatial:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                          **({} if dry else {"fused": True}))
+    run = torch.compile(model, mode="reduce-overhead") if variant == "amp+compile" else model
+    x = torch.randn(b.shape, device=dev)
+    if amp and spatial:
+        x = x.to(memory_format=torch.channels_last)
+    y = torch.arange(b.shape[0], device=dev) % b.classes
+    scaler = torch.amp.GradScaler(dev, enabled=amp and not dry)
+    amp_dtype = torch.bfloat16 if dry else torch.float16
+
+    def step():
+        if variant == "amp+compile":
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(dev, dtype=amp_dtype, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(run(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    for _ in range(1 if dry else 5):
+        step()
+    warm_s = time.perf_counter() - t0
+    if not dry:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    n = 1 if dry else iters
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    if not dry:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    names = {"fp32": "torch fp32 eager", "amp": "torch AMP fp16 channels_last eager",
+             "amp+compile": "torch AMP fp16 channels_last compile(reduce-overhead)"}
+    return {"model": b.name, "runner": names[variant], "batch": b.shape[0],
+            "images_s": None if dry else n * b.shape[0] / dt,
+            "peak_mem_mb": None if dry else torch.cuda.max_memory_allocated() / 2**20,
+            "note": f"warm-up {warm_s:.1f}s"}
+
+
+def run_benchmark(device, dry: bool, batch: int, iters: int, budget_s: float,
+                  compile_all: bool, rows: list | None = None, save=lambda: None) -> list[dict]:
+    start = time.perf_counter()
+    rows = [] if rows is None else rows
+    for b in bench_models(dry, batch):
+        jobs = [("tr_onnx", None), ("torch", "fp32"), ("torch", "amp")]
+        if not dry and (compile_all or b.name == "resnet50"):
+            jobs.append(("torch", "amp+compile"))
+        for kind, variant in jobs:
+            label = f"{kind} {variant or ''}".strip()
+            if time.perf_counter() - start > budget_s:
+                rows.append({"model": b.name, "runner": label, "note": "skipped: time budget"})
+                continue
+            try:
+                if kind == "tr_onnx":
+                    rows += bench_tr_onnx(b, device, iters, dry)
+                else:
+                    rows.append(bench_torch(b, variant, iters, dry))
+            except Exception as e:  # one row's failure is a row, the others still run
+                traceback.print_exc()
+                rows.append({"model": b.name, "runner": label,
+                             "note": f"error: {type(e).__name__}: {str(e)[:200]}"})
+            log(f"bench {rows[-1]}")
+            save()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# tr_onnx gpu_check ({results['mode']})", "", f"- {results['env']}", ""]
+    if results.get("parity"):
+        keys = ["forward", "gradient", "loss", "weights", "replay"]
+        lines += ["## Parity with the numpy backend (fp32)", "",
+                  "| model | " + " | ".join(keys) + " | ok | note |",
+                  "|---" * (len(keys) + 3) + "|"]
+        lines.append("| tolerance | " + " | ".join(_fmt(TOL[k]) for k in keys) + " | | |")
+        for r in results["parity"]:
+            note = "unsupported: " + ", ".join(r["unsupported"]) if r.get("unsupported") else \
+                r.get("error", "")
+            lines.append(f"| {r['model']} | " + " | ".join(_fmt(r.get(k)) for k in keys) +
+                         f" | {_fmt(r.get('ok'))} | {note} |")
+        lines.append("")
+    if results.get("benchmark"):
+        lines += ["## Training throughput (same batch, SGD momentum)", "",
+                  "| model | runner | batch | images/s | peak MB | note |",
+                  "|---|---|---|---|---|---|"]
+        for r in results["benchmark"]:
+            lines.append(f"| {r['model']} | {r['runner']} | {_fmt(r.get('batch'))} | "
+                         f"{_fmt(r.get('images_s'))} | {_fmt(r.get('peak_mem_mb'))} | "
+                         f"{r.get('note', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def environment(dry: bool) -> str:
+    import platform
+
+    parts = [f"python {platform.python_version()}", f"numpy {np.__version__}"]
+    for name in ("torch", "cupy", "cudnn"):
+        try:
+            mod = __import__(name)
+            parts.append(f"{name} {getattr(mod, '__version__', '?')}")
+        except Exception:
+            parts.append(f"{name} missing")
+    if not dry:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        parts.append(f"GPU {props['name'].decode()}")
+    return ", ".join(parts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--benchmark", action="store_true", help="run the benchmark")
+    p.add_argument("--parity", action="store_true", help="run the parity checks")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU only: the cuda executor over the host emulator, no timing")
+    p.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out")
+    p.add_argument("--models", default=None, help="parity models, comma separated")
+    p.add_argument("--steps", type=int, default=20, help="training steps of the parity check")
+    p.add_argument("--batch", type=int, default=64, help="ResNet-50 batch")
+    p.add_argument("--iters", type=int, default=20, help="timed steps per row")
+    p.add_argument("--budget-s", type=float, default=300.0, help="benchmark time budget")
+    p.add_argument("--compile-all", action="store_true",
+                   help="torch.compile rows for every model, not only ResNet-50")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dry = args.dry_run
+    parity, bench = args.parity or dry, args.benchmark or dry
+    if not (parity or bench):
+        p.error("nothing to do: --parity, --benchmark or --dry-run")
+    device = None
+    if dry:
+        device = host_emulator(build_host_library())
+    else:
+        from tr_onnx.backends import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            log(f"no GPU: {reason}")
+            return 2
+    results = {"mode": "dry run (CPU, host emulator, no timing)" if dry else "GPU",
+               "env": environment(dry), "tolerances": TOL, "parity": [], "benchmark": []}
+
+    def save() -> None:  # after every row: a run killed at its time limit still reports
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "results.md").write_text(markdown(results))
+
+    if parity:
+        stems = args.models.split(",") if args.models else (
+            ["mlp", "resnet"] if dry else PARITY_MODELS)
+        run_parity(stems, device, 3 if dry else args.steps, results["parity"], save)
+    if bench:
+        run_benchmark(device, dry, args.batch, args.iters, args.budget_s, args.compile_all,
+                      results["benchmark"], save)
+    save()
+    print(markdown(results))
+    bad = [r["model"] for r in results.get("parity", []) if r.get("ok") is False]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The cuda backend on a real GPU against the numpy backend (fp32), marker ``gpu``.
+
+Run by scripts/gpu_check.sh on the lent H200 (``pytest -m gpu tests/test_cuda_gpu.py``). The
+checks are scripts/gpu_check.py's parity functions, which tests/test_cuda_wiring_cpu.py runs
+on the CPU over the host emulator; tolerances are ``gpu_check.TOL`` (room for TF32 in cuDNN's
+fp32 convolutions). Without a usable GPU every test here skips with "needs a CUDA device".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tr_onnx.backends.cuda.device import cuda_available
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_script("gpu_check")
+TOL = gpu_check.TOL
+MODELS = ["mlp", "resnet", "mobilenet", "lenet", "transformer"]
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_forward_equals_numpy(stem):
+    assert gpu_check.forward_parity(stem)["forward"] <= TOL["forward"]
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_gradients_equal_numpy(stem):
+    assert gpu_check.gradient_parity(stem)["gradient"] <= TOL["gradient"]
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_20_sgd_steps_equal_numpy(stem):
+    got = gpu_check.training_parity(stem, steps=20)
+    assert got["loss"] <= TOL["loss"] and got["weights"] <= TOL["weights"], got
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_graph_replay_equals_the_eager_first_step(stem):
+    got = gpu_check.replay_parity(stem)
+    assert got["replay"] <= TOL["replay"] and got["captured_phases"] >= 2, got
+
+
+def test_the_device_arena_is_one_aligned_allocation():
+    import tr_onnx
+
+    sess = tr_onnx.InferenceSession(ROOT / "model_zoo" / "resnet.onnx", backend="cuda")
+    plan = sess.plan_for({"input": gpu_check._batch("resnet", 4, 0)["input"]})
+    dev = plan.executor.device
+    assert dev.arena_base % 256 == 0 and dev.arena.nbytes == plan.memory.total_bytes

@@ -1,0 +1,230 @@
+"""The cuda backend wired into the sessions, checked without a GPU.
+
+* ``resolve_backend``: ``auto`` is numpy without a GPU and cuda with one; ``cuda`` without one
+  is an error that says why and what to install.
+* ``InferenceSession`` and ``TrainingSession`` with ``backend="cuda"`` drive a ``CudaExecutor``
+  through ``ExecutorAPI`` only; the device is the host emulator of scripts/gpu_check.py
+  (``FakeRecorder``'s capture checks + the kernels' host build + numpy kernels for the cuDNN
+  nodes), injected with the sessions' ``device=`` hook. Outputs, losses and state equal the
+  numpy backend's.
+* ``scripts/gpu_check.py --dry-run``: the whole GPU check (parity and benchmark plumbing) on
+  the CPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tr_onnx
+from tr_onnx.backends import (
+    BACKENDS,
+    DEFAULT_CHANNEL_ALIGN,
+    ExecutorAPI,
+    cuda_unavailable_reason,
+    resolve_backend,
+)
+from tr_onnx.backends.cuda import device as cuda_device
+from tr_onnx.backends.cuda import executor as cuda_executor
+from tr_onnx.backends.cuda.executor import CudaExecutor, CudaUnsupported
+from tr_onnx.backends.numpy_backend import NumpyExecutor
+from tr_onnx.errors import TrOnnxError
+from tr_onnx.optim import SGD
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_script(name: str):
+    """A module of scripts/ (no package), loaded by path."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_script("gpu_check")
+
+ZOO = ROOT / "model_zoo"
+SHAPES = {"mlp": (4, 64), "resnet": (4, 3, 16, 16), "mobilenet": (4, 3, 16, 16)}
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory):
+    """The device factory the sessions take: ``factory(plan) -> HostEmulator``."""
+    return gpu_check.host_emulator(gpu_check.build_host_library(
+        tmp_path_factory.mktemp("host_kernels")))
+
+
+def _x(stem, seed=0):
+    return np.random.default_rng(seed).standard_normal(SHAPES[stem]).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# resolve_backend
+# --------------------------------------------------------------------------------------------
+
+def test_auto_is_numpy_and_cuda_is_a_named_error_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(cuda_device, "cuda_available", lambda: False)
+    assert resolve_backend("auto") == "numpy"
+    assert resolve_backend("numpy") == "numpy"
+    with pytest.raises(TrOnnxError, match=r"backend 'cuda' is not usable here: .*tr_onnx\[cu13\]"):
+        resolve_backend("cuda")
+    with pytest.raises(TrOnnxError, match="not usable here"):
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda")
+
+
+def test_the_reason_names_a_missing_cupy(monkeypatch):
+    monkeypatch.setattr(cuda_device, "cuda_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    assert "CuPy is not importable" in cuda_unavailable_reason()
+    assert "pip install 'tr_onnx[cu13]'" in cuda_unavailable_reason()
+
+
+def test_auto_picks_cuda_when_a_gpu_is_usable(monkeypatch):
+    monkeypatch.setattr(cuda_device, "cuda_available", lambda: True)
+    assert resolve_backend("auto") == "cuda"
+    assert resolve_backend("cuda") == "cuda"
+
+
+def test_unknown_backends_list_the_valid_ones():
+    assert BACKENDS == ("numpy", "cuda") and DEFAULT_CHANNEL_ALIGN["cuda"] == 8
+    with pytest.raises(TrOnnxError, match=r"available: numpy, cuda \(or 'auto'\)"):
+        resolve_backend("tpu")
+
+
+def test_this_machine_has_no_gpu_so_auto_stays_numpy():
+    if cuda_device.cuda_available():  # a GPU machine: nothing to say about CPU behaviour
+        assert resolve_backend("auto") == "cuda"
+    else:
+        assert tr_onnx.TrainingSession(ZOO / "mlp.onnx").backend == "numpy"
+
+
+# --------------------------------------------------------------------------------------------
+# Sessions over a CudaExecutor
+# --------------------------------------------------------------------------------------------
+
+def test_both_executors_implement_the_executor_api(device):
+    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
+    plan = sess.plan_for({"input": _x("mlp")})
+    assert isinstance(plan.executor, CudaExecutor) and isinstance(plan.executor, ExecutorAPI)
+    assert not hasattr(plan.executor, "arena")  # nothing for a session to index
+    assert plan.backend == "cuda" and plan.host_steps
+    ref = tr_onnx.InferenceSession(ZOO / "mlp.onnx", channel_align=8).plan_for(
+        {"input": _x("mlp")})
+    assert isinstance(ref.executor, NumpyExecutor) and isinstance(ref.executor, ExecutorAPI)
+    names = [t for t in plan.memory.tensors if not plan.memory.tensors[t].span][:6]
+    want, got = ref.executor.read_state(names), plan.executor.read_state(names)
+    for n in names:  # the initial contents were uploaded
+        np.testing.assert_array_equal(got[n], want[n], err_msg=n)
+
+
+@pytest.mark.parametrize("stem", ["mlp", "resnet"])
+def test_inference_session_on_cuda_equals_numpy(stem, device):
+    x = _x(stem)
+    want = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).run(None, {"input": x})
+    sess = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", backend="cuda", device=device)
+    assert sess.channel_align == 8 and sess.get_providers() == ["tr_onnx:cuda"]
+    for _ in range(3):  # eager, captured + launched, replayed
+        (got,) = sess.run(None, {"input": x})
+        np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-6)
+    dev = next(iter(sess._plans.values())).executor.device
+    assert [c.op for c in dev.calls].count("begin_capture") == 1 and dev.launched_graphs == 2
+
+
+def _train(stem, steps, **kw):
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", optimizer=SGD(lr=0.05, momentum=0.9),
+                                   channel_align=8, **kw)
+    y = np.arange(SHAPES[stem][0]) % 10
+    losses = [sess.train_step({"input": _x(stem, i)}, y) for i in range(steps)]
+    return sess, losses
+
+
+@pytest.mark.parametrize("stem", ["mlp", "resnet"])
+def test_training_session_on_cuda_equals_numpy(stem, device):
+    ref, want = _train(stem, 3, backend="numpy")
+    sess, got = _train(stem, 3, backend="cuda", device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert sess.last_grad_norm == pytest.approx(ref.last_grad_norm, rel=1e-4)
+    a, b = sess.state_arrays(), ref.state_arrays()
+    assert a.keys() == b.keys()
+    for name in b:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-6, err_msg=name)
+    out_a, out_b = sess.last_outputs(), ref.last_outputs()
+    for name in out_b:
+        np.testing.assert_allclose(out_a[name], out_b[name], rtol=1e-4, atol=1e-5)
+    # eval mode: a second (inference-form) plan gets the trained weights from the first
+    x = _x(stem, 9)
+    np.testing.assert_allclose(sess.run(None, {"input": x})[0], ref.run(None, {"input": x})[0],
+                               rtol=1e-4, atol=1e-5)
+    ex = sess._active.executor
+    assert isinstance(ex, CudaExecutor) and set(ex.graphs) == set(ex.phases)
+
+
+def test_checkpoint_round_trip_through_the_device(device, tmp_path):
+    sess, _ = _train("mlp", 2, backend="cuda", device=device)
+    path = sess.save_checkpoint(tmp_path / "ck.npz")
+    back = tr_onnx.TrainingSession.from_checkpoint(path, backend="cuda", device=device)
+    x, y = _x("mlp", 5), np.arange(4) % 10
+    assert back.train_step({"input": x}, y) == pytest.approx(sess.train_step({"input": x}, y),
+                                                             rel=1e-6)
+
+
+def test_a_non_finite_step_is_dropped_on_the_device(device):
+    sess, _ = _train("mlp", 1, backend="cuda", device=device)
+    before = sess.parameters()
+    x = _x("mlp")
+    x[0, 0] = np.inf
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        sess.train_step({"input": x}, np.arange(4) % 10)
+    after = sess.parameters()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+    grads = sess.state_arrays()
+    assert all(np.all(grads[g] == 0) for g in sess._active.info.grads.values())
+
+
+def test_ops_without_a_cuda_binding_are_listed_not_run_on_numpy(device, monkeypatch):
+    monkeypatch.delitem(cuda_executor.BINDERS, ("", "Relu"))
+    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
+    with pytest.raises(CudaUnsupported, match=r"ai\.onnx Relu v14") as info:
+        sess.run(None, {"input": _x("mlp")})
+    assert {op for _, op, _, _ in info.value.missing} == {"Relu"}
+
+
+def test_device_hook_is_for_the_cuda_backend_only(device):
+    with pytest.raises(ValueError, match="device= is for the cuda backend"):
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="numpy", device=device).run(
+            None, {"input": _x("mlp")})
+
+
+# --------------------------------------------------------------------------------------------
+# scripts/gpu_check.py --dry-run
+# --------------------------------------------------------------------------------------------
+
+def test_gpu_check_parity_functions_pass_on_the_emulator(device):
+    rows = gpu_check.run_parity(["mlp"], device, steps=2)
+    assert rows[0]["ok"] is True and rows[0]["replay"] == 0.0
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_runs_the_whole_script(tmp_path):
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["mode"].startswith("dry run")
+    assert [r["model"] for r in results["parity"]] == ["mlp", "resnet"]
+    assert all(r["ok"] for r in results["parity"])
+    bench = results["benchmark"]
+    assert {r["model"] for r in bench} == {"resnet50", "mlp", "resnet", "mobilenet", "lenet"}
+    errors = [r for r in bench if r.get("note", "").startswith("error")]
+    assert not errors, errors
+    runners = {r["runner"] for r in bench}
+    assert {"torch fp32 eager", "torch AMP fp16 channels_last eager"} <= runners
+    assert any(r.startswith("tr_onnx cuda") for r in runners)
+    table = (tmp_path / "results.md").read_text()
+    assert "| resnet50 |" in table and "images/s" in table
