@@ -1,6 +1,6 @@
 """The cuda backend's check on a GPU: parity with the numpy backend, and a benchmark against
 PyTorch. ``scripts/gpu_check.sh`` runs it on the lent H200; ``--dry-run`` runs all of it on a
-CPU (CI), with the cuda executor over ``HostEmulator`` instead of a GPU.
+CPU (CI), with the cuda executor over ``tr_onnx.backends.cuda.host_emulator`` instead of a GPU.
 
     python scripts/gpu_check.py --benchmark [--out DIR] [--budget-s 300]
     python scripts/gpu_check.py --dry-run [--out DIR]
@@ -27,14 +27,10 @@ timing: the plumbing, proven without a device. Results go to ``results.json``,
 from __future__ import annotations
 
 import argparse
-import ctypes
 import io
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -60,126 +56,6 @@ for bit (lr=0, so every step sees the same weights)."""
 
 def log(msg: str) -> None:
     print(msg, flush=True)
-
-
-# --------------------------------------------------------------------------------------------
-# A device for the CPU: the cuda executor's launches run through the kernels' host build
-# --------------------------------------------------------------------------------------------
-
-def build_host_library(out_dir: str | Path | None = None) -> ctypes.CDLL:
-    """The CUDA kernel sources compiled by the host C++ compiler (their host-and-device macro
-    makes them plain C++), as tests/test_cuda_executor_cpu.py does."""
-    from tr_onnx.backends.cuda import sources
-
-    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="tr_onnx_host_kernels_"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    src, lib = out_dir / "kernels.cpp", out_dir / "kernels.so"
-    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
-    cxx = next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++")
-                if c and shutil.which(c)), None)
-    if cxx is None:
-        raise RuntimeError("the dry run needs a host C++ compiler (g++) on PATH")
-    subprocess.run([cxx, "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
-                    "-shared", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)],
-                   check=True, capture_output=True, text=True)
-    return ctypes.CDLL(str(lib))
-
-
-_CTYPES = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float,
-           np.float64: ctypes.c_double, np.int32: ctypes.c_int}
-
-
-def host_emulator(lib: ctypes.CDLL):
-    """A device factory for ``compile_plan(..., device=...)`` and the sessions' ``device=``:
-    ``factory(plan) -> HostEmulator``."""
-    from tr_onnx.backends.cuda.capture import DeviceBuffer, FakeRecorder
-    from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
-    from tr_onnx.backends.numpy_backend import NumpyExecutor, allocate_arena
-
-    base = 1 << 40
-
-    class HostEmulator(FakeRecorder):
-        """``FakeRecorder`` (capture discipline, pointers, write regions) that also runs what
-        it records on a NumPy arena at a fake device address: kernels through the host build,
-        cuDNN graphs through their nodes' numpy kernels, copies with memmove. A captured call
-        runs when its graph is launched."""
-
-        def __init__(self, plan):
-            super().__init__(plan.memory, base, policy=EXECUTOR_POLICY)
-            self.arena = allocate_arena(plan.memory.total_bytes)  # a fresh device arena: zero
-            self.reference = NumpyExecutor(plan.memory, plan.host_steps)
-            self.steps = {s.label: s for s in self.reference.steps}
-            self.launched_graphs = 0
-
-        def prepare_kernel(self, ref):
-            getattr(lib, ref.name)  # the entry point exists in the host build
-
-        def build_cudnn(self, desc):
-            return desc
-
-        def _addr(self, x) -> int:
-            if isinstance(x, DeviceBuffer):
-                if not base <= x.ptr <= base + self.arena.size:
-                    raise AssertionError(f"{self.node}: pointer {x.ptr:#x} outside the arena")
-                return self.arena.ctypes.data + x.ptr - base
-            return x.ctypes.data
-
-        def _eager(self, call) -> None:
-            if not self.capturing:
-                self.replay(call)
-
-        def launch(self, kernel, grid, block, args):
-            super().launch(kernel, grid, block, args)
-            self._eager(self.calls[-1])
-
-        def cudnn_execute(self, graph, pointers, workspace):
-            super().cudnn_execute(graph, pointers, workspace)
-            self._eager(self.calls[-1])
-
-        def memcpy_async(self, dst, src, nbytes, kind):
-            super().memcpy_async(dst, src, nbytes, kind)
-            self._eager(self.calls[-1])
-
-        def memcpy(self, dst, src, nbytes, kind):
-            super().memcpy(dst, src, nbytes, kind)
-            self.replay(self.calls[-1])
-
-        def launch_graph(self, graph):
-            self._record("launch_graph", calls=len(graph.calls))
-            self.launched_graphs += 1
-            for call in graph.calls:
-                self.replay(call)
-
-        def replay(self, call) -> None:
-            if call.op == "launch":
-                args = [ctypes.c_void_p(None) if a is None else
-                        ctypes.c_void_p(self._addr(a)) if isinstance(a, DeviceBuffer) else
-                        _CTYPES[type(a)](a) for a in call.args["args"]]
-                fn = getattr(lib, call.args["kernel"].name)
-                fn.argtypes, fn.restype = [type(a) for a in args], None
-                fn(*args)
-            elif call.op == "cudnn_execute":
-                self._numpy_node(call.node)
-            elif call.op in ("memcpy_async", "memcpy"):
-                a = call.args
-                ctypes.memmove(self._addr(a["dst"]), self._addr(a["src"]), a["nbytes"])
-
-        def _numpy_node(self, label: str) -> None:
-            step = self.steps[label]
-            src = self.reference.arena.ctypes.data
-
-            def move(v):
-                if v is None:
-                    return None
-                return np.ndarray(v.shape, v.dtype, self.arena, v.ctypes.data - src, v.strides)
-
-            for pad in step.pads:
-                move(pad).fill(0)
-            with np.errstate(all="ignore"):
-                step.run([move(v) for v in step.ins], [move(v) for v in step.outs],
-                         [move(v) for v in step.ws])
-
-    return HostEmulator
 
 
 # --------------------------------------------------------------------------------------------
@@ -611,7 +487,9 @@ def main(argv=None) -> int:
         p.error("nothing to do: --parity, --benchmark or --dry-run")
     device = None
     if dry:
-        device = host_emulator(build_host_library())
+        from tr_onnx.backends.cuda.host_emulator import host_emulator
+
+        device = host_emulator()
     else:
         from tr_onnx.backends import cuda_unavailable_reason
 

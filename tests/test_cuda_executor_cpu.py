@@ -11,19 +11,16 @@ which checks every pointer against the MemoryPlan and every write against the ph
 * Capture: first run eager, second captured (no allocation, no sync) and launched, then
   replayed; the apply phase touches only the PARAM/GRAD/OPT_STATE spans and scalars; the
   fused optimizer covers the PARAM span once.
-* Emulation: the same launches run on the CPU through the kernels' host build (the g++
-  library of test_cuda_kernels_cpu), cuDNN calls through the numpy kernels of their nodes, on
-  a NumPy arena: three captured training steps equal the numpy backend's, and the host
+* Emulation: the same launches run on the CPU through tr_onnx.backends.cuda.host_emulator
+  (the kernels' g++ host build), cuDNN calls through the numpy kernels of their nodes, on a
+  NumPy arena: three captured training steps equal the numpy backend's, and the host
   transfers (pad/unpad through WORKSPACE) equal memory.write_host / read_host.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +39,7 @@ from tr_onnx.backends.cuda.executor import (
     CudnnCall,
     Launch,
 )
+from tr_onnx.backends.cuda.host_emulator import HostEmulator, build_host_library, host_compiler
 from tr_onnx.memory import Region, pad_lanes_are_zero, read_host, write_host
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
@@ -149,13 +147,6 @@ def test_onnx_running_statistics_get_their_own_kernel():
 # Launch arguments against the kernels' C signatures
 # --------------------------------------------------------------------------------------------
 
-def _host_compiler():
-    for cxx in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    pytest.fail("no host C++ compiler on PATH")
-
-
 C_SCALARS = {"long long": np.int64, "float": np.float32, "double": np.float64, "int": np.int32}
 C_POINTEES = {"float": "float32", "tr_f16": "float16", "long long": "int64",
               "unsigned char": "bool"}
@@ -165,7 +156,7 @@ C_POINTEES = {"float": "float32", "tr_f16": "float16", "long long": "int64",
 def signatures():
     """kernel name -> [(is_pointer, base C type)], from the preprocessed host sources."""
     text = "\n".join(s.text for s in sources.SOURCES.values())
-    done = subprocess.run([_host_compiler(), "-E", "-P", "-x", "c++", "-std=c++17",
+    done = subprocess.run([host_compiler(), "-E", "-P", "-x", "c++", "-std=c++17",
                            f"-I{sources.KERNEL_DIR}", "-"], input=text, capture_output=True,
                           text=True, check=True)
     sigs = {}
@@ -322,96 +313,12 @@ def test_a_capture_error_is_named_and_falls_back_only_when_asked():
 
 @pytest.fixture(scope="module")
 def host_lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cuda_exec_host")
-    src, lib = d / "kernels.cpp", d / "kernels.so"
-    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
-    cmd = [_host_compiler(), "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
-           "-shared", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return ctypes.CDLL(str(lib))
+    return build_host_library(tmp_path_factory.mktemp("cuda_exec_host"))
 
 
-CTYPES = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float, np.float64: ctypes.c_double,
-          np.int32: ctypes.c_int}
-
-
-def emulating_device(lib):
-    class Emulator(FakeDevice):
-        """Runs what it records: kernels through the host build, cuDNN nodes through their
-        numpy kernels, copies with memmove, all on a NumPy arena at BASE."""
-
-        def __init__(self, plan):
-            super().__init__(plan)
-            self.compiled = plan
-            self.arena = plan.executor.arena.copy()  # the numpy arena's state as a start
-            self.numpy_steps = {s.label: s for s in plan.executor.steps}
-            self.fused = {}  # cuDNN node label -> labels of the nodes fused into it
-
-        def adopt(self, ex):
-            """Learn from the executor which nodes run inside another's cuDNN call."""
-            for bn in ex.bound:
-                if bn.fused_into is not None:
-                    self.fused.setdefault(bn.fused_into, []).append(bn.label)
-            return ex
-
-        def addr(self, x):
-            if isinstance(x, DeviceBuffer):
-                assert BASE <= x.ptr <= BASE + self.arena.size
-                return self.arena.ctypes.data + x.ptr - BASE
-            return x.ctypes.data
-
-        def launch(self, kernel, grid, block, args):
-            super().launch(kernel, grid, block, args)
-            if not self.capturing:  # a captured call runs when the graph is launched
-                self.replay(self.calls[-1])
-
-        def cudnn_execute(self, graph, pointers, workspace):
-            super().cudnn_execute(graph, pointers, workspace)
-            if not self.capturing:  # a captured call runs when the graph is launched
-                self.replay(self.calls[-1])
-
-        def memcpy_async(self, dst, src, nbytes, kind):
-            super().memcpy_async(dst, src, nbytes, kind)
-            if not self.capturing:  # a captured call runs when the graph is launched
-                self.replay(self.calls[-1])
-
-        def memcpy(self, dst, src, nbytes, kind):
-            super().memcpy(dst, src, nbytes, kind)
-            self.replay(self.calls[-1])
-
-        def replay(self, call):
-            if call.op == "launch":
-                args = [ctypes.c_void_p(None) if a is None else
-                        ctypes.c_void_p(self.addr(a)) if isinstance(a, DeviceBuffer) else
-                        CTYPES[type(a)](a) for a in call.args["args"]]
-                fn = getattr(lib, call.args["kernel"].name)
-                fn.argtypes, fn.restype = [type(a) for a in args], None
-                fn(*args)
-            elif call.op == "cudnn_execute":
-                self.numpy_node(call.node)
-                for label in self.fused.get(call.node, ()):  # an activation in the epilogue
-                    self.numpy_node(label)
-            elif call.op in ("memcpy_async", "memcpy"):
-                a = call.args
-                ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])
-
-        def numpy_node(self, label):
-            step = self.numpy_steps[label]
-            src = self.compiled.executor.arena.ctypes.data
-
-            def move(v):
-                if v is None:
-                    return None
-                return np.ndarray(v.shape, v.dtype, self.arena, v.ctypes.data - src, v.strides)
-
-            for pad in step.pads:
-                move(pad).fill(0)
-            with np.errstate(all="ignore"):
-                step.run([move(v) for v in step.ins], [move(v) for v in step.outs],
-                         [move(v) for v in step.ws])
-
-    return Emulator
+def emulating_device(lib, plan):
+    """A HostEmulator whose arena starts as the numpy backend's arena."""
+    return HostEmulator(plan, lib, arena=plan.executor.arena.copy())
 
 
 REGIONS = (Region.PARAM, Region.GRAD, Region.OPT_STATE)
@@ -424,7 +331,7 @@ def test_emulated_gradients_equal_the_numpy_backend(stem, host_lib):
     that cancel to ~0, so relative errors there mean nothing)."""
     plan = training_plan(stem)
     start = plan.executor.arena.copy()
-    device = emulating_device(host_lib)(plan)
+    device = emulating_device(host_lib, plan)
     CudaExecutor(plan, device).run("compute")
     plan.executor.arena[...] = start
     plan.executor.run(phase="compute")
@@ -440,7 +347,7 @@ def test_emulated_captured_steps_equal_the_numpy_backend(stem, host_lib):
     """Three steps (eager, captured + launched, replayed) of the whole training step."""
     plan = training_plan(stem)
     start = plan.executor.arena.copy()
-    device = emulating_device(host_lib)(plan)
+    device = emulating_device(host_lib, plan)
     ex = CudaExecutor(plan, device)
     run_steps(ex, 3)  # eager, captured + launched, replayed
     plan.executor.arena[...] = start
@@ -472,9 +379,9 @@ def test_emulated_inference_plan_equals_the_numpy_backend(stem, host_lib):
     x = np.random.default_rng(2).standard_normal(SHAPES[stem]).astype(np.float32)
     plan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).plan_for(
         {"input": x})
-    device = emulating_device(host_lib)(plan)
+    device = emulating_device(host_lib, plan)
     device.arena[...] = 0  # a fresh device arena: the executor uploads the initial contents
-    ex = device.adopt(CudaExecutor(plan, device))
+    ex = CudaExecutor(plan, device)
     ex.load_constants()
     assert list(ex.phases) == ["forward"]
     outputs = []
@@ -492,7 +399,7 @@ def test_emulated_inference_plan_equals_the_numpy_backend(stem, host_lib):
 
 def test_host_transfers_pad_and_unpad_on_the_device(host_lib):
     plan = training_plan("resnet")
-    device = emulating_device(host_lib)(plan)
+    device = emulating_device(host_lib, plan)
     ex = CudaExecutor(plan, device)
     t = plan.memory.tensors["input"]
     assert t.layout.is_padded
@@ -566,7 +473,7 @@ def test_emulated_transformer_steps_equal_the_numpy_backend(host_lib):
     g0 = plan.executor.arena[lo:lo + size].view(np.float32).copy()
     noise = np.abs(g0) <= 1e-6 * np.abs(g0).max()
     plan.executor.arena[...] = start
-    device = emulating_device(host_lib)(plan)
+    device = emulating_device(host_lib, plan)
     run_steps(CudaExecutor(plan, device), 3)
     plan.executor.arena[...] = start
     for _ in range(3):
@@ -612,9 +519,9 @@ def test_emulated_data_movement_and_pool_ops_equal_the_numpy_backend(host_lib):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     plan = tr_onnx.InferenceSession(model, channel_align=8).plan_for({"input": x})
-    device = emulating_device(host_lib)(plan)
+    device = emulating_device(host_lib, plan)
     device.arena[...] = 0
-    ex = device.adopt(CudaExecutor(plan, device))
+    ex = CudaExecutor(plan, device)
     ex.load_constants()
     ex.write_input("input", x)
     ex.run()

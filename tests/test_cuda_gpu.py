@@ -8,26 +8,11 @@ fp32 convolutions). Without a usable GPU every test here skips with "needs a CUD
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from script_modules import ROOT, gpu_check
 
 from tr_onnx.backends.cuda.device import cuda_available
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load_script("gpu_check")
 TOL = gpu_check.TOL
 MODELS = ["mlp", "resnet", "mobilenet", "lenet", "transformer"]
 

@@ -3,7 +3,7 @@
 * ``resolve_backend``: ``auto`` is numpy without a GPU and cuda with one; ``cuda`` without one
   is an error that says why and what to install.
 * ``InferenceSession`` and ``TrainingSession`` with ``backend="cuda"`` drive a ``CudaExecutor``
-  through ``ExecutorAPI`` only; the device is the host emulator of scripts/gpu_check.py
+  through ``ExecutorAPI`` only; the device is tr_onnx.backends.cuda.host_emulator
   (``FakeRecorder``'s capture checks + the kernels' host build + numpy kernels for the cuDNN
   nodes), injected with the sessions' ``device=`` hook. Outputs, losses and state equal the
   numpy backend's.
@@ -13,13 +13,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from script_modules import ROOT, gpu_check
 
 import tr_onnx
 from tr_onnx.backends import (
@@ -32,23 +31,10 @@ from tr_onnx.backends import (
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import executor as cuda_executor
 from tr_onnx.backends.cuda.executor import CudaExecutor, CudaUnsupported
+from tr_onnx.backends.cuda.host_emulator import build_host_library, host_emulator
 from tr_onnx.backends.numpy_backend import NumpyExecutor
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.optim import SGD
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load_script(name: str):
-    """A module of scripts/ (no package), loaded by path."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = _load_script("gpu_check")
 
 ZOO = ROOT / "model_zoo"
 SHAPES = {"mlp": (4, 64), "resnet": (4, 3, 16, 16), "mobilenet": (4, 3, 16, 16)}
@@ -57,8 +43,7 @@ SHAPES = {"mlp": (4, 64), "resnet": (4, 3, 16, 16), "mobilenet": (4, 3, 16, 16)}
 @pytest.fixture(scope="module")
 def device(tmp_path_factory):
     """The device factory the sessions take: ``factory(plan) -> HostEmulator``."""
-    return gpu_check.host_emulator(gpu_check.build_host_library(
-        tmp_path_factory.mktemp("host_kernels")))
+    return host_emulator(build_host_library(tmp_path_factory.mktemp("host_kernels")))
 
 
 def _x(stem, seed=0):

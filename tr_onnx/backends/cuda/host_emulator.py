@@ -1,0 +1,165 @@
+"""Runs the cuda executor on the CPU through the kernels' host build, for CI and debugging.
+
+``build_host_library()`` compiles the CUDA kernel sources with the host C++ compiler (their
+host-and-device macro makes them plain C++); ``HostEmulator`` is a device for ``CudaExecutor``
+that records like ``FakeRecorder`` (capture discipline, pointers, write regions) and runs what
+it records on a NumPy arena at a fake device address: kernels through the host build, cuDNN
+graphs through their nodes' numpy kernels (with the activation fused into a conv's epilogue),
+copies with memmove. ``host_emulator(lib)`` is the factory the sessions' ``device=`` takes.
+
+Importing this module needs no GPU and does not import CuPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..numpy_backend import NumpyExecutor, allocate_arena
+from . import sources
+from .capture import DeviceBuffer, FakeRecorder
+from .executor import EXECUTOR_POLICY
+
+BASE = 1 << 40
+"""The fake device address of the emulated arena."""
+
+_CTYPES = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float,
+           np.float64: ctypes.c_double, np.int32: ctypes.c_int}
+
+
+def host_compiler() -> str:
+    """The host C++ compiler: ``$CXX``, else g++, c++ or clang++ on PATH."""
+    for cxx in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if cxx and shutil.which(cxx):
+            return cxx
+    raise RuntimeError("the host build of the cuda kernels needs a C++ compiler (g++) on PATH")
+
+
+def build_host_library(out_dir: str | Path | None = None) -> ctypes.CDLL:
+    """Every kernel source of ``sources.SOURCES`` compiled into one shared library under
+    ``out_dir`` (default: a new temporary folder). Raises RuntimeError with the compiler's
+    message if it fails."""
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="tr_onnx_host_kernels_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src, lib = out_dir / "kernels.cpp", out_dir / "kernels.so"
+    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
+    cmd = [host_compiler(), "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
+           "-shared", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr}")
+    return ctypes.CDLL(str(lib))
+
+
+class HostEmulator(FakeRecorder):
+    """A ``CudaExecutor`` device on the CPU for ``plan`` (a ``CompiledPlan``).
+
+    ``lib``: the library of ``build_host_library``; ``arena``: the device arena's starting
+    contents (default: zeros, a fresh device arena, which the executor's ``load_constants``
+    fills). Eager calls run at once; captured calls run when their graph is launched.
+    """
+
+    def __init__(self, plan, lib: ctypes.CDLL, arena: np.ndarray | None = None):
+        super().__init__(plan.memory, BASE, policy=EXECUTOR_POLICY)
+        self.lib = lib
+        self.arena = allocate_arena(plan.memory.total_bytes) if arena is None else arena
+        self.reference = NumpyExecutor(plan.memory, plan.host_steps)
+        self.steps = {s.label: s for s in self.reference.steps}
+        self.producers = {name: label for label, _, _, outs, *_ in plan.host_steps
+                          for name in outs if name is not None}
+        self.fused: dict[str, list[str]] = {}  # cuDNN node label -> nodes in its epilogue
+        self.launched_graphs = 0
+
+    def prepare_kernel(self, ref) -> None:
+        getattr(self.lib, ref.name)  # the entry point exists in the host build
+
+    def build_cudnn(self, desc):
+        """The declaration is the graph; a ReLU fused into the epilogue writes Y, so the node
+        producing Y runs (as numpy) after the conv's own node."""
+        if "relu" in desc.epilogue:
+            self.fused.setdefault(desc.node, []).append(self.producers[desc.outputs["Y"].name])
+        return desc
+
+    def addr(self, x) -> int:
+        """The host address of a device buffer (or of a host array)."""
+        if isinstance(x, DeviceBuffer):
+            if not BASE <= x.ptr <= BASE + self.arena.size:
+                raise AssertionError(f"{self.node}: pointer {x.ptr:#x} outside the arena")
+            return self.arena.ctypes.data + x.ptr - BASE
+        return x.ctypes.data
+
+    def _eager(self, call) -> None:
+        if not self.capturing:  # a captured call runs when the graph is launched
+            self.replay(call)
+
+    def launch(self, kernel, grid, block, args):
+        super().launch(kernel, grid, block, args)
+        self._eager(self.calls[-1])
+
+    def cudnn_execute(self, graph, pointers, workspace):
+        super().cudnn_execute(graph, pointers, workspace)
+        self._eager(self.calls[-1])
+
+    def memcpy_async(self, dst, src, nbytes, kind):
+        super().memcpy_async(dst, src, nbytes, kind)
+        self._eager(self.calls[-1])
+
+    def memcpy(self, dst, src, nbytes, kind):
+        super().memcpy(dst, src, nbytes, kind)
+        self.replay(self.calls[-1])
+
+    def launch_graph(self, graph):
+        self._record("launch_graph", calls=len(graph.calls))
+        self.launched_graphs += 1
+        for call in graph.calls:
+            self.replay(call)
+
+    def replay(self, call) -> None:
+        """Run one recorded call on the arena."""
+        if call.op == "launch":
+            args = [ctypes.c_void_p(None) if a is None else
+                    ctypes.c_void_p(self.addr(a)) if isinstance(a, DeviceBuffer) else
+                    _CTYPES[type(a)](a) for a in call.args["args"]]
+            fn = getattr(self.lib, call.args["kernel"].name)
+            fn.argtypes, fn.restype = [type(a) for a in args], None
+            fn(*args)
+        elif call.op == "cudnn_execute":
+            self.numpy_node(call.node)
+            for label in self.fused.get(call.node, ()):
+                self.numpy_node(label)
+        elif call.op in ("memcpy_async", "memcpy"):
+            a = call.args
+            ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])
+
+    def numpy_node(self, label: str) -> None:
+        """Node ``label``'s numpy kernel, on this arena."""
+        step = self.steps[label]
+        src = self.reference.arena.ctypes.data
+
+        def move(v):
+            if v is None:
+                return None
+            return np.ndarray(v.shape, v.dtype, self.arena, v.ctypes.data - src, v.strides)
+
+        for pad in step.pads:
+            move(pad).fill(0)
+        with np.errstate(all="ignore"):
+            step.run([move(v) for v in step.ins], [move(v) for v in step.outs],
+                     [move(v) for v in step.ws])
+
+
+def host_emulator(lib: ctypes.CDLL | None = None):
+    """The device factory for ``compile_plan(..., device=...)`` and the sessions' ``device=``:
+    ``factory(plan) -> HostEmulator`` over ``lib`` (default: a fresh ``build_host_library()``)."""
+    lib = build_host_library() if lib is None else lib
+
+    def factory(plan) -> HostEmulator:
+        return HostEmulator(plan, lib)
+
+    return factory
