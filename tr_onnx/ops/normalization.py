@@ -84,25 +84,28 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     ``saved_var`` (biased) and ``saved_inv_std`` (1 / sqrt(var + eps)). y always uses the
     biased batch variance."""
     c_axis = BATCH_NORM.channel_axis
-    rank = _check_rank(ctx, c_axis + 1)
+    _check_rank(ctx, c_axis + 1)
     x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
     mean_ws, var_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
     d_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
-    stat_axes = tuple(range(rank - 1))  # every axis but the channels of the channels-last view
     count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    ones_ws = ctx.workspace((count,), acc)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
     correction = count / max(count - 1, 1) if unbiased else 1.0
+    direct = acc == np.dtype(ctx.outputs[0].dtype)  # y can be written without a cast
 
     def run(ins, outs, ws):
         scale, bias = ins[1], ins[2]
         a, b, mean, var, d = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws], ws[d_ws]
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        np.mean(x_nhwc, axis=stat_axes, dtype=acc, out=mean)
-        np.subtract(x_nhwc, mean, out=d)
+        np.copyto(d, x_nhwc)
         flat = d.reshape(-1, c)  # contiguous workspace: a view
+        channel_sums(flat, ws[ones_ws], mean)
+        np.divide(mean, count, out=mean)
+        np.subtract(d, mean, out=d)
         np.einsum("kc,kc->c", flat, flat, out=var)
         np.divide(var, count, out=var)
         # the running/saved outputs, from the batch statistics (a and b are scratch here)
@@ -123,11 +126,23 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
         if "saved_inv_std" in slots:
             np.copyto(outs[slots["saved_inv_std"]], a, casting="same_kind")
         np.multiply(scale, a, out=a)
-        np.multiply(d, a, out=d)
-        np.add(d, bias, out=d)
-        np.copyto(y_nhwc, d, casting="same_kind")
+        if direct:
+            np.multiply(d, a, out=y_nhwc)
+            np.add(y_nhwc, bias, out=y_nhwc)
+        else:
+            np.multiply(d, a, out=d)
+            np.add(d, bias, out=d)
+            np.copyto(y_nhwc, d, casting="same_kind")
 
     return run
+
+
+def channel_sums(flat: np.ndarray, ones: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Column sums of a contiguous ``[M, C]`` matrix as one BLAS matrix-vector product:
+    numpy's own reduction over the rows of a narrow matrix is ~15x slower. ``ones`` is a
+    workspace of M elements (filled here: workspaces do not keep their contents)."""
+    ones.fill(1)
+    return np.dot(ones, flat, out=out)
 
 
 def batch_norm_numpy(ctx):
@@ -196,7 +211,7 @@ def batch_norm_grad_numpy(ctx):
     statistics): gx = scale * inv_std * gy.
     """
     c_axis = BATCH_NORM.channel_axis
-    rank = _check_rank(ctx, c_axis + 1)
+    _check_rank(ctx, c_axis + 1)
     x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
@@ -204,8 +219,8 @@ def batch_norm_grad_numpy(ctx):
     nhwc = _channels_last_shape(x_info.shape, c_axis)
     xhat_ws, t_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
     gs_ws, gb_ws, a_ws = (ctx.workspace((c,), acc) for _ in range(3))
-    stat_axes = tuple(range(rank - 1))
     count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    ones_ws = ctx.workspace((count,), acc)
     has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
 
     def run(ins, outs, ws):
@@ -214,9 +229,10 @@ def batch_norm_grad_numpy(ctx):
         xhat, t, gs, gb, a = ws[xhat_ws], ws[t_ws], ws[gs_ws], ws[gb_ws], ws[a_ws]
         np.subtract(x_nhwc, mean, out=xhat)
         np.multiply(xhat, inv, out=xhat)
-        np.sum(gy_nhwc, axis=stat_axes, dtype=acc, out=gb)
-        np.multiply(gy_nhwc, xhat, out=t)
-        np.sum(t, axis=stat_axes, out=gs)
+        np.copyto(t, gy_nhwc)  # contiguous [M, C] for the BLAS sums
+        gy2, xhat2 = t.reshape(-1, c), xhat.reshape(-1, c)
+        channel_sums(gy2, ws[ones_ws], gb)
+        np.einsum("kc,kc->c", gy2, xhat2, out=gs)
         if has_gscale:
             np.copyto(outs[1], gs, casting="same_kind")
         if has_gbias:
@@ -230,9 +246,9 @@ def batch_norm_grad_numpy(ctx):
             return
         np.divide(gs, count, out=gs)
         np.divide(gb, count, out=gb)
-        np.multiply(xhat, gs, out=t)
-        np.add(t, gb, out=t)
-        np.subtract(gy_nhwc, t, out=t)
+        np.multiply(xhat, gs, out=xhat)  # xhat is not needed any more
+        np.add(xhat, gb, out=xhat)
+        np.subtract(t, xhat, out=t)
         np.multiply(t, a, out=t)
         np.copyto(gx_nhwc, t, casting="same_kind")
 
