@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
-import shutil
-import subprocess
 import time
 from types import SimpleNamespace
 
@@ -42,6 +39,7 @@ from onnx import helper, numpy_helper
 
 import tr_onnx
 from tr_onnx.backends.cuda import sources
+from tr_onnx.backends.cuda.host_emulator import build_host_library
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
 from tr_onnx.ops import optimizers as np_optim
@@ -79,19 +77,13 @@ def test_kernel_names_are_unique_and_suffixed():
 
 # ---- 2. the host build ----------------------------------------------------------------------
 
-def _host_compiler() -> str:
-    for cxx in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if cxx and shutil.which(cxx):
-            return cxx
-    pytest.fail("no host C++ compiler (g++ >= 12 or clang >= 15, for _Float16) on PATH")
-
-
 class HostKernels:
-    """The whole registry compiled into one shared library; ``call(name, *args)`` with numpy
-    arrays (passed as pointers), None (a null pointer) and ctypes scalars."""
+    """The whole registry compiled into one shared library (``build_host_library``, the
+    emulator's build, with ``-O2 -Wall -Werror``); ``call(name, *args)`` with numpy arrays
+    (passed as pointers), None (a null pointer) and ctypes scalars."""
 
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(str(path))
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
 
     def __call__(self, name, *args):
         cargs = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
@@ -104,15 +96,8 @@ class HostKernels:
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cuda_host")
-    src = d / "all_kernels.cpp"
-    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
-    lib = d / "all_kernels.so"
-    cmd = [_host_compiler(), "-x", "c++", "-std=c++17", "-O2", "-ffp-contract=off", "-fPIC",
-           "-shared", "-Wall", "-Werror", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stderr}"
-    return HostKernels(lib)
+    return HostKernels(build_host_library(tmp_path_factory.mktemp("cuda_host"),
+                                          extra_flags=("-O2", "-Wall", "-Werror")))
 
 
 LL, F32, F64, I32 = ctypes.c_longlong, ctypes.c_float, ctypes.c_double, ctypes.c_int
@@ -562,6 +547,21 @@ def test_unscale_check_matches_torch(host, dt):
     g[17] = STORAGE[dt][1](np.array([np.nan]))[0]
     host(f"tr_unscale_check_{dt}", g, LL(g.size), inv, found)
     assert found[0] == 1
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+def test_unscale_check_without_a_scale_only_checks(host, dt):
+    """A null inv_scale: the cuda executor's all_finite (the tensor is not written)."""
+    g = STORAGE[dt][1](np.linspace(-3e4, 3e4, 77))
+    found = np.zeros(1, np.float32)
+    before = g.copy()
+    host(f"tr_unscale_check_{dt}", g, LL(g.size), None, found)
+    assert found[0] == 0 and g.tobytes() == before.tobytes()
+    g[40] = STORAGE[dt][1](np.array([np.inf]))[0]
+    host(f"tr_unscale_check_{dt}", g, LL(g.size), None, found)
+    assert found[0] == 1
+    host("tr_zero_lanes_b4", found, LL(1), LL(0), LL(1))  # the executor's clear
+    assert found[0] == 0
 
 
 def test_loss_scale_update_follows_torch_sequence(host):

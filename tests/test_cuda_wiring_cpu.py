@@ -174,6 +174,39 @@ def test_a_non_finite_step_is_dropped_on_the_device(device):
     assert all(np.all(grads[g] == 0) for g in sess._active.info.grads.values())
 
 
+def _d2h_bytes(dev, start: int) -> int:
+    return sum(c.args["nbytes"] for c in dev.calls[start:]
+               if c.op in ("memcpy_async", "memcpy") and c.args["kind"] == "d2h")
+
+
+def test_all_finite_reads_back_only_the_flag(device):
+    sess, _ = _train("mlp", 1, backend="cuda", device=device)
+    ex = sess._active.executor
+    dev, grads = ex.device, ex.memory.tensors["__grads"]
+    assert grads.nbytes > 1000
+    start = len(dev.calls)
+    assert ex.all_finite("__grads") is True
+    assert _d2h_bytes(dev, start) == 4  # the flag, not the span
+    launched = [c.args["kernel"].name for c in dev.calls[start:] if c.op == "launch"]
+    assert launched == ["tr_zero_lanes_b4", "tr_unscale_check_f32"]
+    assert {c.phase for c in dev.calls[start:] if c.op != "synchronize"} == {"check"}
+    # a NaN written into one gradient is found; the span is not written by the check
+    name = next(iter(sess._active.info.grads.values()))
+    g = ex.read_output(name)
+    g.reshape(-1)[-1] = np.nan
+    ex.write_tensor(name, g)
+    before = ex.read_output("__grads")
+    start = len(dev.calls)
+    assert ex.all_finite("__grads") is False and _d2h_bytes(dev, start) == 4
+    np.testing.assert_array_equal(ex.read_output("__grads"), before)
+    ex.zero("__grads")
+    assert ex.all_finite("__grads") is True  # the flag is cleared on every call
+    # a train step reads back the loss and the flag only
+    start = len(dev.calls)
+    sess.train_step({"input": _x("mlp", 3)}, np.arange(4) % 10)
+    assert _d2h_bytes(dev, start) == 4 + 4 + 4  # loss, flag, grad norm
+
+
 def test_ops_without_a_cuda_binding_are_listed_not_run_on_numpy(device, monkeypatch):
     monkeypatch.delitem(cuda_executor.BINDERS, ("", "Relu"))
     sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)

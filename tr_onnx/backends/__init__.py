@@ -58,7 +58,8 @@ class HostTransfers:
     """``ExecutorAPI``'s state helpers on top of three primitives a backend provides:
     ``write_tensor``, ``read_output`` and ``memory`` (the MemoryPlan). The numpy executor
     overrides them with direct views; the cuda executor uses them as they are (each a host
-    round trip, outside the captured step)."""
+    round trip, outside the captured step), except ``all_finite``, which it decides on the
+    device and answers with a 4-byte flag."""
 
     def read_scalar(self, name: str) -> float:
         return float(np.asarray(self.read_output(name)).reshape(-1)[0])

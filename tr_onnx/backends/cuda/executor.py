@@ -25,6 +25,8 @@ through one of two pinned buffers (the host fills one while the other's copy may
 flight) into the arena; a padded channels-last input is uploaded compact into the WORKSPACE
 region (dead between steps) and padded on the device by ``tr_pad_nhwc``; ``read_output``
 the reverse with ``tr_unpad_nhwc``. Where WORKSPACE is too small the host pads instead.
+``all_finite`` reduces a tensor on the device to a flag in the first 4 bytes of WORKSPACE and
+reads back only the flag.
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ INTERNAL = "ai.tr_onnx"
 
 EXECUTOR_POLICY = {**WRITE_POLICY,
                    "upload": frozenset({Region.INPUT, Region.WORKSPACE}),
-                   "download": frozenset({Region.WORKSPACE})}
+                   "download": frozenset({Region.WORKSPACE}),
+                   "check": frozenset({Region.WORKSPACE})}
 """``capture.WRITE_POLICY`` plus the executor's transfers, issued outside the captured step:
-``upload`` (the batch and per-step scalars into INPUT, staged through WORKSPACE) and
-``download`` (unpadding an output into WORKSPACE before the copy to the host)."""
+``upload`` (the batch and per-step scalars into INPUT, staged through WORKSPACE),
+``download`` (unpadding an output into WORKSPACE before the copy to the host) and ``check``
+(``all_finite``'s flag, the first 4 bytes of WORKSPACE)."""
 
 DT = {"float32": "f32", "float16": "f16"}  # numpy dtype -> kernel storage suffix
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sum": "add"}
@@ -1502,6 +1506,35 @@ class CudaExecutor(HostTransfers):
         if host_layout == "nhwc" and out.ndim >= 3:
             out = np.ascontiguousarray(np.moveaxis(out, 1, -1))
         return out
+
+    def all_finite(self, name: str) -> bool:
+        """No NaN/Inf in tensor ``name``, decided on the device: ``tr_zero_lanes_b4`` clears a
+        float32 flag in the first 4 bytes of WORKSPACE (per-node scratch, dead between phases,
+        so free outside the captured step), ``tr_unscale_check_<dt>`` with a null inv_scale
+        sets it to 1 on a non-finite element (the tensor is not written), and only those 4
+        bytes come back to the host. A tensor the flat kernel cannot index (a non-plain
+        layout, GatherRows, a dtype without kernels) or a plan with no WORKSPACE takes the
+        host round trip of ``HostTransfers.all_finite``."""
+        t = self.memory.tensors.get(name)
+        if t is None:
+            raise InputError(f"{name!r} is not a tensor of this plan")
+        g = geometry(t)
+        ws_ptr, ws_bytes = self._b.workspace
+        if g is None or g.kind != "flat" or isinstance(t.layout, GatherRowsLayout) or \
+                t.dtype.name not in DT or ws_bytes < 4:
+            return super().all_finite(name)
+        flag = DeviceBuffer(ws_ptr, 4, True)
+        self.device.begin_node(f"<all_finite {name}>", "check")
+        self.device.launch(self._b.kernel("extra", "tr_zero_lanes_b4"), (1, 1, 1), (1, 1, 1),
+                           (flag, _i64(1), _i64(0), _i64(1)))
+        grid, block = launch_dims(g.n)
+        self.device.launch(self._b.kernel("amp", f"tr_unscale_check_{DT[t.dtype.name]}"), grid,
+                           block, (DeviceBuffer(self._b.base + t.offset, t.nbytes, False, t.name),
+                                   _i64(g.n), None, flag))
+        host = self._host[2]
+        self.device.memcpy_async(host[:4], DeviceBuffer(ws_ptr, 4, False), 4, "d2h")
+        self.device.synchronize()
+        return bool(host[:4].view(np.float32)[0] == 0.0)
 
     def load_constants(self) -> None:
         """Upload the plan's initial contents (parameters, constants, optimizer state) once,

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,16 +42,18 @@ def host_compiler() -> str:
     raise RuntimeError("the host build of the cuda kernels needs a C++ compiler (g++) on PATH")
 
 
-def build_host_library(out_dir: str | Path | None = None) -> ctypes.CDLL:
+def build_host_library(out_dir: str | Path | None = None,
+                       extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     """Every kernel source of ``sources.SOURCES`` compiled into one shared library under
-    ``out_dir`` (default: a new temporary folder). Raises RuntimeError with the compiler's
-    message if it fails."""
+    ``out_dir`` (default: a new temporary folder). ``extra_flags`` go after the defaults (the
+    kernel tests add ``-O2 -Wall -Werror``; a later ``-O`` wins). Raises RuntimeError with the
+    compiler's message if it fails."""
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="tr_onnx_host_kernels_"))
     out_dir.mkdir(parents=True, exist_ok=True)
     src, lib = out_dir / "kernels.cpp", out_dir / "kernels.so"
     src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
     cmd = [host_compiler(), "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
-           "-shared", f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
+           "-shared", *extra_flags, f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr}")

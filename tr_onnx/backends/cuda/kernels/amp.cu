@@ -1,6 +1,9 @@
 // Dynamic loss scaling, as torch.amp.GradScaler with torch's kernels:
 // 1. tr_unscale_check_<dt>(g, n, inv_scale, found_inf): found_inf = 1 if any g is not finite;
 //    g *= inv_scale (_amp_foreach_non_finite_check_and_unscale_). One launch per region.
+//    A null inv_scale only checks (g is not written): the cuda executor's all_finite clears a
+//    4-byte flag in WORKSPACE (tr_zero_lanes_b4), launches this over the tensor and reads
+//    back the flag alone.
 // 2. tr_step_advance(step, found_inf): step += 1 unless found_inf (a skipped step is no step).
 // 3. the optimizer update (skips itself when found_inf).
 // 4. tr_loss_scale_update(...): backoff on found_inf, growth after growth_interval good steps
@@ -11,7 +14,7 @@
 #define TR_UNSCALE_CHECK(T, dt)                                                                \
     TR_KERNEL void tr_unscale_check_##dt(T* g, long long n, const float* inv_scale,           \
                                          float* found_inf) {                                   \
-        float inv = *inv_scale;                                                                \
+        float inv = inv_scale ? *inv_scale : 1.0f;                                             \
         TR_GRID_STRIDE(i, n) {                                                                 \
             float v = tr_get(g, i);                                                            \
             if (!tr_isfinite(v)) *found_inf = 1.0f;                                            \
