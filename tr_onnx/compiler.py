@@ -18,7 +18,7 @@ from . import ir
 from .backends import PLAN_BACKEND, ExecutorAPI, numpy_backend
 from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
-from .memory import MemoryPlan, plan_memory, span_elements
+from .memory import MemoryPlan, mirror_widening, plan_memory, span_elements
 from .opdef import KernelContext, TensorInfo
 from .passes.dispatch import dispatch
 from .passes.layout import LayoutReport, assign_layouts
@@ -69,9 +69,10 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
     """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
     kernels_of = PLAN_BACKEND[backend]
     report = assign_layouts(graph, registry, kernels_of, align, absorb_flatten=absorb_flatten)
+    widen = mirror_widening(graph)
     for v in graph.values.values():
         if v.span_of is not None:
-            v.shape = (span_elements(v.span_of),)
+            v.shape = (span_elements(v.span_of, widen),)
             v.layout = StridedLayout.plain(v.shape)
     schedule = list(graph.nodes)
     factories, workspace = [], {}

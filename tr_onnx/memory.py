@@ -245,8 +245,9 @@ def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
     cursor = 0
     naive = 0
     owners = [t for t in tensors.values() if t.alias_of is None and not t.span]
+    widen = mirror_widening(graph)
     for t in owners:
-        t.slot_bytes = _slot(t.nbytes)
+        t.slot_bytes = slot_bytes(graph.values[t.name], widen)
         naive += t.slot_bytes
     ws_plan: dict[int, list[DTensor]] = {}
     ws_size = 0
@@ -324,10 +325,32 @@ def _mark_saved(graph: ir.Graph, schedule: list[ir.Node], tensors: dict[str, DTe
             t.region = Region.SAVED
 
 
-def span_elements(members: list[ir.Value]) -> int:
+def mirror_widening(graph: ir.Graph) -> dict[str, int]:
+    """Parameters mirrored by a narrower value (a float16 copy of float32 master weights) ->
+    how many times wider the parameter is. Such a parameter's slot is rounded to that many
+    ALIGNs, so its narrower mirrors' slots are still multiples of ALIGN."""
+    widen: dict[str, int] = {}
+    for v in graph.values.values():
+        m = v.mirror_of
+        if m is not None and m.dtype.itemsize > v.dtype.itemsize:
+            widen[m.name] = max(widen.get(m.name, 1), m.dtype.itemsize // v.dtype.itemsize)
+    return widen
+
+
+def slot_bytes(v: ir.Value, widen: dict[str, int]) -> int:
+    """The slot of ``v``: its bytes rounded up to ``ALIGN`` (times its widening); a mirror takes
+    its parameter's slot scaled by the itemsizes, so element i of every span over mirrors is
+    element i of the PARAM span (a float32 slot is the size of two float16 slots)."""
+    m = v.mirror_of
+    if m is not None:
+        return slot_bytes(m, widen) * v.dtype.itemsize // m.dtype.itemsize
+    return round_up(v.get_layout().nbytes(v.dtype.itemsize), ALIGN * widen.get(v.name, 1))
+
+
+def span_elements(members: list[ir.Value], widen: dict[str, int]) -> int:
     """Elements of a flat span over ``members`` placed consecutively (slots and gaps included)."""
     itemsize = members[0].dtype.itemsize
-    return sum(_slot(m.get_layout().nbytes(itemsize)) for m in members) // itemsize
+    return sum(slot_bytes(m, widen) for m in members) // itemsize
 
 
 def _place_span(span: DTensor, members: list[DTensor]) -> None:

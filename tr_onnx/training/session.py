@@ -21,6 +21,7 @@ from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
+from .precision import check_precision, to_half_precision
 from .train_pass import (
     GRAD_SCALE,
     LR,
@@ -94,6 +95,10 @@ class TrainingSession:
     parameter (default: they train separately, as they did in the exported model).
     ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
     ``backend``: ``"numpy"``, ``"cuda"`` or ``"auto"`` (cuda when a GPU is usable).
+    ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"``: activations
+    and gradients stored in float16, float32 master weights updated by the fused optimizer,
+    which also writes the float16 copy the next step reads (``training.precision``).
+    ``"bf16"`` and dynamic loss scaling are not wired yet.
     ``device`` (cuda only, a test hook): ``device(plan) -> DeviceAPI`` used instead of a
     ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
     """
@@ -105,10 +110,11 @@ class TrainingSession:
                  clip_grad_norm: float | None = None, bn_running_var: str = "biased",
                  tie_shared_initializers: bool = False, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
-                 device: DeviceFactory | None = None):
+                 device: DeviceFactory | None = None, precision: str = "fp32"):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
+        precision = check_precision(precision, self.backend)
         self.kernels_of = PLAN_BACKEND[self.backend]  # the registry backend plans dispatch to
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
@@ -129,7 +135,8 @@ class TrainingSession:
                             frozen=list(frozen), grad_accumulation=int(grad_accumulation),
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
                             tie_shared_initializers=bool(tie_shared_initializers),
-                            seed=int(seed), max_bad_steps=int(max_bad_steps))
+                            seed=int(seed), max_bad_steps=int(max_bad_steps),
+                            precision=precision)
         self.step = 0  # optimizer steps taken
         self.micro_step = 0  # micro-batches accumulated towards the next step
         self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
@@ -241,7 +248,10 @@ class TrainingSession:
                               label_shape, ldtype, opts["trainable"], opts["frozen"],
                               opts["clip_grad_norm"], opts["bn_running_var"] == "unbiased",
                               opts["tie_shared_initializers"], opts["seed"])
-            return build_training_graph(graph, self.registry, self.kernels_of, cfg)
+            info = build_training_graph(graph, self.registry, self.kernels_of, cfg)
+            if opts["precision"] == "fp16":
+                to_half_precision(graph, info)
+            return info
 
         return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
                             transform=transform, absorb_flatten=False, device=self.device)
@@ -258,6 +268,10 @@ class TrainingSession:
 
     def _write_state(self, plan: CompiledPlan, state: dict[str, np.ndarray]) -> None:
         plan.executor.write_state(state)
+        if self.options["precision"] != "fp32":  # the half weights follow their masters
+            for name in plan.info.trainable:
+                if name in state:
+                    plan.executor.write_tensor(f"{name}.half", state[name])
 
     # ---- training ------------------------------------------------------------------------
 

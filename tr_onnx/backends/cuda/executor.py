@@ -631,8 +631,15 @@ def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
         scalars = [_f64(a["lr_decay"]), _f64(a["weight_decay"]), _f64(a["epsilon"])]
     if b.t(lr).dtype != np.float32 or b.t(step).dtype != np.int64:
         raise _Unbound("lr must be float32 and step int64 in the arena")
+    copy = None
+    if a.get("weight_copy"):  # mixed precision: the half weights the compute phase reads
+        t = b.tensors.get(a["weight_copy"])
+        if t is None or t.shape != tp.shape or DT.get(t.dtype.name) != gdt:
+            raise _Unbound(f"weight copy {a['weight_copy']!r} must be a {gdt} span mirroring "
+                           "the parameters")
+        copy = DeviceBuffer(b.base + t.offset, t.nbytes, True, t.name)
     args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
-        None, _i64(n), b.buf(lr), b.buf(step), None] + scalars  # copy, found_inf: none yet
+        copy, _i64(n), b.buf(lr), b.buf(step), None] + scalars  # found_inf: none yet
     return [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
 
 
