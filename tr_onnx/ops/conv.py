@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
+from ..layouts import channels_last_view
 from ..opdef import CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, PLAIN, SPATIAL, LayoutRule, OpDef
 
 CONV_LAYOUT = LayoutRule(inputs=SPATIAL.inputs, outputs=SPATIAL.outputs,
@@ -228,7 +229,7 @@ def as_2d(a: np.ndarray, split: int) -> np.ndarray | None:
 
 
 def mergeable_2d(info, moved: bool, split: int) -> bool:
-    """Whether a tensor's kernel view (``moved``: after ``np.moveaxis(v, 1, -1)``) can be seen
+    """Whether a tensor's kernel view (``moved``: after ``channels_last_view(v)``) can be seen
     as a matrix split at ``split`` without a copy; decided at plan time from its layout."""
     strides = info.layout.view_strides(np.dtype(info.dtype).itemsize)
     shape = tuple(info.shape)
@@ -300,11 +301,11 @@ def conv_numpy(ctx):
     zero = compute.type(0)
 
     def run(ins, outs, ws):
-        x = np.moveaxis(ins[0], 1, -1)
+        x = channels_last_view(ins[0])
         xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
-        w2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1,
+        w2 = matrix_view_or_copy(channels_last_view(ins[1]), 1,
                                  ws[w_k] if w_k is not None else None)
-        y = np.moveaxis(outs[0], 1, -1)
+        y = channels_last_view(outs[0])
         y2 = as_2d(y, 1 + win.ndim) if y_k is None else ws[y_k]
         for cs, os_ in groups:
             if col_k is None:
@@ -335,13 +336,13 @@ def _depthwise_conv_numpy(ctx, win, mult, xp_k, interior, slabs, compute):
     zero = compute.type(0)
 
     def run(ins, outs, ws):
-        x = np.moveaxis(ins[0], 1, -1)
+        x = channels_last_view(ins[0])
         xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
         w = ins[1]
         if wc_k is not None:
             np.copyto(ws[wc_k], w)
             w = ws[wc_k]
-        y = np.moveaxis(outs[0], 1, -1)
+        y = channels_last_view(outs[0])
         # [N, *S, C*mult] -> [N, *S, C, mult]: splitting the unit-stride channel axis is a view
         y4 = as_strided(y, split, (*y.strides[:-1], y.strides[-1] * mult, y.strides[-1]))
         acc = ws[acc_k] if acc_k is not None else y4
@@ -431,9 +432,9 @@ def conv_transpose_numpy(ctx):
     has_bias = ctx.has_input(2)
 
     def run(ins, outs, ws):
-        x2 = matrix_view_or_copy(np.moveaxis(ins[0], 1, -1), 1 + nd,
+        x2 = matrix_view_or_copy(channels_last_view(ins[0]), 1 + nd,
                                  ws[x_k] if x_k is not None else None)
-        w2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1,
+        w2 = matrix_view_or_copy(channels_last_view(ins[1]), 1,
                                  ws[w_k] if w_k is not None else None)
         full, col = ws[full_k], ws[col_k]
         full.fill(0)
@@ -444,7 +445,7 @@ def conv_transpose_numpy(ctx):
         cropped = full[crop]
         if has_bias:
             np.add(cropped, ins[2], out=cropped)
-        np.copyto(np.moveaxis(outs[0], 1, -1), cropped, casting="same_kind")
+        np.copyto(channels_last_view(outs[0]), cropped, casting="same_kind")
 
     return run
 
@@ -495,11 +496,11 @@ def conv_grad_data_numpy(ctx):
     groups = [(cs, os_, col2im_slices_nhwc(win, cs)) for cs, os_ in _groups(group, cg, og)]
 
     def run(ins, outs, ws):
-        gy2 = matrix_view_or_copy(np.moveaxis(ins[0], 1, -1), 1 + nd,
+        gy2 = matrix_view_or_copy(channels_last_view(ins[0]), 1 + nd,
                                   ws[gy_k] if gy_k is not None else None)
-        w2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1,
+        w2 = matrix_view_or_copy(channels_last_view(ins[1]), 1,
                                  ws[w_k] if w_k is not None else None)
-        gx = np.moveaxis(outs[0], 1, -1)
+        gx = channels_last_view(outs[0])
         gxp = gx if direct else ws[gxp_k]
         gxp.fill(0)
         col = ws[col_k]
@@ -558,8 +559,8 @@ def _grad_data_as_conv_numpy(ctx, adjoint: Window, group: int, compute: np.dtype
         np.copyto(ws[wt_k].reshape(wt_shape),
                   w.reshape(group, og, cg, *w.shape[2:])[flip].transpose(order))
         wt = ws[wt_k]
-        gy = np.moveaxis(ins[0], 1, -1)
-        gx = np.moveaxis(outs[0], 1, -1)
+        gy = channels_last_view(ins[0])
+        gx = channels_last_view(outs[0])
         gx2 = as_2d(gx, 1 + nd) if gx_k is None else ws[gx_k]
         if direct:
             gy2 = matrix_view_or_copy(gy, 1 + nd, ws[gy_k] if gy_k is not None else None)
@@ -589,11 +590,11 @@ def _depthwise_grad_data_numpy(ctx, win, mult, gxp_k, interior, compute):
     tmp_k = ctx.workspace((n, *win.out_shape, c), compute)
 
     def run(ins, outs, ws):
-        gy = np.moveaxis(ins[0], 1, -1)
+        gy = channels_last_view(ins[0])
         gy4 = as_strided(gy, split, (*gy.strides[:-1], gy.strides[-1] * mult, gy.strides[-1]))
         gy4 = _as_compute(gy4, ws[gyc_k] if gyc_k is not None else None)
         w = _as_compute(ins[1], ws[wc_k] if wc_k is not None else None)
-        gx = np.moveaxis(outs[0], 1, -1)
+        gx = channels_last_view(outs[0])
         gxp = gx if gxp_k is None else ws[gxp_k]
         gxp.fill(0)
         tmp = ws[tmp_k]
@@ -641,15 +642,15 @@ def conv_grad_filter_numpy(ctx):
     ohwi = (o, *kernel, cg)
 
     def run(ins, outs, ws):
-        x = np.moveaxis(ins[0], 1, -1)
+        x = channels_last_view(ins[0])
         xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
-        gy2 = matrix_view_or_copy(np.moveaxis(ins[1], 1, -1), 1 + nd,
+        gy2 = matrix_view_or_copy(channels_last_view(ins[1]), 1 + nd,
                                   ws[gy_k] if gy_k is not None else None)
         gwt, col = ws[gwt_k], ws[col_k]
         for cs, os_ in groups:
             im2col_nhwc(xp[..., cs], win, col)
             np.matmul(col.T, gy2[:, os_], out=gwt[:, os_])
-        np.copyto(np.moveaxis(outs[0], 1, -1), gwt.T.reshape(ohwi), casting="same_kind")
+        np.copyto(channels_last_view(outs[0]), gwt.T.reshape(ohwi), casting="same_kind")
 
     return run
 
@@ -668,9 +669,9 @@ def _depthwise_grad_filter_numpy(ctx, win, mult, xp_k, interior, slabs, compute)
     zero = compute.type(0)
 
     def run(ins, outs, ws):
-        x = np.moveaxis(ins[0], 1, -1)
+        x = channels_last_view(ins[0])
         xp = pad_nhwc(x, ws[xp_k], interior, slabs, zero) if xp_k is not None else x
-        gy = np.moveaxis(ins[1], 1, -1)
+        gy = channels_last_view(ins[1])
         gy4 = as_strided(gy, split, (*gy.strides[:-1], gy.strides[-1] * mult, gy.strides[-1]))
         gy4 = _as_compute(gy4, ws[gyc_k] if gyc_k is not None else None)
         prod, acc, gw = ws[prod_k], ws[acc_k], outs[0]

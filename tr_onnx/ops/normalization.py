@@ -21,6 +21,7 @@ import numpy as np
 
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
+from ..layouts import channels_last_view
 from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
 from .reduce import reduce_kept
 
@@ -41,7 +42,7 @@ def _acc_dtype(dtype: np.dtype) -> np.dtype:
 
 def _channels_last(a: np.ndarray, axis: int) -> np.ndarray:
     """The view with the channel axis last (over a channels-last buffer: near-contiguous)."""
-    return np.moveaxis(a, axis, -1)
+    return channels_last_view(a, axis)
 
 
 def _split_last_axis(a: np.ndarray, parts: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ..hookspecs import hookimpl
+from ..layouts import channels_last_view
 from ..opdef import SPATIAL, OpDef
 from .conv import Window, accumulator_dtype, pad_nhwc, padding_slabs_nhwc
 
@@ -59,17 +60,17 @@ class _Tapped:
 
     def scatter_begin(self, outs, ws, gxp_k):
         """The zeroed buffer gx is accumulated in (padded workspace or gx's channels-last view)."""
-        gxp = np.moveaxis(outs[0], 1, -1) if gxp_k is None else ws[gxp_k]
+        gxp = channels_last_view(outs[0]) if gxp_k is None else ws[gxp_k]
         gxp.fill(0)
         return gxp
 
     def scatter_end(self, outs, gxp, gxp_k) -> None:
         """Crop the padded buffer into gx."""
         if gxp_k is not None:
-            np.copyto(np.moveaxis(outs[0], 1, -1), gxp[self.interior], casting="same_kind")
+            np.copyto(channels_last_view(outs[0]), gxp[self.interior], casting="same_kind")
 
     def padded(self, x, ws):
-        x = np.moveaxis(x, 1, -1)
+        x = channels_last_view(x)
         if self.xp_k is None:
             return x
         return pad_nhwc(x, ws[self.xp_k], self.interior, self.slabs, self.fill)
@@ -103,7 +104,7 @@ def max_pool_numpy(ctx):
     if not with_indices:
         def run(ins, outs, ws):
             xp = t.padded(ins[0], ws)
-            y = np.moveaxis(outs[0], 1, -1)
+            y = channels_last_view(outs[0])
             np.copyto(y, xp[t.taps[0]])
             for tap in t.taps[1:]:
                 np.maximum(y, xp[tap], out=y)
@@ -119,7 +120,7 @@ def max_pool_numpy(ctx):
 
     def run_indices(ins, outs, ws):
         xp = t.padded(ins[0], ws)
-        y, idx, mask = np.moveaxis(outs[0], 1, -1), np.moveaxis(outs[1], 1, -1), ws[mask_k]
+        y, idx, mask = channels_last_view(outs[0]), channels_last_view(outs[1]), ws[mask_k]
         np.copyto(y, xp[t.taps[0]])
         np.copyto(idx, maps[0])
         for tap, imap in zip(t.taps[1:], maps[1:]):
@@ -161,7 +162,7 @@ def average_pool_numpy(ctx):
 
     def run(ins, outs, ws):
         xp = t.padded(ins[0], ws)
-        y = np.moveaxis(outs[0], 1, -1)
+        y = channels_last_view(outs[0])
         acc = ws[acc_k] if acc_k is not None else y
         np.copyto(acc, xp[t.taps[0]])
         for tap in t.taps[1:]:
@@ -208,7 +209,7 @@ def lp_pool_numpy(ctx):
         for tap in t.taps[1:]:
             _abs_pow(xp[tap], p, tmp)
             np.add(acc, tmp, out=acc)
-        _root(acc, p, np.moveaxis(outs[0], 1, -1))
+        _root(acc, p, channels_last_view(outs[0]))
 
     return run
 
@@ -231,9 +232,9 @@ def global_average_pool_numpy(ctx):
     count = acc_dtype.type(math.prod(spatial))
 
     def run(ins, outs, ws):
-        y = np.moveaxis(outs[0], 1, -1)
+        y = channels_last_view(outs[0])
         acc = ws[acc_k] if acc_k is not None else y
-        np.add.reduce(np.moveaxis(ins[0], 1, -1), axis=axes, keepdims=True, out=acc)
+        np.add.reduce(channels_last_view(ins[0]), axis=axes, keepdims=True, out=acc)
         np.divide(acc, count, out=y)
 
     return run
@@ -243,8 +244,8 @@ def global_max_pool_numpy(ctx):
     *_, axes = _global(ctx)
 
     def run(ins, outs, ws):
-        np.maximum.reduce(np.moveaxis(ins[0], 1, -1), axis=axes, keepdims=True,
-                          out=np.moveaxis(outs[0], 1, -1))
+        np.maximum.reduce(channels_last_view(ins[0]), axis=axes, keepdims=True,
+                          out=channels_last_view(outs[0]))
 
     return run
 
@@ -258,9 +259,9 @@ def global_lp_pool_numpy(ctx):
 
     def run(ins, outs, ws):
         tmp, acc = ws[tmp_k], ws[acc_k]
-        _abs_pow(np.moveaxis(ins[0], 1, -1), p, tmp)
+        _abs_pow(channels_last_view(ins[0]), p, tmp)
         np.add.reduce(tmp, axis=axes, keepdims=True, out=acc)
-        _root(acc, p, np.moveaxis(outs[0], 1, -1))
+        _root(acc, p, channels_last_view(outs[0]))
 
     return run
 
@@ -297,7 +298,7 @@ def max_pool_grad_numpy(ctx):
             np.greater(xt, best, out=mask)
             np.copyto(best, xt, where=mask)
             np.copyto(arg, k, where=mask)
-        gy = np.moveaxis(ins[0], 1, -1)
+        gy = channels_last_view(ins[0])
         gxp = t.scatter_begin(outs, ws, gxp_k)
         for k, tap in enumerate(t.taps):
             np.equal(arg, k, out=mask)
@@ -320,7 +321,7 @@ def average_pool_grad_numpy(ctx):
 
     def run(ins, outs, ws):
         share = ws[share_k]
-        np.divide(np.moveaxis(ins[0], 1, -1), divisor, out=share)
+        np.divide(channels_last_view(ins[0]), divisor, out=share)
         gxp = t.scatter_begin(outs, ws, gxp_k)
         for tap in t.taps:
             dst = gxp[tap]
@@ -355,7 +356,7 @@ def lp_pool_grad_numpy(ctx):
 
     def run(ins, outs, ws):
         share, dx = ws[share_k], ws[dx_k]
-        gy, x, y = (np.moveaxis(a, 1, -1) for a in ins[:3])
+        gy, x, y = (channels_last_view(a) for a in ins[:3])
         if p == 1.0:
             np.copyto(share, gy)
         else:
@@ -384,13 +385,13 @@ def global_max_pool_grad_numpy(ctx):
 
     def run(ins, outs, ws):
         flat, arg = ws[flat_k], ws[arg_k]
-        np.copyto(flat.reshape((n, *spatial, c)), np.moveaxis(ins[1], 1, -1))
+        np.copyto(flat.reshape((n, *spatial, c)), channels_last_view(ins[1]))
         np.argmax(flat, axis=1, keepdims=True, out=arg)
         flat.fill(0)
         # gy [N, C, 1...] seen as [N, 1, C]: a view (its spatial axes have size 1)
-        gy = np.moveaxis(ins[0], 1, -1).reshape(n, 1, c)
+        gy = channels_last_view(ins[0]).reshape(n, 1, c)
         np.put_along_axis(flat, arg, gy, axis=1)
-        np.copyto(np.moveaxis(outs[0], 1, -1), flat.reshape((n, *spatial, c)))
+        np.copyto(channels_last_view(outs[0]), flat.reshape((n, *spatial, c)))
 
     return run
 
