@@ -8,7 +8,8 @@ each op rounds its result to fp16 once (relative 2^-11 ~ 4.9e-4) and the loss is
 float32 from fp16 scores, so the per-step loss stays within ~1e-3 relative (seen: 3.7e-4).
 The weights' total change over 20 steps (||d16 - d32|| / ||d32|| per tensor) drifts more:
 half weights perturb pre-activations, a few ReLU masks near 0 flip, the difference grows
-towards the first layer and momentum carries it; no loss scaling yet, and the emulator's
+towards the first layer and momentum carries it (loss scaling is on by default; its scale is a power
+of two, so it adds no rounding of its own), and the emulator's
 NumPy fp16 matmul rounds every partial sum (cuDNN accumulates in fp32). Seen: 0.05% (last
 layer) to 4.7% (first); allowed: 10%.
 """
@@ -93,3 +94,103 @@ def test_loaded_parameters_refresh_the_half_copy(device):
     sess.load_parameters({name: value})
     np.testing.assert_array_equal(sess._active.executor.read_output(f"{name}.half"),
                                   value.astype(np.float16))
+
+
+# ---- dynamic loss scaling (fp16) ---------------------------------------------------------------
+
+def _fp16(device, **kw):
+    return tr_onnx.TrainingSession(ZOO / "mlp.onnx", optimizer=SGD(lr=0.05, momentum=0.9),
+                                   channel_align=8, backend="cuda", device=device,
+                                   precision="fp16", **kw)
+
+
+def _batch(rng, factor=1.0):
+    return ({"input": (factor * rng.standard_normal((4, 64))).astype(np.float32)},
+            rng.integers(0, 10, 4))
+
+
+def test_overflow_skips_exactly_that_step_and_backs_off(device):
+    sess = _fp16(device, max_bad_steps=2)
+    assert sess.loss_scale == 65536.0
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        sess.train_step(*_batch(rng))
+    plan = sess._active
+    mem = plan.memory
+    for name, dtype in (("__loss_scale", np.float32), ("__inv_loss_scale", np.float32),
+                        ("__loss_scale_growth", np.int32), ("__found_inf", np.float32)):
+        assert mem.tensors[name].region == Region.OPT_STATE and mem.tensors[name].dtype == dtype
+    before = sess.state_arrays()
+    halves = {n: plan.executor.read_output(f"{n}.half") for n in plan.info.trainable}
+    assert sess.step == 2 and sess.loss_scale == 65536.0
+    # x30: the forward pass and the float32 loss stay finite, the scaled fp16 gradients do not
+    for k in range(3):  # more overflows in a row than max_bad_steps: no TrainingDiverged
+        with pytest.warns(RuntimeWarning, match=r"step 3: fp16 gradient overflow.*skipped"):
+            loss = sess.train_step(*_batch(rng, 30.0))
+        assert np.isfinite(loss)
+        assert sess.step == 2 and sess.bad_steps == 0
+        assert sess.loss_scale == 65536.0 / 2 ** (k + 1)
+    after = sess.state_arrays()
+    for name, value in before.items():  # weights, momentum, accumulators: untouched
+        if name.startswith("__"):  # the loss-scale scalars
+            continue
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+    for name, value in halves.items():
+        np.testing.assert_array_equal(plan.executor.read_output(f"{name}.half"), value)
+    assert plan.executor.read_scalar("__inv_loss_scale") == np.float32(1 / 8192)
+    sess.train_step(*_batch(rng))  # training continues
+    assert sess.step == 3 and sess.loss_scale == 8192.0
+    assert plan.executor.read_scalar("__found_inf") == 0.0
+    assert not np.array_equal(sess.parameters()[plan.info.trainable[0]],
+                              before[plan.info.trainable[0]])
+
+
+def test_scale_grows_after_growth_interval_good_steps(device):
+    sess = _fp16(device, loss_scale=dict(init=1024, growth_interval=3))
+    rng = np.random.default_rng(1)
+    scales = []
+    for _ in range(7):
+        sess.train_step(*_batch(rng))
+        scales.append(sess.loss_scale)
+    assert scales == [1024, 1024, 2048, 2048, 2048, 4096, 4096]
+    with pytest.warns(RuntimeWarning, match="overflow"):  # a backoff resets the growth count
+        sess.train_step(*_batch(rng, 300.0))
+    assert sess.loss_scale == 2048 and sess.step == 7
+    sess.train_step(*_batch(rng))
+    sess.train_step(*_batch(rng))
+    assert sess.loss_scale == 2048
+    sess.train_step(*_batch(rng))
+    assert sess.loss_scale == 4096 and sess.step == 10
+
+
+def test_loss_scale_survives_a_checkpoint(device, tmp_path):
+    sess = _fp16(device, loss_scale=dict(growth_interval=2))
+    rng = np.random.default_rng(2)
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        sess.train_step(*_batch(rng, 30.0))
+    sess.train_step(*_batch(rng))
+    path = sess.save_checkpoint(tmp_path / "ck.npz")
+    back = tr_onnx.TrainingSession.from_checkpoint(path, device=device)
+    assert back.loss_scale == sess.loss_scale == 32768.0
+    batch = _batch(rng)
+    sess.train_step(*batch)
+    back.train_step(*batch)
+    assert back.loss_scale == sess.loss_scale == 65536.0  # the growth count came back too
+
+
+def test_loss_scale_options():
+    with pytest.raises(ValueError, match="loss_scale is for precision='fp16'"):
+        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="numpy", loss_scale=dict(init=8))
+    with pytest.raises(ValueError, match=r"loss_scale keys \['inital'\]"):
+        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="cuda", device=lambda p: None,
+                                precision="fp16", loss_scale=dict(inital=8))
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="numpy")
+    assert sess.loss_scale is None and sess.config()["loss_scale"] is None
+
+
+def test_fp16_without_loss_scaling_still_trains(device):
+    sess = _fp16(device, loss_scale=False)
+    rng = np.random.default_rng(3)
+    sess.train_step(*_batch(rng))
+    assert sess.loss_scale is None and sess.step == 1
+    assert "__loss_scale" not in sess._active.memory.tensors

@@ -21,9 +21,18 @@ from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
-from .precision import check_precision, to_half_precision
+from .precision import (
+    FOUND_INF,
+    GROWTH_TRACKER,
+    INV_LOSS_SCALE,
+    add_loss_scaling,
+    check_loss_scale,
+    check_precision,
+    to_half_precision,
+)
 from .train_pass import (
     GRAD_SCALE,
+    LOSS_SCALE,
     LR,
     RNG,
     STEP,
@@ -98,7 +107,12 @@ class TrainingSession:
     ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"``: activations
     and gradients stored in float16, float32 master weights updated by the fused optimizer,
     which also writes the float16 copy the next step reads (``training.precision``).
-    ``"bf16"`` and dynamic loss scaling are not wired yet.
+    ``"bf16"`` is not wired yet. ``loss_scale`` (fp16 only): dynamic loss scaling as
+    ``torch.amp.GradScaler``, on by default with fp16; a dict overrides ``init`` (65536),
+    ``growth_factor`` (2), ``backoff_factor`` (0.5) and ``growth_interval`` (2000);
+    ``False`` turns it off. A step whose gradients overflow is skipped (weights and optimizer
+    state unchanged, ``step`` does not advance, the scale backs off) with a warning naming
+    it; it does not count towards ``max_bad_steps``. ``loss_scale`` the property: the scale.
     ``device`` (cuda only, a test hook): ``device(plan) -> DeviceAPI`` used instead of a
     ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
     """
@@ -110,11 +124,13 @@ class TrainingSession:
                  clip_grad_norm: float | None = None, bn_running_var: str = "biased",
                  tie_shared_initializers: bool = False, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
-                 device: DeviceFactory | None = None, precision: str = "fp32"):
+                 device: DeviceFactory | None = None, precision: str = "fp32",
+                 loss_scale=None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
         precision = check_precision(precision, self.backend)
+        loss_scale = check_loss_scale(loss_scale, precision)
         self.kernels_of = PLAN_BACKEND[self.backend]  # the registry backend plans dispatch to
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
@@ -136,7 +152,7 @@ class TrainingSession:
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
                             tie_shared_initializers=bool(tie_shared_initializers),
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
-                            precision=precision)
+                            precision=precision, loss_scale=loss_scale)
         self.step = 0  # optimizer steps taken
         self.micro_step = 0  # micro-batches accumulated towards the next step
         self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
@@ -247,10 +263,13 @@ class TrainingSession:
             cfg = TrainConfig(loss, self.optimizer, self.output_name, self.label_name,
                               label_shape, ldtype, opts["trainable"], opts["frozen"],
                               opts["clip_grad_norm"], opts["bn_running_var"] == "unbiased",
-                              opts["tie_shared_initializers"], opts["seed"])
+                              opts["tie_shared_initializers"], opts["seed"],
+                              opts["loss_scale"]["init"] if opts["loss_scale"] else None)
             info = build_training_graph(graph, self.registry, self.kernels_of, cfg)
             if opts["precision"] == "fp16":
                 to_half_precision(graph, info)
+            if opts["loss_scale"]:
+                add_loss_scaling(graph, opts["loss_scale"])
             return info
 
         return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
@@ -261,6 +280,8 @@ class TrainingSession:
         names = list(info.trainable) + list(info.running_stats) + list(info.grads.values())
         names += [v for s in info.states.values() for v in s.values()]
         names += [p for p in info.untied if p not in names]
+        if self.options["loss_scale"]:
+            names += [LOSS_SCALE, INV_LOSS_SCALE, GROWTH_TRACKER]
         return names
 
     def _read_state(self, plan: CompiledPlan) -> dict[str, np.ndarray]:
@@ -273,13 +294,26 @@ class TrainingSession:
                 if name in state:
                     plan.executor.write_tensor(f"{name}.half", state[name])
 
+    @property
+    def loss_scale(self) -> float | None:
+        """The dynamic loss scale the next step uses (None without loss scaling)."""
+        cfg = self.options["loss_scale"]
+        if not cfg:
+            return None
+        if self._active is None:
+            return float(self._pending.get(LOSS_SCALE, cfg["init"]))
+        return float(self._active.executor.read_scalar(LOSS_SCALE))
+
     # ---- training ------------------------------------------------------------------------
 
     def train_step(self, feed: dict[str, np.ndarray], labels) -> float:
         """Forward, backward and (every ``grad_accumulation``-th call) an optimizer step.
 
         Returns the loss. A batch with a non-finite loss or gradient changes nothing (weights,
-        optimizer state, running statistics); a warning names the step.
+        optimizer state, running statistics); a warning names the step. With loss scaling the
+        gradients are checked on the device in the apply phase instead: an overflow skips the
+        optimizer step (running statistics of the batch are kept, as with GradScaler) and is
+        not counted as a bad step.
         """
         feed = self._check_feed(feed)
         plan = self._train_plan(feed)
@@ -297,7 +331,8 @@ class TrainingSession:
         self.rng_counter += 1
         executor.run(phase="compute")
         loss = executor.read_scalar(info.loss)
-        if not (np.isfinite(loss) and executor.all_finite("__grads")):
+        scaling = bool(self.options["loss_scale"])
+        if not (np.isfinite(loss) and (scaling or executor.all_finite("__grads"))):
             executor.zero("__grads")  # the micro-batches accumulated since the last step go too
             self.micro_step = 0
             self.bad_steps += 1
@@ -317,6 +352,11 @@ class TrainingSession:
             executor.run(phase="apply")
             self.last_grad_norm = executor.read_scalar(info.grad_norm)
             self.micro_step = 0
+            if scaling and executor.read_scalar(FOUND_INF) != 0.0:  # 4 bytes back
+                warnings.warn(f"step {self.step + 1}: fp16 gradient overflow; the step was "
+                              f"skipped and the loss scale lowered to {self.loss_scale:g} (not "
+                              "counted towards max_bad_steps)", RuntimeWarning, stacklevel=2)
+                return loss
             self.step += 1
         return loss
 

@@ -31,6 +31,9 @@ from .losses import LOSSES, LossSpec
 # per-step scalars the host writes: learning rate, optimizer step (1-based, the one being
 # taken), 1/k for k accumulated micro-batches, and the count of micro-batches seen (dropout)
 LR, STEP, GRAD_SCALE, RNG = "__lr", "__step", "__grad_scale", "__rng_counter"
+# dynamic loss scaling (``training.precision``): the scale lives in the arena (OPT_STATE) and
+# seeds the backward pass, d(loss * scale)/d(loss)
+LOSS_SCALE = "__loss_scale"
 INTERNAL = "ai.tr_onnx"
 
 
@@ -48,6 +51,7 @@ class TrainConfig:
     bn_unbiased_running_var: bool = False
     tie_shared_initializers: bool = False
     seed: int = 0
+    loss_scale: float | None = None  # initial dynamic loss scale; None: the seed is 1
 
 
 @dataclass
@@ -258,7 +262,14 @@ def build_training_graph(graph: Graph, registry: OpRegistry, backend: str,
                           "some or cast the model")
 
     graph.backward_start = len(graph.nodes)
-    grads = differentiate(graph, loss, selected, registry, backend)
+    seed = None
+    if cfg.loss_scale is not None:
+        if loss.shape:
+            raise TrOnnxError(f"loss scaling needs a scalar loss, got shape {list(loss.shape)}")
+        seed = Value(LOSS_SCALE, (), np.dtype(np.float32), ir.STATE,
+                     data=np.array(cfg.loss_scale, np.float32))
+        graph.values[seed.name] = seed
+    grads = differentiate(graph, loss, selected, registry, backend, seed=seed)
     b.phase = "compute"
     accumulators, states = {}, {}
     n = len(selected)

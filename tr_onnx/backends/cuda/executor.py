@@ -262,6 +262,13 @@ class _Binder:
         t = bufs[k]
         return DeviceBuffer(self.base + t.offset, t.nbytes, True, t.name)
 
+    def named_scalar(self, name: str, dtype, writes: bool = True) -> DeviceBuffer:
+        """A pointer to the arena scalar ``name`` of ``dtype`` (loss scaling)."""
+        t = self.tensors.get(name)
+        if t is None or t.dtype != np.dtype(dtype) or math.prod(t.shape) != 1:
+            raise _Unbound(f"needs the {np.dtype(dtype)} scalar {name!r} in the arena")
+        return DeviceBuffer(self.base + t.offset, t.nbytes, writes, t.name)
+
     # -- kernels -----------------------------------------------------------------------------
     def dt(self, v: ir.Value, what: str = "") -> str:
         name = np.dtype(self.t(v).dtype).name
@@ -600,9 +607,17 @@ def bind_scale_clip_grad(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound("needs a float32 scale input and a float32 norm output")
     dt = b.dt(g)
     n = math.prod(b.t(g).shape)
-    return [b.launch("extra", f"tr_scale_clip_norm_{dt}", n,
-                     [b.buf(g, True), _i64(n), b.buf(scale), b.buf(norm, True),
-                      _f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
+    calls = []
+    unscale = node.attrs.get("unscale")
+    if unscale:  # dynamic loss scaling: clear the flag, unscale and check GRAD (amp.cu)
+        inv = b.named_scalar(unscale["inv_scale"], np.float32, writes=False)
+        found = b.named_scalar(unscale["found_inf"], np.float32)
+        calls += [b.launch("extra", "tr_zero_lanes_b4", 1, [found, _i64(1), _i64(0), _i64(1)]),
+                  b.launch("amp", f"tr_unscale_check_{dt}", n,
+                           [b.buf(g, True), _i64(n), inv, found])]
+    return calls + [b.launch("extra", f"tr_scale_clip_norm_{dt}", n,
+                             [b.buf(g, True), _i64(n), b.buf(scale), b.buf(norm, True),
+                              _f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
 
 
 def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
@@ -638,9 +653,18 @@ def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
             raise _Unbound(f"weight copy {a['weight_copy']!r} must be a {gdt} span mirroring "
                            "the parameters")
         copy = DeviceBuffer(b.base + t.offset, t.nbytes, True, t.name)
+    ls = a.get("loss_scale")
+    found = b.named_scalar(ls["found_inf"], np.float32, writes=False) if ls else None
     args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
-        copy, _i64(n), b.buf(lr), b.buf(step), None] + scalars  # found_inf: none yet
-    return [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
+        copy, _i64(n), b.buf(lr), b.buf(step), found] + scalars
+    calls = [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
+    if ls:  # dynamic loss scaling: backoff or growth after the (maybe skipped) update
+        calls.append(b.launch("amp", "tr_loss_scale_update", 1, [
+            b.named_scalar(ls["scale"], np.float32), b.named_scalar(ls["inv_scale"], np.float32),
+            b.named_scalar(ls["growth_tracker"], np.int32),
+            found, _f64(ls["growth_factor"]),
+            _f64(ls["backoff_factor"]), _int(ls["growth_interval"])], single_block=True))
+    return calls
 
 
 def _sce_geometry(b: _Binder, x: ir.Value, labels: ir.Value):

@@ -7,8 +7,10 @@
 // 2. tr_step_advance(step, found_inf): step += 1 unless found_inf (a skipped step is no step).
 // 3. the optimizer update (skips itself when found_inf).
 // 4. tr_loss_scale_update(...): backoff on found_inf, growth after growth_interval good steps
-//    (_amp_update_scale_); writes inv_scale = 1/scale (in double, as GradScaler) and clears
-//    found_inf for the next step. Flags and scale live in the arena: nothing is read back.
+//    (_amp_update_scale_); writes inv_scale = 1/scale (in double, as GradScaler). found_inf is
+//    left set, so the host can read the 4 bytes after the step to learn it was skipped; the
+//    cuda executor clears it (tr_zero_lanes_b4) at the start of the next apply phase. Flags
+//    and scale live in the arena.
 #include "elementwise.cuh"
 
 #define TR_UNSCALE_CHECK(T, dt)                                                                \
@@ -27,7 +29,7 @@ TR_KERNEL void tr_step_advance(long long* step, const float* found_inf) {
 }
 
 TR_KERNEL void tr_loss_scale_update(float* scale, float* inv_scale, int* growth_tracker,
-                                    float* found_inf, double growth_factor,
+                                    const float* found_inf, double growth_factor,
                                     double backoff_factor, int growth_interval) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     if (*found_inf != 0.0f) {
@@ -44,5 +46,4 @@ TR_KERNEL void tr_loss_scale_update(float* scale, float* inv_scale, int* growth_
         }
     }
     *inv_scale = (float)(1.0 / (double)*scale);
-    *found_inf = 0.0f;
 }
