@@ -408,3 +408,13 @@ def test_training_mode_exports_come_back_in_inference_form(stem):
     assert all(len(n.output) == 1 for n in bn)
     x = batches("resnet", 1, batch=4, seed=11)[0][0]
     assert_close_relative(ort_run(exported, {"input": x})[0], session.run(None, {"input": x})[0])
+
+
+def test_loaded_frozen_parameters_survive_a_new_batch_shape():
+    session = tr_onnx.TrainingSession(ZOO / "lenet.onnx", optimizer=SGD(lr=0.1),
+                                      frozen=["features.0.*"])
+    ours_curve(session, batches("lenet", 1))
+    new = np.full_like(session.parameters()["features.0.weight"], 0.25)
+    session.load_parameters({"features.0.weight": new})
+    ours_curve(session, batches("lenet", 1, batch=5))  # a new plan for batch 5
+    np.testing.assert_array_equal(session.parameters()["features.0.weight"], new)

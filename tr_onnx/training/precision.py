@@ -12,7 +12,19 @@ precision-agnostic and the change is one retyping, visible in the plan:
   its slot is half its master's, ``memory.slot_bytes``) initialised from ``p`` and rewritten by
   the fused optimizer kernel's weight-copy output after every update (the optimizer node's
   ``weight_copy`` attribute names the ``__params_half`` span over them);
-* the GRAD accumulators (and the ``__grads`` span) are float16, as the gradients feeding them.
+* the GRAD accumulators (and the ``__grads`` span) are float16, as the gradients feeding them;
+* float32 islands (``FP32_PORTS``), as cuDNN's BatchNorm takes them (fp16 x/y/dy/dx, fp32
+  per-channel tensors): BatchNormTraining reads scale, bias and the running statistics in
+  float32 (the trainable masters themselves, not their half copies) and writes float32
+  saved/running statistics (the running ones stay float32 in PARAM through the commit
+  phase); BatchNormGrad reads scale, mean and inv_std in float32 and writes float32
+  dscale/dbias, which one Cast (ai.onnx Cast, ``convert.cu`` on the cuda backend) rounds to
+  float16 on their way to the accumulators -- an overflow there is an inf that the loss
+  scaler's check catches like any other fp16 gradient. A value of another kind on such a
+  port (a computed scale) is a named error;
+* a frozen float32 parameter stays float32 where a float32 port reads it, and elsewhere is
+  read through ``p.half`` (float16, an OPT_STATE value of its own initialised from ``p``,
+  rewritten from ``p`` when the session loads it; ``TrainInfo.frozen_half``).
 
 The per-step scalars (lr, step, grad scale) and the apply phase's grad-norm stay float32.
 
@@ -29,8 +41,9 @@ gradients); the fused optimizer takes ``__found_inf`` and skips itself when set;
 The host reads the 4-byte flag after apply: an overflow step is no step.
 
 Not covered yet (a named error): bf16 (NumPy has no bfloat16 for the plan's reference
-kernels), frozen float parameters and BatchNorm running statistics (they would need fp32 reads
-inside a half graph), and loss scaling with an ONNX loss model.
+kernels), running statistics read outside a BatchNorm, and loss scaling with an ONNX loss
+model. Other ops with float32 parameters (LayerNorm/GroupNorm scale) read half copies
+(not checked on a model yet).
 """
 
 from __future__ import annotations
@@ -39,8 +52,8 @@ import numpy as np
 
 from .. import ir
 from ..errors import UnsupportedModelError
-from ..ir import Graph, Value
-from .train_pass import LOSS_SCALE
+from ..ir import Graph, Node, Value
+from .train_pass import INTERNAL, LOSS_SCALE
 
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16, "bf16": None}
 HALF_SPAN = "__params_half"
@@ -114,9 +127,23 @@ def check_precision(precision: str, backend: str) -> str:
     return precision
 
 
-def to_half_precision(graph: Graph, info, dtype=np.float16) -> str:
+# Ports that stay float32 in a half graph, as cuDNN's BatchNorm takes them (fp16 x/y/dy/dx,
+# fp32 per-channel scale, bias, statistics and their gradients): op -> (inputs, outputs).
+FP32_PORTS = {"BatchNormTraining": ({1, 2, 3, 4}, {1, 2, 3, 4}),
+              "BatchNormGrad": ({2, 3, 4}, {1, 2})}
+
+
+def _fp32_ports(node) -> tuple[set, set]:
+    if node.domain == INTERNAL:
+        return FP32_PORTS.get(node.op_type, (set(), set()))
+    return set(), set()
+
+
+def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
+                      backend: str = "numpy") -> str:
     """Retype ``graph`` (a training graph; ``info`` its ``TrainInfo``) as the module docstring
-    says. Returns the name of the half weight-copy span."""
+    says. ``registry``/``backend`` dispatch the Cast nodes the float32 islands need (BatchNorm;
+    required only where there is one). Returns the name of the half weight-copy span."""
     half = np.dtype(dtype)
     f32 = np.dtype(np.float32)
     trainable = [graph.values[n] for n in info.trainable]
@@ -124,13 +151,29 @@ def to_half_precision(graph: Graph, info, dtype=np.float16) -> str:
         raise UnsupportedModelError(f"mixed precision needs float32 parameters, got "
                                     f"{trainable[0].dtype}", [])
     compute = [n for n in graph.nodes if n.phase == "compute"]
+    fp32_in = {id(n): _fp32_ports(n)[0] for n in compute}
+    # float32 islands: what the fp32 ports write (kept float32 below)
+    island = [(n, v) for n in compute for k, v in enumerate(n.outputs)
+              if v is not None and k in _fp32_ports(n)[1] and v.dtype == f32]
+    # Frozen float32 parameters: read as they are on a float32 port, else through a float16
+    # copy (STATE, its own slot, written from the parameter when it is loaded).
+    frozen = {}
     for node in compute:
-        for v in node.inputs:
-            if v is not None and v.kind == ir.PARAM and v.dtype == f32 \
-                    and v.name not in info.trainable:
+        for k, v in enumerate(node.inputs):
+            if v is None or v.kind != ir.PARAM or v.dtype != f32 or v.name in info.trainable \
+                    or k in fp32_in[id(node)]:
+                continue
+            if v.name in info.running_stats:
                 raise UnsupportedModelError(
-                    f"mixed precision: {node.label} reads the float32 parameter {v.name!r}, "
-                    "which is not trained (frozen or a running statistic); not supported yet", [])
+                    f"mixed precision: {node.label} reads the running statistic {v.name!r} "
+                    "outside a BatchNorm; not supported", [])
+            if v.name not in frozen:
+                h = Value(f"{v.name}.half", v.shape, half, ir.STATE,
+                          data=np.asarray(v.data).astype(half))
+                graph.values[h.name] = h
+                frozen[v.name] = h
+            graph.replace_input(node, k, frozen[v.name])
+    info.frozen_half = {name: h.name for name, h in frozen.items()}
     n_state = len({k for s in info.states.values() for k in s})
     copies = []
     for i, p in enumerate(trainable):
@@ -141,17 +184,18 @@ def to_half_precision(graph: Graph, info, dtype=np.float16) -> str:
         for node in list(p.consumers):
             if node.phase == "compute":
                 for k, v in enumerate(node.inputs):
-                    if v is p:
+                    if v is p and k not in fp32_in[id(node)]:
                         graph.replace_input(node, k, h)
     # The loss and the seed of its gradient stay float32: the loss kernels read half scores
     # and write a float32 loss, and their gradient reads a float32 d(loss).
-    keep = {info.loss}
+    keep = {info.loss} | {v.name for _, v in island}
     for node in compute:
         if node.op_type.endswith("LossGrad") and node.inputs and node.inputs[0] is not None:
             keep.add(node.inputs[0].name)
     for node in compute:
         for k, v in enumerate(node.inputs):
-            if v is not None and v.name not in keep and v.kind == ir.CONST and v.dtype == f32:
+            if v is not None and v.name not in keep and v.kind == ir.CONST and v.dtype == f32 \
+                    and k not in fp32_in[id(node)]:
                 c = Value(graph.unique_name(f"{v.name}.half"), v.shape, half, ir.CONST,
                           data=np.asarray(v.data).astype(half))
                 graph.values[c.name] = c
@@ -160,6 +204,31 @@ def to_half_precision(graph: Graph, info, dtype=np.float16) -> str:
             if v is not None and v.kind == ir.ACTIVATION and v.dtype == f32 \
                     and v.name not in keep:
                 v.dtype = half
+    for node in compute:
+        for k in fp32_in[id(node)]:
+            v = node.inputs[k] if k < len(node.inputs) else None
+            if v is not None and v.dtype != f32:
+                raise UnsupportedModelError(
+                    f"mixed precision: {node.label} reads {v.name!r} ({v.dtype}) on a float32 "
+                    f"port (input {k}); only parameters and BatchNorm statistics go there", [])
+    # An island's output read by a half consumer (a BatchNorm parameter's gradient on its way
+    # to the float16 accumulator) goes through one Cast (round to nearest even; an overflow
+    # becomes inf, which the loss scaler's check catches like any other fp16 gradient).
+    for producer, v in island:
+        readers = [(n, k) for n in list(v.consumers) if n.phase == "compute"
+                   for k, u in enumerate(n.inputs) if u is v and k not in fp32_in[id(n)]]
+        if not readers:
+            continue
+        if registry is None:
+            raise UnsupportedModelError(f"mixed precision: {v.name!r} needs a Cast to float16 "
+                                        "(to_half_precision(..., registry=...))", [])
+        opdef = registry.lookup("", "Cast", 13, backend)
+        out = Value(graph.unique_name(f"{v.name}.half"), v.shape, half)
+        cast = Node(graph.unique_name(f"{v.name}/to_half"), "Cast", "", 13, [v], [out],
+                    {"to": 10}, opdef, phase="compute")  # 10: TensorProto.FLOAT16
+        graph.insert(graph.nodes.index(producer) + 1, cast)
+        for n, k in readers:
+            graph.replace_input(n, k, out)
     for name in list(info.grads.values()) + ["__grads"]:
         graph.values[name].dtype = half
     span = Value(HALF_SPAN, (0,), half, ir.STATE, span_of=copies)

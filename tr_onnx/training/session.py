@@ -267,7 +267,8 @@ class TrainingSession:
                               opts["loss_scale"]["init"] if opts["loss_scale"] else None)
             info = build_training_graph(graph, self.registry, self.kernels_of, cfg)
             if opts["precision"] == "fp16":
-                to_half_precision(graph, info)
+                to_half_precision(graph, info, registry=self.registry,
+                                  backend=self.kernels_of)
             if opts["loss_scale"]:
                 add_loss_scaling(graph, opts["loss_scale"])
             return info
@@ -280,6 +281,10 @@ class TrainingSession:
         names = list(info.trainable) + list(info.running_stats) + list(info.grads.values())
         names += [v for s in info.states.values() for v in s.values()]
         names += [p for p in info.untied if p not in names]
+        # frozen parameters too: load_parameters may have changed them, and a re-plan for
+        # another batch shape must carry that over
+        names += [v.name for v in plan.graph.values.values() if v.kind == ir.PARAM
+                  and v.span_of is None and v.dtype.kind == "f" and v.name not in names]
         if self.options["loss_scale"]:
             names += [LOSS_SCALE, INV_LOSS_SCALE, GROWTH_TRACKER]
         return names
@@ -293,6 +298,9 @@ class TrainingSession:
             for name in plan.info.trainable:
                 if name in state:
                     plan.executor.write_tensor(f"{name}.half", state[name])
+            for name, copy in plan.info.frozen_half.items():
+                if name in state:
+                    plan.executor.write_tensor(copy, state[name])
 
     @property
     def loss_scale(self) -> float | None:

@@ -67,6 +67,7 @@ class TrainInfo:
     untied: dict[str, str]  # parameter made from an Identity copy -> the initializer it copied
     grad_norm: str
     converted: dict[str, int] = field(default_factory=dict)
+    frozen_half: dict[str, str] = field(default_factory=dict)  # fp16: frozen param -> copy
 
 
 def _matches(name: str, patterns) -> bool:

@@ -783,6 +783,21 @@ def _bn_running(b: _Binder, node: ir.Node) -> list:
                       _f32(1.0 - momentum)])]
 
 
+def bind_cast(b: _Binder, node: ir.Node, index: int) -> list:
+    """Cast between float storage types in one layout (``convert.cu``): the float16 copy of a
+    float32 BatchNorm parameter gradient in a half-precision plan."""
+    x, y = node.inputs[0], node.outputs[0]
+    pair = (b.dt(x), b.dt(y))
+    if pair not in sources.CONVERT_PAIRS:
+        raise _Unbound(f"Cast {pair[0]} -> {pair[1]}: the conversion kernels are "
+                       f"{', '.join(f'{s}->{d}' for s, d in sources.CONVERT_PAIRS)}")
+    gy = _out_geometry(b, y)
+    if _spec(b.t(x), geometry(b.t(x)), gy) != gy.n:
+        raise _Unbound("input and output in different layouts")
+    return [b.launch("convert", f"tr_convert_{pair[0]}_{pair[1]}", gy.n,
+                     [b.buf(x), b.buf(y, True), _i64(gy.n)])]
+
+
 def bind_batch_norm_inference(b: _Binder, node: ir.Node, index: int) -> list:
     """BatchNormalization with fixed statistics (inference; training mode is the training
     pass's BatchNormTraining, a cuDNN graph)."""
@@ -852,6 +867,7 @@ BINDERS: dict[tuple[str, str], Callable] = {
     ("", "Expand"): bind_expand,
     ("", "GlobalAveragePool"): bind_global_average_pool,
     ("", "BatchNormalization"): bind_batch_norm_inference,
+    ("", "Cast"): bind_cast,
     ("", "ReduceSum"): bind_reduce_sum,
     ("", "SoftmaxCrossEntropyLoss"): bind_sce,
     (INTERNAL, "SoftmaxCrossEntropyLossGrad"): bind_sce_grad,
