@@ -224,21 +224,10 @@ class CupyDevice:
 
 def compile_text_nvrtc(text: str, name: str, arch: str) -> bytes:
     """Compile a plugin's CUDA source (no include path: plugin sources are self-contained)."""
-    from cupy.cuda import nvrtc
+    from .sources import nvrtc_compile
 
-    from .sources import KernelCompileError
-
-    prog = nvrtc.createProgram(text, name.replace("/", "_") + ".cu", [], [])
-    options = [f"-arch={arch}", "-std=c++17"]
-    try:
-        try:
-            nvrtc.compileProgram(prog, options)
-        except nvrtc.NVRTCError as e:
-            raise KernelCompileError(f"NVRTC failed on {name} with {options}:\n"
-                                     f"{nvrtc.getProgramLog(prog)}") from e
-        return nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    return nvrtc_compile(text, name.replace("/", "_") + ".cu", [f"-arch={arch}", "-std=c++17"],
+                         name)
 
 
 __all__ = ["BLOCK", "CupyDevice", "KernelRef", "compile_text_nvrtc", "cuda_available",

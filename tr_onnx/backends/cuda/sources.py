@@ -184,23 +184,30 @@ def compile_options(arch: str = "sm_90") -> list[str]:
             f"-I{cuda_include_dir()}"]
 
 
-def compile_nvrtc(name: str, arch: str = "sm_90") -> bytes:
-    """Compile family ``name`` with CuPy's low-level NVRTC binding (no driver or GPU needed):
-    the cubin for ``sm_XX``, PTX for ``compute_XX``. Raises KernelCompileError with the log."""
+def nvrtc_compile(text: str, file: str, options: list[str], label: str) -> bytes:
+    """Compile CUDA ``text`` with CuPy's low-level NVRTC binding (no driver or GPU needed): the
+    cubin for ``-arch=sm_XX``, PTX for ``-arch=compute_XX``. Raises KernelCompileError naming
+    ``label``, with the compiler log."""
     from cupy.cuda import nvrtc
 
-    src = SOURCES[name]
-    options = compile_options(arch)
-    prog = nvrtc.createProgram(src.text, src.file, [], [])
+    prog = nvrtc.createProgram(text, file, [], [])
     try:
         try:
             nvrtc.compileProgram(prog, options)
         except nvrtc.NVRTCError as e:
-            raise KernelCompileError(f"NVRTC failed on kernels/{src.file} ({name}) with "
-                                     f"{options}:\n{nvrtc.getProgramLog(prog)}") from e
-        return nvrtc.getPTX(prog) if arch.startswith("compute_") else nvrtc.getCUBIN(prog)
+            raise KernelCompileError(f"NVRTC failed on {label} with {options}:\n"
+                                     f"{nvrtc.getProgramLog(prog)}") from e
+        ptx = any(o.startswith("-arch=compute_") for o in options)
+        return nvrtc.getPTX(prog) if ptx else nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
+
+
+def compile_nvrtc(name: str, arch: str = "sm_90") -> bytes:
+    """Compile family ``name``: the cubin for ``sm_XX``, PTX for ``compute_XX``."""
+    src = SOURCES[name]
+    return nvrtc_compile(src.text, src.file, compile_options(arch),
+                         f"kernels/{src.file} ({name})")
 
 
 def compile_all_nvrtc(arch: str = "sm_90") -> dict[str, bytes]:
