@@ -90,9 +90,6 @@ class Graph:
     opsets: dict[str, int]
     backward_start: int | None = None  # index of the first backward node (training graphs)
 
-    def params(self) -> list[Value]:
-        return [v for v in self.values.values() if v.kind == PARAM]
-
     def remove_node(self, node: Node) -> None:
         self.nodes.remove(node)
         for v in node.inputs:

@@ -166,18 +166,6 @@ class MemoryPlan:
                 shared.update(t.name for t in (a, b) if t.layout.is_padded)
         return shared
 
-    def summary_lines(self) -> list[str]:
-        mb = 1 << 20
-        lines = [f"arena {self.total_bytes / mb:.3f} MB (naive {self.naive_bytes / mb:.3f} MB, "
-                 f"reuse {'on' if self.reuse else 'off'})"]
-        for region in Region:
-            r_start, r_size = self.regions[region]
-            count = sum(1 for t in self.all_tensors()
-                        if t.region == region and t.alias_of is None)
-            lines.append(f"  {region.name:<11} {r_size:>12,d} B at {r_start:>12,d}  "
-                         f"({count} tensors)")
-        return lines
-
 
 def _slot(nbytes: int) -> int:
     return round_up(nbytes, ALIGN)
