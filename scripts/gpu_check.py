@@ -5,14 +5,16 @@ CPU (CI), with the cuda executor over ``tr_onnx.backends.cuda.host_emulator`` in
     python scripts/gpu_check.py --benchmark [--out DIR] [--budget-s 300]
     python scripts/gpu_check.py --dry-run [--out DIR]
 
-Parity (``forward_parity``, ``gradient_parity``, ``training_parity``, ``replay_parity``; the
-GPU tests in tests/test_cuda_gpu.py call the same functions): a model_zoo model through
-``backend="cuda"`` against ``backend="numpy"``, fp32, with the tolerances in ``TOL`` (they leave
-room for TF32 in cuDNN's fp32 convolutions, about 1e-3 relative).
+Parity (``forward_parity``, ``gradient_parity``, ``training_parity``, ``replay_parity``,
+``precision_parity``; the GPU tests in tests/test_cuda_gpu.py call the same functions): a
+model_zoo model through ``backend="cuda"`` against ``backend="numpy"``, fp32, with the
+tolerances in ``TOL`` (they leave room for TF32 in cuDNN's fp32 convolutions, about 1e-3
+relative), and fp16/bf16 training against the fp32 curve (``HALF_TOL``).
 
 Benchmark (``--benchmark``): training images/s and peak GPU memory, same batch, SGD momentum:
-tr_onnx cuda (the session's ``train_step``, and the bare captured step: input upload + the
-three phase graphs), PyTorch fp32 eager, AMP fp16 + channels_last eager and with
+tr_onnx cuda in fp32 and fp16 (bf16 too on ResNet-50; the session's ``train_step``, and the
+bare captured step: input upload + the three phase graphs), PyTorch fp32 eager, AMP fp16 +
+channels_last eager (AMP bf16 too on ResNet-50) and fp16 with
 ``torch.compile(mode="reduce-overhead")``. Models: a ResNet-50-shaped net built in plain
 torch (no torchvision) and exported with the TorchScript exporter at run time, and the
 model_zoo models (their torch builders from model_zoo.export_models). A model the cuda
@@ -52,6 +54,15 @@ TOL = {"forward": 2e-3, "gradient": 5e-3, "loss": 2e-3, "weights": 1e-2, "replay
 gradient / the largest |gradient|; weights per tensor ||a-b||/||b|| after the steps; loss per
 step |a-b|/|b| over 20 SGD steps; replay: the captured steps equal the eager first step bit
 for bit (lr=0, so every step sees the same weights)."""
+HALF_TOL = {"fp16": 3e-3, "bf16": 6e-3}
+"""Mixed precision (``precision_parity``, batch 16: BatchNorm over 4 samples is too
+ill-conditioned to compare curves): the loss per step |a-b|/|b| over 10 SGD steps against
+the fp32 numpy run, as the emulator tests allow (tests/test_cuda_precision_cpu.py); the
+weights' total change (all parameters at once) may drift from the fp32 run's by twice what
+rounding the inputs and initial weights to the half type alone causes (``drift <= 2 *
+baseline``). On the host emulator (2026-11-29) every zoo model passes, loss <= 2.6e-3, drift
+up to 1.8x its baseline (bf16 mlp and lenet; fp16 <= 1.6x)."""
+HALF_STEPS = 10
 
 
 def log(msg: str) -> None:
@@ -96,15 +107,17 @@ def forward_parity(stem: str, device=None, batch: int = 4) -> dict:
     return {"forward": max(_maxrel(g, w) for g, w in zip(got, want))}
 
 
-def _sessions(stem: str, device, **kw):
-    opt = kw.pop("optimizer", None)
+def _session(stem: str, backend_kw: dict, optimizer=None, **kw):
+    return tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
+                                   optimizer=optimizer or SGD(lr=0.05, momentum=0.9),
+                                   **backend_kw, **kw)
 
-    def make(backend_kw):
-        return tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
-                                       optimizer=opt or SGD(lr=0.05, momentum=0.9),
-                                       **backend_kw, **kw)
 
-    return make({"backend": "numpy"}), make(_cuda_kwargs(device))
+def _sessions(stem: str, device, cuda_kw: dict | None = None, **kw):
+    """A numpy and a cuda session of ``stem`` with the same options (``cuda_kw``: the cuda
+    one's own, e.g. ``precision``)."""
+    return (_session(stem, {"backend": "numpy"}, **kw),
+            _session(stem, {**_cuda_kwargs(device), **(cuda_kw or {})}, **kw))
 
 
 def _labels(n: int, seed: int) -> np.ndarray:
@@ -156,6 +169,37 @@ def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
     return {"replay": diff, "captured_phases": graphs}
 
 
+def precision_parity(stem: str, device=None, precision: str = "fp16",
+                     steps: int = HALF_STEPS, batch: int = 16) -> dict:
+    """``steps`` SGD steps with ``precision`` on cuda against three fp32 numpy runs' worth of
+    evidence: the plain run (the loss per step, and the weights' total change) and the run fed
+    inputs and initial weights rounded to the half type (what rounding alone moves)."""
+    from tr_onnx.training.precision import PRECISIONS
+
+    half = PRECISIONS[precision]
+    scaling = {"loss_scale": {"init": 1024.0}} if precision == "fp16" else {}
+    ref, cuda = _sessions(stem, device, {"precision": precision, **scaling})
+    rounded = _session(stem, {"backend": "numpy"})
+    init = ref.parameters()
+    rounded.load_parameters({k: v.astype(half).astype(np.float32) for k, v in init.items()})
+    rinit = rounded.parameters()
+    worst = 0.0
+    for i in range(steps):
+        feed, y = _batch(stem, batch, 10 + i), _labels(batch, i)
+        want, got = ref.train_step(feed, y), cuda.train_step(feed, y)
+        rounded.train_step({k: v.astype(half).astype(np.float32) for k, v in feed.items()}, y)
+        worst = max(worst, abs(got - want) / max(abs(want), 1e-12))
+    a, b, r = (np.concatenate([p[n].ravel() for n in sorted(init)])
+               for p in (cuda.parameters(), ref.parameters(), rounded.parameters()))
+    start, rstart = (np.concatenate([p[n].ravel() for n in sorted(init)]) for p in (init, rinit))
+    # over all parameters at once: a tensor that hardly moves in fp32 (a bias before a
+    # BatchNorm) makes a per-tensor ratio meaningless
+    drift, baseline = _rel(a - start, b - start), _rel(r - rstart, b - start)
+    return {"loss": worst, "drift": drift, "baseline": baseline, "steps": cuda.step,
+            "ok": worst <= HALF_TOL[precision] and drift <= 2 * baseline
+            and cuda.step == steps}
+
+
 def run_parity(stems, device=None, steps: int = 20, rows: list | None = None,
                save=lambda: None) -> list[dict]:
     """Every parity check for each model; a model the cuda backend cannot run is one row that
@@ -171,6 +215,9 @@ def run_parity(stems, device=None, steps: int = 20, rows: list | None = None,
                 row.update(check(stem, device))
             row.update(training_parity(stem, device, steps))
             row["ok"] = all(row[k] <= TOL[k] for k in TOL if k in row)
+            for precision in HALF_TOL:
+                row[precision] = precision_parity(stem, device, precision)
+                row["ok"] = row["ok"] and row[precision]["ok"]
         except CudaUnsupported as e:
             row.update(ok=None, unsupported=sorted({f"{d or 'ai.onnx'}:{o}"
                                                     for d, o, _, _ in e.missing}))
@@ -275,7 +322,8 @@ def _sync(device) -> None:
         cupy.cuda.runtime.deviceSynchronize()
 
 
-def bench_tr_onnx(b: Bench, device, iters: int, dry: bool) -> list[dict]:
+def bench_tr_onnx(b: Bench, device, iters: int, dry: bool, precision: str = "fp32"
+                  ) -> list[dict]:
     """Session ``train_step`` and the bare captured step (upload + three phase graphs)."""
     from tr_onnx.backends.cuda.executor import CudaUnsupported
 
@@ -286,12 +334,12 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool) -> list[dict]:
     try:
         t0 = time.perf_counter()
         sess = tr_onnx.TrainingSession(b.onnx, optimizer=SGD(lr=0.01, momentum=0.9),
-                                       **_cuda_kwargs(device))
+                                       precision=precision, **_cuda_kwargs(device))
         sess.train_step({"input": x}, y)  # plan, bind, eager warm-up
         plan_s = time.perf_counter() - t0
     except CudaUnsupported as e:
         ops = sorted({f"{o}" for _, o, _, _ in e.missing})
-        return [{"model": b.name, "runner": "tr_onnx cuda fp32", "batch": b.shape[0],
+        return [{"model": b.name, "runner": f"tr_onnx cuda {precision}", "batch": b.shape[0],
                  "note": "unsupported: " + ", ".join(ops)}]
     warm = 1 if dry else 3
     for _ in range(warm):
@@ -304,7 +352,7 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool) -> list[dict]:
     _sync(device)
     dt = time.perf_counter() - t0
     mem = _cupy_pool_bytes() if device is None else None
-    rows.append({"model": b.name, "runner": "tr_onnx cuda fp32 (train_step)",
+    rows.append({"model": b.name, "runner": f"tr_onnx cuda {precision} (train_step)",
                  "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
                  "peak_mem_mb": mem, "note": f"plan+bind+warm-up {plan_s:.1f}s"})
     ex = sess._active.executor
@@ -315,7 +363,7 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool) -> list[dict]:
             ex.run(phase)
     _sync(device)
     dt = time.perf_counter() - t0
-    rows.append({"model": b.name, "runner": "tr_onnx cuda fp32 (captured step)",
+    rows.append({"model": b.name, "runner": f"tr_onnx cuda {precision} (captured step)",
                  "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
                  "peak_mem_mb": mem, "note": "upload + 3 graph launches, no host checks"})
     return rows
@@ -328,8 +376,9 @@ def _cupy_pool_bytes() -> float:
 
 
 def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
-    """PyTorch training steps: ``fp32`` eager NCHW, ``amp`` fp16 autocast + channels_last
-    eager, ``amp+compile`` the same under torch.compile(mode="reduce-overhead")."""
+    """PyTorch training steps: ``fp32`` eager NCHW, ``amp`` fp16 autocast (GradScaler) +
+    channels_last eager, ``amp-bf16`` bf16 autocast (no scaler) + channels_last eager,
+    ``amp+compile`` the fp16 one under torch.compile(mode="reduce-overhead")."""
     import copy
 
     import torch
@@ -347,8 +396,9 @@ def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
     if amp and spatial:
         x = x.to(memory_format=torch.channels_last)
     y = torch.arange(b.shape[0], device=dev) % b.classes
-    scaler = torch.amp.GradScaler(dev, enabled=amp and not dry)
-    amp_dtype = torch.bfloat16 if dry else torch.float16
+    bf16 = variant == "amp-bf16"
+    scaler = torch.amp.GradScaler(dev, enabled=amp and not bf16 and not dry)
+    amp_dtype = torch.bfloat16 if dry or bf16 else torch.float16
 
     def step():
         if variant == "amp+compile":
@@ -375,6 +425,7 @@ def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     names = {"fp32": "torch fp32 eager", "amp": "torch AMP fp16 channels_last eager",
+             "amp-bf16": "torch AMP bf16 channels_last eager",
              "amp+compile": "torch AMP fp16 channels_last compile(reduce-overhead)"}
     return {"model": b.name, "runner": names[variant], "batch": b.shape[0],
             "images_s": None if dry else n * b.shape[0] / dt,
@@ -387,8 +438,10 @@ def run_benchmark(device, dry: bool, batch: int, iters: int, budget_s: float,
     start = time.perf_counter()
     rows = [] if rows is None else rows
     for b in bench_models(dry, batch):
-        jobs = [("tr_onnx", None), ("torch", "fp32"), ("torch", "amp")]
-        if not dry and (compile_all or b.name == "resnet50"):
+        big = b.name == "resnet50"
+        jobs = [("tr_onnx", "fp32"), ("tr_onnx", "fp16")] + [("tr_onnx", "bf16")] * big + [
+            ("torch", "fp32"), ("torch", "amp")] + [("torch", "amp-bf16")] * big
+        if not dry and (compile_all or big):
             jobs.append(("torch", "amp+compile"))
         for kind, variant in jobs:
             label = f"{kind} {variant or ''}".strip()
@@ -397,7 +450,7 @@ def run_benchmark(device, dry: bool, batch: int, iters: int, budget_s: float,
                 continue
             try:
                 if kind == "tr_onnx":
-                    rows += bench_tr_onnx(b, device, iters, dry)
+                    rows += bench_tr_onnx(b, device, iters, dry, variant)
                 else:
                     rows.append(bench_torch(b, variant, iters, dry))
             except Exception as e:  # one row's failure is a row, the others still run
@@ -425,15 +478,20 @@ def markdown(results: dict) -> str:
     lines = [f"# tr_onnx gpu_check ({results['mode']})", "", f"- {results['env']}", ""]
     if results.get("parity"):
         keys = ["forward", "gradient", "loss", "weights", "replay"]
-        lines += ["## Parity with the numpy backend (fp32)", "",
-                  "| model | " + " | ".join(keys) + " | ok | note |",
-                  "|---" * (len(keys) + 3) + "|"]
-        lines.append("| tolerance | " + " | ".join(_fmt(TOL[k]) for k in keys) + " | | |")
+        halves = list(HALF_TOL)
+        lines += ["## Parity with the numpy backend (fp32; fp16/bf16: loss, drift/baseline)",
+                  "", "| model | " + " | ".join(keys + halves) + " | ok | note |",
+                  "|---" * (len(keys) + len(halves) + 3) + "|"]
+        lines.append("| tolerance | " + " | ".join(
+            [_fmt(TOL[k]) for k in keys] + [f"{_fmt(HALF_TOL[h])}, 2x" for h in halves])
+            + " | | |")
         for r in results["parity"]:
             note = "unsupported: " + ", ".join(r["unsupported"]) if r.get("unsupported") else \
                 r.get("error", "")
-            lines.append(f"| {r['model']} | " + " | ".join(_fmt(r.get(k)) for k in keys) +
-                         f" | {_fmt(r.get('ok'))} | {note} |")
+            half = [f"{_fmt(r[h]['loss'])}, {_fmt(r[h]['drift'])}/{_fmt(r[h]['baseline'])}"
+                    if isinstance(r.get(h), dict) else "-" for h in halves]
+            lines.append(f"| {r['model']} | " + " | ".join(
+                [_fmt(r.get(k)) for k in keys] + half) + f" | {_fmt(r.get('ok'))} | {note} |")
         lines.append("")
     if results.get("benchmark"):
         lines += ["## Training throughput (same batch, SGD momentum)", "",

@@ -9,10 +9,11 @@
 # Writes under $OUT (else ./gpu_check_out): gpu_check.log (everything), pytest_gpu.xml,
 # results.json and results.md (parity table + benchmark table, rewritten after every row).
 # Steps: (a) pytest -m gpu tests/test_cuda_gpu.py -- parity with the numpy backend on the
-# model_zoo models (forward, gradients, 20 SGD steps, fp32) and CUDA-graph replay == eager;
-# (b) scripts/gpu_check.py --benchmark -- images/s and peak GPU memory, tr_onnx cuda vs
-# PyTorch (fp32 eager, AMP fp16 channels_last eager and torch.compile reduce-overhead) on a
-# ResNet-50-shaped net (plain torch, exported at run time) and the model_zoo models.
+# model_zoo models (forward, gradients, 20 SGD steps, fp32; 10 steps fp16 and bf16 against the
+# fp32 curve) and CUDA-graph replay == eager; (b) scripts/gpu_check.py --benchmark -- images/s
+# and peak GPU memory, tr_onnx cuda (fp32, fp16, bf16) vs PyTorch (fp32 eager, AMP fp16/bf16
+# channels_last eager and torch.compile reduce-overhead) on a ResNet-50-shaped net (plain
+# torch, exported at run time) and the model_zoo models.
 #
 # The machine has Python 3.12, cupy-cuda13x 14.2, nvidia-cudnn-cu13, torch 2.11 (cu130),
 # onnxruntime (CPU) and no internet. What is missing is installed from wheels carried in

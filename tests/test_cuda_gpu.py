@@ -1,4 +1,5 @@
-"""The cuda backend on a real GPU against the numpy backend (fp32), marker ``gpu``.
+"""The cuda backend on a real GPU against the numpy backend (fp32; fp16/bf16 against the fp32
+curve), marker ``gpu``.
 
 Run by scripts/gpu_check.sh on the lent H200 (``pytest -m gpu tests/test_cuda_gpu.py``). The
 checks are scripts/gpu_check.py's parity functions, which tests/test_cuda_wiring_cpu.py runs
@@ -49,3 +50,10 @@ def test_the_device_arena_is_one_aligned_allocation():
     plan = sess.plan_for({"input": gpu_check._batch("resnet", 4, 0)["input"]})
     dev = plan.executor.device
     assert dev.arena_base % 256 == 0 and dev.arena.nbytes == plan.memory.total_bytes
+
+
+@pytest.mark.parametrize("precision", list(gpu_check.HALF_TOL))
+@pytest.mark.parametrize("stem", MODELS)
+def test_half_precision_tracks_the_fp32_curve(stem, precision):
+    got = gpu_check.precision_parity(stem, precision=precision)
+    assert got["ok"], got

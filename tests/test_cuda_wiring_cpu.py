@@ -228,6 +228,9 @@ def test_device_hook_is_for_the_cuda_backend_only(device):
 def test_gpu_check_parity_functions_pass_on_the_emulator(device):
     rows = gpu_check.run_parity(["mlp"], device, steps=2)
     assert rows[0]["ok"] is True and rows[0]["replay"] == 0.0
+    for precision in ("fp16", "bf16"):
+        half = rows[0][precision]
+        assert half["ok"] and half["steps"] == gpu_check.HALF_STEPS, half
 
 
 @pytest.mark.slow
@@ -242,7 +245,10 @@ def test_gpu_check_dry_run_runs_the_whole_script(tmp_path):
     errors = [r for r in bench if r.get("note", "").startswith("error")]
     assert not errors, errors
     runners = {r["runner"] for r in bench}
-    assert {"torch fp32 eager", "torch AMP fp16 channels_last eager"} <= runners
-    assert any(r.startswith("tr_onnx cuda") for r in runners)
+    assert {"torch fp32 eager", "torch AMP fp16 channels_last eager",
+            "torch AMP bf16 channels_last eager"} <= runners
+    assert {f"tr_onnx cuda {p} ({how})" for p in ("fp32", "fp16", "bf16")
+            for how in ("train_step", "captured step")} <= runners
+    assert all(r[p]["ok"] for r in results["parity"] for p in ("fp16", "bf16"))
     table = (tmp_path / "results.md").read_text()
     assert "| resnet50 |" in table and "images/s" in table

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+"""``ml_dtypes.bfloat16`` (numpy kind ``"V"``): the storage type of ``precision="bf16"``
+plans; NumPy's ufuncs work on it through ml_dtypes."""
 
 # ONNX element types NumPy represents natively. bfloat16 and the float8/int4 families
 # need ml_dtypes; the numpy backend does not compute in them.
@@ -22,6 +27,8 @@ _ONNX_TO_NP: dict[int, np.dtype] = {
     onnx.TensorProto.BOOL: np.dtype(np.bool_),
 }
 _NP_TO_ONNX = {v: k for k, v in _ONNX_TO_NP.items()}
+# bfloat16 appears inside bf16 training plans (their Cast nodes), not in models we load
+_NP_TO_ONNX[BFLOAT16] = onnx.TensorProto.BFLOAT16
 
 
 def np_dtype(elem_type: int) -> np.dtype:
@@ -40,3 +47,22 @@ def onnx_elem_type(dtype: np.dtype | type) -> int:
 
 def is_supported(elem_type: int) -> bool:
     return elem_type in _ONNX_TO_NP
+
+
+def is_float(dtype) -> bool:
+    """A floating-point dtype, bfloat16 included (its numpy kind is ``"V"``, not ``"f"``)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def finfo(dtype):
+    """``np.finfo`` for every float dtype, bfloat16 included."""
+    return ml_dtypes.finfo(dtype)
+
+
+def accumulator_dtype(dtype) -> np.dtype:
+    """The type sums of ``dtype`` accumulate in: float32 for the 16-bit floats (as onnxruntime
+    and cuDNN do: even a 3x3 window loses digits in float16, and numpy's float16 matmul does
+    not use BLAS), ``dtype`` itself otherwise."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.float16 or dtype == BFLOAT16 else dtype

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..dtypes import accumulator_dtype
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
@@ -260,13 +261,6 @@ def _kernel_shape(attrs, w_shape) -> tuple[int, ...]:
 # --------------------------------------------------------------------------------------------
 # Conv
 # --------------------------------------------------------------------------------------------
-
-def accumulator_dtype(dtype: np.dtype) -> np.dtype:
-    """Sums of float16 are accumulated in float32 (as onnxruntime does): even a 3x3 window loses
-    digits in float16, and numpy's float16 matmul does not use BLAS."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
-
 
 def conv_numpy(ctx):
     x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]

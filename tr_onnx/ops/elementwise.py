@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..dtypes import onnx_elem_type
+from ..dtypes import finfo, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -474,7 +474,7 @@ def _cast_vjp(b, node, gys, needed):
     """float -> float: the gradient cast back; a cast to or from a non-float type has none."""
     x, y, gy = node.inputs[0], node.outputs[0], gys[0]
     rest = [None] * (len(node.inputs) - 1)
-    if gy is None or not needed[0] or y.dtype.kind != "f" or x.dtype.kind != "f":
+    if gy is None or not needed[0] or not is_float(y.dtype) or not is_float(x.dtype):
         return [None] + rest
     return [_cast(b, gy, x.dtype)] + rest
 
@@ -608,9 +608,9 @@ def _attrs_for(ctx, dtype: np.dtype) -> SimpleNamespace:
     for k, v in ctx.attrs.items():
         if isinstance(v, float):
             a[k + "_f"] = v
-            v = dtype.type(v) if dtype.kind == "f" else int(v)
+            v = dtype.type(v) if is_float(dtype) else int(v)
         a[k] = v
-    if dtype.kind == "f":
+    if is_float(dtype):
         a.update(_DERIVED.get(ctx.node.op_type, lambda dt: {})(dtype))
     return SimpleNamespace(**a)
 
@@ -705,8 +705,8 @@ def variadic_numpy(ufunc, mean: bool = False):
 def _bound(value, dtype: np.dtype):
     """A Clip bound in the input's dtype, or None when it does not limit that dtype."""
     value = np.asarray(value).reshape(())
-    if dtype.kind == "f":
-        info = np.finfo(dtype)
+    if is_float(dtype):
+        info = finfo(dtype)
         if not np.isnan(value) and not info.min <= float(value) <= info.max:
             return None
     return dtype.type(value)
@@ -758,7 +758,8 @@ def where_numpy(ctx):
     ``Where(cond, 0, gy)`` take one and two passes; the general case three, b + (a - b) * cond
     with wrap-around. Other dtypes (strings, complex128) keep the masked copy."""
     dtype = np.dtype(ctx.outputs[0].dtype)
-    bits = _BIT_PATTERNS.get(dtype.itemsize) if dtype.kind in "biufc" else None
+    bits = _BIT_PATTERNS.get(dtype.itemsize) if dtype.kind in "biufc" or is_float(dtype) \
+        else None
 
     def masked_copy(ins, outs, ws):
         np.copyto(outs[0], ins[2])

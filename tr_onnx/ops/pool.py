@@ -16,15 +16,16 @@ import math
 
 import numpy as np
 
+from ..dtypes import accumulator_dtype, is_float
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
 from ..opdef import SPATIAL, OpDef
-from .conv import Window, accumulator_dtype, pad_nhwc, padding_slabs_nhwc
+from .conv import Window, pad_nhwc, padding_slabs_nhwc
 
 
 def _lowest(dtype: np.dtype):
     """The padding value of a max pool: no input value can lose to it."""
-    if dtype.kind == "f":
+    if is_float(dtype):
         return dtype.type(-np.inf)
     return np.iinfo(dtype).min
 

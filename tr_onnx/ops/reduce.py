@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import onnx_elem_type
+from ..dtypes import finfo, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -80,7 +80,7 @@ def _lowest(dtype: np.dtype, which: str):
     """The identity of max (``"min"``) or min (``"max"``) reductions for ``dtype``."""
     if dtype == np.bool_:
         return which == "max"
-    if np.issubdtype(dtype, np.floating):
+    if is_float(dtype):
         return -np.inf if which == "min" else np.inf
     info = np.iinfo(dtype)
     return info.min if which == "min" else info.max
@@ -97,7 +97,7 @@ def reduce_numpy(ctx):
     kept_shape = tuple(1 if a in axes else d for a, d in enumerate(x_info.shape))
     # Integer outputs of float math (mean, sqrt, log, exp) are computed in float64 and cast
     # back with truncation, as the ONNX reference does (``.astype(data.dtype)``).
-    acc = dtype if np.issubdtype(dtype, np.inexact) or not spec.float_only_math \
+    acc = dtype if is_float(dtype) or dtype.kind == "c" or not spec.float_only_math \
         else np.dtype(np.float64)
     pre_ws = ctx.workspace(x_info.shape, acc) if spec.pre is not None or op == "ReduceLogSumExp" \
         else None
@@ -106,7 +106,7 @@ def reduce_numpy(ctx):
     initial = {} if spec.initial is None else {"initial": _lowest(dtype, spec.initial)}
     expand = axes if not keepdims else ()
     if op == "ReduceLogSumExp":
-        finfo = np.finfo(acc)
+        acc_info = finfo(acc)
     empty = 0 in x_info.shape
 
     def run(ins, outs, ws):
@@ -117,7 +117,7 @@ def reduce_numpy(ctx):
             # shift by the max, clamped to finite values so +/-inf inputs stay exact
             m = ws[max_ws]
             np.max(x, axis=axes, keepdims=True, out=m, initial=-np.inf)
-            np.clip(m, finfo.min, finfo.max, out=m)
+            np.clip(m, acc_info.min, acc_info.max, out=m)
             t = ws[pre_ws]
             np.subtract(x, m, out=t)
             np.exp(t, out=t)

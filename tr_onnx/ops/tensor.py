@@ -19,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 from onnx import numpy_helper
 
+from ..dtypes import is_float
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
@@ -316,7 +317,7 @@ def size_numpy(ctx):
 def range_numpy(ctx):
     start, delta = (np.asarray(ctx.const(i)).reshape(()) for i in (0, 2))
     info = ctx.outputs[0]
-    work = np.float64 if info.dtype.kind == "f" else np.int64
+    work = np.float64 if is_float(info.dtype) else np.int64
     value = (start.astype(work) + np.arange(info.shape[0], dtype=work) * delta.astype(work))
     return _constant_output(value.astype(info.dtype))
 

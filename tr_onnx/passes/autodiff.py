@@ -18,18 +18,18 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..dtypes import onnx_elem_type
+from ..dtypes import is_float, onnx_elem_type
 from ..errors import ShapeError, UnsupportedModelError
 from ..ir import ACTIVATION, CONST, Graph, Node, Value, node_attributes
 from ..registry import OpRegistry, schema_for
 
 GRAD_OPSET = 17  # semantics of the standard ops gradient rules emit (ReduceSum axes as input...)
 INTERNAL_DOMAIN = "ai.tr_onnx"
-_FLOAT_KINDS = "fc"
 
 
 def _is_float(v: Value | None) -> bool:
-    return v is not None and v.dtype.kind in _FLOAT_KINDS
+    """Differentiable: a real (bfloat16 included) or complex float."""
+    return v is not None and (is_float(v.dtype) or v.dtype.kind == "c")
 
 
 def _type_proto(v: Value) -> onnx.TypeProto:

@@ -1,12 +1,15 @@
 """Mixed precision for a training graph: half-precision activations and gradients, fp32
-master weights (``precision="fp16"`` on the cuda backend).
+master weights (``precision="fp16"`` or ``"bf16"`` on the cuda backend; "half" below is
+float16 or bfloat16, ``ml_dtypes.bfloat16`` in the plan and the reference kernels).
 
 ``to_half_precision`` runs on the finished training graph (after ``build_training_graph``,
 before layouts and the MemoryPlan), so autodiff, the loss and the optimizer stay
 precision-agnostic and the change is one retyping, visible in the plan:
 
 * every float32 value the ``compute`` phase produces (activations, local gradients, the loss)
-  and every float32 constant it reads become float16;
+  and every float32 constant it reads become half, and so do the model's float32 inputs
+  (the host rounds a batch to half as it uploads it: half the bytes, and conv/matmul read
+  operands of one type, as under torch.autocast);
 * each trainable parameter ``p`` keeps its float32 master in PARAM (the optimizer's span); the
   compute nodes read ``p.half`` instead, an OPT_STATE mirror of ``p`` (same slot geometry:
   its slot is half its master's, ``memory.slot_bytes``) initialised from ``p`` and rewritten by
@@ -40,10 +43,12 @@ gradients); the fused optimizer takes ``__found_inf`` and skips itself when set;
 ``tr_loss_scale_update`` (backoff on overflow, growth after ``growth_interval`` good steps).
 The host reads the 4-byte flag after apply: an overflow step is no step.
 
-Not covered yet (a named error): bf16 (NumPy has no bfloat16 for the plan's reference
-kernels), running statistics read outside a BatchNorm, and loss scaling with an ONNX loss
-model. Other ops with float32 parameters (LayerNorm/GroupNorm scale) read half copies
-(not checked on a model yet).
+bf16 has float32's exponent range, so it needs no loss scaling (``loss_scale`` is for fp16
+only, as in PyTorch's AMP); its 8-bit significand rounds 8x coarser than fp16.
+
+Not covered yet (a named error): running statistics read outside a BatchNorm, and loss
+scaling with an ONNX loss model. Other ops with float32 parameters (LayerNorm/GroupNorm
+scale) read half copies (not checked on a model yet).
 """
 
 from __future__ import annotations
@@ -51,11 +56,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
+from ..dtypes import BFLOAT16, onnx_elem_type
 from ..errors import UnsupportedModelError
 from ..ir import Graph, Node, Value
 from .train_pass import INTERNAL, LOSS_SCALE
 
-PRECISIONS = {"fp32": np.float32, "fp16": np.float16, "bf16": None}
+PRECISIONS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
+              "bf16": BFLOAT16}
+"""``precision=`` -> the storage dtype of activations and gradients."""
 HALF_SPAN = "__params_half"
 INV_LOSS_SCALE, GROWTH_TRACKER, FOUND_INF = "__inv_loss_scale", "__loss_scale_growth", \
     "__found_inf"
@@ -121,9 +129,6 @@ def check_precision(precision: str, backend: str) -> str:
     if precision != "fp32" and backend != "cuda":
         raise ValueError(f"precision={precision!r} needs backend='cuda'; the {backend} backend "
                          "trains in fp32 only (precision='fp32')")
-    if precision == "bf16":
-        raise NotImplementedError("precision='bf16' is not wired yet (the plan's reference "
-                                  "kernels are NumPy, which has no bfloat16); use 'fp16'")
     return precision
 
 
@@ -140,12 +145,18 @@ def _fp32_ports(node) -> tuple[set, set]:
 
 
 def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
-                      backend: str = "numpy") -> str:
+                      backend: str = "numpy", data_inputs=()) -> str:
     """Retype ``graph`` (a training graph; ``info`` its ``TrainInfo``) as the module docstring
     says. ``registry``/``backend`` dispatch the Cast nodes the float32 islands need (BatchNorm;
-    required only where there is one). Returns the name of the half weight-copy span."""
+    required only where there is one). ``data_inputs``: the model's own inputs (not the
+    labels); the float32 ones are stored half, rounded by the host on upload. Returns the name
+    of the half weight-copy span."""
     half = np.dtype(dtype)
     f32 = np.dtype(np.float32)
+    for name in data_inputs:
+        v = graph.values.get(name)
+        if v is not None and v.kind == ir.INPUT and v.dtype == f32:
+            v.dtype = half
     trainable = [graph.values[n] for n in info.trainable]
     if trainable[0].dtype != f32:
         raise UnsupportedModelError(f"mixed precision needs float32 parameters, got "
@@ -220,12 +231,12 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
         if not readers:
             continue
         if registry is None:
-            raise UnsupportedModelError(f"mixed precision: {v.name!r} needs a Cast to float16 "
+            raise UnsupportedModelError(f"mixed precision: {v.name!r} needs a Cast to {half} "
                                         "(to_half_precision(..., registry=...))", [])
         opdef = registry.lookup("", "Cast", 13, backend)
         out = Value(graph.unique_name(f"{v.name}.half"), v.shape, half)
         cast = Node(graph.unique_name(f"{v.name}/to_half"), "Cast", "", 13, [v], [out],
-                    {"to": 10}, opdef, phase="compute")  # 10: TensorProto.FLOAT16
+                    {"to": onnx_elem_type(half)}, opdef, phase="compute")
         graph.insert(graph.nodes.index(producer) + 1, cast)
         for n, k in readers:
             graph.replace_input(n, k, out)

@@ -25,6 +25,7 @@ from .precision import (
     FOUND_INF,
     GROWTH_TRACKER,
     INV_LOSS_SCALE,
+    PRECISIONS,
     add_loss_scaling,
     check_loss_scale,
     check_precision,
@@ -104,10 +105,10 @@ class TrainingSession:
     parameter (default: they train separately, as they did in the exported model).
     ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
     ``backend``: ``"numpy"``, ``"cuda"`` or ``"auto"`` (cuda when a GPU is usable).
-    ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"``: activations
-    and gradients stored in float16, float32 master weights updated by the fused optimizer,
-    which also writes the float16 copy the next step reads (``training.precision``).
-    ``"bf16"`` is not wired yet. ``loss_scale`` (fp16 only): dynamic loss scaling as
+    ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"`` / ``"bf16"``:
+    activations and gradients stored in float16 / bfloat16, float32 master weights updated by
+    the fused optimizer, which also writes the half copy the next step reads
+    (``training.precision``). ``loss_scale`` (fp16 only): dynamic loss scaling as
     ``torch.amp.GradScaler``, on by default with fp16; a dict overrides ``init`` (65536),
     ``growth_factor`` (2), ``backoff_factor`` (0.5) and ``growth_interval`` (2000);
     ``False`` turns it off. A step whose gradients overflow is skipped (weights and optimizer
@@ -266,9 +267,10 @@ class TrainingSession:
                               opts["tie_shared_initializers"], opts["seed"],
                               opts["loss_scale"]["init"] if opts["loss_scale"] else None)
             info = build_training_graph(graph, self.registry, self.kernels_of, cfg)
-            if opts["precision"] == "fp16":
-                to_half_precision(graph, info, registry=self.registry,
-                                  backend=self.kernels_of)
+            if opts["precision"] != "fp32":
+                to_half_precision(graph, info, PRECISIONS[opts["precision"]],
+                                  registry=self.registry, backend=self.kernels_of,
+                                  data_inputs=[i.name for i in self.imported.inputs])
             if opts["loss_scale"]:
                 add_loss_scaling(graph, opts["loss_scale"])
             return info

@@ -298,10 +298,21 @@ def _conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTe
         epilogue += ("relu",)
     x_desc = ins.get("image") or outs.get("DX")
     w_desc = ins.get("weight") or ins.get("filter") or outs.get("DW")
-    return GraphDesc(kind, node.label, x_desc.data_type, ins, outs, params=_conv_params(win),
-                     epilogue=epilogue, relu_clip=relu_clip,
-                     channels="padded" if padded else "logical",
-                     groups=x_desc.dims[1] // w_desc.dims[1], notes=(note,) if note else ())
+    return _one_data_type(GraphDesc(
+        kind, node.label, x_desc.data_type, ins, outs, params=_conv_params(win),
+        epilogue=epilogue, relu_clip=relu_clip, channels="padded" if padded else "logical",
+        groups=x_desc.dims[1] // w_desc.dims[1], notes=(note,) if note else ()))
+
+
+def _one_data_type(desc: GraphDesc) -> GraphDesc:
+    """``desc``, checked to read and write one data type, as our conv and matmul graphs
+    declare them (one ``io_data_type``, fp32 compute): a half-precision plan that left one
+    operand float32 would otherwise reach cuDNN as a mixed-type graph no engine takes."""
+    types = {port: t.data_type for port, t in {**desc.inputs, **desc.outputs}.items()}
+    if len(set(types.values())) > 1:
+        raise CudnnGraphError(f"{desc.node}: a {desc.kind} graph reads and writes one data "
+                              "type; got " + ", ".join(f"{p} {d}" for p, d in types.items()))
+    return desc
 
 
 def fusable_activation(node, graph) -> tuple[Any, tuple[float | None, float | None]] | None:
@@ -461,7 +472,8 @@ def _matmul_desc(node, plan: MemoryPlan) -> GraphDesc:
         strides = tuple(s // c.dtype.itemsize for s in compact_strides(dims, c.dtype.itemsize))
         ins["bias"] = index.tensor(c, "bias", dims, strides, node.label)
         epilogue = ("bias",)
-    return GraphDesc("matmul", node.label, ad.data_type, ins, {"Y": yd}, epilogue=epilogue)
+    return _one_data_type(GraphDesc("matmul", node.label, ad.data_type, ins, {"Y": yd},
+                                    epilogue=epilogue))
 
 
 # --------------------------------------------------------------------------------------------

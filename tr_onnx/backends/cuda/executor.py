@@ -60,7 +60,7 @@ EXECUTOR_POLICY = {**WRITE_POLICY,
 ``download`` (unpadding an output into WORKSPACE before the copy to the host) and ``check``
 (``all_finite``'s flag, the first 4 bytes of WORKSPACE)."""
 
-DT = {"float32": "f32", "float16": "f16"}  # numpy dtype -> kernel storage suffix
+DT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}  # dtype -> kernel storage
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sum": "add"}
 COPY_OPS = {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 OPTIMIZERS = {"SGDUpdate", "AdamUpdate", "AdagradUpdate"}
@@ -672,7 +672,7 @@ def _sce_geometry(b: _Binder, x: ir.Value, labels: ir.Value):
     g = geometry(tx)
     if b.t(labels).dtype != np.int64:
         raise _Unbound("labels must be int64")
-    if g is None or tx.dtype != np.float32 and tx.dtype != np.float16:
+    if g is None or tx.dtype.name not in DT:
         raise _Unbound(f"scores {x.name!r} in a layout the row kernels cannot read")
     if g.kind == "flat" and len(tx.shape) == 2:
         return tx.shape[0], tx.shape[1], tx.shape[1]
