@@ -15,18 +15,18 @@ precision-agnostic and the change is one retyping, visible in the plan:
   its slot is half its master's, ``memory.slot_bytes``) initialised from ``p`` and rewritten by
   the fused optimizer kernel's weight-copy output after every update (the optimizer node's
   ``weight_copy`` attribute names the ``__params_half`` span over them);
-* the GRAD accumulators (and the ``__grads`` span) are float16, as the gradients feeding them;
-* float32 islands (``FP32_PORTS``), as cuDNN's BatchNorm takes them (fp16 x/y/dy/dx, fp32
+* the GRAD accumulators (and the ``__grads`` span) are half, as the gradients feeding them;
+* float32 islands (``FP32_PORTS``), as cuDNN's BatchNorm takes them (half x/y/dy/dx, fp32
   per-channel tensors): BatchNormTraining reads scale, bias and the running statistics in
   float32 (the trainable masters themselves, not their half copies) and writes float32
   saved/running statistics (the running ones stay float32 in PARAM through the commit
   phase); BatchNormGrad reads scale, mean and inv_std in float32 and writes float32
   dscale/dbias, which one Cast (ai.onnx Cast, ``convert.cu`` on the cuda backend) rounds to
-  float16 on their way to the accumulators -- an overflow there is an inf that the loss
+  half on their way to the accumulators -- in fp16 an overflow there is an inf that the loss
   scaler's check catches like any other fp16 gradient. A value of another kind on such a
   port (a computed scale) is a named error;
 * a frozen float32 parameter stays float32 where a float32 port reads it, and elsewhere is
-  read through ``p.half`` (float16, an OPT_STATE value of its own initialised from ``p``,
+  read through ``p.half`` (half, an OPT_STATE value of its own initialised from ``p``,
   rewritten from ``p`` when the session loads it; ``TrainInfo.frozen_half``).
 
 The per-step scalars (lr, step, grad scale) and the apply phase's grad-norm stay float32.
@@ -47,8 +47,8 @@ bf16 has float32's exponent range, so it needs no loss scaling (``loss_scale`` i
 only, as in PyTorch's AMP); its 8-bit significand rounds 8x coarser than fp16.
 
 Not covered yet (a named error): running statistics read outside a BatchNorm, and loss
-scaling with an ONNX loss model. Other ops with float32 parameters (LayerNorm/GroupNorm
-scale) read half copies (not checked on a model yet).
+scaling with an ONNX loss model. Other ops with float32 parameters read half copies
+(LayerNorm's scale and bias: checked on the transformer).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
     # float32 islands: what the fp32 ports write (kept float32 below)
     island = [(n, v) for n in compute for k, v in enumerate(n.outputs)
               if v is not None and k in _fp32_ports(n)[1] and v.dtype == f32]
-    # Frozen float32 parameters: read as they are on a float32 port, else through a float16
+    # Frozen float32 parameters: read as they are on a float32 port, else through a half
     # copy (STATE, its own slot, written from the parameter when it is loaded).
     frozen = {}
     for node in compute:
@@ -223,7 +223,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
                     f"mixed precision: {node.label} reads {v.name!r} ({v.dtype}) on a float32 "
                     f"port (input {k}); only parameters and BatchNorm statistics go there", [])
     # An island's output read by a half consumer (a BatchNorm parameter's gradient on its way
-    # to the float16 accumulator) goes through one Cast (round to nearest even; an overflow
+    # to the half accumulator) goes through one Cast (round to nearest even; an overflow
     # becomes inf, which the loss scaler's check catches like any other fp16 gradient).
     for producer, v in island:
         readers = [(n, k) for n in list(v.consumers) if n.phase == "compute"
