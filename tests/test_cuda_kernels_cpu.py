@@ -250,6 +250,7 @@ UNARY = {
     "Sqrt": Unary("Sqrt", "sqrt", domain="positive"),
     "Neg": Unary("Neg", "neg"),
     "Abs": Unary("Abs", "abs"),
+    "Sign": Unary("Sign", "sign", opset=13),
     "Clip": Unary("Clip", "clip", ab=(np.float32(-1.5), np.float32(2.25)),
                   consts=(np.float32(-1.5), np.float32(2.25)), opset=13),
 }

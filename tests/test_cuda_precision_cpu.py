@@ -312,7 +312,8 @@ def test_resnet_half_keeps_batchnorm_fp32_and_tracks_the_fp32_curve(device, prec
         built = declare_pygraph(desc, cudnn)
         for port, t in desc.outputs.items():
             assert built.tensors[port].get_data_type() == getattr(cudnn.data_type, t.data_type)
-    casts = [n for n in plan.graph.nodes if n.op_type == "Cast"]
+    casts = [n for n in plan.graph.nodes if n.op_type == "Cast"
+             and n.inputs[0].producer.op_type == "BatchNormGrad"]
     assert len(casts) == 2 * sum(n.op_type == "BatchNormGrad" for n in bn)
     assert all(c.outputs[0].consumers[0].op_type == "Accumulate" for c in casts)
     assert {c.attrs["to"] for c in casts} == {onnx_elem_type(half)}
@@ -486,3 +487,101 @@ def test_a_mixed_type_conv_is_a_named_cudnn_graph_error():
     with pytest.raises(CudnnGraphError, match=r"conv_fprop graph reads and writes one data "
                                               r"type; got image FLOAT, weight HALF"):
         _one_data_type(mixed)
+
+
+# ---- the loss in float32 (as under torch.autocast): every builtin loss, a user's ONNX loss --
+
+LOSS_LABELS = {
+    "cross_entropy": lambda rng: rng.integers(0, 10, 4),
+    "mse": lambda rng: rng.standard_normal((4, 10)).astype(np.float32),
+    "l1": lambda rng: rng.standard_normal((4, 10)).astype(np.float32),
+    "smooth_l1": lambda rng: rng.standard_normal((4, 10)).astype(np.float32),
+    "bce_with_logits": lambda rng: (rng.random((4, 10)) > 0.5).astype(np.float32),
+}
+LOSS_RTOL = {"fp32": 1e-5, **{p: rtol for p, (_, rtol, _) in HALF.items()}}
+"""fp32: the kernels' host build against numpy (seen <= 1e-7); half: the MLP's tolerance above
+(seen <= 8e-5 fp16, 5e-4 bf16 over these 5 steps)."""
+
+
+def _loss_curves(device, loss, precision, steps=5):
+    rng = np.random.default_rng(0)
+    ref = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=loss, backend="numpy")
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=loss, backend="cuda", device=device,
+                                   precision=precision)
+    got, want = [], []
+    for _ in range(steps):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        y = LOSS_LABELS[loss if isinstance(loss, str) else "mse"](rng)
+        got.append(sess.train_step({"input": x}, y))
+        want.append(ref.train_step({"input": x}, y))
+    return sess, got, want
+
+
+def _check_loss_region_is_fp32(sess):
+    """Everything between the model's output and the loss, and its gradient back to
+    d(output), is float32: one Cast in (the scores), one out (d(scores))."""
+    from tr_onnx.training.precision import loss_region
+
+    plan = sess._active
+    graph = plan.graph
+    region = [n for n in graph.nodes if id(n) in loss_region(graph, plan.info.loss, "logits")]
+    assert region
+    for node in region:
+        for v in node.outputs:
+            if v is not None and v.dtype.kind == "f":
+                assert plan.memory.tensors[v.name].dtype == np.float32, (node.label, v.name)
+    casts = [n for n in graph.nodes if n.op_type == "Cast"]
+    into = [c for c in casts if c.inputs[0].name == "logits"]
+    out_of = [c for c in casts if id(c.inputs[0].producer) in {id(n) for n in region}]
+    assert len(into) == 1 and into[0].outputs[0].dtype == np.float32
+    assert len(out_of) == 1 and out_of[0].outputs[0].dtype != np.float32
+    assert len(casts) == 2
+
+
+@pytest.mark.parametrize("precision", LOSS_RTOL)
+@pytest.mark.parametrize("loss", LOSS_LABELS)
+def test_every_builtin_loss_trains_on_cuda(device, loss, precision):
+    sess, got, want = _loss_curves(device, loss, precision)
+    assert sess.step == 5
+    np.testing.assert_allclose(got, want, rtol=LOSS_RTOL[precision])
+    if precision != "fp32":
+        _check_loss_region_is_fp32(sess)
+
+
+def _mse_loss_model():
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sub", ["out", "target"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "mse", [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 10]),
+        helper.make_tensor_value_info("target", TensorProto.FLOAT, ["n", 10])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_an_onnx_loss_model_trains_in_half_as_the_builtin_it_spells(device, precision):
+    """A user's ONNX loss (mse spelled out) runs in float32 like the builtin, with fp16 loss
+    scaling seeding its gradient: the same kernels on the same values, so the same curve."""
+    user, got, want = _loss_curves(device, _mse_loss_model(), precision)
+    builtin, same, _ = _loss_curves(device, "mse", precision)
+    assert got == same
+    np.testing.assert_allclose(got, want, rtol=LOSS_RTOL[precision])
+    assert (user.loss_scale is not None) == (precision == "fp16")
+    _check_loss_region_is_fp32(user)
+
+
+def test_an_onnx_loss_model_overflow_skips_the_step(device):
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=_mse_loss_model(), backend="cuda",
+                                   device=device, precision="fp16",
+                                   loss_scale={"init": 2.0 ** 24})
+    rng = np.random.default_rng(0)
+    before = sess.parameters()
+    with pytest.warns(RuntimeWarning, match=r"step 1: fp16 gradient overflow.*skipped"):
+        sess.train_step({"input": rng.standard_normal((4, 64)).astype(np.float32)},
+                        100 * rng.standard_normal((4, 10)).astype(np.float32))
+    assert sess.step == 0 and sess.loss_scale == 2.0 ** 23
+    for name, value in sess.parameters().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)

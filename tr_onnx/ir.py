@@ -69,6 +69,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     opdef: Any = None  # the registry's OpDef, bound at dispatch
     phase: str = "forward"  # which part of a training step runs it (forward, commit, apply)
+    grad_of: Node | None = None  # backward nodes: the forward node whose gradient rule made it
 
     @property
     def label(self) -> str:
@@ -91,14 +92,20 @@ class Graph:
     backward_start: int | None = None  # index of the first backward node (training graphs)
 
     def remove_node(self, node: Node) -> None:
-        self.nodes.remove(node)
+        index = self.nodes.index(node)
+        del self.nodes[index]
+        if self.backward_start is not None and index < self.backward_start:
+            self.backward_start -= 1
         for v in node.inputs:
             if v is not None and node in v.consumers:
                 v.consumers.remove(node)
 
     def insert(self, index: int, node: Node) -> None:
-        """Put ``node`` at ``index`` of the schedule and wire its values (one place for it)."""
+        """Put ``node`` at ``index`` of the schedule and wire its values (one place for it);
+        a node put before the backward pass belongs to the forward pass."""
         self.nodes.insert(index, node)
+        if self.backward_start is not None and index < self.backward_start:
+            self.backward_start += 1
         for v in node.inputs:
             if v is not None and node not in v.consumers:
                 v.consumers.append(node)

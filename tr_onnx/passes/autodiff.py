@@ -99,7 +99,7 @@ class GradBuilder:
             specs = self._infer(schema, proto, inputs, outputs or 1)
         outs = [Value(self._name(op_type), tuple(s), np.dtype(d), ACTIVATION) for s, d in specs]
         node = Node(self._name(op_type), op_type, domain, version, list(inputs), outs, full_attrs,
-                    opdef, self.phase)
+                    opdef, self.phase, grad_of=self.anchor)
         self.graph.append(node)
         self.emitted.append(node)
         return outs[0] if len(outs) == 1 else outs

@@ -6,8 +6,8 @@ float16 or bfloat16, ``ml_dtypes.bfloat16`` in the plan and the reference kernel
 before layouts and the MemoryPlan), so autodiff, the loss and the optimizer stay
 precision-agnostic and the change is one retyping, visible in the plan:
 
-* every float32 value the ``compute`` phase produces (activations, local gradients, the loss)
-  and every float32 constant it reads become half, and so do the model's float32 inputs
+* every float32 value the ``compute`` phase produces (activations, local gradients) and every
+  float32 constant it reads become half, and so do the model's float32 inputs
   (the host rounds a batch to half as it uploads it: half the bytes, and conv/matmul read
   operands of one type, as under torch.autocast);
 * each trainable parameter ``p`` keeps its float32 master in PARAM (the optimizer's span); the
@@ -25,6 +25,12 @@ precision-agnostic and the change is one retyping, visible in the plan:
   half on their way to the accumulators -- in fp16 an overflow there is an inf that the loss
   scaler's check catches like any other fp16 gradient. A value of another kind on such a
   port (a computed scale) is a named error;
+* the loss in float32, as under torch.autocast (``loss_region``): the nodes between the
+  model's output and the loss -- a builtin loss's or a user's ONNX loss model's -- and the
+  backward nodes their gradient rules emitted read and write float32 (parameters as their
+  masters, constants as they are); one Cast takes the half output in and one takes d(output)
+  (summed in float32 when the loss reads the output more than once) back to half. The seed
+  of the backward pass (1, or the fp16 loss scale) is float32 as well;
 * a frozen float32 parameter stays float32 where a float32 port reads it, and elsewhere is
   read through ``p.half`` (half, an OPT_STATE value of its own initialised from ``p``,
   rewritten from ``p`` when the session loads it; ``TrainInfo.frozen_half``).
@@ -46,9 +52,8 @@ The host reads the 4-byte flag after apply: an overflow step is no step.
 bf16 has float32's exponent range, so it needs no loss scaling (``loss_scale`` is for fp16
 only, as in PyTorch's AMP); its 8-bit significand rounds 8x coarser than fp16.
 
-Not covered yet (a named error): running statistics read outside a BatchNorm, and loss
-scaling with an ONNX loss model. Other ops with float32 parameters read half copies
-(LayerNorm's scale and bias: checked on the transformer).
+Not covered (a named error): running statistics read outside a BatchNorm. Other ops with
+float32 parameters read half copies (LayerNorm's scale and bias: checked on the transformer).
 """
 
 from __future__ import annotations
@@ -99,12 +104,6 @@ def add_loss_scaling(graph: Graph, cfg: dict) -> None:
     """The arena scalars and apply-phase attributes of dynamic loss scaling (module
     docstring); ``graph`` was built with ``TrainConfig.loss_scale`` (its seed is
     ``__loss_scale``)."""
-    scale = graph.values[LOSS_SCALE]
-    for node in scale.consumers:
-        if not node.op_type.endswith("LossGrad"):
-            raise UnsupportedModelError(
-                f"loss scaling: the loss gradient seed feeds {node.label}; only the built-in "
-                "losses are supported yet (pass loss_scale=False)", [])
     f32 = np.dtype(np.float32)
     for name, dtype, value in ((INV_LOSS_SCALE, f32, 1.0 / cfg["init"]),
                                (GROWTH_TRACKER, np.dtype(np.int32), 0),
@@ -144,15 +143,59 @@ def _fp32_ports(node) -> tuple[set, set]:
     return set(), set()
 
 
+def loss_region(graph: Graph, loss: str, output: str) -> set[int]:
+    """``id``s of the nodes that compute the loss from the model's ``output`` (what the loss
+    builder or a user's ONNX loss model added: forward ancestors of ``loss`` that are not
+    ancestors of ``output``) and of the backward nodes their gradient rules emitted
+    (``Node.grad_of``), with the Sum that adds up their contributions to d(output)."""
+    forward = graph.nodes[:graph.backward_start]
+
+    def ancestors(name: str) -> set[int]:
+        need, found = {name}, set()
+        for node in reversed(forward):
+            if any(v is not None and v.name in need for v in node.outputs):
+                found.add(id(node))
+                need.update(v.name for v in node.inputs if v is not None)
+        return found
+
+    region = ancestors(loss) - ancestors(output)
+    forward_region = set(region)
+    for node in graph.nodes[graph.backward_start:]:
+        # a gradient rule's nodes, and the Sum of several gradients leaving the region (the
+        # loss reads the output more than once): d(output) is summed in float32, cast once
+        if node.grad_of is not None and (id(node.grad_of) in forward_region or (
+                node.op_type == "Sum" and all(v.producer is not None
+                                              and id(v.producer) in region
+                                              for v in node.inputs))):
+            region.add(id(node))
+    return region
+
+
+def _cast(graph: Graph, v: Value, dtype: np.dtype, registry, backend: str) -> Value:
+    """``v`` cast to ``dtype`` by one ai.onnx Cast placed right after ``v``'s producer (round to
+    nearest even; to fp16 an overflow becomes inf, which the loss scaler's check catches)."""
+    if registry is None:
+        raise UnsupportedModelError(f"mixed precision: {v.name!r} needs a Cast to {dtype} "
+                                    "(to_half_precision(..., registry=...))", [])
+    opdef = registry.lookup("", "Cast", 13, backend)
+    out = Value(graph.unique_name(f"{v.name}.{dtype.name}"), v.shape, dtype)
+    cast = Node(graph.unique_name(f"{v.name}/to_{dtype.name}"), "Cast", "", 13, [v], [out],
+                {"to": onnx_elem_type(dtype)}, opdef, phase="compute")
+    graph.insert(graph.nodes.index(v.producer) + 1 if v.producer is not None else 0, cast)
+    return out
+
+
 def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
-                      backend: str = "numpy", data_inputs=()) -> str:
+                      backend: str = "numpy", data_inputs=(), output: str | None = None
+                      ) -> str:
     """Retype ``graph`` (a training graph; ``info`` its ``TrainInfo``) as the module docstring
-    says. ``registry``/``backend`` dispatch the Cast nodes the float32 islands need (BatchNorm;
-    required only where there is one). ``data_inputs``: the model's own inputs (not the
-    labels); the float32 ones are stored half, rounded by the host on upload. Returns the name
-    of the half weight-copy span."""
+    says. ``registry``/``backend`` dispatch the Cast nodes around the float32 islands.
+    ``data_inputs``: the model's own inputs (not the labels); the float32 ones are stored
+    half, rounded by the host on upload. ``output``: the model output the loss reads (default
+    ``info.outputs[0]``). Returns the name of the half weight-copy span."""
     half = np.dtype(dtype)
     f32 = np.dtype(np.float32)
+    region = loss_region(graph, info.loss, output or info.outputs[0])
     for name in data_inputs:
         v = graph.values.get(name)
         if v is not None and v.kind == ir.INPUT and v.dtype == f32:
@@ -162,10 +205,15 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
         raise UnsupportedModelError(f"mixed precision needs float32 parameters, got "
                                     f"{trainable[0].dtype}", [])
     compute = [n for n in graph.nodes if n.phase == "compute"]
-    fp32_in = {id(n): _fp32_ports(n)[0] for n in compute}
-    # float32 islands: what the fp32 ports write (kept float32 below)
+    # float32 islands: BatchNorm's fp32 ports, and the loss region, all of whose inputs are
+    # read float32 (parameters as their masters, constants as they are, half activations
+    # through a Cast) and whose outputs stay float32
+    fp32_in = {id(n): set(range(len(n.inputs))) if id(n) in region else _fp32_ports(n)[0]
+               for n in compute}
+    fp32_out = {id(n): set(range(len(n.outputs))) if id(n) in region else _fp32_ports(n)[1]
+                for n in compute}
     island = [(n, v) for n in compute for k, v in enumerate(n.outputs)
-              if v is not None and k in _fp32_ports(n)[1] and v.dtype == f32]
+              if v is not None and k in fp32_out[id(n)] and v.dtype == f32]
     # Frozen float32 parameters: read as they are on a float32 port, else through a half
     # copy (STATE, its own slot, written from the parameter when it is loaded).
     frozen = {}
@@ -197,12 +245,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
                 for k, v in enumerate(node.inputs):
                     if v is p and k not in fp32_in[id(node)]:
                         graph.replace_input(node, k, h)
-    # The loss and the seed of its gradient stay float32: the loss kernels read half scores
-    # and write a float32 loss, and their gradient reads a float32 d(loss).
-    keep = {info.loss} | {v.name for _, v in island}
-    for node in compute:
-        if node.op_type.endswith("LossGrad") and node.inputs and node.inputs[0] is not None:
-            keep.add(node.inputs[0].name)
+    keep = {v.name for _, v in island}
     for node in compute:
         for k, v in enumerate(node.inputs):
             if v is not None and v.name not in keep and v.kind == ir.CONST and v.dtype == f32 \
@@ -215,31 +258,34 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
             if v is not None and v.kind == ir.ACTIVATION and v.dtype == f32 \
                     and v.name not in keep:
                 v.dtype = half
+    # into the loss region: the model's half output (and any other half value it reads) is
+    # cast to float32 once
+    to_f32: dict[str, Value] = {}
+    for node in compute:
+        if id(node) in region:
+            for k, v in enumerate(node.inputs):
+                if v is not None and v.dtype == half:
+                    if v.name not in to_f32:
+                        to_f32[v.name] = _cast(graph, v, f32, registry, backend)
+                    graph.replace_input(node, k, to_f32[v.name])
     for node in compute:
         for k in fp32_in[id(node)]:
             v = node.inputs[k] if k < len(node.inputs) else None
+            if v is not None and v.dtype not in (f32, half) and id(node) in region:
+                continue  # the loss region's integer labels and indices
             if v is not None and v.dtype != f32:
                 raise UnsupportedModelError(
                     f"mixed precision: {node.label} reads {v.name!r} ({v.dtype}) on a float32 "
                     f"port (input {k}); only parameters and BatchNorm statistics go there", [])
     # An island's output read by a half consumer (a BatchNorm parameter's gradient on its way
-    # to the half accumulator) goes through one Cast (round to nearest even; an overflow
-    # becomes inf, which the loss scaler's check catches like any other fp16 gradient).
-    for producer, v in island:
+    # to the half accumulator, d(output) leaving the loss region) goes through one Cast.
+    for _, v in island:
         readers = [(n, k) for n in list(v.consumers) if n.phase == "compute"
-                   for k, u in enumerate(n.inputs) if u is v and k not in fp32_in[id(n)]]
-        if not readers:
-            continue
-        if registry is None:
-            raise UnsupportedModelError(f"mixed precision: {v.name!r} needs a Cast to {half} "
-                                        "(to_half_precision(..., registry=...))", [])
-        opdef = registry.lookup("", "Cast", 13, backend)
-        out = Value(graph.unique_name(f"{v.name}.half"), v.shape, half)
-        cast = Node(graph.unique_name(f"{v.name}/to_half"), "Cast", "", 13, [v], [out],
-                    {"to": onnx_elem_type(half)}, opdef, phase="compute")
-        graph.insert(graph.nodes.index(producer) + 1, cast)
-        for n, k in readers:
-            graph.replace_input(n, k, out)
+                   for k, u in enumerate(n.inputs) if u is v and k not in fp32_in.get(id(n), ())]
+        if readers:
+            out = _cast(graph, v, half, registry, backend)
+            for n, k in readers:
+                graph.replace_input(n, k, out)
     for name in list(info.grads.values()) + ["__grads"]:
         graph.values[name].dtype = half
     span = Value(HALF_SPAN, (0,), half, ir.STATE, span_of=copies)

@@ -270,7 +270,8 @@ class TrainingSession:
             if opts["precision"] != "fp32":
                 to_half_precision(graph, info, PRECISIONS[opts["precision"]],
                                   registry=self.registry, backend=self.kernels_of,
-                                  data_inputs=[i.name for i in self.imported.inputs])
+                                  data_inputs=[i.name for i in self.imported.inputs],
+                                  output=self.output_name)
             if opts["loss_scale"]:
                 add_loss_scaling(graph, opts["loss_scale"])
             return info

@@ -29,7 +29,7 @@ KERNEL_DIR = Path(__file__).with_name("kernels")
 DTYPES = {"f32": "float", "f16": "tr_f16", "bf16": "tr_bf16"}
 
 UNARY_OPS = ("relu", "leaky_relu", "elu", "sigmoid", "hardsigmoid", "hardswish", "tanh", "gelu",
-             "gelu_tanh", "softplus", "exp", "log", "sqrt", "neg", "abs", "clip")
+             "gelu_tanh", "softplus", "exp", "log", "sqrt", "neg", "abs", "sign", "clip")
 """Kernel stems of ``tr_<op>_fwd_<dt>`` / ``tr_<op>_bwd_<dt>``."""
 
 ONNX_UNARY = {
@@ -37,7 +37,8 @@ ONNX_UNARY = {
     "Sigmoid": ("sigmoid", ()), "HardSigmoid": ("hardsigmoid", ("alpha", "beta")),
     "HardSwish": ("hardswish", ()), "Tanh": ("tanh", ()), "Gelu": ("gelu", ()),
     "Softplus": ("softplus", ()), "Exp": ("exp", ()), "Log": ("log", ()), "Sqrt": ("sqrt", ()),
-    "Neg": ("neg", ()), "Abs": ("abs", ()), "Clip": ("clip", ("min", "max")),
+    "Neg": ("neg", ()), "Abs": ("abs", ()), "Sign": ("sign", ()),
+    "Clip": ("clip", ("min", "max")),
 }
 """ONNX op -> (kernel stem, the attributes passed as the kernels' ``a``, ``b``). Gelu with
 ``approximate="tanh"`` uses ``gelu_tanh``; Clip's bounds (inputs from opset 11) go in ``a, b``

@@ -107,6 +107,9 @@ TR_HD float tr_log(float x, float, float) { return logf(x); }
 TR_HD float tr_sqrt(float x, float, float) { return sqrtf(x); }
 TR_HD float tr_neg(float x, float, float) { return -x; }
 TR_HD float tr_abs(float x, float, float) { return fabsf(x); }
+TR_HD float tr_sign(float x, float, float) {  // as np.sign: +0 for +-0, NaN stays NaN
+    return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : (x == x ? 0.0f : x));
+}
 TR_HD float tr_clip(float x, float lo, float hi) { return tr_min_nan(tr_max_nan(x, lo), hi); }
 
 // ---- unary backward: gx = g(x, y, gy, a, b), y the forward output (either may be unused) ---
@@ -149,6 +152,7 @@ TR_HD float tr_neg_grad(float, float, float gy, float, float) { return -gy; }
 TR_HD float tr_abs_grad(float x, float, float gy, float, float) {  // gy * sign(x)
     return gy * (x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x));  // sign(+-0) = +-0, sign(NaN) = NaN
 }
+TR_HD float tr_sign_grad(float, float, float, float, float) { return 0.0f; }  // flat a.e.
 TR_HD float tr_clip_grad(float x, float y, float gy, float, float) { return x == y ? gy : 0.0f; }
 
 // ---- binary (broadcasting is the caller's: it picks the operands' indices) ----------------
