@@ -165,8 +165,8 @@ def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
     sess = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", **_cuda_kwargs(device))
     runs = [sess.run(None, feed) for _ in range(3)]
     diff = max([diff] + [float(np.abs(r[0] - runs[0][0]).max()) for r in runs])
-    graphs = len(cuda._active.executor.graphs)
-    return {"replay": diff, "captured_phases": graphs}
+    graphs = list(cuda._active.executor.graphs)
+    return {"replay": diff, "captured_graphs": graphs}
 
 
 def precision_parity(stem: str, device=None, precision: str = "fp16",

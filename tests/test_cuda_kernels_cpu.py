@@ -582,6 +582,40 @@ def test_loss_scale_update_follows_torch_sequence(host):
         assert step[0] == t_steps
 
 
+def test_step_guard_kernels(host):
+    """The one-graph step's guard (amp.cu): conditional copy and zeroing on a float32 flag,
+    the flag OR, and the 16-byte report (null pointers read 0)."""
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 2**32, 37, dtype=np.uint32)
+    flag = np.zeros(1, np.float32)
+    dst = np.zeros(37, np.uint32)
+    host("tr_copy_unless_b4", dst, src, LL(37), flag)
+    np.testing.assert_array_equal(dst, src)
+    flag[0] = 1.0
+    host("tr_copy_unless_b4", dst, np.zeros(37, np.uint32), LL(37), flag)
+    np.testing.assert_array_equal(dst, src)  # kept
+    host("tr_copy_unless_b4", dst, np.zeros(37, np.uint32), LL(37), None)  # no flag: copies
+    assert not dst.any()
+    dst[...] = src
+    flag[0] = 0.0
+    host("tr_zero_if_b4", dst, LL(37), flag)
+    np.testing.assert_array_equal(dst, src)
+    flag[0] = 1.0
+    host("tr_zero_if_b4", dst, LL(37), flag)
+    assert not dst.any()
+    found = np.zeros(1, np.float32)
+    host("tr_flag_or", found, np.zeros(1, np.float32))
+    assert found[0] == 0.0
+    host("tr_flag_or", found, flag)
+    assert found[0] == 1.0
+    host("tr_flag_or", found, np.zeros(1, np.float32))  # OR: stays set
+    assert found[0] == 1.0
+    out = np.full(4, np.nan, np.float32)
+    loss, norm = np.array([2.5], np.float32), np.array([0.75], np.float32)
+    host("tr_step_report", loss, flag, None, norm, out)
+    np.testing.assert_array_equal(out, [2.5, 1.0, 0.0, 0.75])
+
+
 # ---- losses -------------------------------------------------------------------------------------
 
 # id: (scores shape NCHW-style, reduction, ignore_index, class weights?)

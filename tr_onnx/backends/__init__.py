@@ -9,6 +9,7 @@ and a device arena on the GPU.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -52,6 +53,27 @@ class ExecutorAPI(Protocol):
     def copy_state_from(self, other: ExecutorAPI, names: Iterable[str]) -> None: ...
     def all_finite(self, name: str) -> bool: ...
     def zero(self, name: str) -> None: ...
+    def run_step(self, loss: str, grad_norm: str, apply: bool,
+                 found_inf: str | None = None) -> StepReport: ...
+
+
+BAD_BATCH = "__bad_batch"
+"""The step guard's float32 arena flag (``training.train_pass.add_step_guard``): set on the
+device when a training step's batch is bad (``CudaExecutor.run_step``)."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one training step (``ExecutorAPI.run_step``) tells the host: the loss; ``bad``: the
+    loss (or, without loss scaling, a gradient) was not finite, so nothing was committed or
+    applied and the accumulated gradients were dropped; ``overflow``: loss scaling found a
+    non-finite gradient and skipped the optimizer step; ``grad_norm``: the global gradient norm
+    of an applied step (None otherwise)."""
+
+    loss: float
+    bad: bool = False
+    overflow: bool = False
+    grad_norm: float | None = None
 
 
 class HostTransfers:
@@ -86,6 +108,25 @@ class HostTransfers:
     def zero(self, name: str) -> None:
         t = self.memory.tensors[name]
         self.write_tensor(name, np.zeros(t.shape, t.dtype))
+
+    def run_step(self, loss: str, grad_norm: str, apply: bool,
+                 found_inf: str | None = None) -> StepReport:
+        """One training step decided on the host between the phases: ``compute``; a
+        non-finite ``loss`` (or, without loss scaling -- ``found_inf`` None -- gradient) drops
+        the batch and the gradients accumulated since the last step; else ``commit`` and, when
+        ``apply``, ``apply`` (reading back the norm and the overflow flag)."""
+        self.run(phase="compute")
+        value = self.read_scalar(loss)
+        if not (np.isfinite(value) and (found_inf is not None or self.all_finite("__grads"))):
+            self.zero("__grads")
+            return StepReport(value, bad=True)
+        self.run(phase="commit")
+        if not apply:
+            return StepReport(value)
+        self.run(phase="apply")
+        return StepReport(value, overflow=found_inf is not None and
+                          self.read_scalar(found_inf) != 0.0,
+                          grad_norm=self.read_scalar(grad_norm))
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -39,6 +39,7 @@ from .train_pass import (
     STEP,
     TrainConfig,
     TrainInfo,
+    add_step_guard,
     build_training_graph,
     to_inference_mode,
     untie_identity_params,
@@ -274,6 +275,8 @@ class TrainingSession:
                                   output=self.output_name)
             if opts["loss_scale"]:
                 add_loss_scaling(graph, opts["loss_scale"])
+            if self.backend == "cuda":  # the step runs as one graph, guarded on the device
+                add_step_guard(graph)
             return info
 
         return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
@@ -340,12 +343,12 @@ class TrainingSession:
         executor.write_scalar(GRAD_SCALE, 1.0 / k)
         executor.write_scalar(RNG, self.rng_counter)
         self.rng_counter += 1
-        executor.run(phase="compute")
-        loss = executor.read_scalar(info.loss)
-        scaling = bool(self.options["loss_scale"])
-        if not (np.isfinite(loss) and (scaling or executor.all_finite("__grads"))):
-            executor.zero("__grads")  # the micro-batches accumulated since the last step go too
-            self.micro_step = 0
+        apply = self.micro_step + 1 == k
+        report = executor.run_step(info.loss, info.grad_norm, apply,
+                                   FOUND_INF if self.options["loss_scale"] else None)
+        loss = report.loss
+        if report.bad:  # nothing changed; the micro-batches accumulated since the last step
+            self.micro_step = 0  # were dropped too
             self.bad_steps += 1
             warnings.warn(f"step {self.step + 1}: non-finite loss ({loss}) or gradient; the "
                           f"step was not applied ({self.bad_steps} in a row)", RuntimeWarning,
@@ -356,14 +359,12 @@ class TrainingSession:
                                        "are those of the last good step")
             return loss
         self.bad_steps = 0
-        executor.run(phase="commit")
         self._version += 1  # running statistics (and below, maybe weights) changed
         self.micro_step += 1
-        if self.micro_step == k:
-            executor.run(phase="apply")
-            self.last_grad_norm = executor.read_scalar(info.grad_norm)
+        if apply:
+            self.last_grad_norm = report.grad_norm
             self.micro_step = 0
-            if scaling and executor.read_scalar(FOUND_INF) != 0.0:  # 4 bytes back
+            if report.overflow:
                 warnings.warn(f"step {self.step + 1}: fp16 gradient overflow; the step was "
                               f"skipped and the loss scale lowered to {self.loss_scale:g} (not "
                               "counted towards max_bad_steps)", RuntimeWarning, stacklevel=2)

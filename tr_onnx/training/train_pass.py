@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
+from ..backends import BAD_BATCH
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..ir import Graph, Node, Value
 from ..optim import Optimizer
@@ -320,3 +321,10 @@ def build_training_graph(graph: Graph, registry: OpRegistry, backend: str,
         states={p: {k: v.name for k, v in s.items()} for p, s in states.items()},
         running_stats=[stat.name for stat, _ in commits], untied=untied,
         grad_norm=grad_norm.name, converted=converted)
+
+
+def add_step_guard(graph: Graph) -> None:
+    """``BAD_BATCH``, a float32 OPT_STATE flag: the cuda executor runs a training step as one
+    CUDA graph and decides there whether the batch is kept (``CudaExecutor.run_step``)."""
+    graph.values[BAD_BATCH] = Value(BAD_BATCH, (), np.dtype(np.float32), ir.STATE,
+                                    data=np.array(0.0, np.float32))

@@ -12,13 +12,18 @@ A node with no cuda binding is collected; after the walk one ``CudaUnsupported``
 such (domain, op, version) with its nodes and why. There is no per-node fallback to NumPy: the
 message says what to do (run on ``backend="numpy"``, or give the op a cuda kernel).
 
-Phases: a training plan's ``compute``, ``commit`` and ``apply`` nodes are separate step lists,
-each captured into its own graph (``commit``/``apply`` run only after a good step); an
-inference plan has one, ``forward``. ``run(phase)``: the first call runs eagerly (the warm-up:
-modules are loaded and cuDNN plans built by then, caches filled on the capture stream), the
-second captures (``capture.capture_step``) and launches the graph, later calls launch it.
-A capture error propagates, unless the executor was made with ``eager_fallback=True``: then
-it warns, naming the node, and that phase runs eagerly from then on.
+Phases: a training plan's ``compute``, ``commit`` and ``apply`` nodes are separate step lists;
+an inference plan has one, ``forward``. ``run(phase)``: the first call runs eagerly (the
+warm-up: modules are loaded and cuDNN plans built by then, caches filled on the capture
+stream), the second captures (``capture.capture_step``) and launches the graph, later calls
+launch it; ``run("a+b")`` does that for phases a and b as one graph. A session's training
+plan carries the step guard's flag (``__bad_batch``): ``run_step`` then runs the whole step --
+compute, the guard, commit, discard, apply, report (``_guard_phases``) -- as one graph, so
+whether a batch is kept is decided on the device (the running statistics' copies and the
+optimizer update skip themselves on the flag), and the host reads 16 bytes back after one
+synchronize. A capture error propagates, unless the executor was made with
+``eager_fallback=True``: then it warns, naming the node, and that step runs eagerly from then
+on.
 
 Host transfers use the DTensor layouts: ``write_input`` copies a compact (NCHW) host array
 through one of two pinned buffers (the host fills one while the other's copy may be in
@@ -43,7 +48,7 @@ from ... import ir
 from ...errors import InputError, UnsupportedModelError
 from ...layouts import GatherRowsLayout
 from ...memory import DTensor, MemoryPlan, Region
-from .. import HostTransfers
+from .. import BAD_BATCH, HostTransfers, StepReport
 from . import sources
 from .capture import WRITE_POLICY, CaptureError, CaptureStep, DeviceBuffer, capture_step
 from .cudnn_graphs import CUDNN_OPS, CudnnGraphError, describe_node, fusable_activation
@@ -51,7 +56,12 @@ from .device import BLOCK, KernelRef, launch_dims
 
 INTERNAL = "ai.tr_onnx"
 
+REPORT_BYTES = 16
+"""What a step run as one graph reads back: loss, bad-batch flag, overflow flag, grad norm."""
+
 EXECUTOR_POLICY = {**WRITE_POLICY,
+                   "guard": frozenset({Region.WORKSPACE, Region.OPT_STATE, Region.GRAD}),
+                   "report": frozenset({Region.WORKSPACE}),
                    "upload": frozenset({Region.INPUT, Region.WORKSPACE}),
                    "download": frozenset({Region.WORKSPACE}),
                    "check": frozenset({Region.WORKSPACE})}
@@ -241,6 +251,8 @@ class _Binder:
         self.tensors = self.memory.tensors
         ws_start, ws_bytes = self.memory.regions[Region.WORKSPACE]
         self.workspace = (self.base + ws_start, ws_bytes)
+        # the step guard's flag (training plans of a session: CudaExecutor.run_step)
+        self.bad = BAD_BATCH if BAD_BATCH in self.tensors else None
 
     # -- pointers ----------------------------------------------------------------------------
     def t(self, v: ir.Value) -> DTensor:
@@ -263,7 +275,8 @@ class _Binder:
         return DeviceBuffer(self.base + t.offset, t.nbytes, True, t.name)
 
     def named_scalar(self, name: str, dtype, writes: bool = True) -> DeviceBuffer:
-        """A pointer to the arena scalar ``name`` of ``dtype`` (loss scaling)."""
+        """A pointer to the arena scalar ``name`` of ``dtype`` (loss scaling, the step
+        guard)."""
         t = self.tensors.get(name)
         if t is None or t.dtype != np.dtype(dtype) or math.prod(t.shape) != 1:
             raise _Unbound(f"needs the {np.dtype(dtype)} scalar {name!r} in the arena")
@@ -586,8 +599,16 @@ def bind_assign(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound(f"assigning {tv.layout.describe()} {tv.dtype} to "
                        f"{tt.layout.describe()} {tt.dtype}")
     nbytes = gt.n * tt.dtype.itemsize
-    return [Copy(DeviceBuffer(b.base + tt.offset, nbytes, True, tt.name),
-                 DeviceBuffer(b.base + tv.offset, nbytes, False, tv.name))]
+    dst = DeviceBuffer(b.base + tt.offset, nbytes, True, tt.name)
+    src = DeviceBuffer(b.base + tv.offset, nbytes, False, tv.name)
+    if b.bad is None:
+        return [Copy(dst, src)]
+    if nbytes % 4:
+        raise _Unbound(f"a guarded assignment copies 4-byte words, not {nbytes} bytes")
+    # a step run as one graph: the copy is skipped on the device when the batch is bad
+    flag = b.named_scalar(BAD_BATCH, np.float32, writes=False)
+    return [b.launch("amp", "tr_copy_unless_b4", nbytes // 4,
+                     [dst, src, _i64(nbytes // 4), flag])]
 
 
 def bind_zero_fill(b: _Binder, node: ir.Node, index: int) -> list:
@@ -612,9 +633,11 @@ def bind_scale_clip_grad(b: _Binder, node: ir.Node, index: int) -> list:
     if unscale:  # dynamic loss scaling: clear the flag, unscale and check GRAD (amp.cu)
         inv = b.named_scalar(unscale["inv_scale"], np.float32, writes=False)
         found = b.named_scalar(unscale["found_inf"], np.float32)
-        calls += [b.launch("extra", "tr_zero_lanes_b4", 1, [found, _i64(1), _i64(0), _i64(1)]),
-                  b.launch("amp", f"tr_unscale_check_{dt}", n,
-                           [b.buf(g, True), _i64(n), inv, found])]
+        if b.bad is None:  # else the step guard cleared it (and set it for a bad batch)
+            calls.append(b.launch("extra", "tr_zero_lanes_b4", 1,
+                                  [found, _i64(1), _i64(0), _i64(1)]))
+        calls.append(b.launch("amp", f"tr_unscale_check_{dt}", n,
+                              [b.buf(g, True), _i64(n), inv, found]))
     return calls + [b.launch("extra", f"tr_scale_clip_norm_{dt}", n,
                              [b.buf(g, True), _i64(n), b.buf(scale), b.buf(norm, True),
                               _f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
@@ -654,7 +677,10 @@ def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
                            "the parameters")
         copy = DeviceBuffer(b.base + t.offset, t.nbytes, True, t.name)
     ls = a.get("loss_scale")
-    found = b.named_scalar(ls["found_inf"], np.float32, writes=False) if ls else None
+    # the update skips itself on this flag: loss scaling's overflow flag (which the step
+    # guard also sets for a bad batch), else the guard's own
+    found = b.named_scalar(ls["found_inf"], np.float32, writes=False) if ls else \
+        None if b.bad is None else b.named_scalar(BAD_BATCH, np.float32, writes=False)
     args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
         copy, _i64(n), b.buf(lr), b.buf(step), found] + scalars
     calls = [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
@@ -1366,6 +1392,8 @@ class CudaExecutor(HostTransfers):
         self.phases: dict[str, list[BoundNode]] = {}
         for bn in self.bound:
             self.phases.setdefault(bn.phase, []).append(bn)
+        if self._b.bad is not None and self._b.workspace[1] >= REPORT_BYTES:
+            self.phases.update(self._guard_phases())
         self.graphs: dict[str, Any] = {}
         self.eager_phases: set[str] = set()
         self._runs: dict[str, int] = {}
@@ -1411,19 +1439,67 @@ class CudaExecutor(HostTransfers):
                 return bind_cudnn(self._b, node, index, activation)
         return binder(self._b, node, index)
 
+    def _guard_phases(self) -> dict[str, list[BoundNode]]:
+        """The step guard's work, as three pseudo-phases ``run_step`` puts around the plan's
+        own (``amp.cu``): ``guard`` after ``compute`` (clear ``__bad_batch``, set it when the
+        loss -- without loss scaling, also a gradient -- is not finite; with loss scaling clear
+        its overflow flag and set it for a bad batch, so the update skips itself and the scale
+        backs off, as GradScaler's check of the then non-finite gradients does), ``discard``
+        after ``commit`` (zero the GRAD span of a bad batch, dropping the micro-batches
+        accumulated since the last step) and ``report`` last (loss, flags and gradient norm
+        into the first 16 bytes of WORKSPACE, for one small read-back)."""
+        b, info = self._b, self.plan.info
+        bad = b.named_scalar(BAD_BATCH, np.float32)
+        loss = b.named_scalar(info.loss, np.float32, writes=False)
+        grads = b.tensors["__grads"]
+        found = next((bn.node.attrs["loss_scale"]["found_inf"] for bn in self.bound
+                      if bn.node.attrs.get("loss_scale")), None)
+        clear = [bad, _i64(1), _i64(0), _i64(1)]
+        guard = [b.launch("extra", "tr_zero_lanes_b4", 1, clear),
+                 b.launch("amp", "tr_unscale_check_f32", 1, [loss, _i64(1), None, bad])]
+        if found is None:
+            n = math.prod(grads.shape)
+            guard.append(b.launch("amp", f"tr_unscale_check_{DT[grads.dtype.name]}", n, [
+                DeviceBuffer(b.base + grads.offset, grads.nbytes, False, grads.name), _i64(n),
+                None, bad]))
+        else:
+            flag = b.named_scalar(found, np.float32)
+            guard += [b.launch("extra", "tr_zero_lanes_b4", 1, [flag, _i64(1), _i64(0), _i64(1)]),
+                      b.launch("amp", "tr_flag_or", 1, [flag, bad], single_block=True)]
+        words = grads.nbytes // 4
+        discard = [b.launch("amp", "tr_zero_if_b4", words, [
+            DeviceBuffer(b.base + grads.offset, grads.nbytes, True, grads.name), _i64(words),
+            b.named_scalar(BAD_BATCH, np.float32, writes=False)])]
+        ws_ptr, _ = b.workspace
+        report = [b.launch("amp", "tr_step_report", 1, [
+            loss, b.named_scalar(BAD_BATCH, np.float32, writes=False),
+            None if found is None else b.named_scalar(found, np.float32, writes=False),
+            b.named_scalar(info.grad_norm, np.float32, writes=False),
+            DeviceBuffer(ws_ptr, REPORT_BYTES, True)], single_block=True)]
+
+        def pseudo(name: str, phase: str, calls: list) -> list[BoundNode]:
+            return [BoundNode(ir.Node(f"<{name}>", name, INTERNAL, 1, [], [], phase=phase),
+                              calls)]
+
+        return {"guard": pseudo("step guard", "guard", guard),
+                "discard": pseudo("discard a bad batch", "guard", discard),
+                "report": pseudo("step report", "report", report)}
+
     # -- the step ----------------------------------------------------------------------------
     def steps(self, phase: str) -> list[CaptureStep]:
-        return [CaptureStep(bn.label, bn.phase, bn.run) for bn in self.phases.get(phase, [])]
+        return [CaptureStep(bn.label, bn.phase, bn.run)
+                for p in phase.split("+") for bn in self.phases.get(p, [])]
 
     def run(self, phase: str | None = None) -> None:
-        """Run ``phase`` (default: the plan's only or first phase): eagerly the first time,
-        captured the second, replayed after."""
+        """Run ``phase`` (default: the plan's only or first phase; ``"a+b"``: phases ``a``
+        and ``b`` as one): eagerly the first time, captured into one graph the second,
+        replayed after."""
         phase = phase or self._first_phase
-        if phase not in self.phases:
+        if not any(p in self.phases for p in phase.split("+")):
             return
         count = self._runs.get(phase, 0)
         self._runs[phase] = count + 1
-        if phase == self._first_phase:
+        if phase.split("+")[0] == self._first_phase:
             self._flip_host_buffers()
         if count == 0 or phase in self.eager_phases:
             self._run_eager(phase)
@@ -1446,9 +1522,29 @@ class CudaExecutor(HostTransfers):
         self.device.launch_graph(graph)
 
     def _run_eager(self, phase: str) -> None:
-        for bn in self.phases[phase]:
-            self.device.begin_node(bn.label, bn.phase)
-            bn.run(self.device)
+        for step in self.steps(phase):
+            self.device.begin_node(step.label, step.phase)
+            step.run(self.device)
+
+    def run_step(self, loss: str, grad_norm: str, apply: bool,
+                 found_inf: str | None = None) -> StepReport:
+        """A training step as one CUDA graph (``ExecutorAPI.run_step``): compute, the step
+        guard, commit, discard, apply (when ``apply``) and the report, captured together (one
+        graph per ``apply`` value) and launched once; then 16 bytes come back and the host
+        synchronizes once. A plan without the guard's flag takes the host-decided path."""
+        if "guard" not in self.phases:
+            return super().run_step(loss, grad_norm, apply, found_inf)
+        self.run("+".join(("compute", "guard", "commit", "discard")
+                          + (("apply",) if apply else ()) + ("report",)))
+        host = self._host[2]
+        self.device.begin_node("<step report>", "download")
+        self.device.memcpy_async(host[:REPORT_BYTES], DeviceBuffer(
+            self._b.workspace[0], REPORT_BYTES, False), REPORT_BYTES, "d2h")
+        self.device.synchronize()
+        value, bad, found, norm = (float(x) for x in host[:REPORT_BYTES].view(np.float32))
+        bad = bad != 0.0
+        return StepReport(value, bad=bad, overflow=found != 0.0 and not bad,
+                          grad_norm=norm if apply and not bad else None)
 
     # -- host transfers ----------------------------------------------------------------------
     def _init_transfers(self) -> None:
@@ -1516,6 +1612,15 @@ class CudaExecutor(HostTransfers):
             else:
                 t.layout.kernel_view(view, 0, t.dtype)[...] = array
             self.device.memcpy_async(slot, view, t.nbytes, "h2d")
+
+    def write_scalar(self, name: str, value) -> None:
+        """A per-step scalar (lr, step count...) of INPUT goes up with the batch, through the
+        pinned buffer and an async copy; any other through ``write_tensor`` (synchronous)."""
+        t = self.memory.tensors.get(name)
+        if t is not None and t.region == Region.INPUT:
+            self.write_input(name, np.full(t.shape, value, t.dtype))
+        else:
+            super().write_scalar(name, value)
 
     def read_output(self, name: str, host_layout: str = "nchw") -> np.ndarray:
         """A compact host copy of any tensor of the plan (waits for the stream)."""

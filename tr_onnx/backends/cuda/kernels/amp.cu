@@ -8,9 +8,9 @@
 // 3. the optimizer update (skips itself when found_inf).
 // 4. tr_loss_scale_update(...): backoff on found_inf, growth after growth_interval good steps
 //    (_amp_update_scale_); writes inv_scale = 1/scale (in double, as GradScaler). found_inf is
-//    left set, so the host can read the 4 bytes after the step to learn it was skipped; the
-//    cuda executor clears it (tr_zero_lanes_b4) at the start of the next apply phase. Flags
-//    and scale live in the arena.
+//    left set, so the host can read it after the step to learn it was skipped; the cuda
+//    executor clears it (tr_zero_lanes_b4) in the next step's guard (or, for a plan without
+//    one, at the start of the next apply phase). Flags and scale live in the arena.
 #include "elementwise.cuh"
 
 #define TR_UNSCALE_CHECK(T, dt)                                                                \
@@ -46,4 +46,36 @@ TR_KERNEL void tr_loss_scale_update(float* scale, float* inv_scale, int* growth_
         }
     }
     *inv_scale = (float)(1.0 / (double)*scale);
+}
+
+// ---- the step guard: a training step as one graph decides on the device whether the batch
+// is kept (tr_onnx/backends/cuda/executor.py, CudaExecutor.run_step). bad is a float32 flag in
+// the arena (__bad_batch), set after the backward pass by tr_unscale_check with a null
+// inv_scale (the loss; the GRAD span too without loss scaling).
+TR_KERNEL void tr_flag_or(float* dst, const float* src) {  // *dst = 1 when *src is set
+    if (blockIdx.x == 0 && threadIdx.x == 0 && *src != 0.0f) *dst = 1.0f;
+}
+
+// dst = src unless *flag (the commit phase's running statistics), as 4-byte words
+TR_KERNEL void tr_copy_unless_b4(unsigned int* dst, const unsigned int* src, long long words,
+                                 const float* flag) {
+    if (flag && *flag != 0.0f) return;
+    TR_GRID_STRIDE(i, words) dst[i] = src[i];
+}
+
+// dst = 0 when *flag (a bad batch's gradients, and the micro-batches accumulated before it)
+TR_KERNEL void tr_zero_if_b4(unsigned int* dst, long long words, const float* flag) {
+    if (*flag == 0.0f) return;
+    TR_GRID_STRIDE(i, words) dst[i] = 0u;
+}
+
+// out[0..3] = loss, bad, found_inf, grad norm (a null pointer reads 0): the 16 bytes the host
+// reads back after a step
+TR_KERNEL void tr_step_report(const float* loss, const float* bad, const float* found_inf,
+                              const float* norm, float* out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    out[0] = *loss;
+    out[1] = bad ? *bad : 0.0f;
+    out[2] = found_inf ? *found_inf : 0.0f;
+    out[3] = norm ? *norm : 0.0f;
 }
