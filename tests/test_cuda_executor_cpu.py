@@ -284,7 +284,7 @@ def test_fused_optimizer_covers_the_param_span_once(stem):
         assert span.offset <= t.offset and t.offset + t.nbytes <= span.offset + span.nbytes
 
 
-def test_a_capture_error_is_named_and_falls_back_only_when_asked():
+def test_a_capture_error_is_named_and_falls_back_unless_capture_is_required():
     plan = training_plan("mlp")
 
     class Syncing(FakeDevice):
@@ -293,12 +293,18 @@ def test_a_capture_error_is_named_and_falls_back_only_when_asked():
             if self.capturing and kernel.name.startswith("tr_scale_clip"):
                 self.synchronize()
 
-    ex = CudaExecutor(plan, Syncing(plan))
+    ex = CudaExecutor(plan, Syncing(plan), cuda_graphs="require")
     ex.run("apply")
-    with pytest.raises(CaptureError, match=r"ScaleClipGrad.*eager_fallback=True") as info:
+    with pytest.raises(CaptureError, match=r"ScaleClipGrad.*cuda_graphs='fallback'") as info:
         ex.run("apply")
     assert not info.value.eager_fallback
-    ex = CudaExecutor(plan, Syncing(plan), eager_fallback=True)
+    with pytest.raises(ValueError, match="cuda_graphs='sometimes'; valid: fallback, require"):
+        CudaExecutor(plan, Syncing(plan), cuda_graphs="sometimes")
+    off = CudaExecutor(plan, Syncing(plan), cuda_graphs="off")
+    for _ in range(3):
+        off.run("apply")
+    assert "begin_capture" not in [c.op for c in off.device.calls] and not off.graphs
+    ex = CudaExecutor(plan, Syncing(plan))
     ex.run("apply")
     with pytest.warns(RuntimeWarning, match=r"ScaleClipGrad.*falls back to eager"):
         ex.run("apply")

@@ -309,3 +309,14 @@ def test_gpu_check_dry_run_runs_the_whole_script(tmp_path):
     assert all(r[p]["ok"] for r in results["parity"] for p in ("fp16", "bf16"))
     table = (tmp_path / "results.md").read_text()
     assert "| resnet50 |" in table and "images/s" in table
+
+
+def test_cuda_graphs_off_runs_every_step_eagerly_with_the_same_result(device):
+    _, want = _train("mlp", 3, backend="cuda", device=device)
+    sess, got = _train("mlp", 3, backend="cuda", device=device, cuda_graphs="off")
+    assert got == want
+    dev = sess._active.executor.device
+    assert "begin_capture" not in [c.op for c in dev.calls] and dev.launched_graphs == 0
+    with pytest.raises(ValueError, match=r"cuda_graphs='always'; valid: fallback, require, off"):
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device,
+                                 cuda_graphs="always")

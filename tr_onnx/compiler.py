@@ -50,22 +50,25 @@ DeviceFactory = Callable[["CompiledPlan"], Any]
 def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
                  const_values: dict[str, np.ndarray], backend: str, align: int,
                  reuse: bool = True, transform: Callable[[ir.Graph], Any] | None = None,
-                 absorb_flatten: bool = True, device: DeviceFactory | None = None
-                 ) -> CompiledPlan:
+                 absorb_flatten: bool = True, device: DeviceFactory | None = None,
+                 cuda_graphs: str = "fallback") -> CompiledPlan:
     """Specialise ``imported`` to ``shapes`` and compile it. ``transform(graph)`` runs after
     dispatch (the training pass: train-mode ops, loss, backward, optimizer); what it returns is
     kept as ``plan.info``. ``device`` (cuda only): ``device(plan) -> DeviceAPI`` instead of a
-    ``CupyDevice`` -- the test hook that runs the cuda executor over a fake device on a CPU."""
+    ``CupyDevice`` -- the test hook that runs the cuda executor over a fake device on a CPU;
+    ``cuda_graphs``: ``CudaExecutor``'s capture mode (``"fallback"``, ``"require"``, ``"off"``)."""
     registry = imported.registry
     graph = imported.specialize(shapes, const_values)
     dispatch(graph, registry, PLAN_BACKEND[backend])
     info = transform(graph) if transform is not None else None
-    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device)
+    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,
+                         cuda_graphs)
 
 
 def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bool = True,
                   absorb_flatten: bool = True, info: Any = None,
-                  device: DeviceFactory | None = None) -> CompiledPlan:
+                  device: DeviceFactory | None = None, cuda_graphs: str = "fallback"
+                  ) -> CompiledPlan:
     """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
     kernels_of = PLAN_BACKEND[backend]
     report = assign_layouts(graph, registry, kernels_of, align, absorb_flatten=absorb_flatten)
@@ -103,7 +106,7 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
     kernels = [(node, registry.source_of_node(node, kernels_of)) for _, node, _ in factories]
     plan = CompiledPlan(graph, report, memory, None, kernels, backend, info, steps)
     if backend == "cuda":
-        plan.executor = cuda_executor(plan, device)
+        plan.executor = cuda_executor(plan, device, cuda_graphs)
         return plan
     if device is not None:
         raise ValueError(f"device= is for the cuda backend, not {backend!r}")
@@ -113,7 +116,8 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
     return plan
 
 
-def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None):
+def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None,
+                  cuda_graphs: str = "fallback"):
     """A ``CudaExecutor`` bound to ``device(plan)`` (default: a ``CupyDevice`` holding the
     plan's arena), with the plan's initial contents uploaded. Raises ``CudaUnsupported``
     listing every op the cuda backend cannot run; nothing falls back to NumPy."""
@@ -125,7 +129,7 @@ def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None):
         dev = CupyDevice(plan.memory)
     else:
         dev = device(plan)
-    executor = CudaExecutor(plan, dev)
+    executor = CudaExecutor(plan, dev, cuda_graphs)
     executor.load_constants()
     return executor
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, resolve_backend
+from .backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, check_cuda_graphs, resolve_backend
 from .compiler import CompiledPlan, DeviceFactory, compile_plan
 from .errors import InputError
 from .importer import ImportedModel, InputSpec, import_model
@@ -42,15 +42,18 @@ class InferenceSession:
     addition to the installed ones. A plan is made per concrete input shape (symbolic
     dimensions stay symbolic until then) and cached. ``device`` (cuda only, a test hook):
     ``device(plan) -> DeviceAPI`` used instead of a ``CupyDevice``; with it, ``backend="cuda"``
-    is accepted without a GPU.
+    is accepted without a GPU. ``cuda_graphs`` (cuda): ``"fallback"`` (default) captures each
+    plan's run into a CUDA graph and, where that fails, warns naming the node and runs it
+    eagerly; ``"require"`` raises instead; ``"off"`` never captures.
     """
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
                  channel_align: int | None = None, plugins=(), reuse_memory: bool = True,
-                 device: DeviceFactory | None = None):
+                 device: DeviceFactory | None = None, cuda_graphs: str = "fallback"):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
+        self.cuda_graphs = check_cuda_graphs(cuda_graphs)
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
@@ -97,7 +100,8 @@ class InferenceSession:
         if plan is None:
             shapes = {k: v.shape for k, v in feed.items() if k not in const_feeds}
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
-                                self.channel_align, reuse=self.reuse_memory, device=self.device)
+                                self.channel_align, reuse=self.reuse_memory, device=self.device,
+                                cuda_graphs=self.cuda_graphs)
             self._plans[key] = plan
         return plan
 

@@ -129,6 +129,17 @@ class HostTransfers:
                           grad_norm=self.read_scalar(grad_norm))
 
 
+CUDA_GRAPHS = ("fallback", "require", "off")
+"""The sessions' ``cuda_graphs=``: capture with an eager fallback that warns, capture or fail,
+never capture (``CudaExecutor``)."""
+
+
+def check_cuda_graphs(mode: str) -> str:
+    if mode not in CUDA_GRAPHS:
+        raise ValueError(f"cuda_graphs={mode!r}; valid: {', '.join(CUDA_GRAPHS)}")
+    return mode
+
+
 def cuda_unavailable_reason() -> str | None:
     """Why the cuda backend cannot run here (None when it can). Never raises; imports CuPy only
     inside ``tr_onnx.backends.cuda.device.cuda_available``."""

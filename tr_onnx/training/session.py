@@ -14,7 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from .. import ir
-from ..backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, resolve_backend
+from ..backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, check_cuda_graphs, resolve_backend
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
 from ..errors import InputError, TrainingDiverged, TrOnnxError
 from ..importer import ImportedModel, import_model
@@ -117,6 +117,8 @@ class TrainingSession:
     it; it does not count towards ``max_bad_steps``. ``loss_scale`` the property: the scale.
     ``device`` (cuda only, a test hook): ``device(plan) -> DeviceAPI`` used instead of a
     ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
+    ``cuda_graphs`` (cuda): ``"fallback"`` (default; a step that cannot be captured into a
+    CUDA graph warns naming the node and runs eagerly), ``"require"`` (raise) or ``"off"``.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -127,10 +129,11 @@ class TrainingSession:
                  tie_shared_initializers: bool = False, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
                  device: DeviceFactory | None = None, precision: str = "fp32",
-                 loss_scale=None):
+                 loss_scale=None, cuda_graphs: str = "fallback"):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
+        self.cuda_graphs = check_cuda_graphs(cuda_graphs)
         precision = check_precision(precision, self.backend)
         loss_scale = check_loss_scale(loss_scale, precision)
         self.kernels_of = PLAN_BACKEND[self.backend]  # the registry backend plans dispatch to
@@ -280,7 +283,8 @@ class TrainingSession:
             return info
 
         return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
-                            transform=transform, absorb_flatten=False, device=self.device)
+                            transform=transform, absorb_flatten=False, device=self.device,
+                            cuda_graphs=self.cuda_graphs)
 
     def _mutable_names(self, plan: CompiledPlan) -> list[str]:
         info: TrainInfo = plan.info
@@ -436,7 +440,7 @@ class TrainingSession:
 
             plan = compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
                                 self.backend, self.channel_align, transform=eval_graph,
-                                device=self.device)
+                                device=self.device, cuda_graphs=self.cuda_graphs)
             self._eval_plans[key] = plan
         if self._eval_synced.get(id(plan)) != self._version:  # weights changed since last time
             self._sync_eval_weights(plan)

@@ -21,9 +21,9 @@ plan carries the step guard's flag (``__bad_batch``): ``run_step`` then runs the
 compute, the guard, commit, discard, apply, report (``_guard_phases``) -- as one graph, so
 whether a batch is kept is decided on the device (the running statistics' copies and the
 optimizer update skip themselves on the flag), and the host reads 16 bytes back after one
-synchronize. A capture error propagates, unless the executor was made with
-``eager_fallback=True``: then it warns, naming the node, and that step runs eagerly from then
-on.
+synchronize. ``cuda_graphs``: ``"fallback"`` (default) -- a step that cannot be captured
+warns, naming the node, and runs eagerly from then on; ``"require"`` -- the ``CaptureError``
+propagates; ``"off"`` -- nothing is captured (every call eager: for debugging, profiling).
 
 Host transfers use the DTensor layouts: ``write_input`` copies a compact (NCHW) host array
 through one of two pinned buffers (the host fills one while the other's copy may be in
@@ -48,7 +48,7 @@ from ... import ir
 from ...errors import InputError, UnsupportedModelError
 from ...layouts import GatherRowsLayout
 from ...memory import DTensor, MemoryPlan, Region
-from .. import BAD_BATCH, HostTransfers, StepReport
+from .. import BAD_BATCH, HostTransfers, StepReport, check_cuda_graphs
 from . import sources
 from .capture import WRITE_POLICY, CaptureError, CaptureStep, DeviceBuffer, capture_step
 from .cudnn_graphs import CUDNN_OPS, CudnnGraphError, describe_node, fusable_activation
@@ -1378,10 +1378,10 @@ class CudaExecutor(HostTransfers):
     is zero: call ``load_constants()`` once before the first step.
     """
 
-    def __init__(self, plan, device, eager_fallback: bool = False):
+    def __init__(self, plan, device, cuda_graphs: str = "fallback"):
         self.plan, self.device = plan, device
         self.memory: MemoryPlan = plan.memory
-        self.eager_fallback = eager_fallback
+        self.cuda_graphs = check_cuda_graphs(cuda_graphs)
         nodes = list(plan.graph.nodes)
         if len(nodes) != self.memory.schedule_length:
             raise UnsupportedModelError(f"the plan's graph has {len(nodes)} nodes but its "
@@ -1501,7 +1501,7 @@ class CudaExecutor(HostTransfers):
         self._runs[phase] = count + 1
         if phase.split("+")[0] == self._first_phase:
             self._flip_host_buffers()
-        if count == 0 or phase in self.eager_phases:
+        if count == 0 or phase in self.eager_phases or self.cuda_graphs == "off":
             self._run_eager(phase)
             return
         graph = self.graphs.get(phase)
@@ -1511,9 +1511,9 @@ class CudaExecutor(HostTransfers):
                 graph = capture_step(self.steps(phase), self.device, warmup=0,
                                      allocation_guard=guard)
             except CaptureError as e:
-                if not self.eager_fallback:
-                    raise type(e)(e.node, e.reason + " (CudaExecutor(..., eager_fallback="
-                                       "True) runs this phase eagerly instead)", False) from e
+                if self.cuda_graphs == "require":
+                    raise type(e)(e.node, e.reason + " (cuda_graphs='fallback' runs this step "
+                                  "eagerly instead)", False) from e
                 warnings.warn(str(e), RuntimeWarning, stacklevel=2)
                 self.eager_phases.add(phase)
                 self._run_eager(phase)
