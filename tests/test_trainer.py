@@ -264,6 +264,9 @@ BAD_INPUTS = [
                  id="unknown-optimizer"),
     pytest.param(lambda p: [MLP, "--data", "digits", "--resume", "--checkpoint-dir", str(p)],
                  ["--resume: no checkpoint", "last.ckpt.npz"], id="resume-nothing"),
+    pytest.param(lambda p: [MLP, "--data", "digits", "--backend", "numpy", "--precision",
+                            "fp16"],
+                 ["precision='fp16' needs backend='cuda'"], id="fp16-on-numpy"),
 ]
 
 

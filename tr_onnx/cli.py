@@ -222,7 +222,9 @@ def train_model(args, log=print) -> dict:
         if not ckpt.exists():
             raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
         # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
-        session = TrainingSession.from_checkpoint(ckpt)
+        overrides = {k: getattr(args, k) for k in ("backend", "precision")
+                     if getattr(args, k) is not None}  # another machine may resume it
+        session = _user_error(TrainingSession.from_checkpoint, ckpt, **overrides)
         extra = session.checkpoint_extra
         seed = extra.get("seed", 0) if args.seed is None else args.seed
         batch_size = extra.get("batch_size", 32) if args.batch_size is None else args.batch_size
@@ -233,7 +235,7 @@ def train_model(args, log=print) -> dict:
             TrainingSession, args.model, loss=args.loss,
             optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
             grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
-            seed=seed)
+            seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32")
     kind, dtype = label_kind(session)
     arrays, labels = load_dataset(args.data, session.imported.inputs, kind, dtype)
     if args.val_split > 0:
@@ -299,6 +301,12 @@ def _add_train_parser(sub) -> None:
     t.add_argument("--metrics-every", type=_count(1), default=None, metavar="N",
                    help="also a metrics line every N batches")
     t.add_argument("--plot", help="PNG of loss and accuracy per epoch")
+    t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
+                   help="default: auto (cuda when a GPU is usable); on --resume: the "
+                   "checkpoint's")
+    t.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None,
+                   help="fp16/bf16: mixed precision on cuda (default fp32; on --resume: the "
+                   "checkpoint's)")
     t.add_argument("--grad-accumulation", type=_count(1), default=1, metavar="K")
     t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X")
     t.add_argument("--lr-schedule", default="constant", choices=list(SCHEDULES))
