@@ -26,3 +26,18 @@ def assert_close_relative(actual: np.ndarray, expected: np.ndarray, rel: float =
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * max(scale, 1e-30))
+
+
+def mse_loss_model(classes: int = 10) -> onnx.ModelProto:
+    """A user's ONNX loss model spelling out mean squared error (Sub, Mul, ReduceMean): what the
+    builtin ``mse`` must equal."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sub", ["out", "target"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "mse", [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", classes]),
+        helper.make_tensor_value_info("target", TensorProto.FLOAT, ["n", classes])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

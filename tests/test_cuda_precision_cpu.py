@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracles import mse_loss_model
 
 import tr_onnx
 from tr_onnx.backends.cuda.cudnn_graphs import declare_pygraph, describe_graph, describe_node
@@ -548,24 +549,11 @@ def test_every_builtin_loss_trains_on_cuda(device, loss, precision):
         _check_loss_region_is_fp32(sess)
 
 
-def _mse_loss_model():
-    from onnx import TensorProto, helper
-
-    nodes = [helper.make_node("Sub", ["out", "target"], ["d"]),
-             helper.make_node("Mul", ["d", "d"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
-    graph = helper.make_graph(nodes, "mse", [
-        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 10]),
-        helper.make_tensor_value_info("target", TensorProto.FLOAT, ["n", 10])],
-        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 @pytest.mark.parametrize("precision", HALF)
 def test_an_onnx_loss_model_trains_in_half_as_the_builtin_it_spells(device, precision):
     """A user's ONNX loss (mse spelled out) runs in float32 like the builtin, with fp16 loss
     scaling seeding its gradient: the same kernels on the same values, so the same curve."""
-    user, got, want = _loss_curves(device, _mse_loss_model(), precision)
+    user, got, want = _loss_curves(device, mse_loss_model(), precision)
     builtin, same, _ = _loss_curves(device, "mse", precision)
     assert got == same
     np.testing.assert_allclose(got, want, rtol=LOSS_RTOL[precision])
@@ -574,7 +562,7 @@ def test_an_onnx_loss_model_trains_in_half_as_the_builtin_it_spells(device, prec
 
 
 def test_an_onnx_loss_model_overflow_skips_the_step(device):
-    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=_mse_loss_model(), backend="cuda",
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=mse_loss_model(), backend="cuda",
                                    device=device, precision="fp16",
                                    loss_scale={"init": 2.0 ** 24})
     rng = np.random.default_rng(0)

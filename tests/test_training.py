@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from oracles import assert_close_relative, ort_run
+from oracles import assert_close_relative, mse_loss_model, ort_run
 
 import tr_onnx
 from model_zoo.export_models import build_torch_model
@@ -244,16 +244,7 @@ def test_losses_match_torch():
 
 
 def test_user_onnx_loss_model_equals_builtin():
-    from onnx import TensorProto, helper
-
-    nodes = [helper.make_node("Sub", ["out", "target"], ["d"]),
-             helper.make_node("Mul", ["d", "d"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
-    graph = helper.make_graph(nodes, "mse", [
-        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 10]),
-        helper.make_tensor_value_info("target", TensorProto.FLOAT, ["n", 10])],
-        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
-    loss_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    loss_model = mse_loss_model()
     rng = np.random.default_rng(4)
     data = [(rng.standard_normal((8, 64)).astype(np.float32),
              rng.standard_normal((8, 10)).astype(np.float32)) for _ in range(4)]
