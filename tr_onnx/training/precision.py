@@ -212,7 +212,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
                for n in compute}
     fp32_out = {id(n): set(range(len(n.outputs))) if id(n) in region else _fp32_ports(n)[1]
                 for n in compute}
-    island = [(n, v) for n in compute for k, v in enumerate(n.outputs)
+    island = [v for n in compute for k, v in enumerate(n.outputs)
               if v is not None and k in fp32_out[id(n)] and v.dtype == f32]
     # Frozen float32 parameters: read as they are on a float32 port, else through a half
     # copy (STATE, its own slot, written from the parameter when it is loaded).
@@ -245,7 +245,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
                 for k, v in enumerate(node.inputs):
                     if v is p and k not in fp32_in[id(node)]:
                         graph.replace_input(node, k, h)
-    keep = {v.name for _, v in island}
+    keep = {v.name for v in island}
     for node in compute:
         for k, v in enumerate(node.inputs):
             if v is not None and v.name not in keep and v.kind == ir.CONST and v.dtype == f32 \
@@ -279,7 +279,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
                     f"port (input {k}); only parameters and BatchNorm statistics go there", [])
     # An island's output read by a half consumer (a BatchNorm parameter's gradient on its way
     # to the half accumulator, d(output) leaving the loss region) goes through one Cast.
-    for _, v in island:
+    for v in island:
         readers = [(n, k) for n in list(v.consumers) if n.phase == "compute"
                    for k, u in enumerate(n.inputs) if u is v and k not in fp32_in.get(id(n), ())]
         if readers:

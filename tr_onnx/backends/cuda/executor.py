@@ -1393,7 +1393,10 @@ class CudaExecutor(HostTransfers):
         for bn in self.bound:
             self.phases.setdefault(bn.phase, []).append(bn)
         if self._b.bad is not None and self._b.workspace[1] >= REPORT_BYTES:
-            self.phases.update(self._guard_phases())
+            try:
+                self.phases.update(self._guard_phases())
+            except _Unbound as e:
+                raise UnsupportedModelError(f"the cuda step guard: {e}", []) from None
         self.graphs: dict[str, Any] = {}
         self.eager_phases: set[str] = set()
         self._runs: dict[str, int] = {}
@@ -1466,6 +1469,8 @@ class CudaExecutor(HostTransfers):
             flag = b.named_scalar(found, np.float32)
             guard += [b.launch("extra", "tr_zero_lanes_b4", 1, [flag, _i64(1), _i64(0), _i64(1)]),
                       b.launch("amp", "tr_flag_or", 1, [flag, bad], single_block=True)]
+        if grads.nbytes % 4:
+            raise _Unbound(f"the GRAD span is {grads.nbytes} bytes, not whole 4-byte words")
         words = grads.nbytes // 4
         discard = [b.launch("amp", "tr_zero_if_b4", words, [
             DeviceBuffer(b.base + grads.offset, grads.nbytes, True, grads.name), _i64(words),
