@@ -6,10 +6,12 @@ CPU (CI), with the cuda executor over ``tr_onnx.backends.cuda.host_emulator`` in
     python scripts/gpu_check.py --dry-run [--out DIR]
 
 Parity (``forward_parity``, ``gradient_parity``, ``training_parity``, ``replay_parity``,
-``precision_parity``; the GPU tests in tests/test_cuda_gpu.py call the same functions): a
-model_zoo model through ``backend="cuda"`` against ``backend="numpy"``, fp32, with the
-tolerances in ``TOL`` (they leave room for TF32 in cuDNN's fp32 convolutions, about 1e-3
-relative), and fp16/bf16 training against the fp32 curve (``HALF_TOL``).
+``precision_parity``, ``export_parity``; the GPU tests in tests/test_cuda_gpu.py call the
+same functions): a model_zoo model through ``backend="cuda"`` against ``backend="numpy"``,
+fp32, with the tolerances in ``TOL`` (they leave room for TF32 in cuDNN's fp32 convolutions,
+about 1e-3 relative), fp16/bf16 training against the fp32 curve (``HALF_TOL``), and the model
+trained on cuda and exported, run by onnxruntime (CUDA provider where onnxruntime-gpu is
+installed).
 
 Benchmark (``--benchmark``): training images/s and peak GPU memory, same batch, SGD momentum:
 tr_onnx cuda in fp32 and fp16 (bf16 too on ResNet-50; the session's ``train_step``, and the
@@ -49,11 +51,13 @@ ZOO = ROOT / "model_zoo"
 SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16), "mobilenet": (3, 16, 16),
           "transformer": None}
 PARITY_MODELS = ["mlp", "resnet", "mobilenet", "lenet", "transformer"]
-TOL = {"forward": 2e-3, "gradient": 5e-3, "loss": 2e-3, "weights": 1e-2, "replay": 0.0}
+TOL = {"forward": 2e-3, "gradient": 5e-3, "loss": 2e-3, "weights": 1e-2, "replay": 0.0,
+       "export": 2e-3}
 """fp32 tolerances: forward max|a-b|/max|b| over the outputs; gradient max|a-b| over every
 gradient / the largest |gradient|; weights per tensor ||a-b||/||b|| after the steps; loss per
 step |a-b|/|b| over 20 SGD steps; replay: the captured steps equal the eager first step bit
-for bit (lr=0, so every step sees the same weights)."""
+for bit (lr=0, so every step sees the same weights); export: the model trained on cuda and
+exported, run by onnxruntime, against the session's own outputs (as forward)."""
 HALF_TOL = {"fp16": 3e-3, "bf16": 6e-3}
 """Mixed precision (``precision_parity``, batch 16: BatchNorm over 4 samples is too
 ill-conditioned to compare curves): the loss per step |a-b|/|b| over 10 SGD steps against
@@ -151,6 +155,28 @@ def training_parity(stem: str, device=None, steps: int = 20, batch: int = 4) -> 
     return {"loss": worst, "weights": max(_rel(a[n], b[n]) for n in b), "steps": steps}
 
 
+def export_parity(stem: str, device=None, steps: int = 3, batch: int = 4) -> dict:
+    """Train ``steps`` SGD steps on cuda, export, and run the exported model in onnxruntime
+    (its CUDA provider where onnxruntime-gpu is installed, else the CPU one): the trained
+    model's outputs there against the cuda session's eval-mode ``run``."""
+    import onnxruntime as ort
+
+    _, cuda = _sessions(stem, device)
+    for i in range(steps):
+        cuda.train_step(_batch(stem, batch, 30 + i), _labels(batch, i))
+    feed = _batch(stem, batch, 40)
+    providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider")
+                 if p in ort.get_available_providers()]
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    sess = ort.InferenceSession(cuda.export_proto().SerializeToString(), options,
+                                providers=providers)
+    want = sess.run(None, feed)
+    got = cuda.run(None, feed)
+    return {"export": max(_maxrel(g, w) for g, w in zip(got, want)),
+            "export_oracle": sess.get_providers()[0]}
+
+
 def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
     """lr=0: the eager first step, the captured second and the replayed third see the same
     weights, so their losses and outputs must be equal; inference likewise."""
@@ -211,7 +237,7 @@ def run_parity(stems, device=None, steps: int = 20, rows: list | None = None,
         row = {"model": stem}
         t0 = time.perf_counter()
         try:
-            for check in (forward_parity, gradient_parity, replay_parity):
+            for check in (forward_parity, gradient_parity, replay_parity, export_parity):
                 row.update(check(stem, device))
             row.update(training_parity(stem, device, steps))
             row["ok"] = all(row[k] <= TOL[k] for k in TOL if k in row)
@@ -477,7 +503,7 @@ def _fmt(v) -> str:
 def markdown(results: dict) -> str:
     lines = [f"# tr_onnx gpu_check ({results['mode']})", "", f"- {results['env']}", ""]
     if results.get("parity"):
-        keys = ["forward", "gradient", "loss", "weights", "replay"]
+        keys = ["forward", "gradient", "loss", "weights", "replay", "export"]
         halves = list(HALF_TOL)
         lines += ["## Parity with the numpy backend (fp32; fp16/bf16: loss, drift/baseline)",
                   "", "| model | " + " | ".join(keys + halves) + " | ok | note |",

@@ -10,7 +10,8 @@
 # results.json and results.md (parity table + benchmark table, rewritten after every row).
 # Steps: (a) pytest -m gpu tests/test_cuda_gpu.py -- parity with the numpy backend on the
 # model_zoo models (forward, gradients, 20 SGD steps, fp32; 10 steps fp16 and bf16 against the
-# fp32 curve) and CUDA-graph replay == eager; (b) scripts/gpu_check.py --benchmark -- images/s
+# fp32 curve; the model trained on cuda, exported, run by onnxruntime) and CUDA-graph replay ==
+# eager; (b) scripts/gpu_check.py --benchmark -- images/s
 # and peak GPU memory, tr_onnx cuda (fp32, fp16, bf16) vs PyTorch (fp32 eager, AMP fp16/bf16
 # channels_last eager and torch.compile reduce-overhead) on a ResNet-50-shaped net (plain
 # torch, exported at run time) and the model_zoo models.

@@ -58,3 +58,11 @@ def test_the_device_arena_is_one_aligned_allocation():
 def test_half_precision_tracks_the_fp32_curve(stem, precision):
     got = gpu_check.precision_parity(stem, precision=precision)
     assert got["ok"], got
+
+
+@pytest.mark.parametrize("stem", MODELS)
+def test_the_model_trained_on_cuda_and_exported_runs_the_same_in_onnxruntime(stem):
+    """onnxruntime is the oracle for the exported model (CUDA provider where onnxruntime-gpu
+    is installed, else CPU)."""
+    got = gpu_check.export_parity(stem)
+    assert got["export"] <= TOL["export"], got

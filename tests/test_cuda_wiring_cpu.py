@@ -285,6 +285,7 @@ def test_device_hook_is_for_the_cuda_backend_only(device):
 def test_gpu_check_parity_functions_pass_on_the_emulator(device):
     rows = gpu_check.run_parity(["mlp"], device, steps=2)
     assert rows[0]["ok"] is True and rows[0]["replay"] == 0.0
+    assert rows[0]["export"] <= 1e-5 and rows[0]["export_oracle"] == "CPUExecutionProvider"
     for precision in ("fp16", "bf16"):
         half = rows[0][precision]
         assert half["ok"] and half["steps"] == gpu_check.HALF_STEPS, half
