@@ -71,7 +71,7 @@ print('tr_onnx', tr_onnx.__file__, '| cupy', cupy.__version__, '| cudnn frontend
 
 # -- (a) parity tests ------------------------------------------------------------------------
 echo "== (a) pytest -m gpu tests/test_cuda_gpu.py"
-timeout 210 $PY -m pytest -m gpu tests/test_cuda_gpu.py -q -rA -p no:cacheprovider \
+timeout 250 $PY -m pytest -m gpu tests/test_cuda_gpu.py -q -rA -p no:cacheprovider \
     --junitxml="$OUT_DIR/pytest_gpu.xml"
 rc_tests=$?
 echo "== (a) rc=$rc_tests after $(( $(date +%s) - START ))s"
