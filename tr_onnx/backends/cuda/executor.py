@@ -1531,6 +1531,12 @@ class CudaExecutor(HostTransfers):
             self.device.begin_node(step.label, step.phase)
             step.run(self.device)
 
+    @staticmethod
+    def step_phases(apply: bool = True) -> str:
+        """The ``run`` key of a guarded training step: one graph of all its phases."""
+        return "+".join(("compute", "guard", "commit", "discard")
+                        + (("apply",) if apply else ()) + ("report",))
+
     def run_step(self, loss: str, grad_norm: str, apply: bool,
                  found_inf: str | None = None) -> StepReport:
         """A training step as one CUDA graph (``ExecutorAPI.run_step``): compute, the step
@@ -1539,8 +1545,7 @@ class CudaExecutor(HostTransfers):
         synchronizes once. A plan without the guard's flag takes the host-decided path."""
         if "guard" not in self.phases:
             return super().run_step(loss, grad_norm, apply, found_inf)
-        self.run("+".join(("compute", "guard", "commit", "discard")
-                          + (("apply",) if apply else ()) + ("report",)))
+        self.run(self.step_phases(apply))
         host = self._host[2]
         self.device.begin_node("<step report>", "download")
         self.device.memcpy_async(host[:REPORT_BYTES], DeviceBuffer(
