@@ -402,7 +402,8 @@ def _cupy_pool_bytes() -> float:
 
 
 def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
-    """PyTorch training steps: ``fp32`` eager NCHW, ``amp`` fp16 autocast (GradScaler) +
+    """PyTorch training steps (each uploading its batch from pinned memory): ``fp32`` eager
+    NCHW, ``amp`` fp16 autocast (GradScaler) +
     channels_last eager, ``amp-bf16`` bf16 autocast (no scaler) + channels_last eager,
     ``amp+compile`` the fp16 one under torch.compile(mode="reduce-overhead")."""
     import copy
@@ -418,15 +419,20 @@ def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
                           **({} if dry else {"fused": True}))
     run = torch.compile(model, mode="reduce-overhead") if variant == "amp+compile" else model
-    x = torch.randn(b.shape, device=dev)
-    if amp and spatial:
-        x = x.to(memory_format=torch.channels_last)
-    y = torch.arange(b.shape[0], device=dev) % b.classes
+    # each step copies its batch from pinned host memory (DataLoader(pin_memory=True) and
+    # .to(non_blocking=True)), as tr_onnx's train_step uploads its batch
+    x_host = torch.randn(b.shape)
+    y_host = torch.arange(b.shape[0]) % b.classes
+    if not dry:
+        x_host, y_host = x_host.pin_memory(), y_host.pin_memory()
+    fmt = torch.channels_last if amp and spatial else torch.contiguous_format
     bf16 = variant == "amp-bf16"
     scaler = torch.amp.GradScaler(dev, enabled=amp and not bf16 and not dry)
     amp_dtype = torch.bfloat16 if dry or bf16 else torch.float16
 
     def step():
+        x = x_host.to(dev, non_blocking=True).to(memory_format=fmt)
+        y = y_host.to(dev, non_blocking=True)
         if variant == "amp+compile":
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(dev, dtype=amp_dtype, enabled=amp):
