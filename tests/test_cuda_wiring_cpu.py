@@ -321,3 +321,15 @@ def test_cuda_graphs_off_runs_every_step_eagerly_with_the_same_result(device):
     with pytest.raises(ValueError, match=r"cuda_graphs='always'; valid: fallback, require, off"):
         tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device,
                                  cuda_graphs="always")
+
+
+def test_gpu_check_table_gives_ratios_to_torch_amp():
+    rows = [{"model": "resnet50", "runner": "tr_onnx cuda fp16 (train_step)", "batch": 64,
+             "images_s": 2000.0},
+            {"model": "resnet50", "runner": gpu_check.RATIO_BASE, "batch": 64,
+             "images_s": 1600.0},
+            {"model": "mlp", "runner": "tr_onnx cuda fp32 (train_step)", "images_s": 10.0}]
+    table = gpu_check.markdown({"mode": "GPU", "env": "-", "parity": [], "benchmark": rows})
+    assert "| resnet50 | tr_onnx cuda fp16 (train_step) | 64 | 2000 | 1.25x |" in table
+    assert f"| resnet50 | {gpu_check.RATIO_BASE} | 64 | 1600 | 1.00x |" in table
+    assert "| mlp | tr_onnx cuda fp32 (train_step) | - | 10 | - |" in table  # no torch row
