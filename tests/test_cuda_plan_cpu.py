@@ -362,8 +362,9 @@ class FakeCudnn:
         return FakeGraph(self.log, self.workspace, **kw)
 
 
-BUILD_ORDER = ["validate", "build_operation_graph", "create_execution_plans", "check_support",
-               "build_plans", "get_workspace_size"]
+BUILD_ORDER = ["validate", "build_operation_graph", "create_execution_plans",
+               "deselect_workspace_greater_than", "check_support", "build_plans",
+               "get_workspace_size"]
 
 
 def one_per_kind():
@@ -413,6 +414,8 @@ def test_build_pygraph_call_sequence(kind):
     assert [op for _, op in build] == BUILD_ORDER and build[0][0] > last_mark
     heur = next(e for e in log if e[0] == "create_execution_plans")
     assert heur[1] == (["A", "FALLBACK"],)
+    limit = next(e for e in log if e[0] == "deselect_workspace_greater_than")
+    assert limit[1] == (desc.workspace[1],) and desc.workspace[1] > 0  # the WORKSPACE region
     assert built.workspace_bytes == 0
     pointers = built.pointers(1 << 40)
     assert pointers == {p: (1 << 40) + t.byte_offset for p, t in desc.tensors().items()}

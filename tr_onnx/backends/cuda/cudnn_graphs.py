@@ -664,8 +664,9 @@ def declare_pygraph(desc: GraphDesc, cudnn, handle=None) -> BuiltGraph:
 def build_pygraph(desc: GraphDesc, cudnn, handle) -> BuiltGraph:
     """Declare, validate and build the graph on ``handle``'s device; record its workspace size.
 
+    Plans needing more scratch than the MemoryPlan's WORKSPACE region are deselected first.
     Raises ``CudnnGraphError`` (naming the node) when no engine supports the graph, or when
-    the plan's workspace is too small for the one selected.
+    the one selected still needs more workspace than the region holds.
     """
     built = declare_pygraph(desc, cudnn, handle)
     g = built.graph
@@ -673,6 +674,9 @@ def build_pygraph(desc: GraphDesc, cudnn, handle) -> BuiltGraph:
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([getattr(cudnn.heur_mode, h) for h in HEURISTICS])
+        # only plans whose scratch fits the plan's WORKSPACE region: build_plans then takes
+        # the best-ranked of those instead of failing on the first choice's workspace
+        g.deselect_workspace_greater_than(desc.workspace[1])
         g.check_support()
         g.build_plans()
     except Exception as e:  # cuDNN's own error types differ by version; the cause is chained
