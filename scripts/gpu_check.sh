@@ -23,13 +23,15 @@
 #   cuda-bindings==13.0.3           (the image has one; carried in case it does not import)
 #   onnx==1.23.2                    (the image has 1.23.1)
 #   pluggy==1.6.0
+#   ml_dtypes==0.5.4               (bfloat16; onnx brings it, carried in case the image lacks it)
 # Fetch them here, in the repository root (x86-64, CPython 3.12, manylinux):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 #     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 \
 #     --platform manylinux_2_34_x86_64 -d .whl \
-#     nvidia-cudnn-frontend==1.32.0 cuda-bindings==13.0.3 onnx==1.23.2 pluggy==1.6.0
+#     nvidia-cudnn-frontend==1.32.0 cuda-bindings==13.0.3 onnx==1.23.2 pluggy==1.6.0 \
+#     ml_dtypes==0.5.4
 # tr_onnx itself: `pip install --no-deps --no-build-isolation -e .` (falls back to
 # PYTHONPATH=repo root).
 set -uo pipefail
@@ -56,6 +58,7 @@ need cudnn nvidia_cudnn_frontend
 need cuda.bindings cuda_bindings
 need onnx onnx
 need pluggy pluggy
+need ml_dtypes ml_dtypes
 if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing ${missing[*]}"
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
