@@ -24,6 +24,8 @@
 #   onnx==1.23.2                    (the image has 1.23.1)
 #   pluggy==1.6.0
 #   ml_dtypes==0.5.4               (bfloat16; onnx brings it, carried in case the image lacks it)
+#   nvidia-cuda-runtime==13.5.37   (only its include/ is used, for cuda_fp16.h/cuda_bf16.h, when
+#                                   NVRTC finds no CUDA headers there)
 # Fetch them here, in the repository root (x86-64, CPython 3.12, manylinux):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
@@ -31,7 +33,7 @@
 #     --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64 \
 #     --platform manylinux_2_34_x86_64 -d .whl \
 #     nvidia-cudnn-frontend==1.32.0 cuda-bindings==13.0.3 onnx==1.23.2 pluggy==1.6.0 \
-#     ml_dtypes==0.5.4
+#     ml_dtypes==0.5.4 nvidia-cuda-runtime==13.5.37
 # tr_onnx itself: `pip install --no-deps --no-build-isolation -e .` (falls back to
 # PYTHONPATH=repo root).
 set -uo pipefail
@@ -68,6 +70,25 @@ if ! $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/
     echo "== pip install -e . failed; using PYTHONPATH"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the kernels include cuda_fp16.h / cuda_bf16.h: without a toolkit or the runtime wheel's
+# headers, unpack only include/ from the carried wheel (its libraries stay out of the way)
+if ! $PY -c "from tr_onnx.backends.cuda.sources import cuda_include_dir as d; d()" 2>/dev/null; then
+    whl=$(ls .whl/nvidia_cuda_runtime-*.whl 2>/dev/null | head -n1)
+    if [ -n "$whl" ]; then
+        $PY - "$whl" <<'PYEOF'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+for name in z.namelist():
+    if "/include/" in name:
+        z.extract(name, "/tmp/tr_onnx_cuda_headers")
+PYEOF
+        hdr=$(find /tmp/tr_onnx_cuda_headers -name cuda_fp16.h | head -n1)
+        [ -n "$hdr" ] && export CUDA_PATH="$(dirname "$(dirname "$hdr")")"
+        echo "== CUDA headers from $whl: CUDA_PATH=${CUDA_PATH:-none}"
+    else
+        echo "!! no CUDA headers and no .whl/nvidia_cuda_runtime-*.whl"
+    fi
+fi
 $PY -c "import tr_onnx, cupy, cudnn, onnx; from tr_onnx.backends import cuda_unavailable_reason as r
 print('tr_onnx', tr_onnx.__file__, '| cupy', cupy.__version__, '| cudnn frontend',
       cudnn.__version__, '| onnx', onnx.__version__, '| cuda:', r() or 'usable')"
