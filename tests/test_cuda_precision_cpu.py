@@ -574,3 +574,30 @@ def test_an_onnx_loss_model_overflow_skips_the_step(device):
     assert sess.step == 0 and sess.loss_scale == 2.0 ** 23
     for name, value in sess.parameters().items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+@pytest.mark.parametrize("stem, shape, kernel", [
+    ("mlp", (4, 64), "tr_convert_f32_{dt}"), ("resnet", (4, 3, 16, 16), "tr_pad_nhwc_f32_{dt}")])
+@pytest.mark.parametrize("precision", HALF)
+def test_a_float32_batch_is_rounded_to_half_on_the_device(device, stem, shape, kernel,
+                                                          precision):
+    """The host copies the float32 batch as it is (NumPy rounding a 64x3x224x224 batch to fp16
+    takes ~30 ms on one core); one kernel rounds it into the half input, to nearest even as
+    NumPy (fp16) and ml_dtypes (bf16) do: overflow to inf, subnormals, -0 included."""
+    half = HALF[precision][0]
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", backend="cuda", device=device,
+                                   precision=precision, channel_align=8)
+    x = (3 * np.random.default_rng(0).standard_normal(shape)).astype(np.float32)
+    x.reshape(-1)[:5] = [65519.0, 1e-8, -0.0, 7e4, 3.3895314e38]
+    sess.train_step({"input": x}, np.arange(4) % 10)
+    ex = sess._active.executor
+    start = len(ex.device.calls)
+    ex.write_input("input", x)
+    calls = ex.device.calls[start:]
+    assert [c.op for c in calls] == ["memcpy_async", "launch"]
+    assert calls[0].args["nbytes"] == x.nbytes  # float32 up, not half
+    dt = {"fp16": "f16", "bf16": "bf16"}[precision]
+    assert calls[1].args["kernel"].name == kernel.format(dt=dt)
+    with np.errstate(over="ignore"):
+        want = x.astype(half)
+    np.testing.assert_array_equal(ex.read_output("input").view(np.uint16), want.view(np.uint16))
