@@ -575,7 +575,8 @@ def test_loss_scale_update_follows_torch_sequence(host):
         found[0] = bad
         host("tr_step_advance", step, found)
         t_steps += 0 if bad else 1
-        host("tr_loss_scale_update", scale, inv, tracker, found, F64(2.0), F64(0.5), I32(3))
+        host("tr_loss_scale_update", scale, inv, tracker, found, F64(2.0), F64(0.5), I32(3),
+             None)
         torch._amp_update_scale_(t_scale, t_tracker, torch.tensor([float(bad)]), 2.0, 0.5, 3)
         assert scale[0] == t_scale.item() and tracker[0] == t_tracker.item()
         assert inv[0] == np.float32(1.0 / float(scale[0])) and found[0] == bad  # left set
@@ -610,10 +611,24 @@ def test_step_guard_kernels(host):
     assert found[0] == 1.0
     host("tr_flag_or", found, np.zeros(1, np.float32))  # OR: stays set
     assert found[0] == 1.0
-    out = np.full(4, np.nan, np.float32)
+    out = np.full(5, np.nan, np.float32)
     loss, norm = np.array([2.5], np.float32), np.array([0.75], np.float32)
-    host("tr_step_report", loss, flag, None, norm, out)
-    np.testing.assert_array_equal(out, [2.5, 1.0, 0.0, 0.75])
+    host("tr_step_report", loss, flag, None, norm, None, out)
+    np.testing.assert_array_equal(out, [2.5, 1.0, 0.0, 0.75, 0.0])
+    # a step launched on the assumption that the previous one was applied
+    step, applied = np.array([8], np.int64), np.array([7], np.int64)
+    reject, bad = np.full(1, np.nan, np.float32), np.zeros(1, np.float32)
+    host("tr_step_check", step, applied, reject, bad)
+    assert reject[0] == 0.0 and bad[0] == 0.0
+    applied[0] = 6  # the previous step was skipped
+    host("tr_step_check", step, applied, reject, bad)
+    assert reject[0] == 1.0 and bad[0] == 1.0
+    # a rejected step leaves the loss scale alone
+    scale, inv = np.array([1024.0], np.float32), np.zeros(1, np.float32)
+    tracker = np.array([1], np.int32)
+    host("tr_loss_scale_update", scale, inv, tracker, np.ones(1, np.float32), F64(2.0),
+         F64(0.5), I32(3), reject)
+    assert scale[0] == 1024.0 and tracker[0] == 1 and inv[0] == 0.0
 
 
 # ---- losses -------------------------------------------------------------------------------------

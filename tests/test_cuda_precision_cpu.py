@@ -593,7 +593,7 @@ def test_a_float32_batch_is_rounded_to_half_on_the_device(device, stem, shape, k
     ex = sess._active.executor
     start = len(ex.device.calls)
     ex.write_input("input", x)
-    calls = ex.device.calls[start:]
+    calls = [c for c in ex.device.calls[start:] if c.op != "wait_event"]  # the pinned buffer
     assert [c.op for c in calls] == ["memcpy_async", "launch"]
     assert calls[0].args["nbytes"] == x.nbytes  # float32 up, not half
     dt = {"fp16": "f16", "bf16": "bf16"}[precision]

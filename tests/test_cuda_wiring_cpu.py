@@ -154,21 +154,28 @@ def test_training_session_on_cuda_equals_numpy(stem, device):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_a_training_step_is_one_graph_launch_and_one_sync(device, precision):
+def test_a_training_step_is_one_graph_launch_and_one_wait(device, precision):
     """After the warm-up and the capture, a step is: the batch and per-step scalars uploaded
-    asynchronously, one graph launch, 16 bytes back and one synchronize."""
+    asynchronously through one pinned buffer (waiting first for that buffer's previous use,
+    two steps back), one graph launch, the report copied behind it into the same buffer, and
+    one wait for that buffer's event."""
     sess, _ = _train("resnet", 2, backend="cuda", device=device, precision=precision,
                      loss_scale={"init": 1024.0} if precision == "fp16" else None)
     dev = sess._active.executor.device
     start = len(dev.calls)
     sess.train_step({"input": _x("resnet", 7)}, np.arange(SHAPES["resnet"][0]) % 10)
-    ops = [c.op for c in dev.calls[start:]]
-    assert ops.count("launch_graph") == 1 and ops.count("synchronize") == 1
-    assert not any(c.capturing for c in dev.calls[start:])
-    assert [c.args["nbytes"] for c in dev.calls[start:] if c.op == "memcpy_async"
-            and c.args["kind"] == "d2h"] == [16]
-    assert ops.index("launch_graph") < ops.index("synchronize")
-    assert all(op in ("memcpy_async", "launch", "launch_graph", "synchronize") for op in ops)
+    calls = dev.calls[start:]
+    ops = [c.op for c in calls]
+    assert ops.count("launch_graph") == 1 and "synchronize" not in ops
+    assert not any(c.capturing for c in calls)
+    assert all(op in ("memcpy_async", "launch", "launch_graph", "record_event", "wait_event")
+               for op in ops)
+    report = [c for c in calls if c.op == "memcpy_async" and c.args["kind"] == "d2h"]
+    assert [c.args["nbytes"] for c in report] == [cuda_executor.REPORT_BYTES] == [32]
+    graph = ops.index("launch_graph")
+    assert ops[graph + 1:] == ["memcpy_async", "record_event", "wait_event"]
+    buffer = calls[-1].args["index"]
+    assert calls[-2].args["index"] == buffer and calls[0].op == "wait_event"
     assert sess.step == 3
 
 
@@ -258,10 +265,10 @@ def test_all_finite_reads_back_only_the_flag(device):
     np.testing.assert_array_equal(ex.read_output("__grads"), before)
     ex.zero("__grads")
     assert ex.all_finite("__grads") is True  # the flag is cleared on every call
-    # a train step reads back 16 bytes: loss, bad-batch flag, overflow flag, grad norm
+    # a train step reads back its report: loss, bad-batch and overflow flags, grad norm, reject
     start = len(dev.calls)
     sess.train_step({"input": _x("mlp", 3)}, np.arange(4) % 10)
-    assert _d2h_bytes(dev, start) == 16
+    assert _d2h_bytes(dev, start) == cuda_executor.REPORT_BYTES
 
 
 def test_ops_without_a_cuda_binding_are_listed_not_run_on_numpy(device, monkeypatch):
@@ -333,3 +340,115 @@ def test_gpu_check_table_gives_ratios_to_torch_amp():
     assert "| resnet50 | tr_onnx cuda fp16 (train_step) | 64 | 2000 | 1.25x |" in table
     assert f"| resnet50 | {gpu_check.RATIO_BASE} | 64 | 1600 | 1.00x |" in table
     assert "| mlp | tr_onnx cuda fp32 (train_step) | - | 10 | - |" in table  # no torch row
+
+
+# ---- steps launched before the previous one is read back (train_step(..., wait=False)) -------
+
+def _pipeline_run(device, stem, batches, wait, **kw):
+    """Train on ``batches`` ((x, y) pairs) with ``train_step(..., wait=wait)``: the losses,
+    the warnings (text, in order), the raised error's text, the final counters and state."""
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8, backend="cuda",
+                                   device=device, **{"optimizer": SGD(lr=0.05, momentum=0.9),
+                                                     **kw})
+    losses, error = [], None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for x, y in batches:
+                losses.append(sess.train_step({"input": x}, y, wait=wait))
+        except tr_onnx.TrainingDiverged as e:
+            error = str(e)
+        losses = [float(v) for v in losses]  # the last pending step's warnings come here
+    counters = (sess.step, sess.bad_steps, sess.rng_counter, sess.micro_step)
+    return sess, losses, [str(w.message) for w in caught], error, counters, sess.state_arrays()
+
+
+def _assert_same_run(a, b):
+    _, la, wa, ea, ca, sa = a
+    _, lb, wb, eb, cb, sb = b
+    np.testing.assert_array_equal(la, lb)  # NaN where the batch was bad
+    assert wa == wb and ea == eb and ca == cb
+    assert sa.keys() == sb.keys()
+    for name in sa:  # the same kernels on the same values: bit for bit
+        np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)
+
+
+def _resnet_batches(n, bad=()):
+    out = []
+    for i in range(n):
+        x = _x("resnet", 20 + i)
+        if i in bad:
+            x[0, 0, 1, 1] = np.nan
+        out.append((x, np.arange(4) % 10))
+    return out
+
+
+def test_pipelined_steps_equal_waited_ones_with_a_bad_batch(device):
+    """A NaN batch in the middle: the step launched after it assumed it applied, was rejected
+    on the device and launched again; warnings, counters and every weight, momentum and
+    running statistic end as when each step is waited for."""
+    batches = _resnet_batches(6, bad={2})
+    waited = _pipeline_run(device, "resnet", batches, True)
+    piped = _pipeline_run(device, "resnet", batches, False)
+    _assert_same_run(piped, waited)
+    assert len(waited[2]) == 1 and "step 3: non-finite loss" in waited[2][0]
+    ex = piped[0]._active.executor
+    # 6 steps, one relaunch: the graph ran 7 times (the first step eagerly, no graph)
+    assert ex.device.launched_graphs == waited[0]._active.executor.device.launched_graphs + 1
+
+
+def test_pipelined_steps_raise_training_diverged_where_waited_ones_stop(device):
+    """max_bad_steps=2 and two NaN batches in a row: the pipelined run raises in the call
+    after the second (its batch was launched assuming the second applied, so the device
+    rejected it and it is dropped): state and RNG counter as when waiting."""
+    batches = _resnet_batches(6, bad={2, 3})
+    waited = _pipeline_run(device, "resnet", batches, True, max_bad_steps=2)
+    piped = _pipeline_run(device, "resnet", batches, False, max_bad_steps=2)
+    assert waited[3] is not None and "2 steps in a row" in waited[3]
+    assert len(piped[1]) == len(waited[1]) + 1  # the call that raised had returned nothing
+    _assert_same_run((*piped[:1], piped[1][:-1], *piped[2:]), waited)
+
+
+def test_pipelined_fp16_overflow_and_lr_schedule_match_waited_steps(device):
+    """An fp16 overflow (the loss scale starts at 2^24) skips a step; the one launched after it
+    assumed a step count one too high (a StepLR schedule makes the lr differ too): rejected,
+    launched again with the right step and lr, as when waiting."""
+    from tr_onnx.optim import StepLR
+
+    rng = np.random.default_rng(4)
+    batches = [(rng.standard_normal((4, 64)).astype(np.float32), rng.integers(0, 10, 4))
+               for _ in range(6)]
+    kw = dict(precision="fp16", loss_scale={"init": 2.0 ** 24},
+              lr_schedule=StepLR(step_size=1, gamma=0.5))
+    waited = _pipeline_run(device, "mlp", batches, True, **kw)
+    piped = _pipeline_run(device, "mlp", batches, False, **kw)
+    assert any("overflow" in w for w in waited[2])
+    _assert_same_run(piped, waited)
+    assert piped[0].loss_scale == waited[0].loss_scale
+
+
+def test_pending_steps_are_waited_for_before_state_is_read(device, tmp_path):
+    batches = _resnet_batches(3)
+    sess = tr_onnx.TrainingSession(ZOO / "resnet.onnx", channel_align=8, backend="cuda",
+                                   device=device, optimizer=SGD(lr=0.05, momentum=0.9))
+    pending = [sess.train_step({"input": x}, y, wait=False) for x, y in batches]
+    assert not pending[-1].done and pending[0].done
+    path = sess.save_checkpoint(tmp_path / "ck.npz")  # waits
+    assert pending[-1].done and sess.step == 3
+    back = tr_onnx.TrainingSession.from_checkpoint(path, backend="cuda", device=device)
+    x, y = _resnet_batches(4)[-1]
+    assert back.train_step({"input": x}, y) == sess.train_step({"input": x}, y)
+    p = sess.train_step({"input": x}, y, wait=False)
+    out = sess.run(None, {"input": x})  # eval mode waits too
+    assert p.done and out[0].shape == (4, 10)
+
+
+def test_wait_false_is_a_waited_step_where_steps_cannot_overlap(device):
+    """numpy, and gradient accumulation (the micro-step count depends on the previous one):
+    the step is read back before train_step returns."""
+    x, y = _x("mlp"), np.arange(4) % 10
+    for kw in ({"backend": "numpy"}, {"backend": "cuda", "device": device,
+                                      "grad_accumulation": 2}):
+        sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", **kw)
+        p = sess.train_step({"input": x}, y, wait=False)
+        assert p.done and np.isfinite(float(p))

@@ -57,9 +57,11 @@ class ExecutorAPI(Protocol):
                  found_inf: str | None = None) -> StepReport: ...
 
 
-BAD_BATCH = "__bad_batch"
-"""The step guard's float32 arena flag (``training.train_pass.add_step_guard``): set on the
-device when a training step's batch is bad (``CudaExecutor.run_step``)."""
+BAD_BATCH, REJECT, APPLIED = "__bad_batch", "__reject", "__applied"
+"""The step guard's arena scalars (``training.train_pass.add_step_guard``): float32 flags set
+on the device when a training step's batch is bad, or when the step was launched with a step
+number that assumed a previous step applied that was not (rejected: nothing changes, the host
+launches it again); and the int64 count of applied optimizer steps (``CudaExecutor.run_step``)."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +70,15 @@ class StepReport:
     loss (or, without loss scaling, a gradient) was not finite, so nothing was committed or
     applied and the accumulated gradients were dropped; ``overflow``: loss scaling found a
     non-finite gradient and skipped the optimizer step; ``grad_norm``: the global gradient norm
-    of an applied step (None otherwise)."""
+    of an applied step (None otherwise); ``rejected``: the step was launched with a step number
+    that assumed an earlier step applied, which was not -- it changed nothing and must be
+    launched again (then ``bad`` is set too)."""
 
     loss: float
     bad: bool = False
     overflow: bool = False
     grad_norm: float | None = None
+    rejected: bool = False
 
 
 class HostTransfers:

@@ -7,14 +7,23 @@ import json
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .. import ir
-from ..backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, check_cuda_graphs, resolve_backend
+from ..backends import (
+    APPLIED,
+    DEFAULT_CHANNEL_ALIGN,
+    PLAN_BACKEND,
+    StepReport,
+    check_cuda_graphs,
+    resolve_backend,
+)
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
 from ..errors import InputError, TrainingDiverged, TrOnnxError
 from ..importer import ImportedModel, import_model
@@ -90,6 +99,40 @@ def _inference_form(g: onnx.GraphProto) -> None:
             node.input[2] = name
 
 
+@dataclass(eq=False)
+class _Launch:
+    """A training step given to the executor: its plan, RNG counter (dropout masks), whether
+    it applies the optimizer, and what the executor returned: a token to read it back with
+    (``launch_step``), or its report."""
+
+    plan: CompiledPlan
+    rng: int
+    apply: bool
+    token: Any = None
+    report: StepReport | None = None
+
+
+class PendingStep:
+    """A step launched by ``TrainingSession.train_step(..., wait=False)``. ``loss()`` (or
+    ``float(step)``) waits for it (and the steps before it) and returns its loss; ``done``
+    says whether it has been read back."""
+
+    def __init__(self, session: TrainingSession, launch: _Launch):
+        self._session, self._launch = session, launch
+
+    @property
+    def done(self) -> bool:
+        return self._launch not in self._session._inflight and self._launch.report is not None
+
+    def loss(self) -> float:
+        inflight = self._session._inflight
+        while self._launch in inflight:
+            self._session._resolve_oldest()
+        return self._launch.report.loss
+
+    __float__ = loss
+
+
 class TrainingSession:
     """Train an ONNX model.
 
@@ -162,6 +205,7 @@ class TrainingSession:
         self.micro_step = 0  # micro-batches accumulated towards the next step
         self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
         self.bad_steps = 0  # non-finite steps in a row
+        self._inflight: list[_Launch] = []  # launched, not yet read back (oldest first)
         self._plans: dict[tuple, CompiledPlan] = {}
         self._active: CompiledPlan | None = None
         self._eval_plans: dict[tuple, CompiledPlan] = {}
@@ -240,11 +284,14 @@ class TrainingSession:
             plan = self._compile(feed)
             self._plans[key] = plan
         if plan is not self._active:
+            self._drain()
             state = self._read_state(self._active) if self._active is not None else {}
             state.update(self._pending)
             self._pending = {}
             self._active = plan
             self._write_state(plan, state)
+            if APPLIED in plan.memory.tensors:  # the step guard counts applied steps on the device
+                plan.executor.write_scalar(APPLIED, self.step)
         return plan
 
     def _compile(self, feed) -> CompiledPlan:
@@ -320,11 +367,12 @@ class TrainingSession:
             return None
         if self._active is None:
             return float(self._pending.get(LOSS_SCALE, cfg["init"]))
+        self._drain()
         return float(self._active.executor.read_scalar(LOSS_SCALE))
 
     # ---- training ------------------------------------------------------------------------
 
-    def train_step(self, feed: dict[str, np.ndarray], labels) -> float:
+    def train_step(self, feed: dict[str, np.ndarray], labels, wait: bool = True):
         """Forward, backward and (every ``grad_accumulation``-th call) an optimizer step.
 
         Returns the loss. A batch with a non-finite loss or gradient changes nothing (weights,
@@ -332,52 +380,122 @@ class TrainingSession:
         gradients are checked on the device in the apply phase instead: an overflow skips the
         optimizer step (running statistics of the batch are kept, as with GradScaler) and is
         not counted as a bad step.
+
+        ``wait=False`` returns a ``PendingStep`` at once (``.loss()`` or ``float()`` waits for
+        it). On the cuda backend (``grad_accumulation=1``) the step is then launched before the
+        previous one is read back, so the host prepares batch k+1 while the GPU runs step k;
+        the result is the same as waiting: step k+1 is launched assuming step k is applied,
+        and if it was not (a bad batch, an fp16 overflow), the device rejects k+1 (nothing
+        changes) and it is launched again. The warnings and ``TrainingDiverged`` of step k come
+        from the call that launches step k+1 (whose batch then is not trained); reading state
+        (parameters, checkpoints, ``run``, ``last_outputs``) first waits for every pending
+        step. Elsewhere (numpy, accumulation) ``wait=False`` runs the step as ``wait=True``.
         """
         feed = self._check_feed(feed)
         plan = self._train_plan(feed)
         labels = self._check_labels(labels, plan)
-        info: TrainInfo = plan.info
         executor = plan.executor
         for name, x in feed.items():
             executor.write_input(name, x)
         executor.write_input(self.label_name, labels)
-        k = self.options["grad_accumulation"]
-        executor.write_scalar(LR, self.lr)
-        executor.write_scalar(STEP, self.step + 1)
-        executor.write_scalar(GRAD_SCALE, 1.0 / k)
-        executor.write_scalar(RNG, self.rng_counter)
+        launch = _Launch(plan, self.rng_counter, self.micro_step + 1 ==
+                         self.options["grad_accumulation"])
         self.rng_counter += 1
-        apply = self.micro_step + 1 == k
-        report = executor.run_step(info.loss, info.grad_norm, apply,
-                                   FOUND_INF if self.options["loss_scale"] else None)
+        pending = PendingStep(self, launch)
+        if not (self._pipelined(plan) and not wait):
+            self._drain()
+            self._launch(launch)
+            self._inflight.append(launch)
+            self._drain()
+            return pending.loss() if wait else pending
+        self._launch(launch)
+        self._inflight.append(launch)
+        try:
+            while len(self._inflight) > 1:  # at most one step in flight when this returns
+                self._resolve_oldest()
+        except TrainingDiverged:  # the newer steps were launched assuming the bad one applied:
+            self.rng_counter = self._inflight[0].rng  # the device rejected them, drop them
+            self._inflight.clear()
+            raise
+        return pending
+
+    def _pipelined(self, plan: CompiledPlan) -> bool:
+        """Whether steps of ``plan`` may be launched before the previous one is read back."""
+        return self.options["grad_accumulation"] == 1 and \
+            callable(getattr(plan.executor, "launch_step", None)) and \
+            plan.executor.can_launch_steps
+
+    def _launch(self, launch: _Launch) -> None:
+        """Upload the per-step scalars of ``launch`` (assuming every earlier step still in
+        flight is applied) and launch it; the batch is already in the plan's INPUT."""
+        ex, k = launch.plan.executor, self.options["grad_accumulation"]
+        step = self.step + sum(1 for e in self._inflight if e is not launch and e.apply)
+        ex.write_scalar(LR, self.optimizer.lr * self.schedule.factor(step + 1))
+        ex.write_scalar(STEP, step + 1)
+        ex.write_scalar(GRAD_SCALE, 1.0 / k)
+        ex.write_scalar(RNG, launch.rng)
+        found = FOUND_INF if self.options["loss_scale"] else None
+        if self._pipelined(launch.plan):
+            launch.token = ex.launch_step(launch.apply)
+        else:
+            info = launch.plan.info
+            launch.report = ex.run_step(info.loss, info.grad_norm, launch.apply, found)
+
+    def _resolve_oldest(self) -> None:
+        """Read back the oldest step in flight and account for it (warnings, counters,
+        ``TrainingDiverged``); if it was not applied, the newer ones were rejected on the
+        device and are launched again."""
+        launch = self._inflight.pop(0)
+        if launch.report is None:
+            launch.report = launch.plan.executor.finish_step(launch.token, launch.apply)
+        if launch.report.rejected:
+            raise TrOnnxError(f"step {self.step + 1} was rejected by the device's step guard "
+                              "(its step count disagreed with the session's): was "
+                              "session.step changed while steps were in flight?")
+        applied = self._account(launch)
+        if not applied:
+            for later in self._inflight:
+                self._launch(later)
+
+    def _drain(self) -> None:
+        """Wait for every step in flight (reading state needs them applied)."""
+        while self._inflight:
+            self._resolve_oldest()
+
+    def _account(self, launch: _Launch) -> bool:
+        """The host's side of a finished step; returns whether it was applied as the launch
+        of the next one assumed."""
+        report = launch.report
         loss = report.loss
         if report.bad:  # nothing changed; the micro-batches accumulated since the last step
             self.micro_step = 0  # were dropped too
             self.bad_steps += 1
             warnings.warn(f"step {self.step + 1}: non-finite loss ({loss}) or gradient; the "
                           f"step was not applied ({self.bad_steps} in a row)", RuntimeWarning,
-                          stacklevel=2)
+                          stacklevel=4)
             if self.bad_steps >= self.options["max_bad_steps"]:
                 raise TrainingDiverged(f"{self.bad_steps} steps in a row had a non-finite loss "
                                        f"or gradient (last at step {self.step + 1}); weights "
                                        "are those of the last good step")
-            return loss
+            return not launch.apply
         self.bad_steps = 0
         self._version += 1  # running statistics (and below, maybe weights) changed
         self.micro_step += 1
-        if apply:
+        if launch.apply:
             self.last_grad_norm = report.grad_norm
             self.micro_step = 0
             if report.overflow:
+                scale = launch.plan.executor.read_scalar(LOSS_SCALE)  # a rejected step keeps it
                 warnings.warn(f"step {self.step + 1}: fp16 gradient overflow; the step was "
-                              f"skipped and the loss scale lowered to {self.loss_scale:g} (not "
-                              "counted towards max_bad_steps)", RuntimeWarning, stacklevel=2)
-                return loss
+                              f"skipped and the loss scale lowered to {scale:g} (not "
+                              "counted towards max_bad_steps)", RuntimeWarning, stacklevel=4)
+                return False
             self.step += 1
-        return loss
+        return True
 
     def last_outputs(self) -> dict[str, np.ndarray]:
         """The model outputs of the last ``train_step`` (training mode), as host arrays."""
+        self._drain()
         plan = self._active
         if plan is None:
             raise TrOnnxError("no training step has run yet")
@@ -388,6 +506,7 @@ class TrainingSession:
     def state_arrays(self) -> dict[str, np.ndarray]:
         """Current parameters, running statistics, optimizer state and gradient accumulators
         (logical NCHW host copies), by name."""
+        self._drain()
         if self._active is None:
             return self._initial_state() | dict(self._pending)
         return self._read_state(self._active)
@@ -407,6 +526,7 @@ class TrainingSession:
     def parameters(self) -> dict[str, np.ndarray]:
         """Current values of every parameter and running statistic (what export writes),
         untied Identity copies included, by name."""
+        self._drain()
         params = self._initial_state()
         untied = self._untied_names()
         for name, source in untied.items():
@@ -419,6 +539,7 @@ class TrainingSession:
         return params
 
     def load_parameters(self, values: dict[str, np.ndarray]) -> None:
+        self._drain()
         self._version += 1
         if self._active is None:
             self._pending.update(values)
@@ -429,6 +550,7 @@ class TrainingSession:
 
     def run(self, output_names: list[str] | None, feed: dict[str, np.ndarray]) -> list:
         """Eval mode (running statistics, no dropout) with the current weights."""
+        self._drain()
         feed = self._check_feed(feed)
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         plan = self._eval_plans.get(key)
@@ -494,6 +616,7 @@ class TrainingSession:
     def save_checkpoint(self, path: str | Path, extra: dict | None = None) -> Path:
         """Parameters, optimizer state, accumulators, step, schedule, RNG counter, the model
         and the configuration, in one .npz written atomically."""
+        self._drain()
         meta = {"format": CHECKPOINT_FORMAT, "config": self.config(), "step": self.step,
                 "micro_step": self.micro_step, "rng_counter": self.rng_counter,
                 "bad_steps": self.bad_steps, "extra": extra or {}}

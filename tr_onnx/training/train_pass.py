@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
-from ..backends import BAD_BATCH
+from ..backends import APPLIED, BAD_BATCH, REJECT
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..ir import Graph, Node, Value
 from ..optim import Optimizer
@@ -324,7 +324,11 @@ def build_training_graph(graph: Graph, registry: OpRegistry, backend: str,
 
 
 def add_step_guard(graph: Graph) -> None:
-    """``BAD_BATCH``, a float32 OPT_STATE flag: the cuda executor runs a training step as one
-    CUDA graph and decides there whether the batch is kept (``CudaExecutor.run_step``)."""
-    graph.values[BAD_BATCH] = Value(BAD_BATCH, (), np.dtype(np.float32), ir.STATE,
-                                    data=np.array(0.0, np.float32))
+    """The step guard's OPT_STATE scalars (``backends.BAD_BATCH``, ``REJECT``: float32 flags;
+    ``APPLIED``: the int64 count of applied optimizer steps, which the session writes when it
+    loads state): the cuda executor runs a training step as one CUDA graph and decides there
+    whether the batch is kept and whether the step was launched on a right assumption
+    (``CudaExecutor.run_step``)."""
+    for name, dtype in ((BAD_BATCH, np.float32), (REJECT, np.float32), (APPLIED, np.int64)):
+        graph.values[name] = Value(name, (), np.dtype(dtype), ir.STATE,
+                                   data=np.array(0, dtype))

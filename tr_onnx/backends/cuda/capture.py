@@ -339,6 +339,16 @@ class FakeRecorder:
         if self.capturing:
             raise SyncDuringCapture(self.node, "synchronize() while capturing")
 
+    def record_host_buffer(self, index: int) -> None:
+        """The event of pinned host buffer ``index`` (``CupyDevice``): recorded, no wait."""
+        self._record("record_event", index=index)
+
+    def wait_host_buffer(self, index: int) -> None:
+        """Waiting on that event: a host synchronization, refused while capturing."""
+        self._record("wait_event", index=index)
+        if self.capturing:
+            raise SyncDuringCapture(self.node, f"waiting on host buffer {index} while capturing")
+
     def begin_capture(self) -> None:
         self._record("begin_capture")
         self.capturing = True

@@ -48,7 +48,7 @@ from ... import ir
 from ...errors import InputError, UnsupportedModelError
 from ...layouts import GatherRowsLayout
 from ...memory import DTensor, MemoryPlan, Region
-from .. import BAD_BATCH, HostTransfers, StepReport, check_cuda_graphs
+from .. import APPLIED, BAD_BATCH, REJECT, HostTransfers, StepReport, check_cuda_graphs
 from . import sources
 from .capture import WRITE_POLICY, CaptureError, CaptureStep, DeviceBuffer, capture_step
 from .cudnn_graphs import CUDNN_OPS, CudnnGraphError, describe_node, fusable_activation
@@ -56,8 +56,9 @@ from .device import BLOCK, KernelRef, launch_dims
 
 INTERNAL = "ai.tr_onnx"
 
-REPORT_BYTES = 16
-"""What a step run as one graph reads back: loss, bad-batch flag, overflow flag, grad norm."""
+REPORT_BYTES = 32
+"""What a step run as one graph reads back: loss, bad-batch flag, overflow flag, grad norm,
+reject flag (five float32, padded)."""
 
 EXECUTOR_POLICY = {**WRITE_POLICY,
                    "guard": frozenset({Region.WORKSPACE, Region.OPT_STATE, Region.GRAD}),
@@ -685,12 +686,18 @@ def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
     args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
         copy, _i64(n), b.buf(lr), b.buf(step), found] + scalars
     calls = [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
+    reject = None
+    if b.bad is not None:  # the step guard's applied-steps counter follows the update
+        reject = b.named_scalar(REJECT, np.float32, writes=False)
+        calls.append(b.launch("amp", "tr_step_advance", 1, [b.named_scalar(APPLIED, np.int64),
+                                                            found], single_block=True))
     if ls:  # dynamic loss scaling: backoff or growth after the (maybe skipped) update
         calls.append(b.launch("amp", "tr_loss_scale_update", 1, [
             b.named_scalar(ls["scale"], np.float32), b.named_scalar(ls["inv_scale"], np.float32),
             b.named_scalar(ls["growth_tracker"], np.int32),
             found, _f64(ls["growth_factor"]),
-            _f64(ls["backoff_factor"]), _int(ls["growth_interval"])], single_block=True))
+            _f64(ls["backoff_factor"]), _int(ls["growth_interval"]), reject],
+            single_block=True))
     return calls
 
 
@@ -1466,7 +1473,12 @@ class CudaExecutor(HostTransfers):
             guard.append(b.launch("amp", f"tr_unscale_check_{DT[grads.dtype.name]}", n, [
                 DeviceBuffer(b.base + grads.offset, grads.nbytes, False, grads.name), _i64(n),
                 None, bad]))
-        else:
+        reject = b.named_scalar(REJECT, np.float32)
+        update = next(bn.node for bn in self.bound if bn.node.op_type in OPTIMIZERS)
+        guard.append(b.launch("amp", "tr_step_check", 1, [
+            b.named_scalar(update.inputs[-1].name, np.int64, writes=False),  # the step number
+            b.named_scalar(APPLIED, np.int64, writes=False), reject, bad], single_block=True))
+        if found is not None:
             flag = b.named_scalar(found, np.float32)
             guard += [b.launch("extra", "tr_zero_lanes_b4", 1, [flag, _i64(1), _i64(0), _i64(1)]),
                       b.launch("amp", "tr_flag_or", 1, [flag, bad], single_block=True)]
@@ -1481,6 +1493,7 @@ class CudaExecutor(HostTransfers):
             loss, b.named_scalar(BAD_BATCH, np.float32, writes=False),
             None if found is None else b.named_scalar(found, np.float32, writes=False),
             b.named_scalar(info.grad_norm, np.float32, writes=False),
+            b.named_scalar(REJECT, np.float32, writes=False),
             DeviceBuffer(ws_ptr, REPORT_BYTES, True)], single_block=True)]
 
         def pseudo(name: str, phase: str, calls: list) -> list[BoundNode]:
@@ -1538,24 +1551,49 @@ class CudaExecutor(HostTransfers):
         return "+".join(("compute", "guard", "commit", "discard")
                         + (("apply",) if apply else ()) + ("report",))
 
+    @property
+    def can_launch_steps(self) -> bool:
+        """Whether ``launch_step`` / ``finish_step`` work (a plan with the step guard)."""
+        return "guard" in self.phases
+
     def run_step(self, loss: str, grad_norm: str, apply: bool,
                  found_inf: str | None = None) -> StepReport:
-        """A training step as one CUDA graph (``ExecutorAPI.run_step``): compute, the step
-        guard, commit, discard, apply (when ``apply``) and the report, captured together (one
-        graph per ``apply`` value) and launched once; then 16 bytes come back and the host
-        synchronizes once. A plan without the guard's flag takes the host-decided path."""
-        if "guard" not in self.phases:
+        """A training step as one CUDA graph (``ExecutorAPI.run_step``): ``launch_step`` then
+        ``finish_step``. A plan without the step guard takes the host-decided path."""
+        if not self.can_launch_steps:
             return super().run_step(loss, grad_norm, apply, found_inf)
+        return self.finish_step(self.launch_step(apply), apply)
+
+    def launch_step(self, apply: bool) -> int:
+        """Launch a training step without waiting for it: compute, the step guard, commit,
+        discard, apply (when ``apply``) and the report, captured together (one graph per
+        ``apply`` value) and launched once, then its report copied (async) into the pinned
+        buffer this step's batch came up through, behind that buffer's event. Returns the
+        token ``finish_step`` takes (the buffer's index)."""
         self.run(self.step_phases(apply))
-        host = self._host[2]
+        k = 1 - self._k  # run() flipped to the other buffer for the next step's uploads
         self.device.begin_node("<step report>", "download")
-        self.device.memcpy_async(host[:REPORT_BYTES], DeviceBuffer(
-            self._b.workspace[0], REPORT_BYTES, False), REPORT_BYTES, "d2h")
-        self.device.synchronize()
-        value, bad, found, norm = (float(x) for x in host[:REPORT_BYTES].view(np.float32))
+        self.device.memcpy_async(self._host[k][self._report:self._report + REPORT_BYTES],
+                                 DeviceBuffer(self._b.workspace[0], REPORT_BYTES, False),
+                                 REPORT_BYTES, "d2h")
+        record = getattr(self.device, "record_host_buffer", None)
+        if record is not None:
+            record(k)
+        return k
+
+    def finish_step(self, token: int, apply: bool) -> StepReport:
+        """Wait for the step ``launch_step`` returned ``token`` for (its buffer's event: the
+        step and its report copy) and read its report."""
+        wait = getattr(self.device, "wait_host_buffer", None)
+        if wait is not None:
+            wait(token)
+        else:
+            self.device.synchronize()
+        report = self._host[token][self._report:self._report + 20].view(np.float32)
+        value, bad, found, norm, reject = (float(x) for x in report)
         bad = bad != 0.0
         return StepReport(value, bad=bad, overflow=found != 0.0 and not bad,
-                          grad_norm=norm if apply and not bad else None)
+                          grad_norm=norm if apply and not bad else None, rejected=reject != 0.0)
 
     # -- host transfers ----------------------------------------------------------------------
     def _init_transfers(self) -> None:
@@ -1569,6 +1607,8 @@ class CudaExecutor(HostTransfers):
             if t.region == Region.INPUT and t.dtype.name in HALF_INPUTS:
                 self._wide[t.name] = end
                 end += -(-math.prod(t.shape) * 4 // 256) * 256
+        self._report = end  # the report of the step whose batch came up through the buffer
+        end += REPORT_BYTES
         largest = max([t.nbytes for t in self.memory.tensors.values()] + [end, 1])
         make = getattr(self.device, "pinned_buffers", None)
         if make is not None:

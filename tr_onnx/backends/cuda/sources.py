@@ -146,7 +146,7 @@ SOURCES: dict[str, KernelSource] = {s.name: s for s in (
     _per_dtype("optim", "TR_OPTIM", ("sgd", "adam", "adagrad")),
     _per_dtype("amp", "TR_UNSCALE_CHECK", ("unscale_check",),
                ("tr_step_advance", "tr_loss_scale_update", "tr_flag_or", "tr_copy_unless_b4",
-                "tr_zero_if_b4", "tr_step_report")),
+                "tr_zero_if_b4", "tr_step_check", "tr_step_report")),
     _per_dtype("loss", "TR_LOSS", ("sce_fwd", "sce_bwd", "mse_fwd", "mse_bwd"),
                ("tr_sce_reduce",)),
 )}

@@ -30,8 +30,10 @@ TR_KERNEL void tr_step_advance(long long* step, const float* found_inf) {
 
 TR_KERNEL void tr_loss_scale_update(float* scale, float* inv_scale, int* growth_tracker,
                                     const float* found_inf, double growth_factor,
-                                    double backoff_factor, int growth_interval) {
+                                    double backoff_factor, int growth_interval,
+                                    const float* reject) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    if (reject && *reject != 0.0f) return;  // a rejected step (step guard) is no step at all
     if (*found_inf != 0.0f) {
         *scale = (float)(*scale * backoff_factor);
         *growth_tracker = 0;
@@ -69,13 +71,24 @@ TR_KERNEL void tr_zero_if_b4(unsigned int* dst, long long words, const float* fl
     TR_GRID_STRIDE(i, words) dst[i] = 0u;
 }
 
-// out[0..3] = loss, bad, found_inf, grad norm (a null pointer reads 0): the 16 bytes the host
+// A step launched before the host knew whether the previous one was applied carries the
+// step number the host assumed: reject = (step != applied + 1), and a rejected step is a bad
+// one (nothing committed or applied) that the host launches again with the right inputs.
+TR_KERNEL void tr_step_check(const long long* step, const long long* applied, float* reject,
+                             float* bad) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    *reject = *step != *applied + 1 ? 1.0f : 0.0f;
+    if (*reject != 0.0f) *bad = 1.0f;
+}
+
+// out[0..4] = loss, bad, found_inf, grad norm, reject (a null pointer reads 0): what the host
 // reads back after a step
 TR_KERNEL void tr_step_report(const float* loss, const float* bad, const float* found_inf,
-                              const float* norm, float* out) {
+                              const float* norm, const float* reject, float* out) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     out[0] = *loss;
     out[1] = bad ? *bad : 0.0f;
     out[2] = found_inf ? *found_inf : 0.0f;
     out[3] = norm ? *norm : 0.0f;
+    out[4] = reject ? *reject : 0.0f;
 }
