@@ -170,10 +170,11 @@ def test_a_training_step_is_one_graph_launch_and_one_wait(device, precision):
     assert not any(c.capturing for c in calls)
     assert all(op in ("memcpy_async", "launch", "launch_graph", "record_event", "wait_event")
                for op in ops)
-    report = [c for c in calls if c.op == "memcpy_async" and c.args["kind"] == "d2h"]
-    assert [c.args["nbytes"] for c in report] == [cuda_executor.REPORT_BYTES] == [32]
+    back = [c for c in calls if c.op == "memcpy_async" and c.args["kind"] == "d2h"]
+    scores = sess._active.memory.tensors[sess.output_name]  # read back with its step
+    assert [c.args["nbytes"] for c in back] == [cuda_executor.REPORT_BYTES, scores.nbytes]
     graph = ops.index("launch_graph")
-    assert ops[graph + 1:] == ["memcpy_async", "record_event", "wait_event"]
+    assert ops[graph + 1:] == ["memcpy_async", "memcpy_async", "record_event", "wait_event"]
     buffer = calls[-1].args["index"]
     assert calls[-2].args["index"] == buffer and calls[0].op == "wait_event"
     assert sess.step == 3
@@ -265,10 +266,12 @@ def test_all_finite_reads_back_only_the_flag(device):
     np.testing.assert_array_equal(ex.read_output("__grads"), before)
     ex.zero("__grads")
     assert ex.all_finite("__grads") is True  # the flag is cleared on every call
-    # a train step reads back its report: loss, bad-batch and overflow flags, grad norm, reject
+    # a train step reads back its report (loss, bad-batch and overflow flags, grad norm,
+    # reject) and its scores
     start = len(dev.calls)
     sess.train_step({"input": _x("mlp", 3)}, np.arange(4) % 10)
-    assert _d2h_bytes(dev, start) == cuda_executor.REPORT_BYTES
+    scores = ex.memory.tensors[sess.output_name]
+    assert _d2h_bytes(dev, start) == cuda_executor.REPORT_BYTES + scores.nbytes
 
 
 def test_ops_without_a_cuda_binding_are_listed_not_run_on_numpy(device, monkeypatch):
@@ -452,3 +455,48 @@ def test_wait_false_is_a_waited_step_where_steps_cannot_overlap(device):
         sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", **kw)
         p = sess.train_step({"input": x}, y, wait=False)
         assert p.done and np.isfinite(float(p))
+
+
+def test_the_trainer_pipelines_cuda_steps_and_ends_as_when_waiting(device, tmp_path):
+    """tr-onnx train's loop (Trainer) on the cuda backend: batch b is accounted for after
+    b+1 was launched (its scores read back with its step), except before a checkpoint or a
+    metrics line; with a NaN batch and mid-epoch checkpoints the history, the metrics lines
+    and the weights equal a run whose every step is waited for."""
+    from tr_onnx.data import split
+    from tr_onnx.training.trainer import Trainer
+
+    def fit(pipelined: bool, out):
+        sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="cuda", device=device,
+                                       optimizer=SGD(lr=0.05, momentum=0.9))
+        if not pipelined:
+            sess._pipelined = lambda plan: False
+        spec = sess.imported.inputs[0]
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((200, 64)).astype(np.float32)
+        x[37] = np.nan  # batch 2 of every epoch
+        y = rng.integers(0, 10, 200)
+        train, val = split({spec.name: x}, y, 0.2, 0)
+        trainer = Trainer(sess, train, val, epochs=2, batch_size=16, log=None,
+                          checkpoint_dir=out, checkpoint_every=4, metrics_every=3,
+                          metrics_path=out / "m.jsonl")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = trainer.fit()
+        lines = (out / "m.jsonl").read_text().splitlines()
+        return sess, history, lines, [str(w.message) for w in caught]
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ref, ref_history, ref_lines, ref_warnings = fit(False, tmp_path / "a")
+    sess, history, lines, caught = fit(True, tmp_path / "b")
+    def strip(record):  # what the clock decides
+        return {k: v for k, v in record.items() if k not in ("seconds", "samples_per_s")}
+
+    assert [strip(r) for r in history] == [strip(r) for r in ref_history]
+    assert [strip(json.loads(a)) for a in lines] == [strip(json.loads(b)) for b in ref_lines]
+    assert caught == ref_warnings and history[0]["skipped_batches"] == 1
+    a, b = sess.parameters(), ref.parameters()
+    for name in b:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    launched = sess._active.executor.device.launched_graphs
+    assert launched > ref._active.executor.device.launched_graphs  # the relaunches

@@ -37,11 +37,11 @@ def crash_after(session, calls: int) -> None:
     """Make ``session.train_step`` raise KeyboardInterrupt on call ``calls + 1`` (a kill)."""
     step, count = session.train_step, [0]
 
-    def train_step(feed, labels):
+    def train_step(feed, labels, **kw):
         if count[0] == calls:
             raise KeyboardInterrupt
         count[0] += 1
-        return step(feed, labels)
+        return step(feed, labels, **kw)
 
     session.train_step = train_step
 
@@ -288,13 +288,13 @@ def test_nan_batch_is_skipped_and_training_goes_on():
     x["input"][100] = np.nan  # one batch per epoch holds it
     step, seen = session.train_step, []
 
-    def train_step(feed, labels):
+    def train_step(feed, labels, **kw):
         bad = not np.isfinite(feed["input"]).all()
         before = session.parameters() if bad else None
-        loss = step(feed, labels)
+        pending = step(feed, labels, **kw)
         if bad:
-            seen.append((before, session.parameters(), loss))
-        return loss
+            seen.append((before, session.parameters(), float(pending)))
+        return pending
 
     session.train_step = train_step
     with pytest.warns(RuntimeWarning, match="non-finite loss"):
@@ -313,13 +313,13 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
     session, train, val = digits_run(max_bad_steps=3)
     step, calls, kept = session.train_step, [0], []
 
-    def train_step(feed, labels):
+    def train_step(feed, labels, **kw):
         calls[0] += 1
         if calls[0] > 50:  # from epoch 2, batch 6 on, every batch is NaN: 3 in a row diverge
             if not kept:
                 kept.append((tmp_path / CHECKPOINT_NAME).read_bytes())
             feed = {"input": np.full_like(feed["input"], np.nan)}
-        return step(feed, labels)
+        return step(feed, labels, **kw)
 
     session.train_step = train_step
     log = []

@@ -110,6 +110,7 @@ class _Launch:
     apply: bool
     token: Any = None
     report: StepReport | None = None
+    outputs: dict[str, np.ndarray] | None = None  # read back with the step (launch_step)
 
 
 class PendingStep:
@@ -124,13 +125,38 @@ class PendingStep:
     def done(self) -> bool:
         return self._launch not in self._session._inflight and self._launch.report is not None
 
-    def loss(self) -> float:
+    def _wait(self) -> StepReport:
         inflight = self._session._inflight
         while self._launch in inflight:
             self._session._resolve_oldest()
-        return self._launch.report.loss
+        return self._launch.report
+
+    def loss(self) -> float:
+        return self._wait().loss
 
     __float__ = loss
+
+    @property
+    def keeps_outputs(self) -> bool:
+        """Whether ``outputs()`` stays readable after later steps were launched."""
+        return self._launch.outputs is not None
+
+    @property
+    def bad(self) -> bool:
+        """The batch's loss or gradient was not finite: the step changed nothing."""
+        return self._wait().bad
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The step's model outputs (training mode): those read back with it, or, for the
+        last step when nothing is in flight, ``last_outputs()``."""
+        self._wait()
+        if self._launch.outputs is not None:
+            return self._launch.outputs
+        session = self._session
+        if session._last is not self._launch:
+            raise TrOnnxError("the outputs of this step were not kept (only a step's model "
+                              "output the executor reads back with it, or the last step's)")
+        return session.last_outputs()
 
 
 class TrainingSession:
@@ -206,6 +232,7 @@ class TrainingSession:
         self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
         self.bad_steps = 0  # non-finite steps in a row
         self._inflight: list[_Launch] = []  # launched, not yet read back (oldest first)
+        self._last: _Launch | None = None  # the last step given to the executor
         self._plans: dict[tuple, CompiledPlan] = {}
         self._active: CompiledPlan | None = None
         self._eval_plans: dict[tuple, CompiledPlan] = {}
@@ -401,6 +428,7 @@ class TrainingSession:
         launch = _Launch(plan, self.rng_counter, self.micro_step + 1 ==
                          self.options["grad_accumulation"])
         self.rng_counter += 1
+        self._last = launch
         pending = PendingStep(self, launch)
         if not (self._pipelined(plan) and not wait):
             self._drain()
@@ -436,7 +464,9 @@ class TrainingSession:
         ex.write_scalar(RNG, launch.rng)
         found = FOUND_INF if self.options["loss_scale"] else None
         if self._pipelined(launch.plan):
-            launch.token = ex.launch_step(launch.apply)
+            want = [self.output_name] if self.output_name in ex.step_outputs else []
+            launch.token = ex.launch_step(launch.apply, want)
+            launch.outputs = dict.fromkeys(want) if want else None  # filled when read back
         else:
             info = launch.plan.info
             launch.report = ex.run_step(info.loss, info.grad_norm, launch.apply, found)
@@ -447,7 +477,10 @@ class TrainingSession:
         device and are launched again."""
         launch = self._inflight.pop(0)
         if launch.report is None:
-            launch.report = launch.plan.executor.finish_step(launch.token, launch.apply)
+            ex = launch.plan.executor
+            launch.report = ex.finish_step(launch.token, launch.apply)
+            if launch.outputs:
+                launch.outputs = {n: ex.step_output(launch.token, n) for n in launch.outputs}
         if launch.report.rejected:
             raise TrOnnxError(f"step {self.step + 1} was rejected by the device's step guard "
                               "(its step count disagreed with the session's): was "

@@ -377,26 +377,42 @@ class Trainer:
         totals = self.totals
         bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress)
         output = self.session.output_name
+        # On the cuda backend each batch is accounted for after the next one was launched
+        # (train_step(..., wait=False): the host prepares batch b+1 while the GPU runs b),
+        # except the last of the epoch and where a checkpoint or a metrics line follows it.
+        waiting: list = []  # (pending step, labels) launched, not accounted for yet
+
+        def account(pending, y) -> None:
+            totals.seen += len(y)
+            if pending.bad:
+                totals.skipped += 1
+            else:
+                totals.loss_sum += pending.loss() * len(y)
+                totals.samples += len(y)
+                c, k = count_correct(self.accuracy_kind, pending.outputs()[output], y,
+                                     self.ignore_index)
+                totals.correct += c
+                totals.counted += k
+            self.batch += 1
+            bar.update(self.batch, self._status_text(totals))
+
         try:
             for b in range(self.batch, nb):
                 start = time.perf_counter()
                 idx = order[b * bs:(b + 1) * bs]
                 y = labels[idx]
-                loss = self.session.train_step({k: v[idx] for k, v in arrays.items()}, y)
-                totals.seen += len(idx)
-                if self.session.bad_steps:
-                    totals.skipped += 1
-                else:
-                    totals.loss_sum += loss * len(idx)
-                    totals.samples += len(idx)
-                    c, k = count_correct(self.accuracy_kind, self.session.last_outputs()[output],
-                                         y, self.ignore_index)
-                    totals.correct += c
-                    totals.counted += k
+                pending = self.session.train_step({k: v[idx] for k, v in arrays.items()}, y,
+                                                  wait=False)
+                for done in waiting:
+                    account(*done)
+                waiting = [(pending, y)]
+                if pending.done or not pending.keeps_outputs or b + 1 == nb \
+                        or self._due(epoch * nb + b + 1):
+                    account(pending, y)
+                    waiting = []
                 totals.train_seconds += time.perf_counter() - start
-                self.batch = b + 1
-                bar.update(b + 1, self._status_text(totals))
-                self._after_batch(epoch * nb + b + 1)
+                if not waiting:
+                    self._after_batch(epoch * nb + b + 1)
         finally:
             bar.close()
         start = time.perf_counter()
@@ -409,6 +425,12 @@ class Trainer:
         self._write_metrics(record)
         self.log(self._summary(record))
         self._checkpoint()
+
+    def _due(self, global_batch: int) -> bool:
+        """Whether a metrics line or a checkpoint follows this batch (it is then accounted
+        for, and its step read back, before the next one is launched)."""
+        return bool(self.metrics_every and global_batch % self.metrics_every == 0
+                    or self.checkpoint_every and global_batch % self.checkpoint_every == 0)
 
     def _after_batch(self, global_batch: int) -> None:
         if self.metrics_every and global_batch % self.metrics_every == 0:

@@ -1564,22 +1564,38 @@ class CudaExecutor(HostTransfers):
             return super().run_step(loss, grad_norm, apply, found_inf)
         return self.finish_step(self.launch_step(apply), apply)
 
-    def launch_step(self, apply: bool) -> int:
+    def launch_step(self, apply: bool, outputs: Sequence[str] = ()) -> int:
         """Launch a training step without waiting for it: compute, the step guard, commit,
         discard, apply (when ``apply``) and the report, captured together (one graph per
-        ``apply`` value) and launched once, then its report copied (async) into the pinned
-        buffer this step's batch came up through, behind that buffer's event. Returns the
-        token ``finish_step`` takes (the buffer's index)."""
+        ``apply`` value) and launched once, then its report and the model ``outputs`` asked
+        for (those a plain copy reads, ``step_outputs``) copied (async) into the pinned buffer
+        this step's batch came up through, behind that buffer's event. Returns the token
+        ``finish_step`` takes (the buffer's index)."""
         self.run(self.step_phases(apply))
         k = 1 - self._k  # run() flipped to the other buffer for the next step's uploads
         self.device.begin_node("<step report>", "download")
         self.device.memcpy_async(self._host[k][self._report:self._report + REPORT_BYTES],
                                  DeviceBuffer(self._b.workspace[0], REPORT_BYTES, False),
                                  REPORT_BYTES, "d2h")
+        for name in outputs:
+            t, off = self.memory.tensors[name], self._outputs[name]
+            self.device.memcpy_async(self._host[k][off:off + t.nbytes], DeviceBuffer(
+                self._b.base + t.offset, t.nbytes, False, t.name), t.nbytes, "d2h")
         record = getattr(self.device, "record_host_buffer", None)
         if record is not None:
             record(k)
         return k
+
+    @property
+    def step_outputs(self) -> frozenset[str]:
+        """The model outputs ``launch_step`` can read back with the step."""
+        return frozenset(self._outputs)
+
+    def step_output(self, token: int, name: str) -> np.ndarray:
+        """A copy of output ``name`` as ``launch_step(..., outputs=[name])`` read it back
+        (call after ``finish_step(token, ...)``)."""
+        t, off = self.memory.tensors[name], self._outputs[name]
+        return np.ndarray(t.shape, t.dtype, self._host[token], off).copy()
 
     def finish_step(self, token: int, apply: bool) -> StepReport:
         """Wait for the step ``launch_step`` returned ``token`` for (its buffer's event: the
@@ -1609,6 +1625,16 @@ class CudaExecutor(HostTransfers):
                 end += -(-math.prod(t.shape) * 4 // 256) * 256
         self._report = end  # the report of the step whose batch came up through the buffer
         end += REPORT_BYTES
+        # and its model outputs (a training plan's, where a plain copy reads them: [N, C]
+        # scores), so they can be read after the next step was launched over them
+        self._outputs: dict[str, int] = {}
+        for name in getattr(getattr(self.plan, "info", None), "outputs", None) or ():
+            t = self.memory.tensors.get(name)
+            g = geometry(t) if t is not None else None
+            if g is not None and g.kind == "flat" and not isinstance(t.layout, GatherRowsLayout):
+                end = -(-end // 256) * 256
+                self._outputs[name] = end
+                end += t.nbytes
         largest = max([t.nbytes for t in self.memory.tensors.values()] + [end, 1])
         make = getattr(self.device, "pinned_buffers", None)
         if make is not None:
