@@ -316,7 +316,7 @@ def test_gpu_check_dry_run_runs_the_whole_script(tmp_path):
     assert {"torch fp32 eager", "torch AMP fp16 channels_last eager",
             "torch AMP bf16 channels_last eager"} <= runners
     assert {f"tr_onnx cuda {p} ({how})" for p in ("fp32", "fp16", "bf16")
-            for how in ("train_step", "captured step")} <= runners
+            for how in ("train_step", "pipelined", "captured step")} <= runners
     assert all(r[p]["ok"] for r in results["parity"] for p in ("fp16", "bf16"))
     table = (tmp_path / "results.md").read_text()
     assert "| resnet50 |" in table and "images/s" in table
