@@ -457,7 +457,9 @@ class TrainingSession:
         """Upload the per-step scalars of ``launch`` (assuming every earlier step still in
         flight is applied) and launch it; the batch is already in the plan's INPUT."""
         ex, k = launch.plan.executor, self.options["grad_accumulation"]
-        step = self.step + sum(1 for e in self._inflight if e is not launch and e.apply)
+        inflight = self._inflight
+        earlier = inflight[:inflight.index(launch)] if launch in inflight else inflight
+        step = self.step + sum(1 for e in earlier if e.apply)
         ex.write_scalar(LR, self.optimizer.lr * self.schedule.factor(step + 1))
         ex.write_scalar(STEP, step + 1)
         ex.write_scalar(GRAD_SCALE, 1.0 / k)
