@@ -261,7 +261,11 @@ class TrainingSession:
     @property
     def lr(self) -> float:
         """The learning rate of the next optimizer step."""
-        return self.optimizer.lr * self.schedule.factor(self.step + 1)
+        return self._lr_of_step(self.step + 1)
+
+    def _lr_of_step(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (1-based)."""
+        return self.optimizer.lr * self.schedule.factor(step)
 
     # ---- feeds ---------------------------------------------------------------------------
 
@@ -450,8 +454,7 @@ class TrainingSession:
     def _pipelined(self, plan: CompiledPlan) -> bool:
         """Whether steps of ``plan`` may be launched before the previous one is read back."""
         return self.options["grad_accumulation"] == 1 and \
-            callable(getattr(plan.executor, "launch_step", None)) and \
-            plan.executor.can_launch_steps
+            getattr(plan.executor, "can_launch_steps", False)
 
     def _launch(self, launch: _Launch) -> None:
         """Upload the per-step scalars of ``launch`` (assuming every earlier step still in
@@ -460,7 +463,7 @@ class TrainingSession:
         inflight = self._inflight
         earlier = inflight[:inflight.index(launch)] if launch in inflight else inflight
         step = self.step + sum(1 for e in earlier if e.apply)
-        ex.write_scalar(LR, self.optimizer.lr * self.schedule.factor(step + 1))
+        ex.write_scalar(LR, self._lr_of_step(step + 1))
         ex.write_scalar(STEP, step + 1)
         ex.write_scalar(GRAD_SCALE, 1.0 / k)
         ex.write_scalar(RNG, launch.rng)
