@@ -1605,8 +1605,8 @@ class CudaExecutor(HostTransfers):
             wait(token)
         else:
             self.device.synchronize()
-        report = self._host[token][self._report:self._report + 20].view(np.float32)
-        value, bad, found, norm, reject = (float(x) for x in report)
+        fields = np.ndarray(5, np.float32, self._host[token], self._report)  # REPORT_BYTES
+        value, bad, found, norm, reject = (float(x) for x in fields)
         bad = bad != 0.0
         return StepReport(value, bad=bad, overflow=found != 0.0 and not bad,
                           grad_norm=norm if apply and not bad else None, rejected=reject != 0.0)
