@@ -253,10 +253,14 @@ def _calibrate_batchnorm(model: torch.nn.Module, example_shape: tuple[int, ...])
             # momentum=None: cumulative average, so a few steps give the real data statistics
             # instead of staying within a few percent of the (0, 1) initial values
             bn.momentum = None
-        model.train()
+        # the statistics are summed in float64 and rounded once to float32: float32 sums
+        # depend on the CPU's vector width (AVX2 and AVX-512 builds of torch differ in the
+        # last bit), which made the zoo files differ between machines
+        model.double().train()
         shape = (BN_CALIBRATION_BATCH, *example_shape[1:])
         for _ in range(BN_CALIBRATION_STEPS):
-            model(torch.randn(shape, generator=gen) * 1.5 + 0.3)
+            model((torch.randn(shape, generator=gen) * 1.5 + 0.3).double())
+        model.float()
         for bn in norms:
             bn.momentum = 0.1  # back to the default; the exporter writes it as ONNX momentum 0.9
     model.eval()
