@@ -292,21 +292,21 @@ class _Binder:
                            f"{', '.join(DT)}")
         return DT[name]
 
-    def kernel(self, family: str, name: str, source: str | None = None) -> KernelRef:
-        ref = KernelRef(family, name, source)
-        if source is None and name not in sources.SOURCES[family].kernels:
-            raise AssertionError(f"kernel {name} is not in source family {family}")
+    def kernel(self, name: str) -> KernelRef:
+        """Kernel ``name`` of tr_onnx's sources (its family is looked up: bindings name kernels,
+        not the files that hold them)."""
+        ref = KernelRef(sources.family_of(name), name)
         prepare = getattr(self.device, "prepare_kernel", None)
         if prepare is not None:
             prepare(ref)
         return ref
 
-    def launch(self, family: str, name: str, n: int, args: Sequence, block: int = BLOCK,
+    def launch(self, name: str, n: int, args: Sequence, block: int = BLOCK,
                single_block: bool = False) -> Launch:
         grid, blk = launch_dims(n, block)
         if single_block:
             grid = (1, 1, 1)
-        return Launch(self.kernel(family, name), grid, blk, tuple(args))
+        return Launch(self.kernel(name), grid, blk, tuple(args))
 
     def zero_lanes(self, v: ir.Value, g: Geometry) -> Launch:
         t = self.t(v)
@@ -314,7 +314,7 @@ class _Binder:
         name = f"tr_zero_lanes_b{t.dtype.itemsize}"
         if t.dtype.itemsize not in (1, 2, 4):
             raise _Unbound(f"cannot zero the padded lanes of {t.name!r} ({t.dtype})")
-        return self.launch("extra", name, g.n, [self.buf(v, True), _i64(rows), _i64(g.c),
+        return self.launch(name, g.n, [self.buf(v, True), _i64(rows), _i64(g.c),
                                                   _i64(g.cp)])
 
 
@@ -388,11 +388,11 @@ def bind_binary(b: _Binder, node: ir.Node, index: int) -> list:
         specs, (m, c, s, cp) = _specs(b, [acc, other], out)
         a_buf, b_buf, y_buf = b.buf(acc), b.buf(other), b.buf(y, True)
         if all(isinstance(p, int) and p > 0 for p in specs):
-            calls.append(b.launch("binary", f"tr_{op}_{dt}", out.n,
+            calls.append(b.launch(f"tr_{op}_{dt}", out.n,
                                   [a_buf, b_buf, y_buf, _i64(out.n), _i64(specs[0]),
                                    _i64(specs[1])]))
         else:
-            calls.append(b.launch("extra", f"tr_{op}_mixed_{dt}", out.n,
+            calls.append(b.launch(f"tr_{op}_mixed_{dt}", out.n,
                                   [a_buf, b_buf, y_buf, _i64(out.n), _i64(specs[0]),
                                    _i64(specs[1]), _i64(m), _i64(c), _i64(s), _i64(cp)]))
         acc = y  # Sum of more inputs: y = y + next
@@ -411,7 +411,7 @@ def bind_accumulate(b: _Binder, node: ir.Node, index: int) -> list:
     specs, (m, c, s, cp) = _specs(b, [acc, g], out)
     if specs[1] == 1 and out.n != 1:
         raise _Unbound("a scalar gradient broadcast into an accumulator")
-    return [b.launch("extra", f"tr_add_mixed_{dt}", out.n,
+    return [b.launch(f"tr_add_mixed_{dt}", out.n,
                      [b.buf(acc, True), b.buf(g), b.buf(acc, True), _i64(out.n),
                       _i64(specs[0]), _i64(specs[1]), _i64(m), _i64(c), _i64(s), _i64(cp)])]
 
@@ -440,7 +440,7 @@ def bind_unary(b: _Binder, node: ir.Node, index: int) -> list:
     gx, gy = geometry(b.t(x)), _out_geometry(b, y)
     if gx is None or _spec(b.t(x), gx, gy) != gy.n:
         raise _Unbound(f"input {x.name!r} and output {y.name!r} are in different layouts")
-    calls = [b.launch("unary", f"tr_{stem}_fwd_{dt}", gy.n,
+    calls = [b.launch(f"tr_{stem}_fwd_{dt}", gy.n,
                       [b.buf(x), b.buf(y, True), _i64(gy.n), _f32(a), _f32(c)])]
     if gy.padded and not _zero_preserving_unary(stem, a, c):
         calls.append(b.zero_lanes(y, gy))
@@ -458,7 +458,7 @@ def bind_compare(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound("operands of different dtypes")
     out = _out_geometry(b, y)
     specs, (m, ch, s, cp) = _specs(b, [a, c], out)
-    calls = [b.launch("extra", f"tr_{COMPARE[node.op_type]}_{dt}", out.n,
+    calls = [b.launch(f"tr_{COMPARE[node.op_type]}_{dt}", out.n,
                       [b.buf(a), b.buf(c), b.buf(y, True), _i64(out.n), _i64(specs[0]),
                        _i64(specs[1]), _i64(m), _i64(ch), _i64(s), _i64(cp)])]
     if out.padded and not _keeps_pads_zero(specs, out):
@@ -474,7 +474,7 @@ def bind_where(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound("Where needs a bool condition and two operands of the output's dtype")
     out = _out_geometry(b, y)
     specs, (m, ch, s, cp) = _specs(b, [cond, a, c], out)
-    calls = [b.launch("extra", f"tr_where_{dt}", out.n,
+    calls = [b.launch(f"tr_where_{dt}", out.n,
                       [b.buf(cond), b.buf(a), b.buf(c), b.buf(y, True), _i64(out.n)]
                       + [_i64(p) for p in specs] + [_i64(m), _i64(ch), _i64(s), _i64(cp)])]
     # a padded lane reads cond = false (pads of a same-layout cond are zero), so it takes c
@@ -504,7 +504,7 @@ def bind_expand(b: _Binder, node: ir.Node, index: int) -> list:
     inner, repeat = math.prod(ty.shape[hi:]), math.prod(ty.shape[lo:hi])
     n = math.prod(ty.shape)
     dt = b.dt(y)
-    return [b.launch("extra", f"tr_expand_{dt}", n,
+    return [b.launch(f"tr_expand_{dt}", n,
                      [b.buf(x), b.buf(y, True), _i64(n), _i64(inner), _i64(repeat)])]
 
 
@@ -522,7 +522,7 @@ def bind_global_average_pool(b: _Binder, node: ir.Node, index: int) -> list:
     else:
         raise _Unbound("input and output of GlobalAveragePool must share the layout kind")
     total = n * cp
-    return [b.launch("extra", f"tr_gap_{dt}", total,
+    return [b.launch(f"tr_gap_{dt}", total,
                      [b.buf(x), b.buf(y, True), _i64(total), _i64(s), _i64(cp), _i64(sstride),
                       _i64(cstride)])]
 
@@ -562,7 +562,7 @@ def bind_reduce_sum(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound(f"ReduceSum over axes {axes} of a {tx.layout.describe()} tensor: only "
                        "leading axes (compact) or all but the channels (channels-last) are "
                        "bound")
-    return [b.launch("extra", f"tr_sum_rows_{dt}", cols,
+    return [b.launch(f"tr_sum_rows_{dt}", cols,
                      [b.buf(x), b.buf(y, True), _i64(rows), _i64(cols), _i64(ld)])]
 
 
@@ -574,11 +574,11 @@ def bind_layout_transpose(b: _Binder, node: ir.Node, index: int) -> list:
     if gx is None or gy is None or tuple(tx.shape) != tuple(ty.shape):
         raise _Unbound(f"{tx.layout.describe()} -> {ty.layout.describe()} has no kernel")
     if gx.kind == "channels_last" and gy.kind == "flat" and tx.layout.kind == "channels_last":
-        return [b.launch("layout", f"tr_unpad_nhwc_{dt_x}_{dt_y}", gx.m,
+        return [b.launch(f"tr_unpad_nhwc_{dt_x}_{dt_y}", gx.m,
                          [b.buf(x), b.buf(y, True), _i64(gx.m), _i64(gx.c), _i64(gx.s),
                           _i64(gx.cp)])]
     if gx.kind == "flat" and gy.kind == "channels_last" and ty.layout.kind == "channels_last":
-        return [b.launch("layout", f"tr_pad_nhwc_{dt_x}_{dt_y}", gy.n,
+        return [b.launch(f"tr_pad_nhwc_{dt_x}_{dt_y}", gy.n,
                          [b.buf(x), b.buf(y, True), _i64(gy.n), _i64(gy.c), _i64(gy.s),
                           _i64(gy.cp)])]
     raise _Unbound(f"{tx.layout.describe()} -> {ty.layout.describe()} has no kernel")
@@ -609,7 +609,7 @@ def bind_assign(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound(f"a guarded assignment copies 4-byte words, not {nbytes} bytes")
     # a step run as one graph: the copy is skipped on the device when the batch is bad
     flag = b.named_scalar(BAD_BATCH, np.float32, writes=False)
-    return [b.launch("amp", "tr_copy_unless_b4", nbytes // 4,
+    return [b.launch("tr_copy_unless_b4", nbytes // 4,
                      [dst, src, _i64(nbytes // 4), flag])]
 
 
@@ -618,7 +618,7 @@ def bind_zero_fill(b: _Binder, node: ir.Node, index: int) -> list:
     t = b.t(v)
     width = 4 if t.nbytes % 4 == 0 else 1
     words = t.nbytes // width
-    return [b.launch("extra", f"tr_zero_lanes_b{width}", words,
+    return [b.launch(f"tr_zero_lanes_b{width}", words,
                      [DeviceBuffer(b.base + t.offset, t.nbytes, True, t.name), _i64(1), _i64(0),
                       _i64(words)])]
 
@@ -636,11 +636,11 @@ def bind_scale_clip_grad(b: _Binder, node: ir.Node, index: int) -> list:
         inv = b.named_scalar(unscale["inv_scale"], np.float32, writes=False)
         found = b.named_scalar(unscale["found_inf"], np.float32)
         if b.bad is None:  # else the step guard cleared it (and set it for a bad batch)
-            calls.append(b.launch("extra", "tr_zero_lanes_b4", 1,
+            calls.append(b.launch("tr_zero_lanes_b4", 1,
                                   [found, _i64(1), _i64(0), _i64(1)]))
-        calls.append(b.launch("amp", f"tr_unscale_check_{dt}", n,
+        calls.append(b.launch(f"tr_unscale_check_{dt}", n,
                               [b.buf(g, True), _i64(n), inv, found]))
-    return calls + [b.launch("extra", f"tr_scale_clip_norm_{dt}", n,
+    return calls + [b.launch(f"tr_scale_clip_norm_{dt}", n,
                              [b.buf(g, True), _i64(n), b.buf(scale), b.buf(norm, True),
                               _f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
 
@@ -685,14 +685,14 @@ def bind_optimizer(b: _Binder, node: ir.Node, index: int) -> list:
         None if b.bad is None else b.named_scalar(BAD_BATCH, np.float32, writes=False)
     args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
         copy, _i64(n), b.buf(lr), b.buf(step), found] + scalars
-    calls = [b.launch("optim", f"tr_{stem}_{gdt}", n, args)]
+    calls = [b.launch(f"tr_{stem}_{gdt}", n, args)]
     reject = None
     if b.bad is not None:  # the step guard's applied-steps counter follows the update
         reject = b.named_scalar(REJECT, np.float32, writes=False)
-        calls.append(b.launch("amp", "tr_step_advance", 1, [b.named_scalar(APPLIED, np.int64),
+        calls.append(b.launch("tr_step_advance", 1, [b.named_scalar(APPLIED, np.int64),
                                                             found], single_block=True))
     if ls:  # dynamic loss scaling: backoff or growth after the (maybe skipped) update
-        calls.append(b.launch("amp", "tr_loss_scale_update", 1, [
+        calls.append(b.launch("tr_loss_scale_update", 1, [
             b.named_scalar(ls["scale"], np.float32), b.named_scalar(ls["inv_scale"], np.float32),
             b.named_scalar(ls["growth_tracker"], np.int32),
             found, _f64(ls["growth_factor"]),
@@ -735,12 +735,12 @@ def bind_sce(b: _Binder, node: ir.Node, index: int) -> list:
     weighted = weights is not None or node.attrs.get("ignore_index") is not None
     row_w = b.ws(index, 1, 4 * rows, "per-row weights")
     row_loss = b.buf(out, True) if reduction == 0 else b.ws(index, 5, 4 * rows, "per-row loss")
-    calls = [b.launch("loss", f"tr_sce_fwd_{dt}", rows,
+    calls = [b.launch(f"tr_sce_fwd_{dt}", rows,
                       [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w, _i64(rows),
                        _i64(c), _i64(ld)] + common)]
     if reduction:
         denom = b.ws(index, 3, 4, "the mean's denominator")
-        calls.append(b.launch("loss", "tr_sce_reduce", 1,
+        calls.append(b.launch("tr_sce_reduce", 1,
                               [row_loss, row_w, _i64(rows), _int(reduction), _int(weighted),
                                b.buf(out, True), denom], single_block=True))
     return calls
@@ -766,13 +766,13 @@ def bind_sce_grad(b: _Binder, node: ir.Node, index: int) -> list:
         row_w = b.ws(index, 1, 4 * rows, "per-row weights")
         row_loss = b.ws(index, 5, 4 * rows, "per-row loss")
         loss = b.ws(index, 6, 4, "the recomputed loss")
-        calls += [b.launch("loss", f"tr_sce_fwd_{dt}", rows,
+        calls += [b.launch(f"tr_sce_fwd_{dt}", rows,
                            [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w, _i64(rows),
                             _i64(c), _i64(ld)] + common),
-                  b.launch("loss", "tr_sce_reduce", 1,
+                  b.launch("tr_sce_reduce", 1,
                            [row_loss, row_w, _i64(rows), _int(reduction), _int(weighted), loss,
                             denom], single_block=True)]
-    calls.append(b.launch("loss", f"tr_sce_bwd_{dt}", rows,
+    calls.append(b.launch(f"tr_sce_bwd_{dt}", rows,
                           [b.buf(x), b.buf(labels), b.buf(weights), b.buf(gloss), denom,
                            b.buf(gx, True), _i64(rows), _i64(c), _i64(ld)] + common
                           + [_int(reduction)]))
@@ -810,7 +810,7 @@ def _bn_running(b: _Binder, node: ir.Node) -> list:
         if b.t(v).dtype != np.float32:
             raise _Unbound(f"{v.name!r} must be float32")
     momentum = float(node.attrs.get("momentum", 0.9))
-    return [b.launch("extra", f"tr_bn_running_{b.dt(x)}", gx.c,
+    return [b.launch(f"tr_bn_running_{b.dt(x)}", gx.c,
                      [b.buf(x), b.buf(outs[1]), b.buf(node.inputs[3]), b.buf(node.inputs[4]),
                       b.buf(outs[3], True), b.buf(outs[4], True), _i64(gx.n // gx.cp),
                       _i64(gx.c), _i64(gx.cp), _f32(momentum), _f32(1.0 - momentum),
@@ -828,7 +828,7 @@ def bind_cast(b: _Binder, node: ir.Node, index: int) -> list:
     gy = _out_geometry(b, y)
     if _spec(b.t(x), geometry(b.t(x)), gy) != gy.n:
         raise _Unbound("input and output in different layouts")
-    return [b.launch("convert", f"tr_convert_{pair[0]}_{pair[1]}", gy.n,
+    return [b.launch(f"tr_convert_{pair[0]}_{pair[1]}", gy.n,
                      [b.buf(x), b.buf(y, True), _i64(gy.n)])]
 
 
@@ -852,7 +852,7 @@ def bind_batch_norm_inference(b: _Binder, node: ir.Node, index: int) -> list:
     params = node.inputs[1:5]
     if any(b.t(v).dtype != np.float32 for v in params):
         raise _Unbound("scale, bias, mean and var must be float32")
-    return [b.launch("extra", f"tr_bn_infer_{b.dt(x)}", gy.n,
+    return [b.launch(f"tr_bn_infer_{b.dt(x)}", gy.n,
                      [b.buf(x)] + [b.buf(v) for v in params] + [
                          b.buf(y, True), _i64(gy.n), _i64(c), _i64(ld),
                          _f32(float(node.attrs.get("epsilon", 1e-5)))])]
@@ -992,7 +992,7 @@ def _strided_copy(b: _Binder, x: ir.Value, y: ir.Value, dims, xs, ys, xo: int = 
                   yo: int = 0) -> Launch:
     d, (sx, sy) = _collapse(dims, [xs, ys])
     n = math.prod(d)
-    return b.launch("pool_norm", f"tr_strided_copy_{_move_kernel(b, y)}", n,
+    return b.launch(f"tr_strided_copy_{_move_kernel(b, y)}", n,
                     [b.buf(x), b.buf(y, True), _i64(n), _i64(xo), _i64(yo)]
                     + [_i64(v) for v in d + sx + sy])
 
@@ -1048,7 +1048,7 @@ def bind_max_pool(b: _Binder, node: ir.Node, index: int) -> list:
         raise _Unbound("the Indices output has no kernel")
     window, _, _, _, gy = _pool_geometry(b, node, x, y)
     dt = _float_dt(b, x, y)
-    return [b.launch("pool_norm", f"tr_maxpool_fwd_{dt}", gy.n,
+    return [b.launch(f"tr_maxpool_fwd_{dt}", gy.n,
                      [b.buf(x), b.buf(y, True), _i64(gy.n)] + [_i64(v) for v in window])]
 
 
@@ -1059,7 +1059,7 @@ def bind_max_pool_grad(b: _Binder, node: ir.Node, index: int) -> list:
     if geometry(b.t(gx)) != g_x:
         raise _Unbound("gx and x in different layouts")
     dt = _float_dt(b, gy, x, gx)
-    return [b.launch("pool_norm", f"tr_maxpool_bwd_{dt}", g_x.n,
+    return [b.launch(f"tr_maxpool_bwd_{dt}", g_x.n,
                      [b.buf(gy), b.buf(x), b.buf(gx, True), _i64(g_x.n)]
                      + [_i64(v) for v in window])]
 
@@ -1069,7 +1069,7 @@ def bind_average_pool(b: _Binder, node: ir.Node, index: int) -> list:
     window, include, exclude, _, gy = _pool_geometry(b, node, x, y)
     bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
     dt = _float_dt(b, x, y)
-    return [b.launch("pool_norm", f"tr_avgpool_fwd_{dt}", gy.n,
+    return [b.launch(f"tr_avgpool_fwd_{dt}", gy.n,
                      [b.buf(x), b.buf(y, True), _i64(gy.n)]
                      + [_i64(v) for v in window + bounds])]
 
@@ -1079,7 +1079,7 @@ def bind_average_pool_grad(b: _Binder, node: ir.Node, index: int) -> list:
     window, include, exclude, g_x, _ = _pool_geometry(b, node, gx, gy)
     bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
     dt = _float_dt(b, gy, gx)
-    return [b.launch("pool_norm", f"tr_avgpool_bwd_{dt}", g_x.n,
+    return [b.launch(f"tr_avgpool_bwd_{dt}", g_x.n,
                      [b.buf(gy), b.buf(gx, True), _i64(g_x.n)]
                      + [_i64(v) for v in window + bounds])]
 
@@ -1099,7 +1099,7 @@ def bind_softmax(b: _Binder, node: ir.Node, index: int) -> list:
     _need_compact(b, x, y)
     rows, c = _row_split(node, b.t(x).shape, True)
     dt = _float_dt(b, x, y)
-    return [b.launch("pool_norm", f"tr_softmax_{dt}", rows,
+    return [b.launch(f"tr_softmax_{dt}", rows,
                      [b.buf(x), b.buf(y, True), _i64(rows), _i64(c), _i64(c),
                       _int(node.op_type == "LogSoftmax")])]
 
@@ -1118,7 +1118,7 @@ def bind_layer_norm(b: _Binder, node: ir.Node, index: int) -> list:
         if v is not None and b.t(v).dtype != np.float32:
             raise _Unbound("Mean / InvStdDev outputs must be float32")
     dt = _float_dt(b, x, scale, bias, y)
-    return [b.launch("pool_norm", f"tr_layernorm_fwd_{dt}", rows,
+    return [b.launch(f"tr_layernorm_fwd_{dt}", rows,
                      [b.buf(x), b.buf(scale), b.buf(bias), b.buf(y, True), b.buf(mean, True),
                       b.buf(inv, True), _i64(rows), _i64(m),
                       _f32(float(node.attrs.get("epsilon", 1e-5)))])]
@@ -1135,11 +1135,11 @@ def bind_layer_norm_grad(b: _Binder, node: ir.Node, index: int) -> list:
     dt = _float_dt(b, gy, x, scale, gx, gscale, gbias)
     mean = b.ws(index, 3, 4 * rows, "the rows' means")
     inv = b.ws(index, 4, 4 * rows, "the rows' inverse deviations")
-    calls = [b.launch("pool_norm", f"tr_layernorm_bwd_dx_{dt}", rows,
+    calls = [b.launch(f"tr_layernorm_bwd_dx_{dt}", rows,
                       [b.buf(gy), b.buf(x), b.buf(scale), b.buf(gx, True), mean, inv,
                        _i64(rows), _i64(m), _f32(float(node.attrs["epsilon"]))])]
     if gscale is not None or gbias is not None:
-        calls.append(b.launch("pool_norm", f"tr_layernorm_bwd_params_{dt}", m,
+        calls.append(b.launch(f"tr_layernorm_bwd_params_{dt}", m,
                               [b.buf(gy), b.buf(x), DeviceBuffer(mean.ptr, mean.nbytes, False,
                                                                  mean.name),
                                DeviceBuffer(inv.ptr, inv.nbytes, False, inv.name),
@@ -1153,7 +1153,7 @@ def bind_erf(b: _Binder, node: ir.Node, index: int) -> list:
     if gx is None or _spec(b.t(x), gx, gy) != gy.n:
         raise _Unbound(f"input {x.name!r} and output {y.name!r} are in different layouts")
     dt = _float_dt(b, x, y)  # erf(+0) = +0: padded lanes stay zero
-    return [b.launch("pool_norm", f"tr_erf_{dt}", gy.n,
+    return [b.launch(f"tr_erf_{dt}", gy.n,
                      [b.buf(x), b.buf(y, True), _i64(gy.n)])]
 
 
@@ -1180,7 +1180,7 @@ def bind_reduce_run(b: _Binder, node: ir.Node, index: int) -> list:
     outer = math.prod(shape[:axes[0]])
     r = math.prod(shape[axes[0]:axes[-1] + 1])
     inner = math.prod(shape[axes[-1] + 1:])
-    return [b.launch("pool_norm", f"tr_reduce_mid_{dt}", outer * inner,
+    return [b.launch(f"tr_reduce_mid_{dt}", outer * inner,
                      [b.buf(x), b.buf(y, True), _i64(outer), _i64(r), _i64(inner),
                       _int(node.op_type == "ReduceMean")])]
 
@@ -1211,7 +1211,7 @@ def bind_matmul(b: _Binder, node: ir.Node, index: int) -> list:
             raise _Unbound(f"{why}; batch dims {list(lead)} broadcast partly against "
                            f"{list(sy[:-2])}")
     dt = _float_dt(b, a, c, y)
-    return [b.launch("pool_norm", f"tr_matmul_{dt}", batch * M * N,
+    return [b.launch(f"tr_matmul_{dt}", batch * M * N,
                      [b.buf(a), b.buf(c), b.buf(y, True), _i64(batch), _i64(M), _i64(K),
                       _i64(N), _i64(strides[0]), _i64(K), _i64(1), _i64(strides[1]), _i64(N),
                       _i64(1)])]
@@ -1248,7 +1248,7 @@ def bind_binary_any(b: _Binder, node: ir.Node, index: int) -> list:
             sets.append([0 if s[k] == 1 and shape[k] != 1 else st[k] for k in range(rank)])
         d, (sa, sb, _) = _collapse(shape, sets + [_contiguous_strides(shape)])
         n = math.prod(shape)
-        calls.append(b.launch("pool_norm", f"tr_bcast_binary_{dt}", n,
+        calls.append(b.launch(f"tr_bcast_binary_{dt}", n,
                               [b.buf(acc), b.buf(other), b.buf(y, True), _i64(n),
                                _int(BCAST_OPS[node.op_type])] + [_i64(v) for v in d + sa + sb]))
         acc = y
@@ -1273,7 +1273,7 @@ def bind_gather(b: _Binder, node: ir.Node, index: int) -> list:
     shape = b.t(x).shape
     axis = int(node.attrs.get("axis", 0)) % len(shape)
     n, nidx = math.prod(b.t(y).shape), math.prod(b.t(idx).shape)
-    return [b.launch("pool_norm", f"tr_gather_{_move_kernel(b, y)}", n,
+    return [b.launch(f"tr_gather_{_move_kernel(b, y)}", n,
                      [b.buf(x), b.buf(idx), b.buf(y, True), _i64(n), _i64(nidx),
                       _i64(shape[axis]), _i64(math.prod(shape[axis + 1:]))])]
 
@@ -1287,7 +1287,7 @@ def bind_gather_grad(b: _Binder, node: ir.Node, index: int) -> list:
     axis = int(node.attrs.get("axis", 0)) % len(shape)
     n, nidx = math.prod(shape), math.prod(b.t(idx).shape)
     dt = _float_dt(b, gy, gx)
-    return [b.launch("pool_norm", f"tr_gather_grad_{dt}", n,
+    return [b.launch(f"tr_gather_grad_{dt}", n,
                      [b.buf(gy), b.buf(idx), b.buf(gx, True), _i64(n), _i64(nidx),
                       _i64(shape[axis]), _i64(math.prod(shape[axis + 1:]))])]
 
@@ -1466,30 +1466,30 @@ class CudaExecutor(HostTransfers):
         found = next((bn.node.attrs["loss_scale"]["found_inf"] for bn in self.bound
                       if bn.node.attrs.get("loss_scale")), None)
         clear = [bad, _i64(1), _i64(0), _i64(1)]
-        guard = [b.launch("extra", "tr_zero_lanes_b4", 1, clear),
-                 b.launch("amp", "tr_unscale_check_f32", 1, [loss, _i64(1), None, bad])]
+        guard = [b.launch("tr_zero_lanes_b4", 1, clear),
+                 b.launch("tr_unscale_check_f32", 1, [loss, _i64(1), None, bad])]
         if found is None:
             n = math.prod(grads.shape)
-            guard.append(b.launch("amp", f"tr_unscale_check_{DT[grads.dtype.name]}", n, [
+            guard.append(b.launch(f"tr_unscale_check_{DT[grads.dtype.name]}", n, [
                 DeviceBuffer(b.base + grads.offset, grads.nbytes, False, grads.name), _i64(n),
                 None, bad]))
         reject = b.named_scalar(REJECT, np.float32)
         update = next(bn.node for bn in self.bound if bn.node.op_type in OPTIMIZERS)
-        guard.append(b.launch("amp", "tr_step_check", 1, [
+        guard.append(b.launch("tr_step_check", 1, [
             b.named_scalar(update.inputs[-1].name, np.int64, writes=False),  # the step number
             b.named_scalar(APPLIED, np.int64, writes=False), reject, bad], single_block=True))
         if found is not None:
             flag = b.named_scalar(found, np.float32)
-            guard += [b.launch("extra", "tr_zero_lanes_b4", 1, [flag, _i64(1), _i64(0), _i64(1)]),
-                      b.launch("amp", "tr_flag_or", 1, [flag, bad], single_block=True)]
+            guard += [b.launch("tr_zero_lanes_b4", 1, [flag, _i64(1), _i64(0), _i64(1)]),
+                      b.launch("tr_flag_or", 1, [flag, bad], single_block=True)]
         if grads.nbytes % 4:
             raise _Unbound(f"the GRAD span is {grads.nbytes} bytes, not whole 4-byte words")
         words = grads.nbytes // 4
-        discard = [b.launch("amp", "tr_zero_if_b4", words, [
+        discard = [b.launch("tr_zero_if_b4", words, [
             DeviceBuffer(b.base + grads.offset, grads.nbytes, True, grads.name), _i64(words),
             b.named_scalar(BAD_BATCH, np.float32, writes=False)])]
         ws_ptr, _ = b.workspace
-        report = [b.launch("amp", "tr_step_report", 1, [
+        report = [b.launch("tr_step_report", 1, [
             loss, b.named_scalar(BAD_BATCH, np.float32, writes=False),
             None if found is None else b.named_scalar(found, np.float32, writes=False),
             b.named_scalar(info.grad_norm, np.float32, writes=False),
@@ -1694,7 +1694,7 @@ class CudaExecutor(HostTransfers):
             staging = DeviceBuffer(ws_ptr, compact, True)
             self.device.memcpy_async(staging, host[off:off + compact], compact, "h2d")
             grid, block = launch_dims(g.n)
-            self.device.launch(self._b.kernel("layout", f"tr_pad_nhwc_{src_dt}_{dt}"), grid,
+            self.device.launch(self._b.kernel(f"tr_pad_nhwc_{src_dt}_{dt}"), grid,
                                block, (DeviceBuffer(ws_ptr, compact, False), slot, _i64(g.n),
                                        _i64(g.c), _i64(g.s), _i64(g.cp)))
         elif wide:  # flat: up as float32 into WORKSPACE, rounded into the slot
@@ -1702,7 +1702,7 @@ class CudaExecutor(HostTransfers):
             self.device.memcpy_async(DeviceBuffer(ws_ptr, compact, True),
                                      host[off:off + compact], compact, "h2d")
             grid, block = launch_dims(g.n)
-            self.device.launch(self._b.kernel("convert", f"tr_convert_f32_{dt}"), grid, block,
+            self.device.launch(self._b.kernel(f"tr_convert_f32_{dt}"), grid, block,
                                (DeviceBuffer(ws_ptr, compact, False), slot, _i64(g.n)))
         elif g is not None and g.kind == "flat" and not isinstance(t.layout, GatherRowsLayout):
             np.copyto(np.ndarray(t.shape, t.dtype, host, off), array)
@@ -1740,7 +1740,7 @@ class CudaExecutor(HostTransfers):
                 and compact <= ws_bytes:
             dt = DT[t.dtype.name]
             grid, block = launch_dims(g.m)
-            self.device.launch(self._b.kernel("layout", f"tr_unpad_nhwc_{dt}_{dt}"), grid, block,
+            self.device.launch(self._b.kernel(f"tr_unpad_nhwc_{dt}_{dt}"), grid, block,
                                (src, DeviceBuffer(ws_ptr, compact, True), _i64(g.m), _i64(g.c),
                                 _i64(g.s), _i64(g.cp)))
             self.device.memcpy_async(host[:compact], DeviceBuffer(ws_ptr, compact, False),
@@ -1780,10 +1780,10 @@ class CudaExecutor(HostTransfers):
             return super().all_finite(name)
         flag = DeviceBuffer(ws_ptr, 4, True)
         self.device.begin_node(f"<all_finite {name}>", "check")
-        self.device.launch(self._b.kernel("extra", "tr_zero_lanes_b4"), (1, 1, 1), (1, 1, 1),
+        self.device.launch(self._b.kernel("tr_zero_lanes_b4"), (1, 1, 1), (1, 1, 1),
                            (flag, _i64(1), _i64(0), _i64(1)))
         grid, block = launch_dims(g.n)
-        self.device.launch(self._b.kernel("amp", f"tr_unscale_check_{DT[t.dtype.name]}"), grid,
+        self.device.launch(self._b.kernel(f"tr_unscale_check_{DT[t.dtype.name]}"), grid,
                            block, (DeviceBuffer(self._b.base + t.offset, t.nbytes, False, t.name),
                                    _i64(g.n), None, flag))
         host = self._host[2]

@@ -152,6 +152,16 @@ SOURCES: dict[str, KernelSource] = {s.name: s for s in (
 )}
 """Family name -> KernelSource."""
 
+_FAMILY_OF = {name: family for family, src in SOURCES.items() for name in src.kernels}
+
+
+def family_of(kernel: str) -> str:
+    """The family whose source defines ``kernel`` (an ``extern "C"`` name)."""
+    family = _FAMILY_OF.get(kernel)
+    if family is None:
+        raise KeyError(f"no kernel source defines {kernel!r}")
+    return family
+
 HEADERS = ("elementwise.cuh", "layout.cuh")
 
 
