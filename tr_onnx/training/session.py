@@ -26,6 +26,7 @@ from ..backends import (
 )
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
 from ..errors import InputError, TrainingDiverged, TrOnnxError
+from ..feeds import check_feed, check_labels, check_output_names
 from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
@@ -269,38 +270,6 @@ class TrainingSession:
 
     # ---- feeds ---------------------------------------------------------------------------
 
-    def _check_feed(self, feed: dict) -> dict[str, np.ndarray]:
-        specs = {s.name: s for s in self.imported.inputs}
-        unknown = [k for k in feed if k not in specs]
-        missing = [k for k in specs if k not in feed]
-        if unknown or missing:
-            raise InputError(f"feed names {sorted(feed)} do not match the model's inputs "
-                             f"{list(specs)} (unknown {unknown}, missing {missing})")
-        out = {}
-        for name, spec in specs.items():
-            x = np.asarray(feed[name])
-            if x.dtype != spec.dtype:
-                raise InputError(f"input {name!r}: expected dtype {spec.dtype}, got {x.dtype}")
-            if len(x.shape) != len(spec.shape) or any(
-                    isinstance(d, int) and d != s for d, s in zip(spec.shape, x.shape)):
-                raise InputError(f"input {name!r}: expected shape {list(spec.shape)}, got "
-                                 f"{list(x.shape)}")
-            out[name] = x
-        return out
-
-    def _check_labels(self, labels, plan: CompiledPlan) -> np.ndarray:
-        want = plan.graph.values[self.label_name]
-        y = np.asarray(labels)
-        if y.dtype.kind in "iu" and want.dtype == np.int64:
-            y = y.astype(np.int64, copy=False)
-        elif y.dtype != want.dtype:
-            raise InputError(f"labels {self.label_name!r}: expected dtype {want.dtype}, got "
-                             f"{y.dtype}")
-        if tuple(y.shape) != tuple(want.shape):
-            raise InputError(f"labels {self.label_name!r}: expected shape {list(want.shape)}, "
-                             f"got {list(y.shape)}")
-        return y
-
     def _label_shape(self, out_shape: tuple) -> tuple:
         if isinstance(self.loss, LossSpec) and self.loss.name in INTEGER_LABELS:
             return (out_shape[0], *out_shape[2:])
@@ -422,9 +391,10 @@ class TrainingSession:
         (parameters, checkpoints, ``run``, ``last_outputs``) first waits for every pending
         step. Elsewhere (numpy, accumulation) ``wait=False`` runs the step as ``wait=True``.
         """
-        feed = self._check_feed(feed)
+        feed = check_feed(feed, self.imported.inputs)
         plan = self._train_plan(feed)
-        labels = self._check_labels(labels, plan)
+        want = plan.graph.values[self.label_name]
+        labels = check_labels(labels, self.label_name, want.shape, want.dtype)
         executor = plan.executor
         for name, x in feed.items():
             executor.write_input(name, x)
@@ -588,8 +558,9 @@ class TrainingSession:
 
     def run(self, output_names: list[str] | None, feed: dict[str, np.ndarray]) -> list:
         """Eval mode (running statistics, no dropout) with the current weights."""
+        names = check_output_names(output_names, self.imported.outputs)
+        feed = check_feed(feed, self.imported.inputs)
         self._drain()
-        feed = self._check_feed(feed)
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         plan = self._eval_plans.get(key)
         if plan is None:
@@ -608,7 +579,6 @@ class TrainingSession:
         for name, x in feed.items():
             plan.executor.write_input(name, x)
         plan.executor.run()
-        names = output_names or [o.name for o in self.imported.outputs]
         return [plan.executor.read_output(n) for n in names]
 
     def _sync_eval_weights(self, plan: CompiledPlan) -> None:
