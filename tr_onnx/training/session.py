@@ -30,6 +30,7 @@ from ..feeds import check_feed, check_labels, check_output_names
 from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
+from .export import export_model
 from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
 from .precision import (
     FOUND_INF,
@@ -81,23 +82,6 @@ def atomic_write(path: str | Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def _inference_form(g: onnx.GraphProto) -> None:
-    """A training-mode export goes back in inference form: BatchNormalization with its running
-    statistics (training_mode=0, one output), Dropout off."""
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    for node in g.node:
-        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "training_mode" and attr.i:
-                    attr.i = 0
-                    if not any(o in used for o in node.output[1:]):
-                        del node.output[1:]
-        elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            name = f"{node.name or node.output[0]}/eval_mode"
-            g.initializer.append(numpy_helper.from_array(np.array(False), name))
-            node.input[2] = name
 
 
 @dataclass(eq=False)
@@ -594,25 +578,9 @@ class TrainingSession:
     # ---- export --------------------------------------------------------------------------
 
     def export_proto(self) -> onnx.ModelProto:
-        """The original model with trained initializers (NCHW, unpadded), same names."""
-        model = onnx.ModelProto()
-        model.CopyFrom(self.imported.original)
-        params = self.parameters()
-        untied = self._untied_names()
-        g = model.graph
-        for init in g.initializer:
-            if init.name in params:
-                value = params[init.name].astype(numpy_helper.to_array(init).dtype, copy=False)
-                init.CopyFrom(numpy_helper.from_array(value, init.name))
-        if untied:
-            keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in untied)]
-            del g.node[:]
-            g.node.extend(keep)
-            for name in untied:
-                g.initializer.append(numpy_helper.from_array(params[name], name))
-        _inference_form(g)
-        onnx.checker.check_model(model)
-        return model
+        """The original model with trained initializers (NCHW, unpadded), same names, in
+        inference form (``training.export``)."""
+        return export_model(self.imported.original, self.parameters(), self._untied_names())
 
     def export(self, path: str | Path) -> Path:
         """Write the trained model to ``path`` (atomically); onnxruntime can run it."""
