@@ -8,6 +8,7 @@ import os
 import tempfile
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,14 @@ from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .export import export_model
-from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
+from .losses import LossSpec, make_loss_spec
+from .pipeline import build_training_step
 from .precision import (
     FOUND_INF,
     GROWTH_TRACKER,
     INV_LOSS_SCALE,
-    PRECISIONS,
-    add_loss_scaling,
     check_loss_scale,
     check_precision,
-    to_half_precision,
 )
 from .train_pass import (
     GRAD_SCALE,
@@ -50,8 +49,6 @@ from .train_pass import (
     STEP,
     TrainConfig,
     TrainInfo,
-    add_step_guard,
-    build_training_graph,
     to_inference_mode,
     untie_identity_params,
 )
@@ -252,13 +249,6 @@ class TrainingSession:
         """The learning rate of optimizer step ``step`` (1-based)."""
         return self.optimizer.lr * self.schedule.factor(step)
 
-    # ---- feeds ---------------------------------------------------------------------------
-
-    def _label_shape(self, out_shape: tuple) -> tuple:
-        if isinstance(self.loss, LossSpec) and self.loss.name in INTEGER_LABELS:
-            return (out_shape[0], *out_shape[2:])
-        return tuple(out_shape)
-
     # ---- plans ---------------------------------------------------------------------------
 
     def _train_plan(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
@@ -279,42 +269,21 @@ class TrainingSession:
         return plan
 
     def _compile(self, feed) -> CompiledPlan:
-        shapes = {k: v.shape for k, v in feed.items()}
         opts = self.options
-
-        def transform(graph: ir.Graph) -> TrainInfo:
-            out = graph.values[self.output_name]
-            if isinstance(self.loss, LossSpec):
-                label_shape, ldtype, loss = (self._label_shape(out.shape),
-                                             label_dtype(self.loss, out.dtype), self.loss)
-            else:
-                spec = self.loss.inputs[1]
-                label_shape = tuple(out.shape[0] if isinstance(d, str) else d
-                                    for d in spec.shape)
-                ldtype = spec.dtype
-                loss = self.loss.specialize({self.loss.inputs[0].name: out.shape,
-                                             spec.name: label_shape}, {})
-                from ..passes.dispatch import dispatch
-                dispatch(loss, self.registry, self.kernels_of)
-            cfg = TrainConfig(loss, self.optimizer, self.output_name, self.label_name,
-                              label_shape, ldtype, opts["trainable"], opts["frozen"],
-                              opts["clip_grad_norm"], opts["bn_running_var"] == "unbiased",
-                              opts["tie_shared_initializers"], opts["seed"],
-                              opts["loss_scale"]["init"] if opts["loss_scale"] else None)
-            info = build_training_graph(graph, self.registry, self.kernels_of, cfg)
-            if opts["precision"] != "fp32":
-                to_half_precision(graph, info, PRECISIONS[opts["precision"]],
-                                  registry=self.registry, backend=self.kernels_of,
-                                  data_inputs=[i.name for i in self.imported.inputs],
-                                  output=self.output_name)
-            if opts["loss_scale"]:
-                add_loss_scaling(graph, opts["loss_scale"])
-            if self.backend == "cuda":  # the step runs as one graph, guarded on the device
-                add_step_guard(graph)
-            return info
-
-        return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
-                            transform=transform, absorb_flatten=False, device=self.device,
+        cfg = TrainConfig(
+            self.loss, self.optimizer, self.output_name, self.label_name,
+            trainable=opts["trainable"], frozen=opts["frozen"],
+            clip_grad_norm=opts["clip_grad_norm"],
+            bn_unbiased_running_var=opts["bn_running_var"] == "unbiased",
+            tie_shared_initializers=opts["tie_shared_initializers"], seed=opts["seed"],
+            precision=opts["precision"], loss_scale=opts["loss_scale"],
+            step_guard=self.backend == "cuda",
+            data_inputs=tuple(i.name for i in self.imported.inputs))
+        return compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
+                            self.backend, self.channel_align,
+                            transform=partial(build_training_step, registry=self.registry,
+                                              backend=self.kernels_of, cfg=cfg),
+                            absorb_flatten=False, device=self.device,
                             cuda_graphs=self.cuda_graphs)
 
     def _mutable_names(self, plan: CompiledPlan) -> list[str]:
