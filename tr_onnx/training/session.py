@@ -343,6 +343,9 @@ class TrainingSession:
         from the call that launches step k+1 (whose batch then is not trained); reading state
         (parameters, checkpoints, ``run``, ``last_outputs``) first waits for every pending
         step. Elsewhere (numpy, accumulation) ``wait=False`` runs the step as ``wait=True``.
+
+        A feed or labels the model does not take is an ``InputError`` naming the input
+        (``tr_onnx.feeds``), raised before the step runs: nothing changes.
         """
         feed = check_feed(feed, self.imported.inputs)
         plan = self._train_plan(feed)
@@ -510,7 +513,8 @@ class TrainingSession:
     # ---- evaluation ----------------------------------------------------------------------
 
     def run(self, output_names: list[str] | None, feed: dict[str, np.ndarray]) -> list:
-        """Eval mode (running statistics, no dropout) with the current weights."""
+        """Eval mode (running statistics, no dropout) with the current weights. Bad output
+        names or feeds are an ``InputError`` (``tr_onnx.feeds``) before anything runs."""
         names = check_output_names(output_names, self.imported.outputs)
         feed = check_feed(feed, self.imported.inputs)
         self._drain()
