@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tr_onnx
-from tr_onnx.errors import PlanError
+from tr_onnx.errors import InternalError, PlanError
 from tr_onnx.layouts import GatherRowsLayout, StridedLayout
 from tr_onnx.memory import ALIGN, DTensor, Region, read_host, write_host
 
@@ -80,6 +80,14 @@ def test_finalize_rejects_misalignment():
     _, plan = _plan(_chain_model(2), feed)
     plan.memory.tensors["r0"].offset += 64
     with pytest.raises(PlanError):
+        plan.memory.finalize()
+
+
+def test_a_rejected_plan_is_reported_as_a_bug_in_tr_onnx():
+    feed = {"x": np.zeros((4, 100), np.float32)}
+    _, plan = _plan(_chain_model(2), feed)
+    plan.memory.tensors["r0"].offset += 64
+    with pytest.raises(InternalError, match="not a multiple of 256 .*bug in tr_onnx.*report"):
         plan.memory.finalize()
 
 

@@ -19,6 +19,7 @@ from oracles import assert_close_relative, mse_loss_model, ort_run
 import tr_onnx
 from model_zoo.export_models import build_torch_model
 from tr_onnx.optim import SGD, Adagrad, Adam, AdamW
+from tr_onnx.training.export import export_model
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16), "mobilenet": (3, 16, 16),
@@ -399,6 +400,21 @@ def test_training_mode_exports_come_back_in_inference_form(stem):
     assert all(len(n.output) == 1 for n in bn)
     x = batches("resnet", 1, batch=4, seed=11)[0][0]
     assert_close_relative(ort_run(exported, {"input": x})[0], session.run(None, {"input": x})[0])
+
+
+def test_export_writes_a_copy_in_the_initializers_own_dtype_and_order():
+    original = onnx.load(ZOO / "resnet_train.onnx")
+    before = original.SerializeToString()
+    names = [i.name for i in original.graph.initializer]
+    w = onnx.numpy_helper.to_array(original.graph.initializer[0])
+    params = {names[0]: np.full(w.shape, 0.5, np.float64)}  # float64 comes back as the file's
+    exported = export_model(original, params, {})
+    assert original.SerializeToString() == before
+    assert [i.name for i in exported.graph.initializer] == names
+    got = onnx.numpy_helper.to_array(exported.graph.initializer[0])
+    assert got.dtype == w.dtype and np.all(got == 0.5)
+    assert all(a.i == 0 for n in exported.graph.node for a in n.attribute
+               if n.op_type == "BatchNormalization" and a.name == "training_mode")
 
 
 def test_loaded_frozen_parameters_survive_a_new_batch_shape():

@@ -6,6 +6,7 @@
 from . import optim
 from .errors import (
                      InputError,
+                     InternalError,
                      ModelLoadError,
                      PlanError,
                      RegistryError,
@@ -22,4 +23,4 @@ from .training.session import TrainingSession
 __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
-           "PlanError", "TrainingDiverged", "__version__"]
+           "InternalError", "PlanError", "TrainingDiverged", "__version__"]

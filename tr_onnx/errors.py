@@ -32,8 +32,24 @@ class InputError(TrOnnxError, ValueError):
     """A feed has the wrong name, shape or dtype."""
 
 
-class PlanError(TrOnnxError):
-    """The MemoryPlan violates an invariant (alignment, overlap, region order)."""
+class InternalError(TrOnnxError):
+    """A broken internal invariant: a bug in tr_onnx, not in the model or in what the user
+    passed. Raise it where the code relies on something tr_onnx itself guarantees (a table
+    that covers every builtin, a plan that validates); never for bad user input, which gets
+    the error naming what to change. Its message asks for a bug report."""
+
+    REPORT = ("this is a bug in tr_onnx, not in the model or the call: please report it, "
+              "with the model and the call that raised it")
+
+    def __str__(self) -> str:
+        # appended here, not in __init__, so that ``args`` stays the bare message (pickling
+        # and re-raising keep one copy of the request)
+        return f"{super().__str__()} ({self.REPORT})"
+
+
+class PlanError(InternalError):
+    """The MemoryPlan violates an invariant (alignment, overlap, region order): the planner
+    made a plan ``MemoryPlan.finalize`` rejects."""
 
 
 class TrainingDiverged(TrOnnxError):

@@ -10,7 +10,7 @@ import onnx
 
 from .backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, check_cuda_graphs, resolve_backend
 from .compiler import CompiledPlan, DeviceFactory, compile_plan
-from .errors import InputError
+from .feeds import check_feed, check_output_names
 from .importer import ImportedModel, InputSpec, import_model
 from .registry import build_registry, default_registry
 
@@ -71,26 +71,6 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return [f"tr_onnx:{self.backend}"]
 
-    def _check_feed(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        specs = {s.name: s for s in self.imported.inputs}
-        unknown = [k for k in feed if k not in specs]
-        if unknown:
-            raise InputError(f"unknown input(s) {unknown}; the model's inputs are {list(specs)}")
-        missing = [k for k in specs if k not in feed]
-        if missing:
-            raise InputError(f"missing input(s) {missing}; the model's inputs are {list(specs)}")
-        arrays = {}
-        for name, spec in specs.items():
-            x = np.asarray(feed[name])
-            if x.dtype != spec.dtype:
-                raise InputError(f"input {name!r}: expected dtype {spec.dtype}, got {x.dtype}")
-            if spec.shape is not None and (len(x.shape) != len(spec.shape) or any(
-                    isinstance(d, int) and d != s for d, s in zip(spec.shape, x.shape))):
-                raise InputError(f"input {name!r}: expected shape {list(spec.shape)}, got "
-                                 f"{list(x.shape)}")
-            arrays[name] = x
-        return arrays
-
     def plan_for(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
         """The compiled plan for these input shapes (and const-feed values), made once."""
         const_feeds = {k: v for k, v in feed.items() if k in self.imported.const_feeds}
@@ -107,17 +87,14 @@ class InferenceSession:
 
     def run(self, output_names: list[str] | None, input_feed: dict[str, np.ndarray],
             run_options=None) -> list[np.ndarray]:
-        """Outputs named in ``output_names`` (all when None), as compact NCHW host arrays."""
-        feed = self._check_feed(input_feed)
+        """Outputs named in ``output_names`` (all when None), as compact NCHW host arrays. A bad
+        feed or output name is an ``InputError`` (``tr_onnx.feeds``) before anything runs."""
+        names = check_output_names(output_names, self.imported.outputs)
+        feed = check_feed(input_feed, self.imported.inputs)
         plan = self.plan_for(feed)
         executor = plan.executor
         for name, x in feed.items():
             if name not in self.imported.const_feeds:
                 executor.write_input(name, x)
         executor.run()
-        names = output_names or [o.name for o in self.imported.outputs]
-        known = {o.name for o in self.imported.outputs}
-        bad = [n for n in names if n not in known]
-        if bad:
-            raise InputError(f"unknown output(s) {bad}; the model's outputs are {sorted(known)}")
         return [executor.read_output(n) for n in names]

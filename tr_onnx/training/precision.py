@@ -2,9 +2,9 @@
 master weights (``precision="fp16"`` or ``"bf16"`` on the cuda backend; "half" below is
 float16 or bfloat16, ``ml_dtypes.bfloat16`` in the plan and the reference kernels).
 
-``to_half_precision`` runs on the finished training graph (after ``build_training_graph``,
-before layouts and the MemoryPlan), so autodiff, the loss and the optimizer stay
-precision-agnostic and the change is one retyping, visible in the plan:
+``to_half_precision`` runs on the finished training graph (in ``pipeline.build_training_step``,
+after the optimizer update, before layouts and the MemoryPlan), so autodiff, the loss and the
+optimizer stay precision-agnostic and the change is one retyping, visible in the plan:
 
 * every float32 value the ``compute`` phase produces (activations, local gradients) and every
   float32 constant it reads become half, and so do the model's float32 inputs
@@ -102,8 +102,8 @@ def check_loss_scale(loss_scale, precision: str) -> dict | None:
 
 def add_loss_scaling(graph: Graph, cfg: dict) -> None:
     """The arena scalars and apply-phase attributes of dynamic loss scaling (module
-    docstring); ``graph`` was built with ``TrainConfig.loss_scale`` (its seed is
-    ``__loss_scale``)."""
+    docstring); ``graph`` was built with the same ``TrainConfig.loss_scale`` (the backward
+    pass's seed is ``__loss_scale``, ``train_pass.add_backward``)."""
     f32 = np.dtype(np.float32)
     for name, dtype, value in ((INV_LOSS_SCALE, f32, 1.0 / cfg["init"]),
                                (GROWTH_TRACKER, np.dtype(np.int32), 0),

@@ -8,6 +8,7 @@ import os
 import tempfile
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +27,19 @@ from ..backends import (
 )
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
 from ..errors import InputError, TrainingDiverged, TrOnnxError
+from ..feeds import check_feed, check_labels, check_output_names
 from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
-from .losses import INTEGER_LABELS, LossSpec, label_dtype, make_loss_spec
+from .export import export_model
+from .losses import LossSpec, make_loss_spec
+from .pipeline import build_training_step
 from .precision import (
     FOUND_INF,
     GROWTH_TRACKER,
     INV_LOSS_SCALE,
-    PRECISIONS,
-    add_loss_scaling,
     check_loss_scale,
     check_precision,
-    to_half_precision,
 )
 from .train_pass import (
     GRAD_SCALE,
@@ -48,8 +49,6 @@ from .train_pass import (
     STEP,
     TrainConfig,
     TrainInfo,
-    add_step_guard,
-    build_training_graph,
     to_inference_mode,
     untie_identity_params,
 )
@@ -80,23 +79,6 @@ def atomic_write(path: str | Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def _inference_form(g: onnx.GraphProto) -> None:
-    """A training-mode export goes back in inference form: BatchNormalization with its running
-    statistics (training_mode=0, one output), Dropout off."""
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    for node in g.node:
-        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "training_mode" and attr.i:
-                    attr.i = 0
-                    if not any(o in used for o in node.output[1:]):
-                        del node.output[1:]
-        elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            name = f"{node.name or node.output[0]}/eval_mode"
-            g.initializer.append(numpy_helper.from_array(np.array(False), name))
-            node.input[2] = name
 
 
 @dataclass(eq=False)
@@ -267,45 +249,6 @@ class TrainingSession:
         """The learning rate of optimizer step ``step`` (1-based)."""
         return self.optimizer.lr * self.schedule.factor(step)
 
-    # ---- feeds ---------------------------------------------------------------------------
-
-    def _check_feed(self, feed: dict) -> dict[str, np.ndarray]:
-        specs = {s.name: s for s in self.imported.inputs}
-        unknown = [k for k in feed if k not in specs]
-        missing = [k for k in specs if k not in feed]
-        if unknown or missing:
-            raise InputError(f"feed names {sorted(feed)} do not match the model's inputs "
-                             f"{list(specs)} (unknown {unknown}, missing {missing})")
-        out = {}
-        for name, spec in specs.items():
-            x = np.asarray(feed[name])
-            if x.dtype != spec.dtype:
-                raise InputError(f"input {name!r}: expected dtype {spec.dtype}, got {x.dtype}")
-            if len(x.shape) != len(spec.shape) or any(
-                    isinstance(d, int) and d != s for d, s in zip(spec.shape, x.shape)):
-                raise InputError(f"input {name!r}: expected shape {list(spec.shape)}, got "
-                                 f"{list(x.shape)}")
-            out[name] = x
-        return out
-
-    def _check_labels(self, labels, plan: CompiledPlan) -> np.ndarray:
-        want = plan.graph.values[self.label_name]
-        y = np.asarray(labels)
-        if y.dtype.kind in "iu" and want.dtype == np.int64:
-            y = y.astype(np.int64, copy=False)
-        elif y.dtype != want.dtype:
-            raise InputError(f"labels {self.label_name!r}: expected dtype {want.dtype}, got "
-                             f"{y.dtype}")
-        if tuple(y.shape) != tuple(want.shape):
-            raise InputError(f"labels {self.label_name!r}: expected shape {list(want.shape)}, "
-                             f"got {list(y.shape)}")
-        return y
-
-    def _label_shape(self, out_shape: tuple) -> tuple:
-        if isinstance(self.loss, LossSpec) and self.loss.name in INTEGER_LABELS:
-            return (out_shape[0], *out_shape[2:])
-        return tuple(out_shape)
-
     # ---- plans ---------------------------------------------------------------------------
 
     def _train_plan(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
@@ -326,42 +269,21 @@ class TrainingSession:
         return plan
 
     def _compile(self, feed) -> CompiledPlan:
-        shapes = {k: v.shape for k, v in feed.items()}
         opts = self.options
-
-        def transform(graph: ir.Graph) -> TrainInfo:
-            out = graph.values[self.output_name]
-            if isinstance(self.loss, LossSpec):
-                label_shape, ldtype, loss = (self._label_shape(out.shape),
-                                             label_dtype(self.loss, out.dtype), self.loss)
-            else:
-                spec = self.loss.inputs[1]
-                label_shape = tuple(out.shape[0] if isinstance(d, str) else d
-                                    for d in spec.shape)
-                ldtype = spec.dtype
-                loss = self.loss.specialize({self.loss.inputs[0].name: out.shape,
-                                             spec.name: label_shape}, {})
-                from ..passes.dispatch import dispatch
-                dispatch(loss, self.registry, self.kernels_of)
-            cfg = TrainConfig(loss, self.optimizer, self.output_name, self.label_name,
-                              label_shape, ldtype, opts["trainable"], opts["frozen"],
-                              opts["clip_grad_norm"], opts["bn_running_var"] == "unbiased",
-                              opts["tie_shared_initializers"], opts["seed"],
-                              opts["loss_scale"]["init"] if opts["loss_scale"] else None)
-            info = build_training_graph(graph, self.registry, self.kernels_of, cfg)
-            if opts["precision"] != "fp32":
-                to_half_precision(graph, info, PRECISIONS[opts["precision"]],
-                                  registry=self.registry, backend=self.kernels_of,
-                                  data_inputs=[i.name for i in self.imported.inputs],
-                                  output=self.output_name)
-            if opts["loss_scale"]:
-                add_loss_scaling(graph, opts["loss_scale"])
-            if self.backend == "cuda":  # the step runs as one graph, guarded on the device
-                add_step_guard(graph)
-            return info
-
-        return compile_plan(self.imported, shapes, {}, self.backend, self.channel_align,
-                            transform=transform, absorb_flatten=False, device=self.device,
+        cfg = TrainConfig(
+            self.loss, self.optimizer, self.output_name, self.label_name,
+            trainable=opts["trainable"], frozen=opts["frozen"],
+            clip_grad_norm=opts["clip_grad_norm"],
+            bn_unbiased_running_var=opts["bn_running_var"] == "unbiased",
+            tie_shared_initializers=opts["tie_shared_initializers"], seed=opts["seed"],
+            precision=opts["precision"], loss_scale=opts["loss_scale"],
+            step_guard=self.backend == "cuda",
+            data_inputs=tuple(i.name for i in self.imported.inputs))
+        return compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
+                            self.backend, self.channel_align,
+                            transform=partial(build_training_step, registry=self.registry,
+                                              backend=self.kernels_of, cfg=cfg),
+                            absorb_flatten=False, device=self.device,
                             cuda_graphs=self.cuda_graphs)
 
     def _mutable_names(self, plan: CompiledPlan) -> list[str]:
@@ -421,10 +343,14 @@ class TrainingSession:
         from the call that launches step k+1 (whose batch then is not trained); reading state
         (parameters, checkpoints, ``run``, ``last_outputs``) first waits for every pending
         step. Elsewhere (numpy, accumulation) ``wait=False`` runs the step as ``wait=True``.
+
+        A feed or labels the model does not take is an ``InputError`` naming the input
+        (``tr_onnx.feeds``), raised before the step runs: nothing changes.
         """
-        feed = self._check_feed(feed)
+        feed = check_feed(feed, self.imported.inputs)
         plan = self._train_plan(feed)
-        labels = self._check_labels(labels, plan)
+        want = plan.graph.values[self.label_name]
+        labels = check_labels(labels, self.label_name, want.shape, want.dtype)
         executor = plan.executor
         for name, x in feed.items():
             executor.write_input(name, x)
@@ -587,9 +513,11 @@ class TrainingSession:
     # ---- evaluation ----------------------------------------------------------------------
 
     def run(self, output_names: list[str] | None, feed: dict[str, np.ndarray]) -> list:
-        """Eval mode (running statistics, no dropout) with the current weights."""
+        """Eval mode (running statistics, no dropout) with the current weights. Bad output
+        names or feeds are an ``InputError`` (``tr_onnx.feeds``) before anything runs."""
+        names = check_output_names(output_names, self.imported.outputs)
+        feed = check_feed(feed, self.imported.inputs)
         self._drain()
-        feed = self._check_feed(feed)
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
         plan = self._eval_plans.get(key)
         if plan is None:
@@ -608,7 +536,6 @@ class TrainingSession:
         for name, x in feed.items():
             plan.executor.write_input(name, x)
         plan.executor.run()
-        names = output_names or [o.name for o in self.imported.outputs]
         return [plan.executor.read_output(n) for n in names]
 
     def _sync_eval_weights(self, plan: CompiledPlan) -> None:
@@ -624,25 +551,9 @@ class TrainingSession:
     # ---- export --------------------------------------------------------------------------
 
     def export_proto(self) -> onnx.ModelProto:
-        """The original model with trained initializers (NCHW, unpadded), same names."""
-        model = onnx.ModelProto()
-        model.CopyFrom(self.imported.original)
-        params = self.parameters()
-        untied = self._untied_names()
-        g = model.graph
-        for init in g.initializer:
-            if init.name in params:
-                value = params[init.name].astype(numpy_helper.to_array(init).dtype, copy=False)
-                init.CopyFrom(numpy_helper.from_array(value, init.name))
-        if untied:
-            keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in untied)]
-            del g.node[:]
-            g.node.extend(keep)
-            for name in untied:
-                g.initializer.append(numpy_helper.from_array(params[name], name))
-        _inference_form(g)
-        onnx.checker.check_model(model)
-        return model
+        """The original model with trained initializers (NCHW, unpadded), same names, in
+        inference form (``training.export``)."""
+        return export_model(self.imported.original, self.parameters(), self._untied_names())
 
     def export(self, path: str | Path) -> Path:
         """Write the trained model to ``path`` (atomically); onnxruntime can run it."""

@@ -1,12 +1,19 @@
-"""The train pass: turn a specialised, dispatched inference graph into one training step.
+"""The train pass: the steps that turn a specialised, dispatched inference graph into one
+training step. ``training.pipeline.build_training_step`` calls them in order; each one is a
+function here, so that order reads in one place:
 
 1. untie parameters that exporters shared through Identity nodes (unless asked to keep ties);
-2. training semantics: every BatchNormalization uses batch statistics and updates its running
+2. the per-step scalars the host writes (learning rate, step, 1/k, RNG counter);
+3. training semantics: every BatchNormalization uses batch statistics and updates its running
    statistics (``ai.tr_onnx.BatchNormTraining``), every Dropout with a ratio draws a mask
    (``ai.tr_onnx.DropoutTraining``), whatever mode the model was exported in;
-3. the loss nodes and the labels input;
-4. the backward pass of the trainable parameters (``passes.autodiff``);
-5. gradient accumulators (GRAD), optimizer state (OPT_STATE), and the update over flat spans.
+4. the labels input and the loss nodes (a builtin loss, or a user's ONNX loss model spliced
+   in);
+5. the trainable parameters, and the backward pass of the loss w.r.t. them
+   (``passes.autodiff``);
+6. gradient accumulators (GRAD), optimizer state (OPT_STATE), the flat spans over them;
+7. the commit of running statistics and the update (scale/clip, optimizer, zero GRAD);
+8. the step guard's scalars (cuda).
 
 Nodes are tagged with the phase of the step they belong to: ``compute`` (forward, backward,
 accumulate into GRAD), ``commit`` (running statistics; only after a step with finite loss and
@@ -23,11 +30,13 @@ import numpy as np
 from .. import ir
 from ..backends import APPLIED, BAD_BATCH, REJECT
 from ..errors import TrOnnxError, UnsupportedModelError
+from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
 from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, differentiate
+from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
-from .losses import LOSSES, LossSpec
+from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
 
 # per-step scalars the host writes: learning rate, optimizer step (1-based, the one being
 # taken), 1/k for k accumulated micro-batches, and the count of micro-batches seen (dropout)
@@ -40,19 +49,23 @@ INTERNAL = "ai.tr_onnx"
 
 @dataclass
 class TrainConfig:
-    loss: LossSpec | object  # a LossSpec, or an ImportedModel (a user's ONNX loss)
+    """What the training pipeline needs besides the graph: the session's choices, the same
+    for every batch shape (the labels' shape follows the model output's, per plan)."""
+
+    loss: LossSpec | ImportedModel  # a builtin loss, or a user's ONNX loss model
     optimizer: Optimizer
     output_name: str
     label_name: str
-    label_shape: tuple[int, ...]
-    label_dtype: np.dtype
     trainable: list[str] | None = None  # names or fnmatch patterns; None: every parameter
     frozen: list[str] = field(default_factory=list)
     clip_grad_norm: float | None = None
     bn_unbiased_running_var: bool = False
     tie_shared_initializers: bool = False
     seed: int = 0
-    loss_scale: float | None = None  # initial dynamic loss scale; None: the seed is 1
+    precision: str = "fp32"  # training.precision.PRECISIONS
+    loss_scale: dict | None = None  # dynamic loss scaling (check_loss_scale); None: off
+    step_guard: bool = False  # the cuda executor's on-device step guard (add_step_guard)
+    data_inputs: tuple[str, ...] = ()  # the model's own inputs (precision: stored half)
 
 
 @dataclass
@@ -220,36 +233,59 @@ def splice_loss_graph(graph: Graph, loss_graph: Graph, output: Value, labels: Va
     return loss
 
 
-def build_training_graph(graph: Graph, registry: OpRegistry, backend: str,
-                         cfg: TrainConfig) -> TrainInfo:
-    """Mutate ``graph`` into a training step; see the module docstring."""
-    model_outputs = list(graph.outputs)
-    untied = {} if cfg.tie_shared_initializers else untie_identity_params(graph)
-    scalars = {LR: np.float32, STEP: np.int64, GRAD_SCALE: np.float32, RNG: np.int64}
-    hidden = {}
-    for name, dtype in scalars.items():
-        hidden[name] = Value(name, (), np.dtype(dtype), ir.INPUT)
-        graph.values[name] = hidden[name]
-        graph.inputs.append(hidden[name])
-    commits, converted = to_training_mode(graph, registry, backend, cfg, hidden[RNG])
+def add_step_scalars(graph: Graph) -> dict[str, Value]:
+    """The per-step scalars the host writes before each step (``LR``, ``STEP``, ``GRAD_SCALE``,
+    ``RNG``), as graph inputs."""
+    scalars = {}
+    for name, dtype in ((LR, np.float32), (STEP, np.int64), (GRAD_SCALE, np.float32),
+                        (RNG, np.int64)):
+        scalars[name] = Value(name, (), np.dtype(dtype), ir.INPUT)
+        graph.values[name] = scalars[name]
+        graph.inputs.append(scalars[name])
+    return scalars
 
+
+def add_labels(graph: Graph, cfg: TrainConfig, model_outputs: list[Value]) -> tuple[Value, Value]:
+    """The model output the loss reads and a new graph input for the labels: class indices
+    (int64, the output's shape without the class axis) for ``INTEGER_LABELS`` losses, the
+    output's shape and dtype for other builtins, and for an ONNX loss model what its second
+    input declares (its symbolic dimensions: the batch size)."""
     if cfg.output_name not in graph.values:
         raise TrOnnxError(f"output {cfg.output_name!r} is not a value of the model; outputs: "
                           f"{[v.name for v in model_outputs]}")
     output = graph.values[cfg.output_name]
-    labels = Value(cfg.label_name, tuple(cfg.label_shape), np.dtype(cfg.label_dtype), ir.INPUT)
+    if isinstance(cfg.loss, LossSpec):
+        shape = (output.shape[0], *output.shape[2:]) if cfg.loss.name in INTEGER_LABELS \
+            else tuple(output.shape)
+        dtype = label_dtype(cfg.loss, output.dtype)
+    else:
+        spec = cfg.loss.inputs[1]
+        shape = tuple(output.shape[0] if isinstance(d, str) else d for d in spec.shape)
+        dtype = spec.dtype
+    labels = Value(cfg.label_name, shape, np.dtype(dtype), ir.INPUT)
     if labels.name in graph.values:
         raise TrOnnxError(f"label name {labels.name!r} is already a value of the model; pass "
                           "another label_name")
     graph.values[labels.name] = labels
     graph.inputs.append(labels)
-    b = GradBuilder(graph, registry, backend, prefix="loss")
-    if isinstance(cfg.loss, LossSpec):
-        loss = LOSSES[cfg.loss.name](b, output, labels, cfg.loss)
-    else:
-        loss_graph = cfg.loss
-        loss = splice_loss_graph(graph, loss_graph, output, labels)
+    return output, labels
 
+
+def add_loss(b: GradBuilder, cfg: TrainConfig, output: Value, labels: Value) -> Value:
+    """The loss nodes, emitted through ``b``: a builtin loss (``training.losses``), or the
+    user's ONNX loss model specialised to these shapes, dispatched, and spliced in."""
+    if isinstance(cfg.loss, LossSpec):
+        return LOSSES[cfg.loss.name](b, output, labels, cfg.loss)
+    loss_model = cfg.loss
+    loss_graph = loss_model.specialize({loss_model.inputs[0].name: output.shape,
+                                        loss_model.inputs[1].name: labels.shape}, {})
+    dispatch(loss_graph, b.registry, b.backend)
+    return splice_loss_graph(b.graph, loss_graph, output, labels)
+
+
+def select_trainable(graph: Graph, loss: Value, cfg: TrainConfig) -> list[Value]:
+    """The float parameters the loss depends on, matching ``cfg.trainable`` and not
+    ``cfg.frozen``, in graph order; all of one dtype."""
     params = [v for v in graph.values.values() if v.kind == ir.PARAM and v.dtype.kind == "f"]
     reach = contributes_to(graph, loss)
     selected = [p for p in params if p in reach
@@ -262,65 +298,103 @@ def build_training_graph(graph: Graph, registry: OpRegistry, backend: str,
     if len(dtypes) != 1:
         raise TrOnnxError(f"trainable parameters mix dtypes {sorted(map(str, dtypes))}; freeze "
                           "some or cast the model")
+    return selected
 
+
+def add_backward(graph: Graph, loss: Value, trainable: list[Value], registry: OpRegistry,
+                 backend: str, cfg: TrainConfig) -> dict[str, Value]:
+    """The backward pass (``passes.autodiff``): the gradient of the loss w.r.t. each trainable
+    parameter, by name. With loss scaling its seed is the ``LOSS_SCALE`` state scalar, so every
+    gradient is of ``loss * scale``."""
     graph.backward_start = len(graph.nodes)
     seed = None
     if cfg.loss_scale is not None:
         if loss.shape:
             raise TrOnnxError(f"loss scaling needs a scalar loss, got shape {list(loss.shape)}")
         seed = Value(LOSS_SCALE, (), np.dtype(np.float32), ir.STATE,
-                     data=np.array(cfg.loss_scale, np.float32))
+                     data=np.array(cfg.loss_scale["init"], np.float32))
         graph.values[seed.name] = seed
-    grads = differentiate(graph, loss, selected, registry, backend, seed=seed)
+    return differentiate(graph, loss, trainable, registry, backend, seed=seed)
+
+
+def add_grad_accumulators(b: GradBuilder, trainable: list[Value],
+                          grads: dict[str, Value]) -> dict[str, Value]:
+    """One GRAD accumulator per trainable parameter (``p.grad``, mirroring its slot) and the
+    ``compute``-phase node adding the step's gradient into it."""
     b.phase = "compute"
-    accumulators, states = {}, {}
-    n = len(selected)
-    for i, p in enumerate(selected):
+    accumulators = {}
+    for i, p in enumerate(trainable):
         p.slot_order = i
         acc = Value(f"{p.name}.grad", p.shape, p.dtype, ir.GRAD, mirror_of=p, slot_order=i)
-        graph.values[acc.name] = acc
+        b.graph.values[acc.name] = acc
         accumulators[p.name] = acc
         b.op("Accumulate", [acc, grads[p.name]], domain=INTERNAL, shapes=[])
-    for k, state in enumerate(cfg.optimizer.state):
-        init = cfg.optimizer.state_init(state)
-        for i, p in enumerate(selected):
+    return accumulators
+
+
+def add_optimizer_state(graph: Graph, trainable: list[Value],
+                        optimizer: Optimizer) -> dict[str, dict[str, Value]]:
+    """The optimizer's state tensors per trainable parameter (``p.<state>``, OPT_STATE,
+    initialised as the optimizer says), by parameter then state name."""
+    states: dict[str, dict[str, Value]] = {}
+    n = len(trainable)
+    for k, state in enumerate(optimizer.state):
+        init = optimizer.state_init(state)
+        for i, p in enumerate(trainable):
             v = Value(f"{p.name}.{state}", p.shape, p.dtype, ir.STATE, mirror_of=p,
                       slot_order=k * n + i,
                       data=np.full(p.shape, init, p.dtype) if init else None)
             graph.values[v.name] = v
             states.setdefault(p.name, {})[state] = v
+    return states
 
+
+def add_spans(graph: Graph, trainable: list[Value], accumulators: dict[str, Value],
+              states: dict[str, dict[str, Value]], optimizer: Optimizer) -> list[Value]:
+    """The flat spans the update runs over: ``__params``, ``__grads`` and one per optimizer
+    state (``__<state>``), each a view of its members' adjacent slots."""
     def span(name: str, kind: str, members: list[Value]) -> Value:
         v = Value(name, (0,), members[0].dtype, kind, span_of=members)
         graph.values[name] = v
         return v
 
-    p_span = span("__params", ir.PARAM, selected)
-    g_span = span("__grads", ir.GRAD, [accumulators[p.name] for p in selected])
-    s_spans = [span(f"__{state}", ir.STATE, [states[p.name][state] for p in selected])
-               for state in cfg.optimizer.state]
+    return [span("__params", ir.PARAM, trainable),
+            span("__grads", ir.GRAD, [accumulators[p.name] for p in trainable]),
+            *(span(f"__{state}", ir.STATE, [states[p.name][state] for p in trainable])
+              for state in optimizer.state)]
 
+
+def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]]) -> None:
+    """The ``commit`` phase: running statistics take the values the training-mode BatchNorms
+    computed (only after a step whose loss and gradients were finite)."""
     b.phase = "commit"
     for stat, new in commits:
         b.op("Assign", [stat, new], domain=INTERNAL, shapes=[])
+
+
+def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
+               cfg: TrainConfig) -> Value:
+    """The ``apply`` phase: scale the accumulated gradients by 1/k and clip them (returns the
+    gradient norm), the optimizer's update over the spans, and GRAD zeroed."""
+    p_span, g_span, *s_spans = spans
     b.phase = "apply"
-    grad_norm = b.op("ScaleClipGrad", [g_span, hidden[GRAD_SCALE]],
+    grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
                      {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL,
                      shapes=[((), np.float32)])
-    b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, hidden[LR], hidden[STEP]],
+    b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
          cfg.optimizer.attrs(), domain=INTERNAL, shapes=[])
     b.op("ZeroFill", [g_span], domain=INTERNAL, shapes=[])
+    return grad_norm
+
+
+def set_step_outputs(graph: Graph, loss: Value, model_outputs: list[Value],
+                     grad_norm: Value) -> None:
+    """The forward nodes join the ``compute`` phase; the step's outputs are the loss, the
+    model's outputs and the gradient norm."""
     for node in graph.nodes:
         if node.phase == "forward":
             node.phase = "compute"
     graph.outputs = [loss] + [v for v in model_outputs if v is not loss] + [grad_norm]
-    return TrainInfo(
-        loss=loss.name, outputs=[v.name for v in model_outputs],
-        trainable=[p.name for p in selected],
-        grads={p: a.name for p, a in accumulators.items()},
-        states={p: {k: v.name for k, v in s.items()} for p, s in states.items()},
-        running_stats=[stat.name for stat, _ in commits], untied=untied,
-        grad_norm=grad_norm.name, converted=converted)
 
 
 def add_step_guard(graph: Graph) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..data import Dataset, num_samples
-from ..errors import InputError, TrainingDiverged, TrOnnxError
-from .losses import INTEGER_LABELS, LossSpec
+from ..errors import InputError, InternalError, TrainingDiverged, TrOnnxError
+from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
 from .session import TrainingSession, atomic_write
 
 CHECKPOINT_NAME = "last.ckpt.npz"
@@ -52,6 +52,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
     """The builtin loss ``spec`` of output ``x`` and labels ``y``, in float64, with the same
     semantics as the training graph (ONNX SoftmaxCrossEntropyLoss for cross_entropy)."""
+    spec = make_loss_spec(spec)  # an unknown name or reduction is the caller's error
     x = x.astype(np.float64)
     if spec.name == "cross_entropy":
         keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
@@ -72,7 +73,9 @@ def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
         a = np.abs(d)
         per = np.where(a < spec.beta, 0.5 * a * a / spec.beta, a - 0.5 * spec.beta)
     else:
-        raise TrOnnxError(f"no numpy evaluation of loss {spec.name!r}")
+        raise InternalError(f"numpy_loss has no evaluation of the builtin loss {spec.name!r}; "
+                            f"every loss in training.losses.LOSSES ({', '.join(LOSSES)}) "
+                            "needs one")
     return float(per.mean() if spec.reduction == "mean" else per.sum())
 
 

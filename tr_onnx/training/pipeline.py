@@ -1,0 +1,80 @@
+"""The training pipeline in one place: what turns a dispatched inference graph into the graph
+of one training step, in the order it runs.
+
+``compile_plan`` specialises the model to the batch's shapes and dispatches it, then calls
+``build_training_step`` as its ``transform``; layout, kernels, the MemoryPlan and the
+executor follow (``tr_onnx.compiler``). The steps themselves live in ``train_pass``
+(training semantics, labels, loss, backward pass, optimizer) and ``precision`` (half storage,
+loss scaling); this module only orders them.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+from ..passes.autodiff import GradBuilder
+from ..registry import OpRegistry
+from .precision import PRECISIONS, add_loss_scaling, to_half_precision
+from .train_pass import (
+    RNG,
+    TrainConfig,
+    TrainInfo,
+    add_backward,
+    add_commit,
+    add_grad_accumulators,
+    add_labels,
+    add_loss,
+    add_optimizer_state,
+    add_spans,
+    add_step_guard,
+    add_step_scalars,
+    add_update,
+    select_trainable,
+    set_step_outputs,
+    to_training_mode,
+    untie_identity_params,
+)
+
+
+def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
+                        cfg: TrainConfig) -> TrainInfo:
+    """Mutate ``graph`` (specialised and dispatched for ``backend``'s kernels, as
+    ``compile_plan`` hands it to its ``transform``) into one training step as ``cfg`` says;
+    returns the value names the session drives the step by (``TrainInfo``).
+
+    The body is the pipeline, one statement per step, in the order the graph goes through
+    them: untie Identity-shared parameters, per-step scalars, train-mode BatchNorm/Dropout,
+    labels, loss, the trainable parameters, the backward pass, GRAD accumulators, optimizer
+    state and the spans over them, the running statistics' commit, the update (scale/clip,
+    optimizer, zero GRAD), the step's outputs; then, where ``cfg`` asks for them, half
+    precision, loss scaling and the cuda step guard.
+    """
+    model_outputs = list(graph.outputs)
+    untied = {} if cfg.tie_shared_initializers else untie_identity_params(graph)
+    scalars = add_step_scalars(graph)
+    commits, converted = to_training_mode(graph, registry, backend, cfg, scalars[RNG])
+    output, labels = add_labels(graph, cfg, model_outputs)
+    b = GradBuilder(graph, registry, backend, prefix="loss")  # loss and update nodes
+    loss = add_loss(b, cfg, output, labels)
+    trainable = select_trainable(graph, loss, cfg)
+    grads = add_backward(graph, loss, trainable, registry, backend, cfg)
+    accumulators = add_grad_accumulators(b, trainable, grads)
+    states = add_optimizer_state(graph, trainable, cfg.optimizer)
+    spans = add_spans(graph, trainable, accumulators, states, cfg.optimizer)
+    add_commit(b, commits)
+    grad_norm = add_update(b, spans, scalars, cfg)
+    set_step_outputs(graph, loss, model_outputs, grad_norm)
+    info = TrainInfo(
+        loss=loss.name, outputs=[v.name for v in model_outputs],
+        trainable=[p.name for p in trainable],
+        grads={p: a.name for p, a in accumulators.items()},
+        states={p: {k: v.name for k, v in s.items()} for p, s in states.items()},
+        running_stats=[stat.name for stat, _ in commits], untied=untied,
+        grad_norm=grad_norm.name, converted=converted)
+    if cfg.precision != "fp32":
+        to_half_precision(graph, info, PRECISIONS[cfg.precision], registry=registry,
+                          backend=backend, data_inputs=cfg.data_inputs, output=cfg.output_name)
+    if cfg.loss_scale:
+        add_loss_scaling(graph, cfg.loss_scale)
+    if cfg.step_guard:  # the step runs as one cuda graph, guarded on the device
+        add_step_guard(graph)
+    return info
