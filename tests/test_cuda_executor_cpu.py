@@ -30,17 +30,14 @@ import pytest
 
 import tr_onnx
 from tr_onnx.backends.cuda import sources
+from tr_onnx.backends.cuda.bind import CudnnCall, Launch
 from tr_onnx.backends.cuda.capture import CaptureError, DeviceBuffer, FakeRecorder
 from tr_onnx.backends.cuda.device import BLOCK, CupyDevice, KernelRef, cuda_available, launch_dims
-from tr_onnx.backends.cuda.executor import (
-    EXECUTOR_POLICY,
-    CudaExecutor,
-    CudaUnsupported,
-    CudnnCall,
-    Launch,
-)
+from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY, CudaExecutor, CudaUnsupported
 from tr_onnx.backends.cuda.host_emulator import HostEmulator, build_host_library, host_compiler
+from tr_onnx.backends.numpy_backend import allocate_arena
 from tr_onnx.memory import Region, pad_lanes_are_zero, read_host, write_host
+from tr_onnx.training import pipeline
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 BASE = 1 << 40
@@ -48,18 +45,38 @@ SHAPES = {"mlp": (4, 64), "lenet": (4, 1, 8, 8), "resnet": (4, 3, 16, 16),
           "mobilenet": (4, 3, 16, 16), "transformer": (4, 8, 32)}
 BINDABLE = ["mlp", "resnet", "mobilenet", "lenet", "transformer"]
 PHASES = ("compute", "commit", "apply")
-_PLANS = {}
+_PLANS, _CUDA_PLANS = {}, {}
 
 
 def training_plan(stem):
     """A TrainingSession's active plan after one numpy step (cached; tests copy what they
-    change)."""
+    change): the reference."""
     if stem not in _PLANS:
         session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8)
         x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
         session.train_step({"input": x}, np.arange(4) % 10)
         _PLANS[stem] = session._active
     return _PLANS[stem]
+
+
+def cuda_plan(stem):
+    """The cuda plan of the same training step (cached), made from the cuda bindings over a
+    recording device; without the session's step guard, so its phases run one by one as the
+    numpy plan's do. Its arena matches the numpy plan's up to WORKSPACE (the same graph), which
+    the emulation tests rely on."""
+    if stem not in _CUDA_PLANS:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pipeline, "add_step_guard", lambda graph: None)
+            session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
+                                              backend="cuda", device=FakeDevice)
+            x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
+            plan = session._train_plan({"input": x})
+        ref = training_plan(stem)
+        for region in Region:
+            if region != Region.WORKSPACE:
+                assert plan.memory.regions[region] == ref.memory.regions[region], region
+        _CUDA_PLANS[stem] = plan
+    return _CUDA_PLANS[stem]
 
 
 class FakeDevice(FakeRecorder):
@@ -86,7 +103,7 @@ class FakeDevice(FakeRecorder):
 
 
 def executor(stem, device_cls=FakeDevice):
-    plan = training_plan(stem)
+    plan = cuda_plan(stem)
     device = device_cls(plan)
     return plan, device, CudaExecutor(plan, device)
 
@@ -107,7 +124,7 @@ UNBOUND = {"mlp": set(), "resnet": set(), "mobilenet": set(), "lenet": set(),
 
 @pytest.mark.parametrize("stem", list(UNBOUND))
 def test_every_node_binds_or_the_unbound_ops_are_named(stem):
-    plan = training_plan(stem)
+    plan = cuda_plan(stem)
     if not UNBOUND[stem]:
         ex = CudaExecutor(plan, FakeDevice(plan))
         ran = [n for n in plan.graph.nodes if not (n.outputs and n.outputs[0] is not None
@@ -285,7 +302,7 @@ def test_fused_optimizer_covers_the_param_span_once(stem):
 
 
 def test_a_capture_error_is_named_and_falls_back_unless_capture_is_required():
-    plan = training_plan("mlp")
+    plan = cuda_plan("mlp")
 
     class Syncing(FakeDevice):
         def launch(self, kernel, grid, block, args):
@@ -322,9 +339,15 @@ def host_lib(tmp_path_factory):
     return build_host_library(tmp_path_factory.mktemp("cuda_exec_host"))
 
 
-def emulating_device(lib, plan):
-    """A HostEmulator whose arena starts as the numpy backend's arena."""
-    return HostEmulator(plan, lib, arena=plan.executor.arena.copy())
+def emulating_device(lib, plan, reference=None):
+    """A HostEmulator of cuda ``plan`` whose arena starts as the numpy ``reference`` plan's
+    arena (the same offsets up to WORKSPACE, the cuda plan's own scratch after)."""
+    arena = allocate_arena(plan.memory.total_bytes)
+    if reference is not None:
+        end = reference.memory.regions[Region.WORKSPACE][0]
+        assert end == plan.memory.regions[Region.WORKSPACE][0]
+        arena[:end] = reference.executor.arena[:end]
+    return HostEmulator(plan, lib, arena=arena)
 
 
 REGIONS = (Region.PARAM, Region.GRAD, Region.OPT_STATE)
@@ -337,8 +360,8 @@ def test_emulated_gradients_equal_the_numpy_backend(stem, host_lib):
     that cancel to ~0, so relative errors there mean nothing)."""
     plan = training_plan(stem)
     start = plan.executor.arena.copy()
-    device = emulating_device(host_lib, plan)
-    CudaExecutor(plan, device).run("compute")
+    device = emulating_device(host_lib, cuda_plan(stem), plan)
+    CudaExecutor(cuda_plan(stem), device).run("compute")
     plan.executor.arena[...] = start
     plan.executor.run(phase="compute")
     lo, size = plan.memory.regions[Region.GRAD]
@@ -353,8 +376,8 @@ def test_emulated_captured_steps_equal_the_numpy_backend(stem, host_lib):
     """Three steps (eager, captured + launched, replayed) of the whole training step."""
     plan = training_plan(stem)
     start = plan.executor.arena.copy()
-    device = emulating_device(host_lib, plan)
-    ex = CudaExecutor(plan, device)
+    device = emulating_device(host_lib, cuda_plan(stem), plan)
+    ex = CudaExecutor(cuda_plan(stem), device)
     run_steps(ex, 3)  # eager, captured + launched, replayed
     plan.executor.arena[...] = start
     for _ in range(3):
@@ -385,9 +408,10 @@ def test_emulated_inference_plan_equals_the_numpy_backend(stem, host_lib):
     x = np.random.default_rng(2).standard_normal(SHAPES[stem]).astype(np.float32)
     plan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).plan_for(
         {"input": x})
-    device = emulating_device(host_lib, plan)
-    device.arena[...] = 0  # a fresh device arena: the executor uploads the initial contents
-    ex = CudaExecutor(plan, device)
+    cplan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8, backend="cuda",
+                                     device=FakeDevice).plan_for({"input": x})
+    device = emulating_device(host_lib, cplan)  # a fresh device arena: zeros; the executor
+    ex = CudaExecutor(cplan, device)            # uploads the initial contents
     ex.load_constants()
     assert list(ex.phases) == ["forward"]
     outputs = []
@@ -404,7 +428,7 @@ def test_emulated_inference_plan_equals_the_numpy_backend(stem, host_lib):
 
 
 def test_host_transfers_pad_and_unpad_on_the_device(host_lib):
-    plan = training_plan("resnet")
+    plan = cuda_plan("resnet")
     device = emulating_device(host_lib, plan)
     ex = CudaExecutor(plan, device)
     t = plan.memory.tensors["input"]
@@ -479,8 +503,8 @@ def test_emulated_transformer_steps_equal_the_numpy_backend(host_lib):
     g0 = plan.executor.arena[lo:lo + size].view(np.float32).copy()
     noise = np.abs(g0) <= 1e-6 * np.abs(g0).max()
     plan.executor.arena[...] = start
-    device = emulating_device(host_lib, plan)
-    run_steps(CudaExecutor(plan, device), 3)
+    device = emulating_device(host_lib, cuda_plan("transformer"), plan)
+    run_steps(CudaExecutor(cuda_plan("transformer"), device), 3)
     plan.executor.arena[...] = start
     for _ in range(3):
         for phase in PHASES:
@@ -525,9 +549,10 @@ def test_emulated_data_movement_and_pool_ops_equal_the_numpy_backend(host_lib):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     plan = tr_onnx.InferenceSession(model, channel_align=8).plan_for({"input": x})
-    device = emulating_device(host_lib, plan)
-    device.arena[...] = 0
-    ex = CudaExecutor(plan, device)
+    cplan = tr_onnx.InferenceSession(model, channel_align=8, backend="cuda",
+                                     device=FakeDevice).plan_for({"input": x})
+    device = emulating_device(host_lib, cplan)
+    ex = CudaExecutor(cplan, device)
     ex.load_constants()
     ex.write_input("input", x)
     ex.run()

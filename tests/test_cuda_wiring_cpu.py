@@ -34,8 +34,9 @@ from tr_onnx.backends.cuda import executor as cuda_executor
 from tr_onnx.backends.cuda.executor import CudaExecutor, CudaUnsupported
 from tr_onnx.backends.cuda.host_emulator import build_host_library, host_emulator
 from tr_onnx.backends.numpy_backend import NumpyExecutor
-from tr_onnx.errors import TrOnnxError
+from tr_onnx.errors import TrOnnxError, UnsupportedModelError
 from tr_onnx.optim import SGD
+from tr_onnx.registry import OpKey, build_registry
 
 ZOO = ROOT / "model_zoo"
 SHAPES = {"mlp": (4, 64), "resnet": (4, 3, 16, 16), "mobilenet": (4, 3, 16, 16)}
@@ -100,7 +101,7 @@ def test_both_executors_implement_the_executor_api(device):
     plan = sess.plan_for({"input": _x("mlp")})
     assert isinstance(plan.executor, CudaExecutor) and isinstance(plan.executor, ExecutorAPI)
     assert not hasattr(plan.executor, "arena")  # nothing for a session to index
-    assert plan.backend == "cuda" and plan.host_steps
+    assert plan.backend == "cuda" and plan.bindings  # made from the cuda bindings
     ref = tr_onnx.InferenceSession(ZOO / "mlp.onnx", channel_align=8).plan_for(
         {"input": _x("mlp")})
     assert isinstance(ref.executor, NumpyExecutor) and isinstance(ref.executor, ExecutorAPI)
@@ -275,9 +276,28 @@ def test_all_finite_reads_back_only_the_flag(device):
 
 
 def test_ops_without_a_cuda_binding_are_listed_not_run_on_numpy(device, monkeypatch):
-    monkeypatch.delitem(cuda_executor.BINDERS, ("", "Relu"))
+    registry = build_registry()
+    del registry._entries[OpKey("", "Relu", 14, "cuda")]
+    monkeypatch.setattr(tr_onnx.registry, "_default", registry)
+    with pytest.raises(UnsupportedModelError, match=r"Relu \(domain 'ai\.onnx', "
+                       r"since_version 14\)(.|\n)*backend='numpy'") as info:
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
+    assert {op for _, op, _, _ in info.value.missing} == {"Relu"}
+
+
+def test_a_binding_that_refuses_the_plan_names_the_node_and_why(device, monkeypatch):
+    """A cuda binding exists but cannot take the node as planned: the same message, with why."""
+    from tr_onnx.backends.cuda.bind import Unbound
+    from tr_onnx.backends.cuda.ops import unary
+
+    def refuse(b, node):
+        raise Unbound("test: no kernel for this layout")
+
+    monkeypatch.setattr(unary, "bind_unary", refuse)
+    monkeypatch.setattr(tr_onnx.registry, "_default", build_registry())
     sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
-    with pytest.raises(CudaUnsupported, match=r"ai\.onnx Relu v14") as info:
+    with pytest.raises(CudaUnsupported, match=r"Relu \(domain 'ai\.onnx', since_version "
+                       r"14\)(.|\n)*test: no kernel for this layout") as info:
         sess.run(None, {"input": _x("mlp")})
     assert {op for _, op, _, _ in info.value.missing} == {"Relu"}
 

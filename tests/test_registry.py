@@ -1,6 +1,7 @@
 """The pluggy op registry: keys, duplicate detection, opset -> since_version mapping, entry-point
 discovery and `tr-onnx ops`."""
 
+import importlib
 import json
 import sys
 import textwrap
@@ -129,7 +130,41 @@ def test_ops_cli_lists_registered_ops(capsys):
     rows = json.loads(capsys.readouterr().out)
     relu = next(r for r in rows if r["op"] == "Relu")
     assert relu["domain"] == "ai.onnx" and 14 in relu["versions"]
-    assert relu["backends"] == ["numpy"] and relu["differentiable"] is True
+    assert relu["backends"] == ["cuda", "numpy"] and relu["differentiable"] is True
+
+
+CUDA_OPS = ["Conv", "BatchNormalization", "Gemm", "MatMul", "Relu", "MaxPool", "AveragePool",
+            "GlobalAveragePool", "Add", "Softmax", "LayerNormalization", "Gather", "Concat",
+            "SoftmaxCrossEntropyLoss", "ConvGradData", "BatchNormTraining", "SGDUpdate"]
+
+
+def test_ops_cli_lists_cuda_with_versions_exactly_where_a_binding_exists(capsys):
+    """``tr-onnx ops --json`` answers "does Conv v22 run on cuda?": a backend's versions per
+    op, and cuda for exactly the ops the cuda bindings (builtin modules, plugin CudaKernels)
+    register."""
+    from tr_onnx.opdef import KernelDef
+    from tr_onnx.registry import BUILTIN_BACKEND_KERNELS
+
+    assert cli_main(["ops", "--json"]) == 0
+    rows = {(r["domain"], r["op"]): r for r in json.loads(capsys.readouterr().out)}
+    bound = {(k.domain or "ai.onnx", k.op_type) for name in BUILTIN_BACKEND_KERNELS
+             for k in importlib.import_module(name).tr_onnx_op_definitions()
+             if isinstance(k, KernelDef) and k.backend == "cuda"}
+    bound |= {(o.domain or "ai.onnx", o.op_type) for o in _installed_plugin_defs()
+              if "cuda" in getattr(o, "kernels", {})}
+    assert {key for key, r in rows.items() if "cuda" in r["backends"]} == bound
+    assert len(bound) >= 67
+    for op in CUDA_OPS:
+        row = next(r for (d, o), r in rows.items() if o == op)
+        assert row["backend_versions"]["cuda"] == row["backend_versions"]["numpy"], op
+    conv = rows[("ai.onnx", "Conv")]
+    assert 22 in conv["backend_versions"]["cuda"]
+
+
+def _installed_plugin_defs():
+    from importlib.metadata import entry_points
+
+    return [d for ep in entry_points(group="tr_onnx") for d in ep.load().tr_onnx_op_definitions()]
 
 
 def test_custom_op_shape_rule_fills_what_onnx_inference_cannot(plugin_path):

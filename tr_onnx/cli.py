@@ -166,22 +166,25 @@ def run_model(path: str, batch: int, inputs: str | None, channel_align: int | No
 
 
 def list_ops() -> list[dict]:
-    """Every registered (domain, op): versions, backends, differentiable, providing op set."""
+    """Every registered (domain, op): versions, backends (and the versions each runs),
+    differentiable, providing op sets."""
     from .registry import default_registry
 
     registry = default_registry()
     rows: dict[tuple[str, str], dict] = defaultdict(
-        lambda: {"versions": set(), "backends": set(), "sources": set(), "differentiable": False})
+        lambda: {"versions": defaultdict(set), "sources": set(), "differentiable": False})
     for key in registry.keys():
         row = rows[(key.domain, key.op_type)]
-        row["versions"].add(key.since_version)
-        row["backends"].add(key.backend)
+        row["versions"][key.backend].add(key.since_version)
         row["sources"].add(registry.source_of(key))
         opdef = registry.lookup(key.domain, key.op_type, key.since_version, key.backend)
         row["differentiable"] |= opdef.gradient is not None
-    return [{"domain": d or "ai.onnx", "op": o, "versions": sorted(r["versions"]),
-             "backends": sorted(r["backends"]), "differentiable": r["differentiable"],
-             "source": sorted(r["sources"])} for (d, o), r in sorted(rows.items())]
+    return [{"domain": d or "ai.onnx", "op": o,
+             "versions": sorted(set().union(*r["versions"].values())),
+             "backends": sorted(r["versions"]),
+             "backend_versions": {b: sorted(v) for b, v in sorted(r["versions"].items())},
+             "differentiable": r["differentiable"], "source": sorted(r["sources"])}
+            for (d, o), r in sorted(rows.items())]
 
 
 def _schedule(name: str, total_steps: int):
@@ -424,8 +427,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows, indent=2))
             else:
                 for r in rows:
+                    backends = ", ".join(b if v == r["versions"] else f"{b} {v}"
+                                         for b, v in r["backend_versions"].items())
                     print(f"{r['op']:<28} {r['domain']:<12} versions {r['versions']} "
-                          f"backends {r['backends']} "
+                          f"backends [{backends}] "
                           f"{'differentiable' if r['differentiable'] else '-'}  "
                           f"{', '.join(r['source'])}")
                 print(f"{len(rows)} ops")

@@ -1,10 +1,13 @@
 """Make a runnable plan for concrete input shapes: specialise -> dispatch -> layout -> kernels
 -> MemoryPlan -> bound executor. Everything that is looked up or decided happens here, once.
 
-Both backends share every step up to the MemoryPlan: a plan is dispatched against the numpy
-reference kernels (``backends.PLAN_BACKEND``), whose factories also size each node's workspace.
-Then the executor: ``NumpyExecutor`` over a NumPy arena, or ``CudaExecutor`` over a device
-(``CupyDevice`` by default; the cuda package is imported only here, only for ``cuda``)."""
+A plan is made for one backend from that backend's kernels only: dispatch looks every node up
+under the backend's registry key, and each node's kernel factory (``opdef.kernels[backend]``)
+runs here and sizes its own scratch (``KernelContext.workspace``). A numpy factory returns the
+function the step calls (``NumpyExecutor`` replays them over a NumPy arena); a cuda factory
+returns the binding that ``CudaExecutor`` turns into device calls once the arena exists
+(``backends.cuda.bind``), over a ``CupyDevice`` by default. The cuda package is imported only
+here, only for ``cuda``."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import ir
-from .backends import PLAN_BACKEND, ExecutorAPI, numpy_backend
+from .backends import ExecutorAPI, numpy_backend
 from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
 from .memory import MemoryPlan, mirror_widening, plan_memory, span_elements
@@ -33,15 +36,30 @@ class CompiledPlan:
     kernels: list[tuple[ir.Node, str]]  # executed nodes and the op set that provided the kernel
     backend: str
     info: Any = None  # what the graph transform returned (training: parameters, phases...)
-    host_steps: list = field(default_factory=list, repr=False)
-    """The numpy kernel calls ``(label, run, inputs, outputs, workspaces, phase)`` the plan was
-    sized with: the reference a ``NumpyExecutor`` replays (tests emulate a device with them)."""
+    bindings: list = field(default_factory=list, repr=False)
+    """cuda: ``(schedule index, node, bind)`` of every node that runs, ``bind`` what the node's
+    cuda kernel factory returned; ``CudaExecutor`` binds them to a device."""
 
 
 def tensor_info(v: ir.Value) -> TensorInfo:
     layout = v.get_layout()
     shape = layout.phys_shape if isinstance(layout, GatherRowsLayout) else tuple(v.shape)
     return TensorInfo(v.name, shape, v.dtype, layout, tuple(v.shape))
+
+
+def kernel_context(node: ir.Node, backend: str) -> KernelContext:
+    """What ``node``'s kernel factory sees at plan time. Parameters change during training: a
+    kernel sees their values at plan time only where the op declares the input a plan-time
+    constant (``OpDef.const_inputs``), which must then be known."""
+    consts = [v.data if v is not None and (v.kind == ir.CONST or v.is_constant and i in
+                                           node.opdef.const_inputs) else None
+              for i, v in enumerate(node.inputs)]
+    for i in node.opdef.const_inputs:
+        if i < len(node.inputs) and node.inputs[i] is not None and consts[i] is None:
+            raise imported_error(node, i)
+    return KernelContext(node, [tensor_info(v) if v is not None else None for v in node.inputs],
+                         [tensor_info(v) if v is not None else None for v in node.outputs],
+                         consts, backend)
 
 
 DeviceFactory = Callable[["CompiledPlan"], Any]
@@ -59,7 +77,7 @@ def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
     ``cuda_graphs``: ``CudaExecutor``'s capture mode (``"fallback"``, ``"require"``, ``"off"``)."""
     registry = imported.registry
     graph = imported.specialize(shapes, const_values)
-    dispatch(graph, registry, PLAN_BACKEND[backend])
+    dispatch(graph, registry, backend)
     info = transform(graph) if transform is not None else None
     return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,
                          cuda_graphs)
@@ -70,8 +88,8 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
                   device: DeviceFactory | None = None, cuda_graphs: str = "fallback"
                   ) -> CompiledPlan:
     """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
-    kernels_of = PLAN_BACKEND[backend]
-    report = assign_layouts(graph, registry, kernels_of, align, absorb_flatten=absorb_flatten)
+    report = assign_layouts(graph, registry, backend, align, absorb_flatten=absorb_flatten)
+    factory_of = _factory_of(backend)
     widen = mirror_widening(graph)
     for v in graph.values.values():
         if v.span_of is not None:
@@ -82,38 +100,41 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
     for index, node in enumerate(schedule):
         if node.outputs and node.outputs[0] is not None and node.outputs[0].alias_of is not None:
             continue  # a zero-copy view: nothing to run
-        # Parameters change during training: a kernel sees their values at plan time only where
-        # the op declares the input a plan-time constant.
-        consts = [v.data if v is not None and (v.kind == ir.CONST or v.is_constant and i in
-                                               node.opdef.const_inputs) else None
-                  for i, v in enumerate(node.inputs)]
-        for i in node.opdef.const_inputs:
-            if i < len(node.inputs) and node.inputs[i] is not None and consts[i] is None:
-                raise imported_error(node, i)
-        ctx = KernelContext(node, [tensor_info(v) if v is not None else None for v in node.inputs],
-                            [tensor_info(v) if v is not None else None for v in node.outputs],
-                            consts, kernels_of)
-        run = node.opdef.kernels[kernels_of](ctx)
+        ctx = kernel_context(node, backend)
+        run = factory_of(node.opdef.kernels[backend])(ctx)
         if ctx.workspace_requests:
             workspace[index] = ctx.workspace_requests
         factories.append((index, node, run))
-    memory = plan_memory(graph, schedule, workspace, reuse=reuse)
-    steps = []
-    for index, node, run in factories:
-        steps.append((node.label, run, [v.name if v is not None else None for v in node.inputs],
-                      [v.name if v is not None else None for v in node.outputs],
-                      memory.workspaces.get(index, []), node.phase))
-    kernels = [(node, registry.source_of_node(node, kernels_of)) for _, node, _ in factories]
-    plan = CompiledPlan(graph, report, memory, None, kernels, backend, info, steps)
+    kernels = [(node, registry.source_of_node(node, backend)) for _, node, _ in factories]
     if backend == "cuda":
+        from .backends.cuda.transfers import staging_bytes
+
+        memory = plan_memory(graph, schedule, workspace, reuse=reuse,
+                             min_workspace=staging_bytes(graph))
+        plan = CompiledPlan(graph, report, memory, None, kernels, backend, info, factories)
         plan.executor = cuda_executor(plan, device, cuda_graphs)
         return plan
     if device is not None:
         raise ValueError(f"device= is for the cuda backend, not {backend!r}")
+    memory = plan_memory(graph, schedule, workspace, reuse=reuse)
+    steps = [(node.label, run, [v.name if v is not None else None for v in node.inputs],
+              [v.name if v is not None else None for v in node.outputs],
+              memory.workspaces.get(index, []), node.phase) for index, node, run in factories]
+    plan = CompiledPlan(graph, report, memory, None, kernels, backend, info)
     plan.executor = numpy_backend.NumpyExecutor(memory, steps)
     plan.executor.load_constants({v.name: v.data for v in graph.values.values()
                                   if v.data is not None and v.span_of is None})
     return plan
+
+
+def _factory_of(backend: str) -> Callable:
+    """How a registry kernel of ``backend`` becomes a factory (a plugin's ``CudaKernel`` is a
+    source, made a binding by the cuda package)."""
+    if backend == "cuda":
+        from .backends.cuda.bind import kernel_factory
+
+        return kernel_factory
+    return lambda factory: factory
 
 
 def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None,

@@ -20,6 +20,37 @@ class UnsupportedModelError(TrOnnxError):
         self.missing = missing
 
 
+def unsupported_message(missing: list[tuple[str, str, int, list[str]]], backend: str,
+                        source: str | None = None, registered=None,
+                        reasons: dict[str, str] | None = None) -> str:
+    """The one message for ops a backend cannot run, wherever that is found (import, dispatch,
+    a cuda binding refusing the plan's layouts): each ``(domain, op, version, nodes)`` with the
+    versions ``registered(domain, op)`` lists for the backend and who would provide the op,
+    then why (``reasons``: node label -> why its binding refused), then what to do."""
+    head = f"{source}: " if source else ""
+    lines = [f"{head}{len(missing)} op(s) have no kernel for backend {backend!r}:"]
+    for domain, op_type, version, nodes in missing:
+        shown = ", ".join(repr(n) for n in nodes[:5]) + (" ..." if len(nodes) > 5 else "")
+        have = registered(domain, op_type) if registered is not None else None
+        extra = f"; registered versions: {have}" if have else ""
+        provider = ("tr_onnx (builtin op set)" if domain in ("", "ai.onnx", "ai.tr_onnx")
+                    else f"a tr_onnx plugin package providing domain {domain!r}")
+        lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version {version}) "
+                     f"at node(s) {shown}{extra}; would be provided by {provider}")
+    why = list(dict.fromkeys(f"    {label.split(' (', 1)[-1].rstrip(')')}: {reason}"
+                             for label, reason in (reasons or {}).items()))[:12]
+    if why:
+        lines += ["  why (the op has a kernel, but not for these layouts/dtypes):"] + why
+    if backend == "cuda":
+        lines.append("No node falls back to NumPy on its own: train this model with "
+                     "backend='numpy', or give these ops a cuda kernel (a KernelDef, or "
+                     "OpDef.kernels['cuda'] = CudaKernel(...), in a plugin; the builtin "
+                     "bindings are in tr_onnx/backends/cuda/ops/<family>.py).")
+    lines.append("Ops come from op-set plugins; see README 'Writing a plugin' and "
+                 "`tr-onnx ops` for what is registered.")
+    return "\n".join(lines)
+
+
 class RegistryError(TrOnnxError):
     """Two op sets registered the same key, or a lookup found nothing."""
 

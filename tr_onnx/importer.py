@@ -8,6 +8,7 @@ folding what those make constant. Symbolic batch dimensions stay symbolic until 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 
 from . import ir
 from .dtypes import is_supported, np_dtype, onnx_elem_type
-from .errors import ModelLoadError, ShapeError, UnsupportedModelError
+from .errors import ModelLoadError, ShapeError, UnsupportedModelError, unsupported_message
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
@@ -205,21 +206,6 @@ def _evaluate_node(node, opsets, consts, infos) -> list[np.ndarray]:
     return ReferenceEvaluator(model).run(None, {})
 
 
-def _unsupported_message(missing, backend: str, source: str, registry: OpRegistry) -> str:
-    lines = [f"{source}: {len(missing)} op(s) have no kernel for backend {backend!r}:"]
-    for domain, op_type, version, nodes in missing:
-        have = registry.registered_versions(domain, op_type, backend)
-        shown = ", ".join(repr(n) for n in nodes[:5]) + (" ..." if len(nodes) > 5 else "")
-        extra = f"; registered versions: {have}" if have else ""
-        provider = (f"a tr_onnx plugin package providing domain {domain!r}"
-                    if canonical_domain(domain) else "tr_onnx (builtin op set)")
-        lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version {version}) "
-                     f"at node(s) {shown}{extra}; would be provided by {provider}")
-    lines.append("Ops come from op-set plugins; see README 'Writing a plugin' and "
-                 "`tr-onnx ops` for what is registered.")
-    return "\n".join(lines)
-
-
 def _data_independent_values(model: onnx.ModelProto, param_names) -> set[str]:
     """Values computable from shapes and constants alone (they fold once shapes are concrete)."""
     known = {i.name for i in model.graph.initializer if i.name not in param_names}
@@ -251,7 +237,8 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
             bad_types.append(f"{vi.name!r} ({onnx.TensorProto.DataType.Name(t.elem_type)})")
     if missing or bad_types:
         entries = [(d, o, v, n) for (d, o, v), n in missing.items()]
-        msg = _unsupported_message(entries, backend, source, registry) if entries else source + ":"
+        msg = unsupported_message(entries, backend, source, partial(
+            registry.registered_versions, backend=backend)) if entries else source + ":"
         if bad_types:
             msg += "\n  values with element types tr_onnx cannot hold: " + ", ".join(bad_types[:10])
         raise UnsupportedModelError(msg, entries)

@@ -207,11 +207,14 @@ class _Allocator:
 
 def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
                 workspace_requests: dict[int, list[tuple[tuple[int, ...], np.dtype]]],
-                reuse: bool = True, input_buffers: int = 1) -> MemoryPlan:
+                reuse: bool = True, input_buffers: int = 1, min_workspace: int = 0
+                ) -> MemoryPlan:
     """Lay every value of ``graph`` out in one arena.
 
     ``schedule`` is the order nodes run in (alias nodes included: they are uses);
-    ``workspace_requests[i]`` the scratch buffers node ``schedule[i]`` asked for.
+    ``workspace_requests[i]`` the scratch buffers node ``schedule[i]`` asked for;
+    ``min_workspace``: bytes the WORKSPACE region holds at least (what the backend stages
+    there between steps, e.g. the cuda executor's host transfers).
     """
     end = len(schedule)
     tensors: dict[str, DTensor] = {}
@@ -238,7 +241,7 @@ def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
         t.slot_bytes = slot_bytes(graph.values[t.name], widen)
         naive += t.slot_bytes
     ws_plan: dict[int, list[DTensor]] = {}
-    ws_size = 0
+    ws_size = _slot(min_workspace) if min_workspace else 0
     for index, requests in workspace_requests.items():
         offset, bufs = 0, []
         for k, (shape, dtype) in enumerate(requests):

@@ -123,6 +123,26 @@ class GradientDef:
 
 
 @dataclass(frozen=True)
+class KernelDef:
+    """One backend's kernel for an op whose OpDef another op set (or module) registers: its
+    shape, layout and gradient rules stay in that OpDef, which gains ``kernels[backend]``.
+    Returned from ``tr_onnx_op_definitions`` like an OpDef; the builtin cuda bindings
+    (``backends/cuda/ops/<family>.py``) are KernelDefs of the ``ops/<family>.py`` OpDefs.
+
+    ``versions``: the since_versions the kernel implements; None means every version
+    registered for the op when the KernelDef is (the registry lists them, so ``tr-onnx ops``
+    shows each). A key the backend already has is the registry's usual error, unless
+    ``overrides=True``."""
+
+    op_type: str
+    backend: str
+    kernel: KernelFactory | CudaKernel
+    versions: tuple[int, ...] | None = None
+    domain: str = ""
+    overrides: bool = False
+
+
+@dataclass(frozen=True)
 class CudaKernel:
     """A CUDA C++ kernel for the cuda backend. ``source`` defines ``extern "C" __global__``
     entry points ``<function>_f32`` and ``<function>_f16`` (float16 passed as raw 16-bit

@@ -19,7 +19,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import RegistryError
-from .opdef import GradientDef, OpDef
+from .opdef import GradientDef, KernelDef, OpDef
 
 BUILTIN_OPSETS = (
     "tr_onnx.ops.elementwise",
@@ -33,6 +33,11 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
 )
+# each backend's bindings of the builtin ops, one module per op family (importable without the
+# backend's libraries: CuPy is imported only when a device is made)
+BUILTIN_BACKEND_KERNELS = tuple(f"tr_onnx.backends.cuda.ops.{family}" for family in (
+    "elementwise", "unary", "tensor", "indexing", "matmul", "conv", "pool", "normalization",
+    "reduce", "losses", "layout_convert", "optimizers"))
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
@@ -78,6 +83,8 @@ class OpRegistry:
         and the override is reported); two overrides of one key are an error too."""
         if isinstance(opdef, GradientDef):
             return self._register_gradient(opdef, source)
+        if isinstance(opdef, KernelDef):
+            return self._register_kernel(opdef, source)
         for version in opdef.versions:
             for backend in opdef.kernels:
                 key = OpKey(canonical_domain(opdef.domain), opdef.op_type, version, backend)
@@ -91,6 +98,37 @@ class OpRegistry:
                     self._overridden[key] = source
                     self._report(f"{source} overrides op {_key_words(key)} of {other}")
                 self._entries[key] = (opdef, source)
+
+    def _register_kernel(self, kdef: KernelDef, source: str) -> None:
+        """A backend's kernel for an op registered elsewhere: every key of the op's versions
+        (all backends) then sees the OpDef with ``kernels[backend]`` added, and the new key
+        is the KernelDef's source's."""
+        domain = canonical_domain(kdef.domain)
+        have = sorted({k.since_version for k in self._entries
+                       if k.domain == domain and k.op_type == kdef.op_type})
+        versions = have if kdef.versions is None else list(kdef.versions)
+        unknown = [v for v in versions if v not in have]
+        if not versions or unknown:
+            raise RegistryError(f"{source}: {kdef.backend} kernel for {kdef.op_type} (domain "
+                                f"{kdef.domain or 'ai.onnx'!r}, versions {unknown or 'all'}), "
+                                f"which no op set registers (registered versions: {have})")
+        for version in versions:
+            key = OpKey(domain, kdef.op_type, version, kdef.backend)
+            if key in self._entries:
+                other = self._entries[key][1]
+                if not kdef.overrides or key in self._overridden:
+                    raise RegistryError(
+                        f"op {_key_words(key)} is registered twice: by {other!r} and by "
+                        f"{source!r}" + ("" if kdef.overrides else
+                                         " (a plugin replaces a kernel with overrides=True)"))
+                self._overridden[key] = source
+                self._report(f"{source} overrides op {_key_words(key)} of {other}")
+            same_op = [k for k in self._entries if k[:3] == key[:3]]
+            opdef = self._entries[same_op[0]][0]
+            merged = replace(opdef, kernels={**opdef.kernels, kdef.backend: kdef.kernel})
+            for k in same_op:
+                self._entries[k] = (merged, self._entries[k][1])
+            self._entries[key] = (merged, source)
 
     def _register_gradient(self, grad: GradientDef, source: str) -> None:
         keys = [k for k in self._entries if k.domain == canonical_domain(grad.domain)
@@ -133,7 +171,9 @@ class OpRegistry:
             if impl.plugin is plugin:
                 for opdef in impl.function() or []:
                     self.register(opdef, name)
-                    kind = "gradient of " if isinstance(opdef, GradientDef) else ""
+                    kind = ("gradient of " if isinstance(opdef, GradientDef) else
+                            f"{opdef.backend} kernel of " if isinstance(opdef, KernelDef)
+                            else "")
                     ops.append(f"{kind}{opdef.domain or 'ai.onnx'}.{opdef.op_type}")
         self.plugins[name] = {"origin": origin, "ops": ops}
 
@@ -202,7 +242,7 @@ def build_registry(plugins=(), autoload: bool | None = None) -> OpRegistry:
     """A registry with the builtin op sets, entry-point plugins and ``plugins`` (modules or
     objects)."""
     registry = OpRegistry()
-    for module_name in BUILTIN_OPSETS:
+    for module_name in BUILTIN_OPSETS + BUILTIN_BACKEND_KERNELS:
         registry.add_plugin(importlib.import_module(module_name), name=module_name,
                             origin="builtin")
     if autoload is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .backends import DEFAULT_CHANNEL_ALIGN, PLAN_BACKEND, check_cuda_graphs, resolve_backend
+from .backends import DEFAULT_CHANNEL_ALIGN, check_cuda_graphs, resolve_backend
 from .compiler import CompiledPlan, DeviceFactory, compile_plan
 from .feeds import check_feed, check_output_names
 from .importer import ImportedModel, InputSpec, import_model
@@ -58,7 +58,7 @@ class InferenceSession:
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
         registry = build_registry(plugins) if plugins else default_registry()
-        self.imported: ImportedModel = import_model(model, registry, PLAN_BACKEND[self.backend])
+        self.imported: ImportedModel = import_model(model, registry, self.backend)
         self.reuse_memory = reuse_memory
         self._plans: dict[tuple, CompiledPlan] = {}
 

@@ -18,13 +18,6 @@ BACKENDS = ("numpy", "cuda")
 DEFAULT_CHANNEL_ALIGN = {"numpy": 1, "cuda": 8}
 CUDA_EXTRA = "pip install 'tr_onnx[cu13]'  (CUDA 12 drivers: 'tr_onnx[cu12]')"
 
-PLAN_BACKEND = {"numpy": "numpy", "cuda": "numpy"}
-"""The registry backend a plan is dispatched with. A cuda plan is dispatched against the numpy
-reference kernels: their factories say how much workspace each node needs (the MemoryPlan the
-device arena copies) and they are the host reference; the cuda executor then binds every node
-by (domain, op) to device calls, or names the ones it cannot (``CudaUnsupported``)."""
-
-
 @runtime_checkable
 class ExecutorAPI(Protocol):
     """What a session asks of an executor. Arrays on the host side are compact logical (NCHW)

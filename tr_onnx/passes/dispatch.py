@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import UnsupportedModelError
+from functools import partial
+
+from ..errors import UnsupportedModelError, unsupported_message
 from ..ir import Graph
 from ..registry import OpRegistry
 
@@ -19,10 +21,6 @@ def dispatch(graph: Graph, registry: OpRegistry, backend: str) -> None:
             key = (node.domain, node.op_type, node.since_version)
             missing.setdefault(key, []).append(node.name)
     if missing:
-        lines = [f"{len(missing)} op(s) have no kernel for backend {backend!r}:"]
-        for (domain, op_type, version), names in missing.items():
-            have = registry.registered_versions(domain, op_type, backend)
-            lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version "
-                         f"{version}) at node(s) {names[:5]}; registered versions: {have}")
-        raise UnsupportedModelError("\n".join(lines), [(d, o, v, n) for (d, o, v), n in
-                                                       missing.items()])
+        entries = [(d, o, v, n) for (d, o, v), n in missing.items()]
+        raise UnsupportedModelError(unsupported_message(entries, backend, registered=partial(
+            registry.registered_versions, backend=backend)), entries)

@@ -20,7 +20,6 @@ from .. import ir
 from ..backends import (
     APPLIED,
     DEFAULT_CHANNEL_ALIGN,
-    PLAN_BACKEND,
     StepReport,
     check_cuda_graphs,
     resolve_backend,
@@ -187,10 +186,9 @@ class TrainingSession:
         self.cuda_graphs = check_cuda_graphs(cuda_graphs)
         precision = check_precision(precision, self.backend)
         loss_scale = check_loss_scale(loss_scale, precision)
-        self.kernels_of = PLAN_BACKEND[self.backend]  # the registry backend plans dispatch to
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
-        self.imported: ImportedModel = import_model(model, self.registry, self.kernels_of)
+        self.imported: ImportedModel = import_model(model, self.registry, self.backend)
         self.optimizer = make_optimizer(optimizer if optimizer is not None else AdamW(), lr)
         self.schedule = make_schedule(lr_schedule)
         if grad_accumulation < 1:
@@ -229,7 +227,7 @@ class TrainingSession:
     def _loss(self, loss):
         if isinstance(loss, (onnx.ModelProto, bytes)) or (
                 isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
-            return import_model(loss, self.registry, self.kernels_of)
+            return import_model(loss, self.registry, self.backend)
         return make_loss_spec(loss)
 
     def config(self) -> dict:
@@ -282,7 +280,7 @@ class TrainingSession:
         return compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
-                                              backend=self.kernels_of, cfg=cfg),
+                                              backend=self.backend, cfg=cfg),
                             absorb_flatten=False, device=self.device,
                             cuda_graphs=self.cuda_graphs)
 

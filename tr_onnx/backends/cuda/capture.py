@@ -22,12 +22,16 @@ Two guards make mistakes loud:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self
 
+import numpy as np
+
 from ...errors import TrOnnxError
 from ...memory import MemoryPlan, Region
+from .. import check_cuda_graphs
 
 # Which arena regions a step may write, per training phase. CONST is never written; INPUT
 # (the batch, LR and step-count scalars) only by async copies issued before the graph launch.
@@ -93,6 +97,12 @@ class DeviceAPI(Protocol):
     ``launch`` args are scalars or ``DeviceBuffer``; ``cudnn_execute`` takes a built graph
     (``cudnn_graphs.BuiltGraph``), the device pointer of each of its ports and the workspace
     pointer. Copies name their direction: ``kind`` is ``"h2d"``, ``"d2h"`` or ``"d2d"``.
+    ``launch_graph`` replays what ``end_capture`` returned. At bind time: ``prepare_kernel``
+    (compile/load the kernel a ``KernelRef`` names), ``build_cudnn`` (a ``GraphDesc`` -> what
+    ``cudnn_execute`` takes). Host transfers: ``pinned_buffers`` (``count`` host staging
+    buffers of ``nbytes``), ``record_host_buffer`` / ``wait_host_buffer`` (the event behind
+    buffer ``index``'s last copy). ``allocation_guard``: a context-manager factory held while
+    capturing (``AllocationGuard``), or None where allocations cannot happen.
     """
 
     arena_base: int
@@ -107,6 +117,14 @@ class DeviceAPI(Protocol):
     def begin_capture(self) -> None: ...
     def end_capture(self) -> Any: ...
     def abort_capture(self) -> None: ...
+    def launch_graph(self, graph: Any) -> None: ...
+    def prepare_kernel(self, ref: Any) -> None: ...
+    def build_cudnn(self, desc: Any) -> Any: ...
+    def pinned_buffers(self, nbytes: int, count: int) -> list: ...
+    def record_host_buffer(self, index: int) -> None: ...
+    def wait_host_buffer(self, index: int) -> None: ...
+
+    allocation_guard: Callable[[Callable[[], str]], Any] | None
 
 
 @dataclass
@@ -152,6 +170,49 @@ def capture_step(plan_steps: Iterable[CaptureStep], device: DeviceAPI, warmup: i
         device.abort_capture()
         raise CaptureError(current[0], f"{type(e).__name__}: {e}") from e
     return device.end_capture()
+
+
+class PhaseGraphs:
+    """TinyJit's state machine for the phases of one plan: a phase (``"a+b"``: several as one)
+    runs eagerly the first time (the warm-up: modules loaded, cuDNN plans built, caches filled
+    on the capture stream), is captured into one graph the second and launched, and replayed
+    after. ``mode`` (``backends.CUDA_GRAPHS``): ``"fallback"`` -- a phase that cannot be
+    captured warns, naming the node, and runs eagerly from then on; ``"require"`` -- the
+    ``CaptureError`` propagates; ``"off"`` -- nothing is captured (debugging, profiling)."""
+
+    def __init__(self, device: DeviceAPI, mode: str = "fallback"):
+        self.device, self.mode = device, check_cuda_graphs(mode)
+        self.graphs: dict[str, Any] = {}
+        self.eager_phases: set[str] = set()
+        self.runs: dict[str, int] = {}
+
+    def run(self, phase: str, steps: Callable[[str], list[CaptureStep]]) -> None:
+        """Run ``phase``, whose work ``steps(phase)`` lists."""
+        count = self.runs.get(phase, 0)
+        self.runs[phase] = count + 1
+        if count == 0 or phase in self.eager_phases or self.mode == "off":
+            self._eager(steps(phase))
+            return
+        graph = self.graphs.get(phase)
+        if graph is None:
+            try:
+                graph = capture_step(steps(phase), self.device, warmup=0,
+                                     allocation_guard=self.device.allocation_guard)
+            except CaptureError as e:
+                if self.mode == "require":
+                    raise type(e)(e.node, e.reason + " (cuda_graphs='fallback' runs this step "
+                                  "eagerly instead)", False) from e
+                warnings.warn(str(e), RuntimeWarning, stacklevel=3)
+                self.eager_phases.add(phase)
+                self._eager(steps(phase))
+                return
+            self.graphs[phase] = graph
+        self.device.launch_graph(graph)
+
+    def _eager(self, steps: list[CaptureStep]) -> None:
+        for step in steps:
+            self.device.begin_node(step.label, step.phase)
+            step.run(self.device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,6 +410,22 @@ class FakeRecorder:
         if self.capturing:
             raise SyncDuringCapture(self.node, f"waiting on host buffer {index} while capturing")
 
+    allocation_guard = None  # nothing allocates behind the recorder's back
+
+    def prepare_kernel(self, ref) -> None:
+        """Nothing to compile: the CPU tests compile every source with NVRTC separately."""
+
+    def build_cudnn(self, desc):
+        """The declaration stands for the built graph (``cudnn_execute`` reads its tensors)."""
+        return desc
+
+    def pinned_buffers(self, nbytes: int, count: int) -> list:
+        return [np.zeros(nbytes, np.uint8) for _ in range(count)]
+
+    def launch_graph(self, graph) -> None:
+        """Record the launch; the captured calls are not issued again (nothing runs here)."""
+        self._record("launch_graph", calls=len(graph.calls))
+
     def begin_capture(self) -> None:
         self._record("begin_capture")
         self.capturing = True
@@ -366,5 +443,6 @@ class FakeRecorder:
 
 
 __all__ = ["WRITE_POLICY", "AllocationDuringCapture", "AllocationGuard", "Call", "CaptureError",
-           "CaptureStep", "DeviceAPI", "DeviceBuffer", "FakeRecorder", "PointerOutsideArena",
-           "RecordedGraph", "RegionViolation", "SyncDuringCapture", "capture_step"]
+           "CaptureStep", "DeviceAPI", "DeviceBuffer", "FakeRecorder", "PhaseGraphs",
+           "PointerOutsideArena", "RecordedGraph", "RegionViolation", "SyncDuringCapture",
+           "capture_step"]

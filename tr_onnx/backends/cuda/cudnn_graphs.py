@@ -480,11 +480,14 @@ def _matmul_desc(node, plan: MemoryPlan) -> GraphDesc:
 # Entry points
 # --------------------------------------------------------------------------------------------
 
-def describe_node(node, plan: MemoryPlan, activation=None) -> GraphDesc:
+def describe_node(node, plan: MemoryPlan, activation=None,
+                  workspace: tuple[int, int] | None = None) -> GraphDesc:
     """The cuDNN graph of ``node`` from ``plan``'s DTensors and the node's attributes.
 
     ``activation``: what ``fusable_activation(node, graph)`` returned, to fuse a Relu/ReLU6
-    into a Conv's epilogue (the activation's output becomes the graph's Y). Raises
+    into a Conv's epilogue (the activation's output becomes the graph's Y). ``workspace``:
+    the arena range (offset, bytes) the node's binding reserved for the graph (default: the
+    whole WORKSPACE region). Raises
     ``CudnnGraphError`` for ops with no cuDNN graph (listing those that have one) and for
     layouts that do not fit.
     """
@@ -518,7 +521,7 @@ def describe_node(node, plan: MemoryPlan, activation=None) -> GraphDesc:
         desc = _batchnorm_backward_desc(node, plan)
     else:
         desc = _matmul_desc(node, plan)
-    desc.workspace = plan.regions[Region.WORKSPACE]
+    desc.workspace = plan.regions[Region.WORKSPACE] if workspace is None else workspace
     return desc
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..numpy_backend import NumpyExecutor, allocate_arena
+from ..numpy_backend import allocate_arena
 from . import sources
 from .capture import DeviceBuffer, FakeRecorder
 from .executor import EXECUTOR_POLICY
@@ -72,10 +72,11 @@ class HostEmulator(FakeRecorder):
         super().__init__(plan.memory, BASE, policy=EXECUTOR_POLICY)
         self.lib = lib
         self.arena = allocate_arena(plan.memory.total_bytes) if arena is None else arena
-        self.reference = NumpyExecutor(plan.memory, plan.host_steps)
-        self.steps = {s.label: s for s in self.reference.steps}
-        self.producers = {name: label for label, _, _, outs, *_ in plan.host_steps
-                          for name in outs if name is not None}
+        self.nodes = {n.label: n for n in plan.graph.nodes}
+        self.producers = {v.name: n.label for n in plan.graph.nodes for v in n.outputs
+                          if v is not None}
+        self._numpy: dict[str, tuple] = {}  # node label -> its numpy kernel, bound (lazily)
+        self._shared = plan.memory.padded_in_shared_slots()
         self.fused: dict[str, list[str]] = {}  # cuDNN node label -> nodes in its epilogue
         self.launched_graphs = 0
 
@@ -141,20 +142,32 @@ class HostEmulator(FakeRecorder):
             ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])
 
     def numpy_node(self, label: str) -> None:
-        """Node ``label``'s numpy kernel, on this arena."""
-        step = self.steps[label]
-        src = self.reference.arena.ctypes.data
+        """Node ``label``'s numpy kernel (made from the registry's OpDef, with scratch of its
+        own outside the arena), on this arena's views of its tensors."""
+        bound = self._numpy.get(label)
+        if bound is None:
+            from ...compiler import kernel_context
 
-        def move(v):
-            if v is None:
-                return None
-            return np.ndarray(v.shape, v.dtype, self.arena, v.ctypes.data - src, v.strides)
+            node = self.nodes[label]
+            ctx = kernel_context(node, "numpy")
+            run = node.opdef.kernels["numpy"](ctx)
+            scratch = [np.zeros(shape, dtype) for shape, dtype in ctx.workspace_requests]
+            tensors = self.plan.tensors
 
-        for pad in step.pads:
-            move(pad).fill(0)
+            def views(values):
+                return [None if v is None else tensors[v.name].kernel_view(self.arena)
+                        for v in values]
+
+            pads = [p for v in node.outputs if v is not None and v.name in self._shared
+                    for p in tensors[v.name].layout.pad_views(self.arena, tensors[v.name].offset,
+                                                              tensors[v.name].dtype)]
+            bound = self._numpy[label] = (run, views(node.inputs), views(node.outputs), scratch,
+                                          pads)
+        run, ins, outs, scratch, pads = bound
+        for pad in pads:
+            pad.fill(0)
         with np.errstate(all="ignore"):
-            step.run([move(v) for v in step.ins], [move(v) for v in step.outs],
-                     [move(v) for v in step.ws])
+            run(ins, outs, scratch)
 
 
 def host_emulator(lib: ctypes.CDLL | None = None):

@@ -1,0 +1,64 @@
+"""cuda bindings of ``ops/matmul.py``: Gemm and MatMul as cuDNN matmul graphs (bias fused as
+the epilogue), and MatMul that no graph describes (rank > 3, batch dims broadcast) on the
+batched kernel of ``kernels/matmul.cu``."""
+
+from __future__ import annotations
+
+import math
+
+from ....hookspecs import hookimpl
+from ....opdef import KernelContext, KernelDef
+from ..bind import (
+    BindContext,
+    Unbound,
+    cudnn_binding,
+    cudnn_workspace,
+    float_dt,
+    i64,
+    need_compact,
+)
+
+
+def batched_matmul(b: BindContext, node, why: str) -> list:
+    """The batched kernel: batch dims equal, or one operand's all 1 (stride 0)."""
+    a, c, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    need_compact(b, a, c, y)
+    sa, sc, sy = b.t(a).shape, b.t(c).shape, b.t(y).shape
+    if len(sa) < 2 or len(sc) < 2:
+        raise Unbound(f"{why}; the batched kernel takes operands of rank >= 2")
+    M, K, N = sa[-2], sa[-1], sc[-1]
+    batch = math.prod(sy[:-2])
+    strides = []
+    for shape in (sa, sc):
+        lead = tuple(shape[:-2])
+        full = (1,) * (len(sy) - 2 - len(lead)) + lead
+        if math.prod(lead) == 1:
+            strides.append(0)
+        elif full == tuple(sy[:-2]):
+            strides.append(shape[-2] * shape[-1])
+        else:
+            raise Unbound(f"{why}; batch dims {list(lead)} broadcast partly against "
+                          f"{list(sy[:-2])}")
+    dt = float_dt(b, a, c, y)
+    return [b.launch(f"tr_matmul_{dt}", batch * M * N,
+                     [b.buf(a), b.buf(c), b.buf(y, True), i64(batch), i64(M), i64(K), i64(N),
+                      i64(strides[0]), i64(K), i64(1), i64(strides[1]), i64(N), i64(1)])]
+
+
+def matmul_factory(ctx: KernelContext):
+    """MatMul: a cuDNN graph where one describes the node, else the batched kernel."""
+    k = cudnn_workspace(ctx)
+
+    def bind(b: BindContext, node) -> list:
+        try:
+            return b.cudnn(node, k)
+        except Unbound as e:
+            return batched_matmul(b, node, str(e))
+
+    return bind
+
+
+@hookimpl
+def tr_onnx_op_definitions():
+    return [KernelDef("Gemm", "cuda", cudnn_binding()),
+            KernelDef("MatMul", "cuda", matmul_factory)]

@@ -1,0 +1,115 @@
+"""cuda bindings of ``ops/pool.py``: MaxPool, AveragePool and their backward ops, and
+GlobalAveragePool (``kernels/pool.cu``), over channels-last feature maps with 1-D or 2-D
+windows. The window arithmetic is ``ops.conv.Window``'s, the same the NumPy kernels use."""
+
+from __future__ import annotations
+
+import math
+
+from ....hookspecs import hookimpl
+from ....ir import Node, Value
+from ....opdef import KernelDef
+from ....ops.conv import Window
+from ..bind import INTERNAL, BindContext, Unbound, binding, float_dt, geometry, i64
+
+
+def _pool_geometry(b: BindContext, node: Node, x: Value, y: Value):
+    """(window scalars as kernel args, (lo_h, hi_h, lo_w, hi_w) for count_include_pad on
+    and off, x's and y's channels-last geometry): x the tensor the windows slide over, y the
+    pooled one."""
+
+    tx, ty = b.t(x), b.t(y)
+    gx, gy = geometry(tx), geometry(ty)
+    for t, g in ((tx, gx), (ty, gy)):
+        if g is None or g.kind != "channels_last" or t.layout.kind != "channels_last" or \
+                t.layout.phys_shape[0] != t.shape[0]:
+            raise Unbound(f"{t.name!r} is {t.layout.describe()}; the pool kernels read "
+                           "channels-last feature maps")
+    spatial = tuple(tx.shape[2:])
+    if len(spatial) not in (1, 2):
+        raise Unbound(f"a {len(spatial)}-D pool; the kernels pool 1-D and 2-D windows")
+    attrs = {**node.attrs, "auto_pad": node.attrs.get("auto_pad", "NOTSET")}
+    try:
+        win = Window.resolve(attrs, spatial, node.attrs["kernel_shape"],
+                             bool(node.attrs.get("ceil_mode", 0)))
+    except ValueError as e:
+        raise Unbound(str(e)) from None
+    if tuple(win.out_shape) != tuple(ty.shape[2:]):
+        raise Unbound(f"window output {list(win.out_shape)} != {list(ty.shape[2:])}")
+    one = len(spatial) == 1
+    H, W = (1, spatial[0]) if one else spatial
+    OH, OW = (1, win.out_shape[0]) if one else win.out_shape
+    kh, kw = (1, win.kernel[0]) if one else win.kernel
+    sh, sw = (1, win.strides[0]) if one else win.strides
+    ph, pw = (0, win.pads_begin[0]) if one else win.pads_begin
+    pe_h, pe_w = (0, win.pads_end[0]) if one else win.pads_end
+    dh, dw = (1, win.dilations[0]) if one else win.dilations
+    window = [H, W, OH, OW, tx.shape[1], gx.cp, gy.cp, kh, kw, sh, sw, ph, pw, dh, dw]
+    include = [-ph, H + pe_h, -pw, W + pe_w]
+    exclude = [0, H, 0, W]
+    return window, include, exclude, gx, gy
+
+def bind_max_pool(b: BindContext, node) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    if len(node.outputs) > 1 and node.outputs[1] is not None:
+        raise Unbound("the Indices output has no kernel")
+    window, _, _, _, gy = _pool_geometry(b, node, x, y)
+    dt = float_dt(b, x, y)
+    return [b.launch(f"tr_maxpool_fwd_{dt}", gy.n,
+                     [b.buf(x), b.buf(y, True), i64(gy.n)] + [i64(v) for v in window])]
+
+def bind_max_pool_grad(b: BindContext, node) -> list:
+    gy, x = node.inputs[0], node.inputs[1]
+    gx = node.outputs[0]
+    window, _, _, g_x, g_y = _pool_geometry(b, node, x, gy)
+    if geometry(b.t(gx)) != g_x:
+        raise Unbound("gx and x in different layouts")
+    dt = float_dt(b, gy, x, gx)
+    return [b.launch(f"tr_maxpool_bwd_{dt}", g_x.n,
+                     [b.buf(gy), b.buf(x), b.buf(gx, True), i64(g_x.n)]
+                     + [i64(v) for v in window])]
+
+def bind_average_pool(b: BindContext, node) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    window, include, exclude, _, gy = _pool_geometry(b, node, x, y)
+    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
+    dt = float_dt(b, x, y)
+    return [b.launch(f"tr_avgpool_fwd_{dt}", gy.n,
+                     [b.buf(x), b.buf(y, True), i64(gy.n)]
+                     + [i64(v) for v in window + bounds])]
+
+def bind_average_pool_grad(b: BindContext, node) -> list:
+    gy, gx = node.inputs[0], node.outputs[0]
+    window, include, exclude, g_x, _ = _pool_geometry(b, node, gx, gy)
+    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
+    dt = float_dt(b, gy, gx)
+    return [b.launch(f"tr_avgpool_bwd_{dt}", g_x.n,
+                     [b.buf(gy), b.buf(gx, True), i64(g_x.n)]
+                     + [i64(v) for v in window + bounds])]
+
+def bind_global_average_pool(b: BindContext, node) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    gx, gy = geometry(b.t(x)), geometry(b.t(y))
+    dt = b.dt(x)
+    tx = b.t(x)
+    n, s = tx.shape[0], math.prod(tx.shape[2:])
+    if gx is not None and gy is not None and gx.kind == gy.kind == "channels_last" \
+            and gx.cp == gy.cp and tx.layout.phys_shape[0] == n:
+        cp, sstride, cstride = gx.cp, gx.cp, 1
+    elif gx is not None and gy is not None and gx.kind == gy.kind == "flat":
+        cp, sstride, cstride = tx.shape[1], 1, s
+    else:
+        raise Unbound("input and output of GlobalAveragePool must share the layout kind")
+    total = n * cp
+    return [b.launch(f"tr_gap_{dt}", total,
+                     [b.buf(x), b.buf(y, True), i64(total), i64(s), i64(cp), i64(sstride),
+                      i64(cstride)])]
+
+@hookimpl
+def tr_onnx_op_definitions():
+    return [KernelDef("MaxPool", "cuda", binding(bind_max_pool)),
+            KernelDef("MaxPoolGrad", "cuda", binding(bind_max_pool_grad), domain=INTERNAL),
+            KernelDef("AveragePool", "cuda", binding(bind_average_pool)),
+            KernelDef("AveragePoolGrad", "cuda", binding(bind_average_pool_grad),
+                      domain=INTERNAL),
+            KernelDef("GlobalAveragePool", "cuda", binding(bind_global_average_pool))]
