@@ -270,7 +270,7 @@ def test_fused_optimizer_covers_the_param_span_once(stem):
     plan, device, ex = executor(stem)
     run_steps(ex, 1)
     updates = [c for c in device.calls if c.op == "launch"
-               and c.args["kernel"].family == "optim"]
+               and c.args["kernel"].family == "optimizers"]
     assert len(updates) == 1
     (upd,) = updates
     span = plan.memory.tensors["__params"]
@@ -419,7 +419,7 @@ def test_host_transfers_pad_and_unpad_on_the_device(host_lib):
     kinds = [(c.op, c.phase) for c in device.calls]
     assert ("memcpy_async", "upload") in kinds and ("launch", "upload") in kinds
     pad = next(c for c in device.calls if c.op == "launch" and c.phase == "upload")
-    assert pad.args["kernel"] == KernelRef("layout", "tr_pad_nhwc_f32_f32")
+    assert pad.args["kernel"] == KernelRef("layout_convert", "tr_pad_nhwc_f32_f32")
     np.testing.assert_array_equal(ex.read_output("input"), x)
     np.testing.assert_array_equal(ex.read_output("input", "nhwc"), np.moveaxis(x, 1, -1))
     labels = np.arange(4) % 10

@@ -65,8 +65,8 @@ def test_compile_all_nvrtc_covers_every_family():
     # ptx for compute_90 exercises the other output path on the smallest family set
     ptx = sources.compile_nvrtc("convert", "compute_90")
     assert b".entry tr_convert_f32_f16" in ptx
-    assert set(sources.SOURCES) == {"unary", "binary", "layout", "convert", "optim", "amp",
-                                    "loss", "extra", "pool_norm"}
+    assert set(sources.SOURCES) == {"unary", "binary", "layout_convert", "convert",
+                                    "optimizers", "amp", "losses", "extra", "pool_norm"}
 
 
 def test_kernel_names_are_unique_and_suffixed():

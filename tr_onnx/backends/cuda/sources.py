@@ -92,7 +92,8 @@ def _pairs(macro: str, pairs) -> tuple[str, ...]:
 
 def _layout() -> KernelSource:
     names = tuple(f"tr_{k}_nhwc_{s}_{d}" for s, d in STORAGE_PAIRS for k in ("pad", "unpad"))
-    return KernelSource("layout", "layout.cu", _pairs("TR_PAD", STORAGE_PAIRS), names)
+    return KernelSource("layout_convert", "layout_convert.cu", _pairs("TR_PAD", STORAGE_PAIRS),
+                        names)
 
 
 def _convert() -> KernelSource:
@@ -143,11 +144,11 @@ def _pool_norm() -> KernelSource:
 
 SOURCES: dict[str, KernelSource] = {s.name: s for s in (
     _unary(), _binary(), _layout(), _convert(), _extra(), _pool_norm(),
-    _per_dtype("optim", "TR_OPTIM", ("sgd", "adam", "adagrad")),
+    _per_dtype("optimizers", "TR_OPTIM", ("sgd", "adam", "adagrad")),
     _per_dtype("amp", "TR_UNSCALE_CHECK", ("unscale_check",),
                ("tr_step_advance", "tr_loss_scale_update", "tr_flag_or", "tr_copy_unless_b4",
                 "tr_zero_if_b4", "tr_step_check", "tr_step_report")),
-    _per_dtype("loss", "TR_LOSS", ("sce_fwd", "sce_bwd", "mse_fwd", "mse_bwd"),
+    _per_dtype("losses", "TR_LOSS", ("sce_fwd", "sce_bwd", "mse_fwd", "mse_bwd"),
                ("tr_sce_reduce",)),
 )}
 """Family name -> KernelSource."""
