@@ -62,11 +62,12 @@ def test_source_compiles_with_nvrtc_for_sm90(family):
 
 
 def test_compile_all_nvrtc_covers_every_family():
-    # ptx for compute_90 exercises the other output path on the smallest family set
-    ptx = sources.compile_nvrtc("convert", "compute_90")
+    # ptx for compute_90 exercises the other output path (on the family holding Cast)
+    ptx = sources.compile_nvrtc("elementwise", "compute_90")
     assert b".entry tr_convert_f32_f16" in ptx
-    assert set(sources.SOURCES) == {"unary", "binary", "layout_convert", "convert",
-                                    "optimizers", "amp", "losses", "extra", "pool_norm"}
+    assert set(sources.SOURCES) == {"unary", "elementwise", "tensor", "indexing", "matmul",
+                                    "pool", "normalization", "reduce", "losses", "optimizers",
+                                    "layout_convert", "amp"}
 
 
 def test_kernel_names_are_unique_and_suffixed():
@@ -724,7 +725,7 @@ def test_mse_elements_match_numpy(host, dt):
 
 
 
-# ---- pools, softmax, layer norm, data movement (kernels/pool_norm.cu) --------------------------
+# ---- pools, softmax, layer norm, data movement (pool.cu, reduce.cu, normalization.cu, ...) -----
 
 def _model(op, inputs, outputs, attrs=None, inits=(), opset=17, domain_ops=()):
     """A one-node model: ``inputs``/``outputs`` as {name: array or shape}; ``inits`` arrays."""
