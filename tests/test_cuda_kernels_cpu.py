@@ -40,6 +40,7 @@ from onnx import helper, numpy_helper
 import tr_onnx
 from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.host_emulator import build_host_library
+from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
 from tr_onnx.ops import optimizers as np_optim
@@ -74,6 +75,13 @@ def test_kernel_names_are_unique_and_suffixed():
     names = [k for s in sources.SOURCES.values() for k in s.kernels]
     assert len(names) == len(set(names))
     assert all(k.startswith("tr_") for k in names)
+
+
+def test_nvrtc_rejection_is_a_tr_onnx_error_with_the_log():
+    assert issubclass(sources.KernelCompileError, TrOnnxError)
+    bad = '#include "elementwise.cuh"\nTR_KERNEL void tr_bad(float* y) { *y = no_such_name; }\n'
+    with pytest.raises(sources.KernelCompileError, match="no_such_name"):
+        sources.nvrtc_compile(bad, "bad.cu", sources.compile_options(), "bad.cu")
 
 
 # ---- 2. the host build ----------------------------------------------------------------------

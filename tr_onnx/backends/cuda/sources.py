@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from ...errors import TrOnnxError
+
 KERNEL_DIR = Path(__file__).with_name("kernels")
 
 HEADERS = ("elementwise.cuh", "layout.cuh", "strided.cuh")
@@ -41,8 +43,8 @@ HEADERS = ("elementwise.cuh", "layout.cuh", "strided.cuh")
 DTYPES = {"f32": "float", "f16": "tr_f16", "bf16": "tr_bf16"}
 
 
-class KernelCompileError(RuntimeError):
-    """NVRTC rejected a source; the message carries NVRTC's log."""
+class KernelCompileError(TrOnnxError):
+    """NVRTC rejected a source (or found no CUDA headers); the message carries NVRTC's log."""
 
 
 @dataclass(frozen=True)
