@@ -287,7 +287,8 @@ def test_fused_optimizer_covers_the_param_span_once(stem):
     plan, device, ex = executor(stem)
     run_steps(ex, 1)
     updates = [c for c in device.calls if c.op == "launch"
-               and c.args["kernel"].family == "optim"]
+               and c.args["kernel"].family == "optimizers"
+               and not c.args["kernel"].name.startswith("tr_scale_clip_norm_")]  # ScaleClipGrad
     assert len(updates) == 1
     (upd,) = updates
     span = plan.memory.tensors["__params"]
@@ -443,7 +444,7 @@ def test_host_transfers_pad_and_unpad_on_the_device(host_lib):
     kinds = [(c.op, c.phase) for c in device.calls]
     assert ("memcpy_async", "upload") in kinds and ("launch", "upload") in kinds
     pad = next(c for c in device.calls if c.op == "launch" and c.phase == "upload")
-    assert pad.args["kernel"] == KernelRef("layout", "tr_pad_nhwc_f32_f32")
+    assert pad.args["kernel"] == KernelRef("layout_convert", "tr_pad_nhwc_f32_f32")
     np.testing.assert_array_equal(ex.read_output("input"), x)
     np.testing.assert_array_equal(ex.read_output("input", "nhwc"), np.moveaxis(x, 1, -1))
     labels = np.arange(4) % 10
@@ -492,7 +493,8 @@ def test_cuda_available_never_raises_and_the_device_says_why():
 
 def test_emulated_transformer_steps_equal_the_numpy_backend(host_lib):
     """Three captured transformer steps (batched MatMul, Softmax, LayerNorm(Grad), Gather(Grad),
-    Transpose, Erf, broadcast Sub, ReduceMean on pool_norm.cu). The attention's key bias has a
+    Transpose, Erf, broadcast Sub, ReduceMean on matmul.cu, reduce.cu, normalization.cu,
+    indexing.cu, tensor.cu, unary.cu, elementwise.cu). The attention's key bias has a
     gradient that cancels to rounding noise (softmax ignores a per-row shift), which Adam
     normalises into full steps of either sign: those parameters (and the span's zero
     alignment gaps) are left out."""

@@ -1,7 +1,9 @@
 """The cuda backend's own kernels, checked without a GPU (tr_onnx/backends/cuda/kernels).
 
 1. Every registered source compiles with NVRTC for sm_90 (CuPy's low-level NVRTC binding needs
-   no driver) and the cubin defines every kernel the registry names.
+   no driver) and the cubin defines every kernel the registry names; each family's text
+   defines exactly its table's kernels, no kernel twice across families, no helper in two
+   files.
 2. The same sources, compiled by the host C++ compiler (``elementwise.cuh`` makes a kernel a
    plain function whose grid-stride loop one "thread" runs to the end), are called through
    ctypes and compared with the NumPy kernels: unary ops through ``InferenceSession`` and
@@ -28,7 +30,10 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
+import subprocess
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,7 +44,8 @@ from onnx import helper, numpy_helper
 
 import tr_onnx
 from tr_onnx.backends.cuda import sources
-from tr_onnx.backends.cuda.host_emulator import build_host_library
+from tr_onnx.backends.cuda.host_emulator import build_host_library, host_compiler
+from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
 from tr_onnx.ops import optimizers as np_optim
@@ -62,17 +68,70 @@ def test_source_compiles_with_nvrtc_for_sm90(family):
 
 
 def test_compile_all_nvrtc_covers_every_family():
-    # ptx for compute_90 exercises the other output path on the smallest family set
-    ptx = sources.compile_nvrtc("convert", "compute_90")
+    # ptx for compute_90 exercises the other output path (on the family holding Cast)
+    ptx = sources.compile_nvrtc("elementwise", "compute_90")
     assert b".entry tr_convert_f32_f16" in ptx
-    assert set(sources.SOURCES) == {"unary", "binary", "layout", "convert", "optim", "amp",
-                                    "loss", "extra", "pool_norm"}
+    assert set(sources.SOURCES) == {"unary", "elementwise", "tensor", "indexing", "matmul",
+                                    "pool", "normalization", "reduce", "losses", "optimizers",
+                                    "layout_convert", "amp"}
 
 
 def test_kernel_names_are_unique_and_suffixed():
     names = [k for s in sources.SOURCES.values() for k in s.kernels]
     assert len(names) == len(set(names))
     assert all(k.startswith("tr_") for k in names)
+
+
+def _defined_kernels(text: str) -> list[str]:
+    """The ``extern "C"`` kernels ``text`` defines once the host preprocessor has expanded it."""
+    done = subprocess.run([host_compiler(), "-E", "-P", "-x", "c++", "-std=c++17",
+                           f"-I{sources.KERNEL_DIR}", "-"], input=text, capture_output=True,
+                          text=True, check=True)
+    return re.findall(r'extern "C" void (tr_\w+)\s*\(', done.stdout)
+
+
+@pytest.mark.parametrize("family", list(sources.SOURCES))
+def test_family_text_defines_exactly_the_kernels_its_table_names(family):
+    src = sources.SOURCES[family]
+    defined = Counter(_defined_kernels(src.text))
+    assert not [k for k, n in defined.items() if n > 1], f"{family}: defined twice"
+    assert sorted(defined) == sorted(src.kernels), family
+
+
+def test_every_kernel_is_defined_by_exactly_one_family():
+    names = Counter(k for s in sources.SOURCES.values() for k in s.kernels)
+    assert not [k for k, n in names.items() if n > 1]
+    defined = _defined_kernels("\n".join(s.text for s in sources.SOURCES.values()))
+    assert sorted(defined) == sorted(names)
+    assert all(sources.family_of(k) in sources.SOURCES for k in names)
+
+
+def test_kernel_folder_holds_one_file_per_family_and_the_shared_headers():
+    files = {p.name for p in sources.KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh")}
+    assert files == {s.file for s in sources.SOURCES.values()} | set(sources.HEADERS)
+    assert all(s.file == f"{name}.cu" for name, s in sources.SOURCES.items())
+
+
+_HELPER = re.compile(r"^(?:#define\s+(\w+)|(?:template\s*<[^>]*>\s*)?TR_HD\b[^(=]*?\b(\w+)\s*\()",
+                     re.M)
+
+
+def test_no_helper_is_defined_in_two_kernel_files():
+    """A macro or device helper lives in one file: shared ones in a header (HEADERS)."""
+    where: dict[str, set[str]] = {}
+    for path in sorted(sources.KERNEL_DIR.iterdir()):
+        if path.suffix in (".cu", ".cuh"):
+            for m in _HELPER.finditer(path.read_text()):
+                where.setdefault(m.group(1) or m.group(2), set()).add(path.name)
+    assert "tr_strided_offset" in where and "TR_UNARY" in where  # the pattern finds both kinds
+    assert {k: f for k, f in where.items() if len(f) > 1} == {}
+
+
+def test_nvrtc_rejection_is_a_tr_onnx_error_with_the_log():
+    assert issubclass(sources.KernelCompileError, TrOnnxError)
+    bad = '#include "elementwise.cuh"\nTR_KERNEL void tr_bad(float* y) { *y = no_such_name; }\n'
+    with pytest.raises(sources.KernelCompileError, match="no_such_name"):
+        sources.nvrtc_compile(bad, "bad.cu", sources.compile_options(), "bad.cu")
 
 
 # ---- 2. the host build ----------------------------------------------------------------------
@@ -724,7 +783,7 @@ def test_mse_elements_match_numpy(host, dt):
 
 
 
-# ---- pools, softmax, layer norm, data movement (kernels/pool_norm.cu) --------------------------
+# ---- pools, softmax, layer norm, data movement (pool.cu, reduce.cu, normalization.cu, ...) -----
 
 def _model(op, inputs, outputs, attrs=None, inits=(), opset=17, domain_ops=()):
     """A one-node model: ``inputs``/``outputs`` as {name: array or shape}; ``inits`` arrays."""

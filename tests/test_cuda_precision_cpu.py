@@ -452,7 +452,7 @@ def test_every_cudnn_graph_of_a_half_plan_reads_and_writes_the_half_type(device,
     """Conv fprop/dgrad/wgrad and matmul graphs in one data type (the model's float32 input
     included: the host rounds the batch to half on upload), BatchNorm's feature maps too;
     declared with the real cuDNN frontend up to validate(). (The transformer's rank-4
-    attention MatMuls run on pool_norm.cu's batched kernel, not cuDNN.)"""
+    attention MatMuls run on matmul.cu's batched kernel, not cuDNN.)"""
     import cudnn
 
     scaling = {"loss_scale": {"init": 1024.0}} if precision == "fp16" else {}

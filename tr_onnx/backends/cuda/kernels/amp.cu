@@ -1,3 +1,11 @@
+// The training step's loss scaling and step guard: not an op family (no ops/ module holds
+// them). The cuda executor launches them beside the ScaleClipGrad and optimizer bindings
+// (dynamic loss scaling, asked for by the attributes tr_onnx/training/precision.py sets) and
+// around the step's phases (the guard, which decides on the device whether the batch is
+// kept). tr_unscale_check_<dt> reads fp32/fp16/bf16 storage; the others work on float32
+// flags, the float32 scale, the int32 growth tracker, int64 step counters and 4-byte words
+// in the arena (C signatures below).
+//
 // Dynamic loss scaling, as torch.amp.GradScaler with torch's kernels:
 // 1. tr_unscale_check_<dt>(g, n, inv_scale, found_inf): found_inf = 1 if any g is not finite;
 //    g *= inv_scale (_amp_foreach_non_finite_check_and_unscale_). One launch per region.

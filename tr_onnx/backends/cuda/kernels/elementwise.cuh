@@ -2,10 +2,12 @@
 // C++ compiler (tests compare it with the NumPy kernels). Every function takes and returns
 // float: storage types (float, fp16, bf16) are converted on load and store, compute is fp32.
 //
-// The formulas follow tr_onnx/ops/elementwise.py, the gradient rules there, ops/losses.py and
-// ops/optimizers.py operation by operation, in the same order, so that with FMA contraction
-// off (NVRTC --fmad=false, host -ffp-contract=off) the plain arithmetic rounds exactly as NumPy
-// does; only the libm functions (expf, tanhf, erff, ...) differ by their few ulp.
+// The formulas follow tr_onnx/ops/unary.py and ops/elementwise.py (and the gradient rules
+// there), ops/losses.py and ops/optimizers.py operation by operation, in the same order, so
+// that with FMA contraction off (NVRTC --fmad=false, host -ffp-contract=off) the plain
+// arithmetic rounds exactly as NumPy does; only the libm functions (expf, tanhf, erff, ...)
+// differ by their few ulp. Every family's .cu includes this header (the host/device shim
+// below); helpers that only one family uses live in that family's file.
 #pragma once
 
 #if defined(__CUDACC__)  // NVRTC or nvcc

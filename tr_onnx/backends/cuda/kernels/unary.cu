@@ -1,9 +1,13 @@
-// Unary ops and their backward over a flat range: fp32/fp16/bf16 storage, fp32 compute.
+// Unary ops and their backward over a flat range: fp32/fp16/bf16 storage, fp32 compute
+// (tr_onnx/ops/unary.py; the per-element math is elementwise.cuh's).
 // tr_<op>_fwd_<dt>(x, y, n, a, b):        y = f(x; a, b)           (x == y allowed)
 // tr_<op>_bwd_<dt>(x, y, gy, gx, n, a, b): gx = g(x, y, gy; a, b)  (x or y may be null when
 //                                          the op's gradient does not read it)
 // a, b: the op's float attributes (alpha, beta; Clip's min, max), unused ones 0.
-// The instantiations (TR_UNARY(op, dt) lines) are appended by tr_onnx/backends/cuda/sources.py.
+// tr_erf_<dt>(x, y, n): y = erf(x). Forward only: Erf's gradient rule builds IR nodes (Exp,
+//                       Mul) instead of calling a backward kernel.
+// The instantiations (TR_UNARY(op, T, dt), TR_ERF(T, dt) lines) are appended by
+// tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
 
 #define TR_UNARY(op, T, dt)                                                                   \
@@ -16,4 +20,9 @@
             float xi = x ? tr_get(x, i) : 0.0f, yi = y ? tr_get(y, i) : 0.0f;               \
             tr_put(gx, i, tr_##op##_grad(xi, yi, tr_get(gy, i), a, b));                      \
         }                                                                                     \
+    }
+
+#define TR_ERF(T, dt)                                                                          \
+    TR_KERNEL void tr_erf_##dt(const T* x, T* y, long long n) {                               \
+        TR_GRID_STRIDE(i, n) tr_put(y, i, erff(tr_get(x, i)));                                 \
     }

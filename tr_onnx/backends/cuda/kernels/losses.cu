@@ -1,12 +1,19 @@
-// Losses over rows. Softmax cross-entropy: scores as rows of c classes with row stride ld
-// (class-last: [N, C] or channels-last [N, *S, Cp], rows = N * prod(S), ld = Cp), int64 labels
-// per row, optional float32 class weights, optional ignore_index (weight 0, as ops/losses.py).
+// Losses (tr_onnx/ops/losses.py), over rows. Softmax cross-entropy: scores as rows of c
+// classes with row stride ld (class-last: [N, C] or channels-last [N, *S, Cp],
+// rows = N * prod(S), ld = Cp), int64 labels per row, optional float32 class weights,
+// optional ignore_index (weight 0, as ops/losses.py).
 // tr_sce_fwd_<dt>: per-row loss and weight; tr_sce_reduce: the sum or mean into one scalar
 // (and the mean's denominator, which the backward reads); tr_sce_bwd_<dt>: gradient of the
 // scores, pad lanes written as zero. reduction: 0 none (gloss per row), 1 sum, 2 mean.
 // One thread per row: clear and small; a warp-per-row version can replace it for large C.
 // MSE: tr_mse_fwd_<dt> squared differences (fp32), tr_mse_bwd_<dt> with g the loss gradient
 // already divided by the count for "mean".
+// tr_sce_fwd_<dt>(x, labels, class_w, row_loss, row_w, rows, c, ld, ignore_index, has_ignore)
+// tr_sce_reduce(row_loss, row_w, rows, reduction, weighted, loss, denom)
+// tr_sce_bwd_<dt>(x, labels, class_w, gloss, denom, gx, rows, c, ld, ignore_index,
+//                 has_ignore, reduction)
+// tr_mse_fwd_<dt>(x, t, out, n), tr_mse_bwd_<dt>(x, t, g, gx, n)
+// The instantiations (TR_LOSS(T, dt) lines) are appended by tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
 
 TR_HD void tr_sce_label(long long label, const float* class_w, long long ignore_index,

@@ -1,8 +1,11 @@
-// NHWC pad/unpad between the compact NCHW host layout and the padded NHWC device layout,
+// Layout conversion (tr_onnx/ops/layout_convert.py): NHWC pad/unpad between the compact NCHW
+// host layout and the padded NHWC device layout (index math in layout.cuh),
 // converting the storage type on the way (fp32 host batch -> fp16 device input, ...).
 // tr_pad_nhwc_<src>_<dst>(x_nchw, y_nhwc, total_padded, c, s, cp): every padded element is
 //     written, pad lanes as zero.
 // tr_unpad_nhwc_<src>_<dst>(x_nhwc, y_nchw, total_compact, c, s, cp)
+// The instantiations (TR_PAD(S, sdt, D, ddt) lines, one per STORAGE_PAIRS pair) are appended
+// by tr_onnx/backends/cuda/sources.py.
 #include "layout.cuh"
 
 #define TR_PAD(S, sdt, D, ddt)                                                                 \

@@ -1,0 +1,179 @@
+// Pools (tr_onnx/ops/pool.py): MaxPool / AveragePool and their backward (MaxPoolGrad /
+// AveragePoolGrad), GlobalAveragePool. fp32/fp16/bf16 storage, fp32 compute; one thread per
+// element written, so the host build (the tests) runs them as plain loops.
+//
+// Windowed pools (2-D; a 1-D pool is H = 1). x is [N, H, W, cpx] and y [N, OH, OW, cpy]
+// (channels-last, c logical channels, pad lanes written 0). TR_POOL_ARGS: total (elements
+// written), H, W, OH, OW, c, cpx, cpy, the window's kernel (kh, kw), strides (sh, sw), leading
+// pads (ph, pw) and dilations (dh, dw); a tap outside [0, H) x [0, W) reads -inf (max) or 0
+// (average), as the numpy kernels' padded workspace. The average's divisor counts the taps
+// inside [lo, hi) per axis (the input, or with count_include_pad the input plus its explicit
+// pads, never the ceil_mode overhang): lo_h, hi_h, lo_w, hi_w are passed by the binder.
+// tr_maxpool_fwd_<dt>(x, y, TR_POOL_ARGS)
+// tr_maxpool_bwd_<dt>(gy, x, gx, TR_POOL_ARGS)
+// tr_avgpool_fwd_<dt>(x, y, TR_POOL_ARGS, lo_h, hi_h, lo_w, hi_w)
+// tr_avgpool_bwd_<dt>(gy, gx, TR_POOL_ARGS, lo_h, hi_h, lo_w, hi_w)
+// Backward: one thread per gx element sums its windows' shares tap by tap, in the numpy
+// kernel's order (taps in scan order), so fp32 sums round as NumPy's.
+//
+// tr_gap_<dt>(x, y, total, s, cp, sstride, cstride)
+//     GlobalAveragePool: y[b, ch] = mean over the s spatial positions, total = N * cp.
+// The instantiations (TR_POOL(T, dt), TR_GAP(T, dt) lines) are appended by
+// tr_onnx/backends/cuda/sources.py.
+#include "elementwise.cuh"
+
+#if defined(__CUDACC__)
+TR_HD float tr_neg_inf() { return __int_as_float(0xff800000); }
+#else
+TR_HD float tr_neg_inf() {
+    unsigned u = 0xff800000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#endif
+
+#define TR_POOL_ARGS                                                                           \
+    long long total, long long H, long long W, long long OH, long long OW, long long c,        \
+        long long cpx, long long cpy, long long kh, long long kw, long long sh, long long sw,  \
+        long long ph, long long pw, long long dh, long long dw
+
+// the average pool's divisor at output (oh, ow): taps inside [lo, hi) per axis
+TR_HD float tr_pool_count(long long oh, long long ow, long long kh, long long kw, long long sh,
+                          long long sw, long long ph, long long pw, long long dh, long long dw,
+                          long long lo_h, long long hi_h, long long lo_w, long long hi_w) {
+    long long ch = 0, cw = 0;
+    for (long long t = 0; t < kh; ++t) {
+        long long p = oh * sh - ph + t * dh;
+        ch += (p >= lo_h && p < hi_h) ? 1 : 0;
+    }
+    for (long long t = 0; t < kw; ++t) {
+        long long p = ow * sw - pw + t * dw;
+        cw += (p >= lo_w && p < hi_w) ? 1 : 0;
+    }
+    return (float)(ch * cw);
+}
+
+// the tap index of output (n, oh, ow, ch)'s window maximum: the first strictly greater value in
+// scan order wins (tap 0 otherwise), padding reads -inf (MaxPoolGrad's argmax)
+template <class T>
+TR_HD long long tr_pool_argmax(const T* x, long long n, long long oh, long long ow, long long ch,
+                               long long H, long long W, long long cpx, long long kh,
+                               long long kw, long long sh, long long sw, long long ph,
+                               long long pw, long long dh, long long dw) {
+    float best = 0.0f;
+    long long arg = 0;
+    for (long long a = 0; a < kh; ++a) {
+        for (long long b = 0; b < kw; ++b) {
+            long long ih = oh * sh - ph + a * dh, iw = ow * sw - pw + b * dw;
+            float v = (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                          ? tr_get(x, ((n * H + ih) * W + iw) * cpx + ch)
+                          : tr_neg_inf();
+            long long k = a * kw + b;
+            if (k == 0 || v > best) {
+                best = v;
+                arg = k;
+            }
+        }
+    }
+    return arg;
+}
+
+#define TR_POOL(T, dt)                                                                         \
+    TR_KERNEL void tr_maxpool_fwd_##dt(const T* x, T* y, TR_POOL_ARGS) {                      \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % cpy, r = j / cpy;                                               \
+            long long ow = r % OW, oh = (r / OW) % OH, n = r / (OW * OH);                      \
+            if (ch >= c) {                                                                     \
+                tr_put(y, j, 0.0f);                                                            \
+                continue;                                                                      \
+            }                                                                                  \
+            float best = 0.0f;                                                                 \
+            for (long long a = 0; a < kh; ++a)                                                 \
+                for (long long b = 0; b < kw; ++b) {                                           \
+                    long long ih = oh * sh - ph + a * dh, iw = ow * sw - pw + b * dw;          \
+                    float v = (ih >= 0 && ih < H && iw >= 0 && iw < W)                         \
+                                  ? tr_get(x, ((n * H + ih) * W + iw) * cpx + ch)              \
+                                  : tr_neg_inf();                                                 \
+                    /* np.maximum: NaN in either operand wins */                               \
+                    best = (a == 0 && b == 0) ? v : (best != best ? best                       \
+                                                     : (v != v || v > best ? v : best));       \
+                }                                                                              \
+            tr_put(y, j, best);                                                                \
+        }                                                                                      \
+    }                                                                                          \
+    /* gx (n, ih, iw, ch): sum over taps k (scan order) of gy at the output whose tap k reads  \
+       (ih, iw), where that output's argmax is k; total = gx's physical elements */          \
+    TR_KERNEL void tr_maxpool_bwd_##dt(const T* gy, const T* x, T* gx, TR_POOL_ARGS) {        \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % cpx, r = j / cpx;                                               \
+            long long iw = r % W, ih = (r / W) % H, n = r / (W * H);                           \
+            float acc = 0.0f;                                                                  \
+            for (long long a = 0; ch < c && a < kh; ++a)                                       \
+                for (long long b = 0; b < kw; ++b) {                                           \
+                    long long th = ih + ph - a * dh, tw = iw + pw - b * dw;                    \
+                    if (th < 0 || tw < 0 || th % sh || tw % sw) continue;                      \
+                    long long oh = th / sh, ow = tw / sw;                                      \
+                    if (oh >= OH || ow >= OW) continue;                                        \
+                    if (tr_pool_argmax(x, n, oh, ow, ch, H, W, cpx, kh, kw, sh, sw, ph, pw,   \
+                                       dh, dw) != a * kw + b) continue;                        \
+                    acc += tr_get(gy, ((n * OH + oh) * OW + ow) * cpy + ch);                   \
+                }                                                                              \
+            tr_put(gx, j, acc);                                                                \
+        }                                                                                      \
+    }                                                                                          \
+    TR_KERNEL void tr_avgpool_fwd_##dt(const T* x, T* y, TR_POOL_ARGS, long long lo_h,        \
+                                       long long hi_h, long long lo_w, long long hi_w) {      \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % cpy, r = j / cpy;                                               \
+            long long ow = r % OW, oh = (r / OW) % OH, n = r / (OW * OH);                      \
+            if (ch >= c) {                                                                     \
+                tr_put(y, j, 0.0f);                                                            \
+                continue;                                                                      \
+            }                                                                                  \
+            float acc = 0.0f;                                                                  \
+            for (long long a = 0; a < kh; ++a)                                                 \
+                for (long long b = 0; b < kw; ++b) {                                           \
+                    long long ih = oh * sh - ph + a * dh, iw = ow * sw - pw + b * dw;          \
+                    float v = (ih >= 0 && ih < H && iw >= 0 && iw < W)                         \
+                                  ? tr_get(x, ((n * H + ih) * W + iw) * cpx + ch)              \
+                                  : 0.0f;                                                      \
+                    acc = (a == 0 && b == 0) ? v : acc + v;                                    \
+                }                                                                              \
+            tr_put(y, j, acc / tr_pool_count(oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, lo_h,     \
+                                             hi_h, lo_w, hi_w));                               \
+        }                                                                                      \
+    }                                                                                          \
+    TR_KERNEL void tr_avgpool_bwd_##dt(const T* gy, T* gx, TR_POOL_ARGS, long long lo_h,      \
+                                       long long hi_h, long long lo_w, long long hi_w) {      \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % cpx, r = j / cpx;                                               \
+            long long iw = r % W, ih = (r / W) % H, n = r / (W * H);                           \
+            float acc = 0.0f;                                                                  \
+            for (long long a = 0; ch < c && a < kh; ++a)                                       \
+                for (long long b = 0; b < kw; ++b) {                                           \
+                    long long th = ih + ph - a * dh, tw = iw + pw - b * dw;                    \
+                    if (th < 0 || tw < 0 || th % sh || tw % sw) continue;                      \
+                    long long oh = th / sh, ow = tw / sw;                                      \
+                    if (oh >= OH || ow >= OW) continue;                                        \
+                    acc += tr_get(gy, ((n * OH + oh) * OW + ow) * cpy + ch) /                  \
+                           tr_pool_count(oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, lo_h, hi_h,   \
+                                         lo_w, hi_w);                                          \
+                }                                                                              \
+            tr_put(gx, j, acc);                                                                \
+        }                                                                                      \
+    }
+
+// y[b, ch] = mean over si of x[b * s * cp + si * sstride + ch * cstride], total = N * cp;
+// NHWC: sstride = cp, cstride = 1; NCHW: sstride = 1, cstride = s (cp = C)
+#define TR_GAP(T, dt)                                                                          \
+    TR_KERNEL void tr_gap_##dt(const T* x, T* y, long long total, long long s, long long cp,  \
+                               long long sstride, long long cstride) {                        \
+        TR_GRID_STRIDE(o, total) {                                                             \
+            long long b = o / cp, ch = o % cp;                                                 \
+            const T* xb = x + b * s * cp + ch * cstride;                                       \
+            float acc = 0.0f;                                                                  \
+            for (long long si = 0; si < s; ++si) acc += tr_get(xb, si * sstride);              \
+            tr_put(y, o, acc / (float)s);                                                      \
+        }                                                                                      \
+    }
