@@ -21,7 +21,7 @@ optimizer stay precision-agnostic and the change is one retyping, visible in the
   float32 (the trainable masters themselves, not their half copies) and writes float32
   saved/running statistics (the running ones stay float32 in PARAM through the commit
   phase); BatchNormGrad reads scale, mean and inv_std in float32 and writes float32
-  dscale/dbias, which one Cast (ai.onnx Cast, ``convert.cu`` on the cuda backend) rounds to
+  dscale/dbias, which one Cast (ai.onnx Cast, ``tr_convert`` on the cuda backend) rounds to
   half on their way to the accumulators -- in fp16 an overflow there is an inf that the loss
   scaler's check catches like any other fp16 gradient. A value of another kind on such a
   port (a computed scale) is a named error;

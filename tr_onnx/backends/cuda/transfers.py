@@ -54,7 +54,7 @@ class DeviceTransfers(HostTransfers):
         start, size = self.memory.regions[Region.INPUT]
         self._input_start = start
         # a half-precision input comes from the host as float32 and is rounded on the device
-        # (layout.cu / convert.cu): its float32 staging area follows the INPUT mirror
+        # (layout_convert.cu / elementwise.cu): its float32 staging area follows the INPUT mirror
         self._wide: dict[str, int] = {}
         end = size
         for t in self.memory.tensors.values():
