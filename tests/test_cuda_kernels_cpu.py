@@ -45,6 +45,9 @@ from onnx import helper, numpy_helper
 import tr_onnx
 from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.host_emulator import build_host_library, host_compiler
+from tr_onnx.backends.cuda.ops import elementwise as cuda_elementwise
+from tr_onnx.backends.cuda.ops import layout_convert as cuda_layout
+from tr_onnx.backends.cuda.ops import unary as cuda_unary
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
@@ -316,8 +319,8 @@ UNARY = {
 
 
 def test_unary_table_covers_the_registry():
-    assert {u.stem for u in UNARY.values()} == set(sources.UNARY_OPS)
-    assert {op for op in sources.ONNX_UNARY} <= {u.op for u in UNARY.values()}
+    assert {u.stem for u in UNARY.values()} == set(cuda_unary.UNARY_OPS)
+    assert {op for op in cuda_unary.ONNX_UNARY} <= {u.op for u in UNARY.values()}
 
 
 def _numpy_forward(u: Unary, x: np.ndarray) -> np.ndarray:
@@ -421,7 +424,7 @@ BROADCASTS = {"same": ((2, 3, 4, 16), (2, 3, 4, 16)), "channel": ((2, 3, 4, 16),
 
 @pytest.mark.parametrize("dt", list(STORAGE))
 @pytest.mark.parametrize("bcast", list(BROADCASTS))
-@pytest.mark.parametrize("op", sources.BINARY_OPS)
+@pytest.mark.parametrize("op", cuda_elementwise.BINARY_OPS)
 def test_binary_broadcast_matches_numpy(host, op, bcast, dt):
     shape_a, shape_b = BROADCASTS[bcast]
     rng = np.random.default_rng(2)
@@ -456,7 +459,7 @@ def _padded_reference(x: np.ndarray) -> tuple[StridedLayout, np.ndarray]:
     return layout, layout.physical_view(buf, 0, x.dtype)
 
 
-@pytest.mark.parametrize("pair", sources.STORAGE_PAIRS, ids="_".join)
+@pytest.mark.parametrize("pair", cuda_layout.STORAGE_PAIRS, ids="_".join)
 @pytest.mark.parametrize("shape", list(LAYOUT_SHAPES))
 def test_pad_unpad_nhwc_match_channels_last_layout(host, shape, pair):
     src, dst = pair
@@ -490,7 +493,7 @@ def _conversion_inputs() -> np.ndarray:
                            special]).astype(np.float32)
 
 
-@pytest.mark.parametrize("pair", sources.CONVERT_PAIRS, ids="_".join)
+@pytest.mark.parametrize("pair", cuda_elementwise.CONVERT_PAIRS, ids="_".join)
 def test_convert_rounds_to_nearest_even(host, pair):
     src, dst = pair
     x = STORAGE[src][1](_conversion_inputs())

@@ -30,6 +30,21 @@ from ...memory import Region
 from .. import APPLIED, BAD_BATCH, REJECT, StepReport
 from .bind import DT, INTERNAL, BindContext, BoundNode, Unbound, i64
 from .capture import DeviceBuffer
+from .sources import STORAGE, KernelSource, instantiate, kernel_source, plain
+
+# ---- kernels/amp.cu: the family's name table ----------------------------------------------------
+
+def amp_source() -> KernelSource:
+    """kernels/amp.cu: dynamic loss scaling and the one-graph step's guard."""
+    return kernel_source(
+        "amp",
+        instantiate("TR_UNSCALE_CHECK({T}, {dt})", "tr_unscale_check_{dt}", STORAGE),
+        plain("tr_step_advance", "tr_loss_scale_update", "tr_flag_or", "tr_copy_unless_b4",
+              "tr_zero_if_b4", "tr_step_check", "tr_step_report"))
+
+
+KERNELS = amp_source()
+
 
 REPORT_FIELDS = 5
 """What ``tr_step_report`` writes: loss, bad-batch flag, overflow flag, gradient norm, reject

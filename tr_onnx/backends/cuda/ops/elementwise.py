@@ -16,7 +16,6 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from .. import sources
 from ..bind import (
     TO_PADDED,
     BindContext,
@@ -35,6 +34,38 @@ from ..bind import (
     operand_specs,
     out_geometry,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, storage_pairs, values
+
+# ---- kernels/elementwise.cu: the family's name table --------------------------------------------
+
+BINARY_OPS = ("add", "sub", "mul", "div")
+"""Kernel stems of ``tr_<op>_<dt>`` and ``tr_<op>_mixed_<dt>``."""
+
+COMPARE_OPS = {"greater": ">", "less": "<", "equal": "=="}
+"""Kernel stem of ``tr_<op>_<dt>`` -> the C comparison it makes."""
+
+CONVERT_PAIRS = (("f32", "f16"), ("f32", "bf16"), ("f16", "f32"), ("bf16", "f32"))
+"""(source, destination) storage of the Cast kernels ``tr_convert_<src>_<dst>``."""
+
+
+def elementwise_source() -> KernelSource:
+    """kernels/elementwise.cu: binary ops by period, by operand spec (mixed layouts) and by
+    strides (general broadcasting), Greater/Less/Equal, Where and Cast."""
+    ops = values("op", BINARY_OPS)
+    compares = tuple({"op": op, "cmp": cmp} for op, cmp in COMPARE_OPS.items())
+    return kernel_source(
+        "elementwise",
+        instantiate("TR_BINARY({op}, {T}, {dt})", "tr_{op}_{dt}", ops, STORAGE),
+        instantiate("TR_MIXED_BINARY({op}, {T}, {dt})", "tr_{op}_mixed_{dt}", ops, STORAGE),
+        instantiate("TR_COMPARE({op}, {cmp}, {T}, {dt})", "tr_{op}_{dt}", compares, STORAGE),
+        instantiate("TR_WHERE({T}, {dt})", "tr_where_{dt}", STORAGE),
+        instantiate("TR_BCAST_BINARY({T}, {dt})", "tr_bcast_binary_{dt}", STORAGE),
+        instantiate("TR_CONVERT({S}, {sdt}, {D}, {ddt})", "tr_convert_{sdt}_{ddt}",
+                    storage_pairs(CONVERT_PAIRS)))
+
+
+KERNELS = elementwise_source()
+
 
 BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Sum": "add"}
 BCAST_OPS = {"Add": 0, "Sum": 0, "Sub": 1, "Mul": 2, "Div": 3}  # tr_bcast_binary's op codes
@@ -147,9 +178,9 @@ def bind_cast(b: BindContext, node) -> list:
     BatchNorm parameter gradient in a half-precision plan, the loss region's casts."""
     x, y = node.inputs[0], node.outputs[0]
     pair = (b.dt(x), b.dt(y))
-    if pair not in sources.CONVERT_PAIRS:
+    if pair not in CONVERT_PAIRS:
         raise Unbound(f"Cast {pair[0]} -> {pair[1]}: the conversion kernels are "
-                      f"{', '.join(f'{s}->{d}' for s, d in sources.CONVERT_PAIRS)}")
+                      f"{', '.join(f'{s}->{d}' for s, d in CONVERT_PAIRS)}")
     gy = out_geometry(b, y)
     if operand_spec(b.t(x), geometry(b.t(x)), gy) != gy.n:
         raise Unbound("input and output in different layouts")

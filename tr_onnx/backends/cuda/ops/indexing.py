@@ -19,6 +19,19 @@ from ..bind import (
     move_kernel,
     need_compact,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, widths
+
+# ---- kernels/indexing.cu: the family's name table -----------------------------------------------
+
+def indexing_source() -> KernelSource:
+    """kernels/indexing.cu: Gather along one axis (bit patterns) and GatherGrad."""
+    return kernel_source(
+        "indexing",
+        instantiate("TR_GATHER({U}, {bytes})", "tr_gather_b{bytes}", widths(1, 2, 4, 8)),
+        instantiate("TR_GATHER_GRAD({T}, {dt})", "tr_gather_grad_{dt}", STORAGE))
+
+
+KERNELS = indexing_source()
 
 
 def _axis_args(b: BindContext, node, data, idx) -> list:

@@ -7,6 +7,25 @@ from __future__ import annotations
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ..bind import INTERNAL, BindContext, Unbound, binding, geometry, i64
+from ..sources import KernelSource, instantiate, kernel_source, storage_pairs
+
+# ---- kernels/layout_convert.cu: the family's name table -----------------------------------------
+
+STORAGE_PAIRS = (("f32", "f32"), ("f16", "f16"), ("bf16", "bf16"), ("f32", "f16"),
+                 ("f32", "bf16"), ("f16", "f32"), ("bf16", "f32"))
+"""(source, destination) storage of the NHWC pad/unpad kernels."""
+
+
+def layout_convert_source() -> KernelSource:
+    """kernels/layout_convert.cu: NHWC pad/unpad between host and device layouts."""
+    return kernel_source(
+        "layout_convert",
+        instantiate("TR_PAD({S}, {sdt}, {D}, {ddt})",
+                    ("tr_pad_nhwc_{sdt}_{ddt}", "tr_unpad_nhwc_{sdt}_{ddt}"),
+                    storage_pairs(STORAGE_PAIRS)))
+
+
+KERNELS = layout_convert_source()
 
 
 def bind_layout_transpose(b: BindContext, node) -> list:

@@ -12,6 +12,20 @@ import numpy as np
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
 from ..bind import DT, INTERNAL, BindContext, Unbound, geometry, i32, i64
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
+
+# ---- kernels/losses.cu: the family's name table -------------------------------------------------
+
+def losses_source() -> KernelSource:
+    """kernels/losses.cu: softmax cross-entropy and MSE, forward and backward."""
+    return kernel_source(
+        "losses",
+        instantiate("TR_LOSS({T}, {dt})", ("tr_sce_fwd_{dt}", "tr_sce_bwd_{dt}", "tr_mse_fwd_{dt}",
+                                           "tr_mse_bwd_{dt}"), STORAGE),
+        plain("tr_sce_reduce"))
+
+
+KERNELS = losses_source()
 
 
 def _sce_geometry(b: BindContext, x, labels):

@@ -17,6 +17,16 @@ from ..bind import (
     i64,
     need_compact,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+
+# ---- kernels/matmul.cu: the family's name table -------------------------------------------------
+
+def matmul_source() -> KernelSource:
+    """kernels/matmul.cu: the batched MatMul where no cuDNN matmul graph is bound."""
+    return kernel_source("matmul", instantiate("TR_MATMUL({T}, {dt})", "tr_matmul_{dt}", STORAGE))
+
+
+KERNELS = matmul_source()
 
 
 def batched_matmul(b: BindContext, node, why: str) -> list:

@@ -26,6 +26,22 @@ from ..bind import (
     out_geometry,
     row_split,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+
+# ---- kernels/normalization.cu: the family's name table ------------------------------------------
+
+def normalization_source() -> KernelSource:
+    """kernels/normalization.cu: LayerNormalization and LayerNormGrad; BatchNormalization's
+    inference and running statistics."""
+    return kernel_source(
+        "normalization",
+        instantiate("TR_LAYERNORM({T}, {dt})", ("tr_layernorm_fwd_{dt}", "tr_layernorm_bwd_dx_{dt}",
+                                                "tr_layernorm_bwd_params_{dt}"), STORAGE),
+        instantiate("TR_BATCHNORM({T}, {dt})", ("tr_bn_running_{dt}", "tr_bn_infer_{dt}"),
+                    STORAGE))
+
+
+KERNELS = normalization_source()
 
 
 def bind_batch_norm_inference(b: BindContext, node) -> list:

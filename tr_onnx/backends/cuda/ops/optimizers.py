@@ -31,6 +31,21 @@ from ..bind import (
     operand_specs,
     out_geometry,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+
+# ---- kernels/optimizers.cu: the family's name table ---------------------------------------------
+
+def optimizers_source() -> KernelSource:
+    """kernels/optimizers.cu: the fused SGD / Adam(W) / Adagrad updates and ScaleClipGrad."""
+    return kernel_source(
+        "optimizers",
+        instantiate("TR_OPTIM({T}, {dt})", ("tr_sgd_{dt}", "tr_adam_{dt}", "tr_adagrad_{dt}"),
+                    STORAGE),
+        instantiate("TR_SCALE_CLIP_NORM({T}, {dt})", "tr_scale_clip_norm_{dt}", STORAGE))
+
+
+KERNELS = optimizers_source()
+
 
 OPTIMIZERS = ("SGDUpdate", "AdamUpdate", "AdagradUpdate")
 

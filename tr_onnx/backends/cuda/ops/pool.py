@@ -11,6 +11,21 @@ from ....ir import Node, Value
 from ....opdef import KernelDef
 from ....ops.conv import Window
 from ..bind import INTERNAL, BindContext, Unbound, binding, float_dt, geometry, i64
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+
+# ---- kernels/pool.cu: the family's name table ---------------------------------------------------
+
+def pool_source() -> KernelSource:
+    """kernels/pool.cu: MaxPool / AveragePool forward and backward, GlobalAveragePool."""
+    return kernel_source(
+        "pool",
+        instantiate("TR_POOL({T}, {dt})", ("tr_maxpool_fwd_{dt}", "tr_maxpool_bwd_{dt}",
+                                           "tr_avgpool_fwd_{dt}", "tr_avgpool_bwd_{dt}"),
+                    STORAGE),
+        instantiate("TR_GAP({T}, {dt})", "tr_gap_{dt}", STORAGE))
+
+
+KERNELS = pool_source()
 
 
 def _pool_geometry(b: BindContext, node: Node, x: Value, y: Value):

@@ -21,6 +21,20 @@ from ..bind import (
     need_compact,
     row_split,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+
+# ---- kernels/reduce.cu: the family's name table -------------------------------------------------
+
+def reduce_source() -> KernelSource:
+    """kernels/reduce.cu: Softmax / LogSoftmax rows, ReduceSum / ReduceMean over one run of
+    axes, and column sums (ReduceSum over leading rows)."""
+    return kernel_source(
+        "reduce",
+        instantiate("TR_REDUCE({T}, {dt})", ("tr_softmax_{dt}", "tr_reduce_mid_{dt}",
+                                             "tr_sum_rows_{dt}"), STORAGE))
+
+
+KERNELS = reduce_source()
 
 
 def reduce_axes(node, rank: int) -> list[int] | None:

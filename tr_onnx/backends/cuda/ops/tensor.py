@@ -26,7 +26,24 @@ from ..bind import (
     i64,
     move_kernel,
 )
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, widths
 from .elementwise import bind_copy
+
+# ---- kernels/tensor.cu: the family's name table -------------------------------------------------
+
+def tensor_source() -> KernelSource:
+    """kernels/tensor.cu: strided copies (Transpose, Slice, Concat), Expand and the zeroing of
+    padded lanes (ZeroFill, flags)."""
+    return kernel_source(
+        "tensor",
+        instantiate("TR_STRIDED_COPY({U}, {bytes})", "tr_strided_copy_b{bytes}",
+                    widths(1, 2, 4, 8)),
+        instantiate("TR_EXPAND({T}, {dt})", "tr_expand_{dt}", STORAGE),
+        instantiate("TR_ZERO_LANES({U}, {bytes})", "tr_zero_lanes_b{bytes}", widths(1, 2, 4)))
+
+
+KERNELS = tensor_source()
+
 
 COPY_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 

@@ -1,5 +1,5 @@
 """cuda bindings of the one-input elementwise ops (``ops/unary.py``): the activations and math
-of ``sources.ONNX_UNARY``, Clip, and Erf (``kernels/unary.cu``).
+of ``ONNX_UNARY``, Clip, and Erf (``kernels/unary.cu``).
 
 The kernels read and write one layout (``bind.same_layout``). An op whose f(+0) is +0 bit for
 bit keeps padded lanes zero by itself; after any other a ``tr_zero_lanes`` launch clears them.
@@ -11,8 +11,38 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from .. import sources
 from ..bind import BindContext, Unbound, binding, f32, float_dt, i64, same_layout
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, values
+
+# ---- kernels/unary.cu: the family's name table --------------------------------------------------
+
+UNARY_OPS = ("relu", "leaky_relu", "elu", "sigmoid", "hardsigmoid", "hardswish", "tanh", "gelu",
+             "gelu_tanh", "softplus", "exp", "log", "sqrt", "neg", "abs", "sign", "clip")
+"""Kernel stems of ``tr_<op>_fwd_<dt>`` / ``tr_<op>_bwd_<dt>``."""
+
+ONNX_UNARY = {
+    "Relu": ("relu", ()), "LeakyRelu": ("leaky_relu", ("alpha",)), "Elu": ("elu", ("alpha",)),
+    "Sigmoid": ("sigmoid", ()), "HardSigmoid": ("hardsigmoid", ("alpha", "beta")),
+    "HardSwish": ("hardswish", ()), "Tanh": ("tanh", ()), "Gelu": ("gelu", ()),
+    "Softplus": ("softplus", ()), "Exp": ("exp", ()), "Log": ("log", ()), "Sqrt": ("sqrt", ()),
+    "Neg": ("neg", ()), "Abs": ("abs", ()), "Sign": ("sign", ()),
+    "Clip": ("clip", ("min", "max")),
+}
+"""ONNX op -> (kernel stem, the attributes passed as the kernels' ``a``, ``b``). Gelu with
+``approximate="tanh"`` uses ``gelu_tanh``; Clip's bounds (inputs from opset 11) go in ``a, b``
+(-inf/inf when absent)."""
+
+
+def unary_source() -> KernelSource:
+    """kernels/unary.cu: forward and backward of every op of ``UNARY_OPS``, and Erf."""
+    return kernel_source(
+        "unary",
+        instantiate("TR_UNARY({op}, {T}, {dt})", ("tr_{op}_fwd_{dt}", "tr_{op}_bwd_{dt}"),
+                    values("op", UNARY_OPS), STORAGE),
+        instantiate("TR_ERF({T}, {dt})", "tr_erf_{dt}", STORAGE))
+
+
+KERNELS = unary_source()
 
 
 def zero_preserving(stem: str, a: float, b: float) -> bool:
@@ -53,7 +83,7 @@ def clip_bounds(node) -> tuple[float, float]:
 
 def kernel_args(node) -> tuple[str, float, float]:
     """(stem, a, b) of ``tr_<stem>_fwd/bwd``: the op's attributes as the kernels read them."""
-    stem, attr_names = sources.ONNX_UNARY[node.op_type]
+    stem, attr_names = ONNX_UNARY[node.op_type]
     if node.op_type == "Gelu" and node.attrs.get("approximate", "none") == "tanh":
         stem = "gelu_tanh"
     if node.op_type == "Clip":
@@ -83,5 +113,5 @@ def bind_erf(b: BindContext, node) -> list:
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return ([KernelDef(op, "cuda", binding(bind_unary)) for op in sources.ONNX_UNARY]
+    return ([KernelDef(op, "cuda", binding(bind_unary)) for op in ONNX_UNARY]
             + [KernelDef("Erf", "cuda", binding(bind_erf))])
