@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:  # the contract is training's; backends only read it
+    from ..training.train_pass import TrainInfo
 
 BACKENDS = ("numpy", "cuda")
 DEFAULT_CHANNEL_ALIGN = {"numpy": 1, "cuda": 8}
@@ -46,15 +49,7 @@ class ExecutorAPI(Protocol):
     def copy_state_from(self, other: ExecutorAPI, names: Iterable[str]) -> None: ...
     def all_finite(self, name: str) -> bool: ...
     def zero(self, name: str) -> None: ...
-    def run_step(self, loss: str, grad_norm: str, apply: bool,
-                 found_inf: str | None = None) -> StepReport: ...
-
-
-BAD_BATCH, REJECT, APPLIED = "__bad_batch", "__reject", "__applied"
-"""The step guard's arena scalars (``training.train_pass.add_step_guard``): float32 flags set
-on the device when a training step's batch is bad, or when the step was launched with a step
-number that assumed a previous step applied that was not (rejected: nothing changes, the host
-launches it again); and the int64 count of applied optimizer steps (``CudaExecutor.run_step``)."""
+    def run_step(self, info: TrainInfo, apply: bool) -> StepReport: ...
 
 
 @dataclass(frozen=True)
@@ -107,24 +102,25 @@ class HostTransfers:
         t = self.memory.tensors[name]
         self.write_tensor(name, np.zeros(t.shape, t.dtype))
 
-    def run_step(self, loss: str, grad_norm: str, apply: bool,
-                 found_inf: str | None = None) -> StepReport:
-        """One training step decided on the host between the phases: ``compute``; a
-        non-finite ``loss`` (or, without loss scaling -- ``found_inf`` None -- gradient) drops
-        the batch and the gradients accumulated since the last step; else ``commit`` and, when
-        ``apply``, ``apply`` (reading back the norm and the overflow flag)."""
+    def run_step(self, info: TrainInfo, apply: bool) -> StepReport:
+        """One training step decided on the host between the phases (``info``: the plan's
+        training contract): ``compute``; a non-finite loss (or, without loss scaling, gradient)
+        drops the batch and the gradients accumulated since the last step; else ``commit`` and,
+        when ``apply``, ``apply`` (reading back the norm and the overflow flag)."""
+        scaling = info.loss_scaling
         self.run(phase="compute")
-        value = self.read_scalar(loss)
-        if not (np.isfinite(value) and (found_inf is not None or self.all_finite("__grads"))):
-            self.zero("__grads")
+        value = self.read_scalar(info.loss)
+        if not (np.isfinite(value) and (scaling is not None
+                                        or self.all_finite(info.grads_span))):
+            self.zero(info.grads_span)
             return StepReport(value, bad=True)
         self.run(phase="commit")
         if not apply:
             return StepReport(value)
         self.run(phase="apply")
-        return StepReport(value, overflow=found_inf is not None and
-                          self.read_scalar(found_inf) != 0.0,
-                          grad_norm=self.read_scalar(grad_norm))
+        return StepReport(value, overflow=scaling is not None and
+                          self.read_scalar(scaling.found_inf) != 0.0,
+                          grad_norm=self.read_scalar(info.grad_norm))
 
 
 CUDA_GRAPHS = ("fallback", "require", "off")

@@ -36,31 +36,58 @@ def accumulate_numpy(ctx):
     return run
 
 
+def _flag_set(ins, k: int | None) -> bool:
+    """Whether optional flag input ``k`` (a float32 scalar) is present and non-zero."""
+    return k is not None and ins[k] is not None and _scalar(ins[k]) != 0.0
+
+
 def assign_numpy(ctx):
-    """target[...] = value (BatchNorm running statistics after a good step)."""
+    """target[...] = value (BatchNorm running statistics after a good step), unless the
+    optional third input, a float32 flag, is set (the step guard's bad batch)."""
+    skip = 2 if ctx.has_input(2) else None
 
     def run(ins, outs, ws):
-        np.copyto(ins[0], ins[1])
+        if not _flag_set(ins, skip):
+            np.copyto(ins[0], ins[1])
 
     return run
 
 
 def zero_fill_numpy(ctx):
+    """x = 0; with the optional second input, a float32 flag, only when it is set (the step
+    guard drops a bad batch's gradients)."""
+    flag = 1 if ctx.has_input(1) else None
+
     def run(ins, outs, ws):
-        ins[0].fill(0)
+        if flag is None or _flag_set(ins, flag):
+            ins[0].fill(0)
 
     return run
+
+
+def _any_non_finite(x: np.ndarray) -> bool:
+    return not np.isfinite(np.dot(x.reshape(-1), x.reshape(-1)))
 
 
 def scale_clip_grad_numpy(ctx):
     """g *= scale (1/k for k accumulated micro-batches); then, if ``max_norm`` > 0, scale g to
     global norm ``max_norm`` as torch.nn.utils.clip_grad_norm_ does. Output: the norm before
-    clipping (float32 scalar)."""
+    clipping (float32 scalar). Dynamic loss scaling declares two more inputs, ``inv_scale``
+    and ``found_inf`` (float32 scalars): first found_inf is set when g has a non-finite
+    element (never cleared here: the step guard or a ZeroFill before clears it) and g *=
+    inv_scale, as GradScaler's unscale."""
     max_norm = float(ctx.attrs.get("max_norm", 0.0))
     dtype = ctx.inputs[0].dtype
+    unscale = ctx.has_input(2) and ctx.has_input(3)
 
     def run(ins, outs, ws):
         g = ins[0]
+        if unscale:
+            if _any_non_finite(g):
+                ins[3][...] = 1.0
+            inv = _scalar(ins[2])
+            if inv != 1.0:
+                np.multiply(g, dtype.type(inv), out=g)
         scale = _scalar(ins[1])
         if scale != 1.0:
             np.multiply(g, dtype.type(scale), out=g)
@@ -74,7 +101,122 @@ def scale_clip_grad_numpy(ctx):
     return run
 
 
+# ---- the training step's guard and loss scaling --------------------------------------------
+
+REPORT_FIELDS = ("loss", "bad", "overflow", "grad_norm", "rejected")
+"""What ``StepReport`` writes, in order (float32 each; the report tensor holds 8)."""
+
+
+def step_check_numpy(ctx):
+    """StepCheck(bad, reject, loss, step, applied[, grads][, found_inf]), in place: bad = the
+    loss (or, with ``grads``, a gradient) is not finite; reject = the step was launched with a
+    step number that assumed an earlier step applied which did not (step != applied + 1), and
+    a rejected step is a bad one; ``found_inf`` (loss scaling's overflow flag) starts the step
+    as bad, so the update skips itself and the scale backs off."""
+    grads = 5 if ctx.has_input(5) else None
+    found = 6 if ctx.has_input(6) else None
+
+    def run(ins, outs, ws):
+        bad, reject, loss, step, applied = ins[:5]
+        is_bad = not np.isfinite(_scalar(loss)) or (grads is not None
+                                                     and _any_non_finite(ins[grads]))
+        rejected = _scalar(step) != _scalar(applied) + 1
+        reject[...] = float(rejected)
+        bad[...] = float(is_bad or rejected)
+        if found is not None:
+            ins[found][...] = bad
+
+    return run
+
+
+def step_advance_numpy(ctx):
+    """StepAdvance(applied, skip): the count of applied optimizer steps += 1 unless ``skip``
+    (a float32 flag) is set."""
+
+    def run(ins, outs, ws):
+        if not _flag_set(ins, 1):
+            ins[0][...] += 1
+
+    return run
+
+
+def loss_scale_update_numpy(ctx):
+    """LossScaleUpdate(scale, inv_scale, growth_tracker, found_inf[, reject]), in place, as
+    torch.amp.GradScaler's update: back off on found_inf, grow after ``growth_interval`` good
+    steps (when the grown scale is finite), inv_scale = 1/scale in double; a rejected step
+    (``reject`` set) changes nothing."""
+    a = ctx.attrs
+    growth, backoff = float(a["growth_factor"]), float(a["backoff_factor"])
+    interval = int(a["growth_interval"])
+    reject = 4 if ctx.has_input(4) else None
+
+    def run(ins, outs, ws):
+        scale, inv, tracker, found = ins[:4]
+        if _flag_set(ins, reject):
+            return
+        if _scalar(found) != 0.0:
+            scale[...] = np.float32(_scalar(scale) * backoff)
+            tracker[...] = 0
+        elif _scalar(tracker) + 1 == interval:
+            grown = np.float32(_scalar(scale) * growth)
+            if np.isfinite(grown):
+                scale[...] = grown
+            tracker[...] = 0
+        else:
+            tracker[...] += 1
+        inv[...] = np.float32(1.0 / float(_scalar(scale)))
+
+    return run
+
+
+def step_report_numpy(ctx):
+    """StepReport(report, loss, bad, found_inf, grad_norm, reject), in place: ``report``'s
+    first fields are ``REPORT_FIELDS`` (an absent input reads 0), the one small tensor the
+    host reads back after a step run as one graph."""
+
+    def run(ins, outs, ws):
+        report = ins[0].reshape(-1)
+        for i, v in enumerate(ins[1:]):
+            report[i] = 0.0 if v is None else _scalar(v)
+
+    return run
+
+
 # ---- torch.optim semantics over flat spans -------------------------------------------------
+
+UPDATE_STATES = {"SGDUpdate": 1, "AdamUpdate": 2, "AdagradUpdate": 1}
+"""The moments each update op reads after (params, grads): its optional ``skip`` and
+``weight_copy`` inputs follow (params, grads, moments..., lr, step)."""
+
+
+def with_skip_and_copy(update, states: int):
+    """The kernel factory of an update op with the optional trailing inputs every one
+    declares after (params, grads, ``states`` moments, lr, step): ``skip``, a float32 flag --
+    when set the update does nothing (loss scaling's overflow, the step guard's bad batch) --
+    and ``weight_copy``, the half-precision copy of the parameters the compute phase reads,
+    rounded from the updated float32 master weights."""
+    k_skip, k_copy = states + 4, states + 5
+
+    def factory(ctx):
+        run = update(ctx)
+        skip = k_skip if ctx.has_input(k_skip) else None
+        copy = k_copy if ctx.has_input(k_copy) else None
+        if skip is None and copy is None:
+            return run
+
+        def guarded(ins, outs, ws):
+            if _flag_set(ins, skip):
+                return
+            run(ins, outs, ws)
+            if copy is not None:
+                np.copyto(ins[copy], ins[0], casting="unsafe")
+
+        return guarded
+
+    factory.__name__ = update.__name__
+    return factory
+
+
 
 def sgd_update_numpy(ctx):
     """torch.optim.SGD: d = g + wd*p; buf = d (first step) or momentum*buf + (1-dampening)*d;
@@ -261,16 +403,25 @@ def preview_adagrad_numpy(ctx):
 @hookimpl
 def tr_onnx_op_definitions():
     internal = dict(domain="ai.tr_onnx", layout=IN_PLACE, differentiable=False)
+    updates = {"SGDUpdate": sgd_update_numpy, "AdamUpdate": adam_update_numpy,
+               "AdagradUpdate": adagrad_update_numpy}
     return [
+        *(OpDef(op, (1,), {"numpy": with_skip_and_copy(fn, UPDATE_STATES[op])},
+                # in place: params, moments and the weight copy
+                updates_inputs=(0, *range(2, 2 + UPDATE_STATES[op]), UPDATE_STATES[op] + 5),
+                **internal) for op, fn in updates.items()),
         OpDef("Accumulate", (1,), {"numpy": accumulate_numpy}, updates_inputs=(0,), **internal),
         OpDef("Assign", (1,), {"numpy": assign_numpy}, updates_inputs=(0,), **internal),
         OpDef("ZeroFill", (1,), {"numpy": zero_fill_numpy}, updates_inputs=(0,), **internal),
-        OpDef("ScaleClipGrad", (1,), {"numpy": scale_clip_grad_numpy}, updates_inputs=(0,),
+        OpDef("ScaleClipGrad", (1,), {"numpy": scale_clip_grad_numpy}, updates_inputs=(0, 3),
               **internal),
-        OpDef("SGDUpdate", (1,), {"numpy": sgd_update_numpy}, updates_inputs=(0, 2), **internal),
-        OpDef("AdamUpdate", (1,), {"numpy": adam_update_numpy}, updates_inputs=(0, 2, 3),
+        OpDef("StepCheck", (1,), {"numpy": step_check_numpy}, updates_inputs=(0, 1, 6),
               **internal),
-        OpDef("AdagradUpdate", (1,), {"numpy": adagrad_update_numpy}, updates_inputs=(0, 2),
+        OpDef("StepAdvance", (1,), {"numpy": step_advance_numpy}, updates_inputs=(0,),
+              **internal),
+        OpDef("LossScaleUpdate", (1,), {"numpy": loss_scale_update_numpy},
+              updates_inputs=(0, 1, 2), **internal),
+        OpDef("StepReport", (1,), {"numpy": step_report_numpy}, updates_inputs=(0,),
               **internal),
         OpDef("Adam", (1,), {"numpy": preview_adam_numpy}, domain=PREVIEW,
               layout=STRIDED_TO_PLAIN, differentiable=False),

@@ -61,7 +61,7 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     states = add_optimizer_state(graph, trainable, cfg.optimizer)
     spans = add_spans(graph, trainable, accumulators, states, cfg.optimizer)
     add_commit(b, commits)
-    grad_norm = add_update(b, spans, scalars, cfg)
+    grad_norm, update = add_update(b, spans, scalars, cfg)
     set_step_outputs(graph, loss, model_outputs, grad_norm)
     info = TrainInfo(
         loss=loss.name, outputs=[v.name for v in model_outputs],
@@ -69,12 +69,14 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
         grads={p: a.name for p, a in accumulators.items()},
         states={p: {k: v.name for k, v in s.items()} for p, s in states.items()},
         running_stats=[stat.name for stat, _ in commits], untied=untied,
-        grad_norm=grad_norm.name, converted=converted)
+        grad_norm=grad_norm.name, converted=converted, update=update.name)
     if cfg.precision != "fp32":
-        to_half_precision(graph, info, PRECISIONS[cfg.precision], registry=registry,
-                          backend=backend, data_inputs=cfg.data_inputs, output=cfg.output_name)
+        info.weight_copy = to_half_precision(
+            graph, info, PRECISIONS[cfg.precision], registry=registry, backend=backend,
+            data_inputs=cfg.data_inputs, output=cfg.output_name)
     if cfg.loss_scale:
-        add_loss_scaling(graph, cfg.loss_scale)
+        info.loss_scaling = add_loss_scaling(graph, info, cfg.loss_scale, registry, backend,
+                                             guarded=cfg.step_guard)
     if cfg.step_guard:  # the step runs as one cuda graph, guarded on the device
-        add_step_guard(graph)
+        info.step_guard = add_step_guard(graph, info, registry, backend)
     return info

@@ -13,8 +13,9 @@ optimizer stay precision-agnostic and the change is one retyping, visible in the
 * each trainable parameter ``p`` keeps its float32 master in PARAM (the optimizer's span); the
   compute nodes read ``p.half`` instead, an OPT_STATE mirror of ``p`` (same slot geometry:
   its slot is half its master's, ``memory.slot_bytes``) initialised from ``p`` and rewritten by
-  the fused optimizer kernel's weight-copy output after every update (the optimizer node's
-  ``weight_copy`` attribute names the ``__params_half`` span over them);
+  the fused optimizer kernel's weight-copy output after every update (the update node's
+  declared ``weight_copy`` input is the ``__params_half`` span over them;
+  ``TrainInfo.weight_copy``);
 * the GRAD accumulators (and the ``__grads`` span) are half, as the gradients feeding them;
 * float32 islands (``FP32_PORTS``), as cuDNN's BatchNorm takes them (half x/y/dy/dx, fp32
   per-channel tensors): BatchNormTraining reads scale, bias and the running statistics in
@@ -42,12 +43,13 @@ Dynamic loss scaling (``add_loss_scaling``, on by default with fp16), as
 only by the apply phase, and travel with the optimizer state through re-plans and
 checkpoints): ``__loss_scale`` (float32, the backward pass's seed, so every gradient is of
 ``loss * scale``), ``__inv_loss_scale`` (float32), ``__loss_scale_growth`` (int32, good steps
-since the last change) and ``__found_inf`` (float32 flag). The apply phase, bound by the cuda
-executor from attributes these set on its nodes (``amp.cu``): clear ``__found_inf``; unscale
-the GRAD span and check it (``tr_unscale_check``, before ScaleClipGrad, so clipping sees true
-gradients); the fused optimizer takes ``__found_inf`` and skips itself when set; then
-``tr_loss_scale_update`` (backoff on overflow, growth after ``growth_interval`` good steps).
-The host reads the 4-byte flag after apply: an overflow step is no step.
+since the last change) and ``__found_inf`` (float32 flag), named by ``TrainInfo.loss_scaling``.
+The apply phase, as declared inputs and nodes: clear ``__found_inf`` (a ZeroFill; the step
+guard's StepCheck instead where there is one); ScaleClipGrad unscales the GRAD span and checks
+it before it clips (its ``inv_scale`` and ``found_inf`` inputs), so clipping sees true
+gradients; the update skips itself when its ``skip`` input, ``__found_inf``, is set; then
+LossScaleUpdate (backoff on overflow, growth after ``growth_interval`` good steps). The host
+reads the 4-byte flag after apply: an overflow step is no step.
 
 bf16 has float32's exponent range, so it needs no loss scaling (``loss_scale`` is for fp16
 only, as in PyTorch's AMP); its 8-bit significand rounds 8x coarser than fp16.
@@ -64,7 +66,15 @@ from .. import ir
 from ..dtypes import BFLOAT16, onnx_elem_type
 from ..errors import UnsupportedModelError
 from ..ir import Graph, Node, Value
-from .train_pass import INTERNAL, LOSS_SCALE
+from .train_pass import (
+    INTERNAL,
+    LOSS_SCALE,
+    LossScaling,
+    TrainInfo,
+    internal_node,
+    set_optional_input,
+    update_skip_index,
+)
 
 PRECISIONS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
               "bf16": BFLOAT16}
@@ -100,25 +110,40 @@ def check_loss_scale(loss_scale, precision: str) -> dict | None:
     return cfg
 
 
-def add_loss_scaling(graph: Graph, cfg: dict) -> None:
-    """The arena scalars and apply-phase attributes of dynamic loss scaling (module
-    docstring); ``graph`` was built with the same ``TrainConfig.loss_scale`` (the backward
-    pass's seed is ``__loss_scale``, ``train_pass.add_backward``)."""
+def add_loss_scaling(graph: Graph, info: TrainInfo, cfg: dict, registry=None,
+                     backend: str = "numpy", guarded: bool = False) -> LossScaling:
+    """Dynamic loss scaling (module docstring) on a training graph built with the same
+    ``TrainConfig.loss_scale`` (the backward pass's seed is ``__loss_scale``,
+    ``train_pass.add_backward``): its arena scalars, ScaleClipGrad's ``inv_scale`` and
+    ``found_inf`` inputs, the update's ``skip`` input (the overflow flag) and a LossScaleUpdate
+    after it. ``guarded``: the step guard will clear and set the flag each step (StepCheck);
+    otherwise a ZeroFill clears it at the start of the apply phase."""
     f32 = np.dtype(np.float32)
     for name, dtype, value in ((INV_LOSS_SCALE, f32, 1.0 / cfg["init"]),
                                (GROWTH_TRACKER, np.dtype(np.int32), 0),
                                (FOUND_INF, f32, 0.0)):
         graph.values[name] = Value(name, (), dtype, ir.STATE, data=np.array(value, dtype))
-    attrs = {"scale": LOSS_SCALE, "inv_scale": INV_LOSS_SCALE, "growth_tracker": GROWTH_TRACKER,
-             "found_inf": FOUND_INF, "growth_factor": cfg["growth_factor"],
-             "backoff_factor": cfg["backoff_factor"],
-             "growth_interval": cfg["growth_interval"]}
-    for node in graph.nodes:
-        if node.phase == "apply" and node.op_type == "ScaleClipGrad":
-            node.attrs["unscale"] = {"inv_scale": INV_LOSS_SCALE, "found_inf": FOUND_INF}
-        elif node.phase == "apply" and node.op_type.endswith("Update") and node.inputs \
-                and node.inputs[0] is graph.values["__params"]:
-            node.attrs["loss_scale"] = attrs
+    scaling = LossScaling(LOSS_SCALE, INV_LOSS_SCALE, GROWTH_TRACKER, FOUND_INF)
+    v = graph.values
+    found = v[FOUND_INF]
+    clip = next(n for n in graph.nodes if n.phase == "apply" and n.op_type == "ScaleClipGrad")
+    set_optional_input(graph, clip, 2, v[INV_LOSS_SCALE])
+    set_optional_input(graph, clip, 3, found)
+    update = next(n for n in graph.nodes if n.name == info.update)
+    set_optional_input(graph, update, update_skip_index(update), found)
+    if not guarded:
+        clear = internal_node(graph, registry, backend, "ZeroFill", f"{FOUND_INF}/clear", [found],
+                          [], {})
+        clear.phase = "apply"
+        graph.insert_before(clip, clear)
+    scale_update = internal_node(graph, registry, backend, "LossScaleUpdate",
+                             f"{LOSS_SCALE}/update",
+                             [v[LOSS_SCALE], v[INV_LOSS_SCALE], v[GROWTH_TRACKER], found], [],
+                             {k: cfg[k] for k in ("growth_factor", "backoff_factor",
+                                                  "growth_interval")})
+    scale_update.phase = "apply"
+    graph.insert(graph.nodes.index(update) + 1, scale_update)
+    return scaling
 
 
 def check_precision(precision: str, backend: str) -> str:
@@ -286,12 +311,10 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
             out = _cast(graph, v, half, registry, backend)
             for n, k in readers:
                 graph.replace_input(n, k, out)
-    for name in list(info.grads.values()) + ["__grads"]:
+    for name in list(info.grads.values()) + [info.grads_span]:
         graph.values[name].dtype = half
     span = Value(HALF_SPAN, (0,), half, ir.STATE, span_of=copies)
     graph.values[span.name] = span
-    for node in graph.nodes:
-        if node.phase == "apply" and node.inputs and node.inputs[0] is graph.values["__params"] \
-                and node.op_type.endswith("Update"):
-            node.attrs["weight_copy"] = HALF_SPAN
+    update = next(n for n in graph.nodes if n.name == info.update)
+    set_optional_input(graph, update, update_skip_index(update) + 1, span)
     return HALF_SPAN

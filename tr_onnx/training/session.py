@@ -18,7 +18,6 @@ from onnx import numpy_helper
 
 from .. import ir
 from ..backends import (
-    APPLIED,
     DEFAULT_CHANNEL_ALIGN,
     StepReport,
     check_cuda_graphs,
@@ -34,9 +33,6 @@ from .export import export_model
 from .losses import LossSpec, make_loss_spec
 from .pipeline import build_training_step
 from .precision import (
-    FOUND_INF,
-    GROWTH_TRACKER,
-    INV_LOSS_SCALE,
     check_loss_scale,
     check_precision,
 )
@@ -262,8 +258,9 @@ class TrainingSession:
             self._pending = {}
             self._active = plan
             self._write_state(plan, state)
-            if APPLIED in plan.memory.tensors:  # the step guard counts applied steps on the device
-                plan.executor.write_scalar(APPLIED, self.step)
+            guard = plan.info.step_guard
+            if guard is not None:  # the step guard counts applied steps on the device
+                plan.executor.write_scalar(guard.applied, self.step)
         return plan
 
     def _compile(self, feed) -> CompiledPlan:
@@ -293,8 +290,9 @@ class TrainingSession:
         # another batch shape must carry that over
         names += [v.name for v in plan.graph.values.values() if v.kind == ir.PARAM
                   and v.span_of is None and v.dtype.kind == "f" and v.name not in names]
-        if self.options["loss_scale"]:
-            names += [LOSS_SCALE, INV_LOSS_SCALE, GROWTH_TRACKER]
+        scaling = info.loss_scaling
+        if scaling is not None:
+            names += [scaling.scale, scaling.inv_scale, scaling.growth_tracker]
         return names
 
     def _read_state(self, plan: CompiledPlan) -> dict[str, np.ndarray]:
@@ -391,14 +389,12 @@ class TrainingSession:
         ex.write_scalar(STEP, step + 1)
         ex.write_scalar(GRAD_SCALE, 1.0 / k)
         ex.write_scalar(RNG, launch.rng)
-        found = FOUND_INF if self.options["loss_scale"] else None
         if self._pipelined(launch.plan):
             want = [self.output_name] if self.output_name in ex.step_outputs else []
             launch.token = ex.launch_step(launch.apply, want)
             launch.outputs = dict.fromkeys(want) if want else None  # filled when read back
         else:
-            info = launch.plan.info
-            launch.report = ex.run_step(info.loss, info.grad_norm, launch.apply, found)
+            launch.report = ex.run_step(launch.plan.info, launch.apply)
 
     def _resolve_oldest(self) -> None:
         """Read back the oldest step in flight and account for it (warnings, counters,

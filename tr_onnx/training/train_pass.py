@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
-from ..backends import APPLIED, BAD_BATCH, REJECT
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
@@ -44,6 +43,10 @@ LR, STEP, GRAD_SCALE, RNG = "__lr", "__step", "__grad_scale", "__rng_counter"
 # dynamic loss scaling (``training.precision``): the scale lives in the arena (OPT_STATE) and
 # seeds the backward pass, d(loss * scale)/d(loss)
 LOSS_SCALE = "__loss_scale"
+# the flat spans the update runs over (``add_spans``)
+PARAMS_SPAN, GRADS_SPAN = "__params", "__grads"
+# the step guard's OPT_STATE tensors (``add_step_guard``)
+BAD_BATCH, REJECT, APPLIED, STEP_REPORT = "__bad_batch", "__reject", "__applied", "__step_report"
 INTERNAL = "ai.tr_onnx"
 
 
@@ -68,9 +71,37 @@ class TrainConfig:
     data_inputs: tuple[str, ...] = ()  # the model's own inputs (precision: stored half)
 
 
+@dataclass(frozen=True)
+class LossScaling:
+    """Dynamic loss scaling's arena scalars (``precision.add_loss_scaling``): the scale that
+    seeds the backward pass, its inverse (ScaleClipGrad unscales by it), the growth tracker,
+    and the overflow flag the update skips on."""
+
+    scale: str
+    inv_scale: str
+    growth_tracker: str
+    found_inf: str
+
+
+@dataclass(frozen=True)
+class StepGuard:
+    """The on-device step guard's OPT_STATE tensors (``add_step_guard``): the bad-batch and
+    reject flags (float32), the count of applied optimizer steps (int64; the session writes it
+    when it loads state) and the report the host reads back after a step (float32 x 8, fields
+    ``ops.optimizers.REPORT_FIELDS``)."""
+
+    bad_batch: str = BAD_BATCH
+    reject: str = REJECT
+    applied: str = APPLIED
+    report: str = STEP_REPORT
+
+
 @dataclass
 class TrainInfo:
-    """What the session needs to drive the compiled step (all value names)."""
+    """The training contract: what the session and the executors drive the compiled step by
+    (all value and node names). ``update`` is the optimizer's update node; ``weight_copy`` the
+    half-precision parameter span it writes (mixed precision); ``loss_scaling`` and
+    ``step_guard`` are set when the plan has them."""
 
     loss: str
     outputs: list[str]
@@ -82,6 +113,13 @@ class TrainInfo:
     grad_norm: str
     converted: dict[str, int] = field(default_factory=dict)
     frozen_half: dict[str, str] = field(default_factory=dict)  # fp16: frozen param -> copy
+    params_span: str = PARAMS_SPAN
+    grads_span: str = GRADS_SPAN
+    step: str = STEP
+    update: str = ""
+    weight_copy: str | None = None
+    loss_scaling: LossScaling | None = None
+    step_guard: StepGuard | None = None
 
 
 def _matches(name: str, patterns) -> bool:
@@ -102,7 +140,7 @@ def untie_identity_params(graph: Graph) -> dict[str, str]:
     return untied
 
 
-def _internal(graph: Graph, registry: OpRegistry, backend: str, op_type: str, name: str,
+def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str, name: str,
               inputs, outputs, attrs) -> Node:
     opdef = registry.lookup(INTERNAL, op_type, 1, backend)
     if opdef is None:
@@ -142,7 +180,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             attrs = {"epsilon": float(node.attrs.get("epsilon", 1e-5)),
                      "momentum": float(node.attrs.get("momentum", 0.9)),
                      "unbiased_running_var": int(cfg.bn_unbiased_running_var)}
-            new = _internal(graph, registry, backend, "BatchNormTraining", node.name,
+            new = internal_node(graph, registry, backend, "BatchNormTraining", node.name,
                             [x, scale, bias, mean, var], [y, *saved, *new_stats], attrs)
             graph.replace_node(node, new)
             commits += [(stat, v) for stat, v in zip((mean, var), new_stats)
@@ -160,7 +198,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             if mask is None:
                 mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
                 graph.values[mask.name] = mask
-            new = _internal(graph, registry, backend, "DropoutTraining", node.name,
+            new = internal_node(graph, registry, backend, "DropoutTraining", node.name,
                             [node.inputs[0], counter], [y, mask],
                             {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
             graph.replace_node(node, new)
@@ -358,8 +396,8 @@ def add_spans(graph: Graph, trainable: list[Value], accumulators: dict[str, Valu
         graph.values[name] = v
         return v
 
-    return [span("__params", ir.PARAM, trainable),
-            span("__grads", ir.GRAD, [accumulators[p.name] for p in trainable]),
+    return [span(PARAMS_SPAN, ir.PARAM, trainable),
+            span(GRADS_SPAN, ir.GRAD, [accumulators[p.name] for p in trainable]),
             *(span(f"__{state}", ir.STATE, [states[p.name][state] for p in trainable])
               for state in optimizer.state)]
 
@@ -373,9 +411,11 @@ def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]]) -> None:
 
 
 def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
-               cfg: TrainConfig) -> Value:
-    """The ``apply`` phase: scale the accumulated gradients by 1/k and clip them (returns the
-    gradient norm), the optimizer's update over the spans, and GRAD zeroed."""
+               cfg: TrainConfig) -> tuple[Value, Node]:
+    """The ``apply`` phase: scale the accumulated gradients by 1/k and clip them, the
+    optimizer's update over the spans, and GRAD zeroed. Returns the gradient norm and the
+    update node (its optional inputs, skip and weight copy, are wired by the passes that
+    need them)."""
     p_span, g_span, *s_spans = spans
     b.phase = "apply"
     grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
@@ -383,8 +423,23 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
                      shapes=[((), np.float32)])
     b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
          cfg.optimizer.attrs(), domain=INTERNAL, shapes=[])
+    update = b.graph.nodes[-1]
     b.op("ZeroFill", [g_span], domain=INTERNAL, shapes=[])
-    return grad_norm
+    return grad_norm, update
+
+
+def set_optional_input(graph: Graph, node: Node, index: int, value: Value) -> None:
+    """Declare optional input ``index`` of ``node`` (absent ones before it stay None)."""
+    node.inputs += [None] * (index + 1 - len(node.inputs))
+    graph.replace_input(node, index, value)
+
+
+def update_skip_index(update: Node) -> int:
+    """The ``skip`` input of an update op, after (params, grads, states..., lr, step); the
+    ``weight_copy`` input follows it (``ops.optimizers.with_skip_and_copy``)."""
+    from ..ops.optimizers import UPDATE_STATES
+
+    return UPDATE_STATES[update.op_type] + 4
 
 
 def set_step_outputs(graph: Graph, loss: Value, model_outputs: list[Value],
@@ -397,12 +452,50 @@ def set_step_outputs(graph: Graph, loss: Value, model_outputs: list[Value],
     graph.outputs = [loss] + [v for v in model_outputs if v is not loss] + [grad_norm]
 
 
-def add_step_guard(graph: Graph) -> None:
-    """The step guard's OPT_STATE scalars (``backends.BAD_BATCH``, ``REJECT``: float32 flags;
-    ``APPLIED``: the int64 count of applied optimizer steps, which the session writes when it
-    loads state): the cuda executor runs a training step as one CUDA graph and decides there
-    whether the batch is kept and whether the step was launched on a right assumption
-    (``CudaExecutor.run_step``)."""
-    for name, dtype in ((BAD_BATCH, np.float32), (REJECT, np.float32), (APPLIED, np.int64)):
-        graph.values[name] = Value(name, (), np.dtype(dtype), ir.STATE,
-                                   data=np.array(0, dtype))
+def add_step_guard(graph: Graph, info: TrainInfo, registry: OpRegistry,
+                   backend: str) -> StepGuard:
+    """The on-device step guard, so the cuda executor can run a training step as one CUDA
+    graph and decide there whether the batch is kept (``CudaExecutor.run_step``): OPT_STATE
+    tensors (``StepGuard``) and nodes in three phases the host never waits between --
+    ``guard`` (StepCheck, after ``compute``: the bad-batch and reject flags), ``discard``
+    (ZeroFill of GRAD when the batch was bad, after ``commit``) and ``report`` (StepReport,
+    last) -- and flag inputs on the commits and the update, which skip themselves on a bad
+    batch (with loss scaling the update already skips on its overflow flag, which StepCheck
+    sets for a bad batch). StepAdvance counts applied steps after the update."""
+    guard = StepGuard()
+    f32 = np.dtype(np.float32)
+    for name, shape, dtype in ((guard.bad_batch, (), f32), (guard.reject, (), f32),
+                               (guard.applied, (), np.dtype(np.int64)),
+                               (guard.report, (8,), f32)):
+        graph.values[name] = Value(name, shape, dtype, ir.STATE, data=np.zeros(shape, dtype))
+    v = graph.values
+    bad, reject = v[guard.bad_batch], v[guard.reject]
+    scaling = info.loss_scaling
+    update = next(n for n in graph.nodes if n.name == info.update)
+    for node in list(graph.nodes):
+        if node.phase == "commit" and node.op_type == "Assign":
+            set_optional_input(graph, node, 2, bad)
+    skip = v[scaling.found_inf] if scaling else bad  # what the update skips on
+    if not scaling:
+        set_optional_input(graph, update, update_skip_index(update), bad)
+
+    def add(op_type: str, phase: str, inputs: list) -> Node:
+        node = internal_node(graph, registry, backend, op_type, f"{guard.bad_batch}/{op_type}",
+                         inputs, [], {})
+        node.phase = phase
+        graph.append(node)
+        return node
+
+    check = [bad, reject, v[info.loss], v[info.step], v[guard.applied]]
+    check += [None, v[scaling.found_inf]] if scaling else [v[info.grads_span]]
+    add("StepCheck", "guard", check)
+    add("ZeroFill", "discard", [v[info.grads_span], bad])
+    add("StepAdvance", "apply", [v[guard.applied], skip])
+    if scaling:
+        scale_update = next(n for n in graph.nodes if n.op_type == "LossScaleUpdate")
+        set_optional_input(graph, scale_update, 4, reject)
+    add("StepReport", "report", [v[guard.report], v[info.loss], bad,
+                                 v[scaling.found_inf] if scaling else None,
+                                 v[info.grad_norm], reject])
+    return guard
+

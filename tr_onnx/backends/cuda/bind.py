@@ -34,7 +34,6 @@ from ...errors import UnsupportedModelError, unsupported_message
 from ...layouts import GatherRowsLayout
 from ...memory import DTensor, MemoryPlan, Region
 from ...opdef import CudaKernel, KernelContext
-from .. import BAD_BATCH
 from . import sources
 from .capture import DeviceBuffer
 from .cudnn_graphs import CudnnGraphError, describe_node
@@ -215,8 +214,6 @@ class BindContext:
         self.node: ir.Node | None = None
         self.workspaces: Sequence[DTensor] = ()
         self.fused: dict[int, str] = {}  # id(node) -> label of the node that does its work
-        # the step guard's flag (training plans of a session: CudaExecutor.run_step)
-        self.guard_flag = BAD_BATCH if BAD_BATCH in self.tensors else None
 
     def at(self, node: ir.Node, workspaces: Sequence[DTensor]) -> BindContext:
         view = copy.copy(self)
@@ -241,14 +238,6 @@ class BindContext:
     def ws(self, k: int, writes: bool = True) -> DeviceBuffer:
         """The node's scratch buffer ``k`` (the ``k``-th its factory asked for)."""
         t = self.workspaces[k]
-        return DeviceBuffer(self.base + t.offset, t.nbytes, writes, t.name)
-
-    def named_scalar(self, name: str, dtype, writes: bool = True) -> DeviceBuffer:
-        """A pointer to the arena scalar ``name`` of ``dtype`` (loss scaling, the step
-        guard)."""
-        t = self.tensors.get(name)
-        if t is None or t.dtype != np.dtype(dtype) or math.prod(t.shape) != 1:
-            raise Unbound(f"needs the {np.dtype(dtype)} scalar {name!r} in the arena")
         return DeviceBuffer(self.base + t.offset, t.nbytes, writes, t.name)
 
     # -- kernels -----------------------------------------------------------------------------

@@ -41,6 +41,10 @@ WRITE_POLICY: dict[str, frozenset[Region]] = {
     "commit": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM}),  # BN running stats
     "apply": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM, Region.GRAD,
                         Region.OPT_STATE}),
+    # the step guard (train_pass.add_step_guard): flags, a bad batch's GRAD, the report
+    "guard": frozenset({Region.OPT_STATE, Region.WORKSPACE}),
+    "discard": frozenset({Region.GRAD}),
+    "report": frozenset({Region.OPT_STATE}),
 }
 
 

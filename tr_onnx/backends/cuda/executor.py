@@ -11,9 +11,10 @@ version) with its nodes and why. There is no per-node fallback to NumPy.
 Phases: a training plan's ``compute``, ``commit`` and ``apply`` nodes are separate step lists;
 an inference plan has one, ``forward``. ``run(phase)`` goes through ``capture.PhaseGraphs``
 (eager, then captured, then replayed; ``cuda_graphs`` says what happens when capture fails).
-A session's training plan carries the step guard (``step_guard``): ``run_step`` then runs the
-whole step -- compute, guard, commit, discard, apply, report -- as one graph and reads
-``step_guard.REPORT_BYTES`` back after one wait. Host transfers are ``transfers``'s.
+A session's training plan carries the step guard (``train_pass.add_step_guard``: nodes in the
+phases ``guard``, ``discard`` and ``report``): ``run_step`` then runs the whole step --
+compute, guard, commit, discard, apply, report -- as one graph and reads the step's report
+tensor (``REPORT_BYTES``) back after one wait. Host transfers are ``transfers``'s.
 """
 
 from __future__ import annotations
@@ -22,21 +23,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...errors import UnsupportedModelError
+from ...errors import InternalError
 from ...memory import MemoryPlan, Region
+from ...ops.optimizers import REPORT_FIELDS
 from .. import StepReport
 from .bind import BindContext, BoundNode, CudaUnsupported, Unbound
-from .capture import WRITE_POLICY, CaptureStep, DeviceBuffer, PhaseGraphs
-from .step_guard import REPORT_BYTES, guard_phases, has_step_guard, read_report
-from .transfers import DeviceTransfers
+from .capture import WRITE_POLICY, CaptureStep, PhaseGraphs
+from .transfers import REPORT_BYTES, DeviceTransfers
 
 EXECUTOR_POLICY = {**WRITE_POLICY,
-                   "guard": frozenset({Region.WORKSPACE, Region.OPT_STATE, Region.GRAD}),
-                   "report": frozenset({Region.WORKSPACE}),
                    "upload": frozenset({Region.INPUT, Region.WORKSPACE}),
                    "download": frozenset({Region.WORKSPACE}),
                    "check": frozenset({Region.WORKSPACE})}
-"""``capture.WRITE_POLICY`` plus the step guard's phases and the executor's transfers, issued
+"""``capture.WRITE_POLICY`` plus the executor's transfers, issued
 outside the captured step: ``upload`` (the batch and per-step scalars into INPUT, staged
 through WORKSPACE), ``download`` (unpadding an output into WORKSPACE before the copy to the
 host) and ``check`` (``all_finite``'s flag, the first 4 bytes of WORKSPACE)."""
@@ -62,11 +61,11 @@ class CudaExecutor(DeviceTransfers):
         self.phases: dict[str, list[BoundNode]] = {}
         for bn in self.bound:
             self.phases.setdefault(bn.phase, []).append(bn)
-        if has_step_guard(self.bind_ctx):
-            try:
-                self.phases.update(guard_phases(self.bind_ctx, plan.info, self.bound))
-            except Unbound as e:
-                raise UnsupportedModelError(f"the cuda step guard: {e}", []) from None
+        guard = plan.info.step_guard if plan.info is not None else None
+        self._report_tensor = None if guard is None else self.memory.tensors[guard.report]
+        if self._report_tensor is not None and self._report_tensor.nbytes != REPORT_BYTES:
+            raise InternalError(f"the step report {guard.report!r} is "
+                                f"{self._report_tensor.nbytes} bytes, not {REPORT_BYTES}")
         self._first_phase = "forward" if "forward" in self.phases else "compute"
         self._init_transfers()
 
@@ -133,14 +132,14 @@ class CudaExecutor(DeviceTransfers):
     @property
     def can_launch_steps(self) -> bool:
         """Whether ``launch_step`` / ``finish_step`` work (a plan with the step guard)."""
-        return "guard" in self.phases
+        return self._report_tensor is not None and "guard" in self.phases
 
-    def run_step(self, loss: str, grad_norm: str, apply: bool,
-                 found_inf: str | None = None) -> StepReport:
-        """A training step as one CUDA graph (``ExecutorAPI.run_step``): ``launch_step`` then
-        ``finish_step``. A plan without the step guard takes the host-decided path."""
+    def run_step(self, info, apply: bool) -> StepReport:
+        """A training step as one CUDA graph (``ExecutorAPI.run_step``; ``info`` the plan's
+        ``TrainInfo``): ``launch_step`` then ``finish_step``. A plan without the step guard
+        takes the host-decided path."""
         if not self.can_launch_steps:
-            return super().run_step(loss, grad_norm, apply, found_inf)
+            return super().run_step(info, apply)
         return self.finish_step(self.launch_step(apply), apply)
 
     def launch_step(self, apply: bool, outputs: Sequence[str] = ()) -> int:
@@ -154,8 +153,8 @@ class CudaExecutor(DeviceTransfers):
         k = 1 - self._k  # run() flipped to the other buffer for the next step's uploads
         self.device.begin_node("<step report>", "download")
         self.device.memcpy_async(self._host[k][self._report:self._report + REPORT_BYTES],
-                                 DeviceBuffer(self._workspace[0], REPORT_BYTES, False),
-                                 REPORT_BYTES, "d2h")
+                                 self.bind_ctx.tensor_buf(self._report_tensor), REPORT_BYTES,
+                                 "d2h")
         for name in outputs:
             t, off = self.memory.tensors[name], self._outputs[name]
             self.device.memcpy_async(self._host[k][off:off + t.nbytes], self.bind_ctx.tensor_buf(t),
@@ -178,7 +177,12 @@ class CudaExecutor(DeviceTransfers):
         """Wait for the step ``launch_step`` returned ``token`` for (its buffer's event: the
         step and its report copy) and read its report."""
         self.device.wait_host_buffer(token)
-        return read_report(self._host[token], self._report, apply)
+        fields = dict(zip(REPORT_FIELDS, (float(x) for x in np.ndarray(
+            len(REPORT_FIELDS), np.float32, self._host[token], self._report))))
+        bad = fields["bad"] != 0.0
+        return StepReport(fields["loss"], bad=bad, overflow=fields["overflow"] != 0.0 and not bad,
+                          grad_norm=fields["grad_norm"] if apply and not bad else None,
+                          rejected=fields["rejected"] != 0.0)
 
 
 __all__ = ["EXECUTOR_POLICY", "CudaExecutor", "CudaUnsupported"]

@@ -123,16 +123,19 @@ def kernel_source(family: str, *tables: Table) -> KernelSource:
 
 FAMILY_MODULES = tuple(f"tr_onnx.backends.cuda.ops.{family}" for family in (
     "unary", "elementwise", "tensor", "indexing", "matmul", "pool", "normalization", "reduce",
-    "losses", "optimizers", "layout_convert")) + ("tr_onnx.backends.cuda.step_guard",)
-"""The modules whose ``KERNELS`` are tr_onnx's kernel families: each op family's table sits in
-its bindings' module (``backends/cuda/ops/<family>.py``), beside the code that launches it;
-``amp`` (loss scaling, the step guard) in ``step_guard``."""
+    "losses", "optimizers", "layout_convert"))
+"""The modules whose ``KERNELS`` (one KernelSource, or several) are tr_onnx's kernel families:
+each family's table sits in its bindings' module (``backends/cuda/ops/<family>.py``), beside
+the code that launches it; ``amp`` (loss scaling, the step guard) with the optimizers."""
 
 
 @functools.cache
 def builtin_sources() -> dict[str, KernelSource]:
     """Family name -> KernelSource of every module of ``FAMILY_MODULES``."""
-    families = [importlib.import_module(m).KERNELS for m in FAMILY_MODULES]
+    families = []
+    for module in FAMILY_MODULES:
+        kernels = importlib.import_module(module).KERNELS
+        families += kernels if isinstance(kernels, tuple) else [kernels]
     return {f.name: f for f in families}
 
 

@@ -28,16 +28,16 @@ from .. import HostTransfers
 from .bind import DT, geometry, i64
 from .capture import DeviceBuffer
 from .device import launch_dims
-from .step_guard import REPORT_BYTES
 
+REPORT_BYTES = 32
+"""The step report tensor's bytes (float32 x 8: ``ops.optimizers.REPORT_FIELDS``, padded)."""
 HALF_INPUTS = ("float16", "bfloat16")  # inputs a float32 host batch is rounded to on the device
 
 
 def staging_bytes(graph: ir.Graph) -> int:
     """WORKSPACE bytes the transfers want: every graph input staged compact as float32 (the
-    widest a host batch comes up as), and the step report."""
-    inputs = [math.prod(v.shape) * max(4, v.dtype.itemsize) for v in graph.inputs]
-    return max([REPORT_BYTES] + inputs)
+    widest a host batch comes up as), and ``all_finite``'s 4-byte flag."""
+    return max([4] + [math.prod(v.shape) * max(4, v.dtype.itemsize) for v in graph.inputs])
 
 
 class DeviceTransfers(HostTransfers):

@@ -1,10 +1,10 @@
-// The training step's loss scaling and step guard: not an op family (no ops/ module holds
-// them). The cuda executor launches them beside the ScaleClipGrad and optimizer bindings
-// (dynamic loss scaling, asked for by the attributes tr_onnx/training/precision.py sets) and
-// around the step's phases (the guard, which decides on the device whether the batch is
-// kept). tr_unscale_check_<dt> reads fp32/fp16/bf16 storage; the others work on float32
-// flags, the float32 scale, the int32 growth tracker, int64 step counters and 4-byte words
-// in the arena (C signatures below).
+// The training step's loss scaling and step guard (family "amp", its table beside the
+// optimizers' in tr_onnx/backends/cuda/ops/optimizers.py): the kernels of the ai.tr_onnx ops
+// ScaleClipGrad's unscaling, LossScaleUpdate, StepCheck, StepAdvance, StepReport and of the
+// guarded Assign / ZeroFill, whose flags are the nodes' declared inputs
+// (tr_onnx/ops/optimizers.py). tr_unscale_check_<dt> reads fp32/fp16/bf16 storage; the others
+// work on float32 flags, the float32 scale, the int32 growth tracker, int64 step counters and
+// 4-byte words in the arena (C signatures below).
 //
 // Dynamic loss scaling, as torch.amp.GradScaler with torch's kernels:
 // 1. tr_unscale_check_<dt>(g, n, inv_scale, found_inf): found_inf = 1 if any g is not finite;
@@ -16,9 +16,9 @@
 // 3. the optimizer update (skips itself when found_inf).
 // 4. tr_loss_scale_update(...): backoff on found_inf, growth after growth_interval good steps
 //    (_amp_update_scale_); writes inv_scale = 1/scale (in double, as GradScaler). found_inf is
-//    left set, so the host can read it after the step to learn it was skipped; the cuda
-//    executor clears it (tr_zero_lanes_b4) in the next step's guard (or, for a plan without
-//    one, at the start of the next apply phase). Flags and scale live in the arena.
+//    left set, so the host can read it after the step to learn it was skipped; the next step's
+//    StepCheck (or, for a plan without the guard, a ZeroFill at the start of the next apply
+//    phase) clears it. Flags and scale live in the arena.
 #include "elementwise.cuh"
 
 #define TR_UNSCALE_CHECK(T, dt)                                                                \
@@ -59,9 +59,9 @@ TR_KERNEL void tr_loss_scale_update(float* scale, float* inv_scale, int* growth_
 }
 
 // ---- the step guard: a training step as one graph decides on the device whether the batch
-// is kept (tr_onnx/backends/cuda/executor.py, CudaExecutor.run_step). bad is a float32 flag in
-// the arena (__bad_batch), set after the backward pass by tr_unscale_check with a null
-// inv_scale (the loss; the GRAD span too without loss scaling).
+// is kept (tr_onnx/training/train_pass.py add_step_guard, CudaExecutor.run_step). bad is a
+// float32 flag in the arena (__bad_batch), set by StepCheck after the backward pass with
+// tr_unscale_check and a null inv_scale (the loss; the GRAD span too without loss scaling).
 TR_KERNEL void tr_flag_or(float* dst, const float* src) {  // *dst = 1 when *src is set
     if (blockIdx.x == 0 && threadIdx.x == 0 && *src != 0.0f) *dst = 1.0f;
 }

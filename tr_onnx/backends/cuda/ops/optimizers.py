@@ -1,10 +1,12 @@
-"""cuda bindings of ``ops/optimizers.py``: gradient accumulation, the running-statistics
-commit (Assign), ZeroFill, ScaleClipGrad (global norm, clipping, loss-scale unscaling) and the
-fused optimizer updates over the flat PARAM span and its GRAD / OPT_STATE mirrors
-(``kernels/optimizers.cu``; loss scaling and the step guard's kernels are in ``amp.cu``).
+"""cuda bindings of ``ops/optimizers.py``: gradient accumulation, the running-statistics commit
+(Assign), ZeroFill, ScaleClipGrad (loss-scale unscaling, global norm, clipping), the fused
+optimizer updates over the flat PARAM span and its GRAD / OPT_STATE mirrors
+(``kernels/optimizers.cu``), and the training step's loss scaling and guard: LossScaleUpdate,
+StepCheck, StepAdvance, StepReport (``kernels/amp.cu``).
 
-In a plan with the step guard (``__bad_batch``), the commit and the update skip themselves on
-the device when the batch was bad, so a step runs as one graph without a host decision.
+Every flag these ops skip or set on is a declared input of the node (``ops/optimizers.py``):
+the bindings read the node, never a name. A guarded step (``train_pass.add_step_guard``) runs
+as one graph: the commits and the update skip themselves on the device when the batch was bad.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import math
 import numpy as np
 
 from ....hookspecs import hookimpl
+from ....ir import Node, Value
 from ....opdef import KernelDef
-from ... import APPLIED, BAD_BATCH, REJECT
+from ....ops.optimizers import UPDATE_STATES
 from ..bind import (
     DT,
     INTERNAL,
@@ -31,9 +34,10 @@ from ..bind import (
     operand_specs,
     out_geometry,
 )
-from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+from ..capture import DeviceBuffer
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
-# ---- kernels/optimizers.cu: the family's name table ---------------------------------------------
+# ---- kernels/optimizers.cu and kernels/amp.cu: the families' name tables ------------------------
 
 def optimizers_source() -> KernelSource:
     """kernels/optimizers.cu: the fused SGD / Adam(W) / Adagrad updates and ScaleClipGrad."""
@@ -44,10 +48,37 @@ def optimizers_source() -> KernelSource:
         instantiate("TR_SCALE_CLIP_NORM({T}, {dt})", "tr_scale_clip_norm_{dt}", STORAGE))
 
 
-KERNELS = optimizers_source()
+def amp_source() -> KernelSource:
+    """kernels/amp.cu: dynamic loss scaling and the one-graph step's guard."""
+    return kernel_source(
+        "amp",
+        instantiate("TR_UNSCALE_CHECK({T}, {dt})", "tr_unscale_check_{dt}", STORAGE),
+        plain("tr_step_advance", "tr_loss_scale_update", "tr_flag_or", "tr_copy_unless_b4",
+              "tr_zero_if_b4", "tr_step_check", "tr_step_report"))
 
 
-OPTIMIZERS = ("SGDUpdate", "AdamUpdate", "AdagradUpdate")
+
+KERNELS = (optimizers_source(), amp_source())
+
+
+def _input(node: Node, k: int) -> Value | None:
+    return node.inputs[k] if k < len(node.inputs) else None
+
+
+def _flag(b: BindContext, v: Value | None, writes: bool = False) -> DeviceBuffer | None:
+    """A float32 flag input's pointer (None when absent)."""
+    if v is None:
+        return None
+    if b.t(v).dtype != np.float32 or math.prod(b.t(v).shape) != 1:
+        raise Unbound(f"{v.name!r} must be a float32 scalar flag")
+    return b.buf(v, writes)
+
+
+def _words(b: BindContext, v: Value) -> int:
+    nbytes = b.t(v).nbytes
+    if nbytes % 4:
+        raise Unbound(f"{v.name!r} is {nbytes} bytes, not whole 4-byte words")
+    return nbytes // 4
 
 
 def bind_accumulate(b: BindContext, node) -> list:
@@ -66,34 +97,40 @@ def bind_accumulate(b: BindContext, node) -> list:
 
 
 def bind_assign(b: BindContext, node) -> list:
+    """target = value; with a ``skip`` flag (input 2), a copy the device skips when set."""
     target, value = node.inputs[0], node.inputs[1]
     tt, tv = b.t(target), b.t(value)
     gt, gv = geometry(tt), geometry(tv)
     if gt is None or gv is None or tt.dtype != tv.dtype or operand_spec(tv, gv, gt) != gt.n:
         raise Unbound(f"assigning {tv.layout.describe()} {tv.dtype} to "
-                       f"{tt.layout.describe()} {tt.dtype}")
+                      f"{tt.layout.describe()} {tt.dtype}")
     nbytes = gt.n * tt.dtype.itemsize
     dst, src = b.tensor_buf(tt, True, nbytes), b.tensor_buf(tv, False, nbytes)
-    if b.guard_flag is None:
+    skip = _flag(b, _input(node, 2))
+    if skip is None:
         return [Copy(dst, src)]
     if nbytes % 4:
         raise Unbound(f"a guarded assignment copies 4-byte words, not {nbytes} bytes")
-    # a step run as one graph: the copy is skipped on the device when the batch is bad
-    flag = b.named_scalar(BAD_BATCH, np.float32, writes=False)
-    return [b.launch("tr_copy_unless_b4", nbytes // 4,
-                     [dst, src, i64(nbytes // 4), flag])]
+    return [b.launch("tr_copy_unless_b4", nbytes // 4, [dst, src, i64(nbytes // 4), skip])]
 
 
 def bind_zero_fill(b: BindContext, node) -> list:
+    """x = 0; with a flag (input 1), only when it is set (a bad batch's gradients)."""
     v = node.inputs[0]
     t = b.t(v)
+    flag = _flag(b, _input(node, 1))
+    if flag is not None:
+        words = _words(b, v)
+        return [b.launch("tr_zero_if_b4", words, [b.buf(v, True), i64(words), flag])]
     width = 4 if t.nbytes % 4 == 0 else 1
     words = t.nbytes // width
     return [b.launch(f"tr_zero_lanes_b{width}", words,
-                     [b.tensor_buf(t, True), i64(1), i64(0), i64(words)])]
+                     [b.buf(v, True), i64(1), i64(0), i64(words)])]
 
 
 def bind_scale_clip_grad(b: BindContext, node) -> list:
+    """Unscale and check GRAD first when loss scaling declares ``inv_scale`` and
+    ``found_inf`` (inputs 2, 3), then scale by 1/k, take the global norm and clip."""
     g, scale = node.inputs[0], node.inputs[1]
     norm = node.outputs[0] if node.outputs else None
     if norm is None or b.t(norm).dtype != np.float32 or b.t(scale).dtype != np.float32:
@@ -101,79 +138,114 @@ def bind_scale_clip_grad(b: BindContext, node) -> list:
     dt = b.dt(g)
     n = math.prod(b.t(g).shape)
     calls = []
-    unscale = node.attrs.get("unscale")
-    if unscale:  # dynamic loss scaling: clear the flag, unscale and check GRAD (amp.cu)
-        inv = b.named_scalar(unscale["inv_scale"], np.float32, writes=False)
-        found = b.named_scalar(unscale["found_inf"], np.float32)
-        if b.guard_flag is None:  # else the step guard cleared it (and set it for a bad batch)
-            calls.append(b.launch("tr_zero_lanes_b4", 1,
-                                  [found, i64(1), i64(0), i64(1)]))
-        calls.append(b.launch(f"tr_unscale_check_{dt}", n,
-                              [b.buf(g, True), i64(n), inv, found]))
+    inv, found = _flag(b, _input(node, 2)), _flag(b, _input(node, 3), writes=True)
+    if (inv is None) != (found is None):
+        raise Unbound("unscaling needs both inv_scale and found_inf")
+    if inv is not None:
+        calls.append(b.launch(f"tr_unscale_check_{dt}", n, [b.buf(g, True), i64(n), inv, found]))
     return calls + [b.launch(f"tr_scale_clip_norm_{dt}", n,
                              [b.buf(g, True), i64(n), b.buf(scale), b.buf(norm, True),
                               f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
 
 
-def bind_optimizer(b: BindContext, node) -> list:
-    """The fused update over the whole PARAM span and its GRAD / OPT_STATE mirrors."""
+def bind_update(b: BindContext, node) -> list:
+    """The fused update over the whole PARAM span and its GRAD / OPT_STATE mirrors; the
+    optional ``skip`` flag and ``weight_copy`` span follow (params, grads, moments, lr,
+    step)."""
     a = node.attrs
-    ins = list(node.inputs)
-    p, g = ins[0], ins[1]
+    states = UPDATE_STATES[node.op_type]
+    p, g = node.inputs[0], node.inputs[1]
+    moments = node.inputs[2:2 + states]
+    lr, step = node.inputs[2 + states], node.inputs[3 + states]
+    skip, copy = _input(node, 4 + states), _input(node, 5 + states)
     tp = b.t(p)
     if tp.dtype != np.float32:
         raise Unbound(f"parameters must be float32 master weights, got {tp.dtype}")
     gdt = b.dt(g)
     n = math.prod(tp.shape)
-    for v in ins[:-2]:
+    for v in [g, *moments, copy]:
         if v is not None and math.prod(b.t(v).shape) != n:
             raise Unbound(f"{v.name!r} does not mirror the parameter span")
+    if copy is not None and DT.get(b.t(copy).dtype.name) != gdt:
+        raise Unbound(f"weight copy {copy.name!r} must be a {gdt} span like the gradients")
+    if b.t(lr).dtype != np.float32 or b.t(step).dtype != np.int64:
+        raise Unbound("lr must be float32 and step int64 in the arena")
     if node.op_type == "SGDUpdate":
-        stem, states, lr, step = "sgd", [ins[2]], ins[3], ins[4]
+        stem = "sgd"
         scalars = [f64(a["momentum"]), f64(a["dampening"]), i32(int(a["nesterov"])),
                    f64(a["weight_decay"])]
     elif node.op_type == "AdamUpdate":
-        stem, states, lr, step = "adam", ins[2:4], ins[4], ins[5]
-        scalars = [f64(a["beta1"]), f64(a["beta2"]), f64(a["epsilon"]),
-                   f64(a["weight_decay"]), i32(int(a["decoupled"]))]
+        stem = "adam"
+        scalars = [f64(a["beta1"]), f64(a["beta2"]), f64(a["epsilon"]), f64(a["weight_decay"]),
+                   i32(int(a["decoupled"]))]
     else:
-        stem, states, lr, step = "adagrad", [ins[2]], ins[3], ins[4]
+        stem = "adagrad"
         scalars = [f64(a["lr_decay"]), f64(a["weight_decay"]), f64(a["epsilon"])]
-    if b.t(lr).dtype != np.float32 or b.t(step).dtype != np.int64:
-        raise Unbound("lr must be float32 and step int64 in the arena")
-    copy = None
-    if a.get("weight_copy"):  # mixed precision: the half weights the compute phase reads
-        t = b.tensors.get(a["weight_copy"])
-        if t is None or t.shape != tp.shape or DT.get(t.dtype.name) != gdt:
-            raise Unbound(f"weight copy {a['weight_copy']!r} must be a {gdt} span mirroring "
-                           "the parameters")
-        copy = b.tensor_buf(t, True)
-    ls = a.get("loss_scale")
-    # the update skips itself on this flag: loss scaling's overflow flag (which the step
-    # guard also sets for a bad batch), else the guard's own
-    found = b.named_scalar(ls["found_inf"], np.float32, writes=False) if ls else \
-        None if b.guard_flag is None else b.named_scalar(BAD_BATCH, np.float32, writes=False)
-    args = [b.buf(p, True), b.buf(g)] + [b.buf(s, True) for s in states] + [
-        copy, i64(n), b.buf(lr), b.buf(step), found] + scalars
-    calls = [b.launch(f"tr_{stem}_{gdt}", n, args)]
-    reject = None
-    if b.guard_flag is not None:  # the step guard's applied-steps counter follows the update
-        reject = b.named_scalar(REJECT, np.float32, writes=False)
-        calls.append(b.launch("tr_step_advance", 1, [b.named_scalar(APPLIED, np.int64),
-                                                            found], single_block=True))
-    if ls:  # dynamic loss scaling: backoff or growth after the (maybe skipped) update
-        calls.append(b.launch("tr_loss_scale_update", 1, [
-            b.named_scalar(ls["scale"], np.float32), b.named_scalar(ls["inv_scale"], np.float32),
-            b.named_scalar(ls["growth_tracker"], np.int32),
-            found, f64(ls["growth_factor"]),
-            f64(ls["backoff_factor"]), i32(ls["growth_interval"]), reject],
-            single_block=True))
+    args = [b.buf(p, True), b.buf(g)] + [b.buf(m, True) for m in moments] + [
+        b.buf(copy, True), i64(n), b.buf(lr), b.buf(step), _flag(b, skip)] + scalars
+    return [b.launch(f"tr_{stem}_{gdt}", n, args)]
+
+
+def bind_loss_scale_update(b: BindContext, node) -> list:
+    """LossScaleUpdate(scale, inv_scale, growth_tracker, found_inf[, reject])."""
+    scale, inv, tracker, found = node.inputs[:4]
+    if b.t(tracker).dtype != np.int32:
+        raise Unbound("the growth tracker must be int32")
+    a = node.attrs
+    return [b.launch("tr_loss_scale_update", 1, [
+        _flag(b, scale, True), _flag(b, inv, True), b.buf(tracker, True), _flag(b, found),
+        f64(a["growth_factor"]), f64(a["backoff_factor"]), i32(a["growth_interval"]),
+        _flag(b, _input(node, 4))], single_block=True)]
+
+
+def bind_step_check(b: BindContext, node) -> list:
+    """StepCheck(bad, reject, loss, step, applied[, grads][, found_inf]): bad = non-finite
+    loss (or gradient); reject = step != applied + 1 (then bad too); found_inf = bad."""
+    bad, reject, loss, step, applied = node.inputs[:5]
+    grads, found = _input(node, 5), _input(node, 6)
+    bad_buf = _flag(b, bad, True)
+    calls = [b.launch("tr_zero_lanes_b4", 1, [bad_buf, i64(1), i64(0), i64(1)]),
+             b.launch("tr_unscale_check_f32", 1, [_flag(b, loss), i64(1), None, bad_buf])]
+    if grads is not None:
+        n = math.prod(b.t(grads).shape)
+        calls.append(b.launch(f"tr_unscale_check_{b.dt(grads)}", n,
+                              [b.buf(grads), i64(n), None, bad_buf]))
+    for v in (step, applied):
+        if b.t(v).dtype != np.int64:
+            raise Unbound(f"{v.name!r} must be an int64 scalar")
+    calls.append(b.launch("tr_step_check", 1, [b.buf(step), b.buf(applied),
+                                                _flag(b, reject, True), bad_buf],
+                          single_block=True))
+    if found is not None:
+        found_buf = _flag(b, found, True)
+        calls += [b.launch("tr_zero_lanes_b4", 1, [found_buf, i64(1), i64(0), i64(1)]),
+                  b.launch("tr_flag_or", 1, [found_buf, bad_buf], single_block=True)]
     return calls
+
+
+def bind_step_advance(b: BindContext, node) -> list:
+    applied, skip = node.inputs[:2]
+    if b.t(applied).dtype != np.int64:
+        raise Unbound(f"{applied.name!r} must be an int64 scalar")
+    return [b.launch("tr_step_advance", 1, [b.buf(applied, True), _flag(b, skip)],
+                     single_block=True)]
+
+
+def bind_step_report(b: BindContext, node) -> list:
+    """StepReport(report, loss, bad, found_inf, grad_norm, reject): ``REPORT_FIELDS``."""
+    report, *fields = node.inputs[:6]
+    fields += [None] * (5 - len(fields))
+    if b.t(report).dtype != np.float32 or math.prod(b.t(report).shape) < 5:
+        raise Unbound("the report must be float32 with room for 5 fields")
+    return [b.launch("tr_step_report", 1, [_flag(b, v) for v in fields] + [b.buf(report, True)],
+                     single_block=True)]
 
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return ([KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
+    return [KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
         ("Accumulate", bind_accumulate), ("Assign", bind_assign), ("ZeroFill", bind_zero_fill),
-        ("ScaleClipGrad", bind_scale_clip_grad))]
-        + [KernelDef(op, "cuda", binding(bind_optimizer), domain=INTERNAL) for op in OPTIMIZERS])
+        ("ScaleClipGrad", bind_scale_clip_grad), ("SGDUpdate", bind_update),
+        ("AdamUpdate", bind_update), ("AdagradUpdate", bind_update),
+        ("LossScaleUpdate", bind_loss_scale_update), ("StepCheck", bind_step_check),
+        ("StepAdvance", bind_step_advance), ("StepReport", bind_step_report))]
