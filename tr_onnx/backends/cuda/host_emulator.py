@@ -7,12 +7,22 @@ it records on a NumPy arena at a fake device address: kernels through the host b
 graphs through their nodes' numpy kernels (with the activation fused into a conv's epilogue),
 copies with memmove. ``host_emulator(lib)`` is the factory the sessions' ``device=`` takes.
 
+A kernel that brings its own source text (a plugin's ``CudaKernel``, an op set's own
+``KernelSource`` passed as ``BindContext.launch(..., family=...)``) runs from a host build of
+that text: ``family_library`` compiles it on first use with the same command as
+``build_host_library`` (``compile_host``), once per text and process, so the many plans of a
+test session share it. Such a source must compile as host C++: written over
+``elementwise.cuh``'s helpers (``TR_KERNEL``, ``TR_HD``, ``TR_GRID_STRIDE``, ``tr_get`` /
+``tr_put``) it does; CUDA-only code (``__global__`` / ``__device__`` rather than those macros,
+PTX ``asm``, intrinsics such as ``__expf``) is a ``HostCompileError`` naming the family.
+
 Importing this module needs no GPU and does not import CuPy.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import shutil
 import subprocess
@@ -42,22 +52,62 @@ def host_compiler() -> str:
     raise RuntimeError("the host build of the cuda kernels needs a C++ compiler (g++) on PATH")
 
 
+HOST_FLAGS = ("-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC", "-shared")
+"""The host build's flags: the text as C++17, no FMA contraction (as NVRTC's ``--fmad=false``:
+plain arithmetic rounds as NumPy's does), a shared library for ctypes."""
+
+
+class HostCompileError(sources.KernelCompileError, RuntimeError):
+    """The host C++ compiler rejected a kernel source; the message names the source (the
+    family) and carries the command and the compiler's log. A ``KernelCompileError`` like
+    NVRTC's rejections, and a RuntimeError as ``build_host_library`` always raised."""
+
+
+def compile_host(text: str, out_dir: Path, stem: str, label: str,
+                 extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
+    """``text`` compiled with ``host_compiler()`` and ``HOST_FLAGS`` (then ``extra_flags``; a
+    later ``-O`` wins) against the headers in ``sources.KERNEL_DIR``, into
+    ``out_dir/<stem>.so``, loaded. Raises HostCompileError naming ``label``."""
+    src, lib = out_dir / f"{stem}.cpp", out_dir / f"{stem}.so"
+    src.write_text(text)
+    cmd = [host_compiler(), *HOST_FLAGS, *extra_flags, f"-I{sources.KERNEL_DIR}", str(src),
+           "-o", str(lib)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise HostCompileError(f"the host build of {label} failed:\n{' '.join(cmd)}\n"
+                               f"{done.stderr}")
+    return ctypes.CDLL(str(lib))
+
+
 def build_host_library(out_dir: str | Path | None = None,
                        extra_flags: Sequence[str] = ()) -> ctypes.CDLL:
     """Every kernel source of ``sources.SOURCES`` compiled into one shared library under
     ``out_dir`` (default: a new temporary folder). ``extra_flags`` go after the defaults (the
-    kernel tests add ``-O2 -Wall -Werror``; a later ``-O`` wins). Raises RuntimeError with the
-    compiler's message if it fails."""
+    kernel tests add ``-O2 -Wall -Werror``; a later ``-O`` wins). Raises HostCompileError with
+    the compiler's message if it fails."""
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="tr_onnx_host_kernels_"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    src, lib = out_dir / "kernels.cpp", out_dir / "kernels.so"
-    src.write_text("\n".join(s.text for s in sources.SOURCES.values()))
-    cmd = [host_compiler(), "-x", "c++", "-std=c++17", "-O1", "-ffp-contract=off", "-fPIC",
-           "-shared", *extra_flags, f"-I{sources.KERNEL_DIR}", str(src), "-o", str(lib)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}\n{done.stderr}")
-    return ctypes.CDLL(str(lib))
+    return compile_host("\n".join(s.text for s in sources.SOURCES.values()), out_dir, "kernels",
+                        "tr_onnx's kernel sources", extra_flags)
+
+
+_FAMILY_LIBS: dict[str, ctypes.CDLL] = {}  # source text -> its host build, for this process
+_family_dir: Path | None = None
+
+
+def family_library(text: str, family: str) -> ctypes.CDLL:
+    """The host build of a kernel source that is not one of tr_onnx's own (``KernelRef.source``
+    of family ``family``): compiled on first use into a folder of this process, then cached by
+    its text. Raises HostCompileError naming ``family`` if it does not compile as host C++."""
+    lib = _FAMILY_LIBS.get(text)
+    if lib is None:
+        global _family_dir
+        if _family_dir is None:
+            _family_dir = Path(tempfile.mkdtemp(prefix="tr_onnx_host_families_"))
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        label = f"kernel family {family!r} (as host C++: CUDA-only code has no host build)"
+        lib = _FAMILY_LIBS[text] = compile_host(text, _family_dir, f"family_{digest}", label)
+    return lib
 
 
 class HostEmulator(FakeRecorder):
@@ -81,7 +131,19 @@ class HostEmulator(FakeRecorder):
         self.launched_graphs = 0
 
     def prepare_kernel(self, ref) -> None:
-        getattr(self.lib, ref.name)  # the entry point exists in the host build
+        """Find ``ref``'s entry point in its host build (at bind time): tr_onnx's library, or
+        the source ``ref`` carries, compiled on first use (``family_library``)."""
+        self.function(ref)
+
+    def function(self, ref):
+        """``ref``'s entry point (a ctypes function) in its host build."""
+        lib = self.lib if ref.source is None else family_library(ref.source, ref.family)
+        try:
+            return getattr(lib, ref.name)
+        except AttributeError:
+            where = "tr_onnx's kernels" if ref.source is None else f"family {ref.family!r}"
+            raise AttributeError(f"{self.node}: the host build of {where} has no kernel "
+                                 f"{ref.name!r}") from None
 
     def build_cudnn(self, desc):
         """The declaration is the graph; a ReLU fused into the epilogue writes Y, so the node
@@ -130,7 +192,7 @@ class HostEmulator(FakeRecorder):
             args = [ctypes.c_void_p(None) if a is None else
                     ctypes.c_void_p(self.addr(a)) if isinstance(a, DeviceBuffer) else
                     _CTYPES[type(a)](a) for a in call.args["args"]]
-            fn = getattr(self.lib, call.args["kernel"].name)
+            fn = self.function(call.args["kernel"])
             fn.argtypes, fn.restype = [type(a) for a in args], None
             fn(*args)
         elif call.op == "cudnn_execute":
