@@ -2,8 +2,10 @@
 
 A plugin is a module (or object) with a function marked ``@hookimpl`` named
 ``tr_onnx_op_definitions`` returning ``OpDef`` (a new op: kernels per backend, layout rule,
-gradient rule, shape rule) and ``GradientDef`` (a gradient for an op registered elsewhere)
-objects. It is found through the entry-point group ``tr_onnx`` of an installed package, or
+gradient rule, shape rule), ``GradientDef`` (a gradient for an op registered elsewhere) and
+``KernelDef`` (one backend's kernel for an op registered elsewhere; the builtin cuda bindings
+are KernelDefs, ``tr_onnx/backends/cuda/ops/<family>.py``) objects. It is found through the
+entry-point group ``tr_onnx`` of an installed package, or
 passed as ``plugins=[module]`` to ``InferenceSession``/``TrainingSession``. See the README
 section "Writing a plugin".
 
@@ -41,6 +43,7 @@ from .opdef import (
                     CudaKernel,
                     GradientDef,
                     KernelContext,
+                    KernelDef,
                     LayoutRule,
                     OpDef,
                     TensorInfo,
@@ -48,7 +51,7 @@ from .opdef import (
 from .passes.autodiff import GradBuilder
 
 __all__ = [
-    "hookimpl", "OpDef", "GradientDef", "CudaKernel", "KernelContext", "TensorInfo",
+    "hookimpl", "OpDef", "GradientDef", "KernelDef", "CudaKernel", "KernelContext", "TensorInfo",
     "GradBuilder", "LayoutRule", "ELEMENTWISE", "SPATIAL", "PLAIN_ONLY", "STRIDED_TO_PLAIN",
     "MATMUL", "STRIDED", "PLAIN", "CHANNELS_LAST", "FOLLOW", "CONV_WEIGHT", "CHANNEL_VECTOR",
 ]

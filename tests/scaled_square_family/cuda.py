@@ -20,12 +20,12 @@ from tr_onnx.opdef import KernelContext, KernelDef
 
 from .ops import DOMAIN
 
-# sources.KernelSource reads ``file`` under kernels/; an absolute path names a file elsewhere
+# the family's .cu sits beside this module (it includes tr_onnx's elementwise.cuh)
 SOURCE = sources.KernelSource(
-    "scaled_square", str(Path(__file__).with_name("scaled_square.cu")),
+    "scaled_square", "scaled_square.cu",
     *sources.instantiate("TR_SCALED_SQUARE({T}, {dt})",
                          ("tr_scaled_square_mul_{dt}", "tr_scaled_square_scale_{dt}"),
-                         sources.STORAGE))
+                         sources.STORAGE), directory=Path(__file__).parent)
 
 
 def product_then_scale(ctx: KernelContext, operands: tuple[int, int], scale):

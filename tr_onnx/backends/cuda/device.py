@@ -104,7 +104,8 @@ class CupyDevice:
 
     # -- kernels -----------------------------------------------------------------------------
     def _module(self, ref: KernelRef):
-        mod = self._modules.get(ref.family)
+        key = (ref.family, ref.source)  # a family that brings its text: keyed by it too
+        mod = self._modules.get(key)
         if mod is None:
             from cupy.cuda import function
 
@@ -116,20 +117,21 @@ class CupyDevice:
                 image = compile_text_nvrtc(ref.source, ref.family, self.arch)
             mod = function.Module()
             mod.load(image)
-            self._modules[ref.family] = mod
+            self._modules[key] = mod
         return mod
 
     def prepare_kernel(self, ref: KernelRef) -> None:
         """Compile and load ``ref``'s module and look the function up (at bind time: never
         during capture)."""
-        if ref not in self._functions:
-            self._functions[ref] = self._module(ref).get_function(ref.name)
+        key = (ref, ref.source)
+        if key not in self._functions:
+            self._functions[key] = self._module(ref).get_function(ref.name)
 
     def launch(self, kernel: KernelRef, grid: tuple, block: tuple, args: Sequence[Any]) -> None:
-        fn = self._functions.get(kernel)
+        fn = self._functions.get((kernel, kernel.source))
         if fn is None:
             self.prepare_kernel(kernel)
-            fn = self._functions[kernel]
+            fn = self._functions[(kernel, kernel.source)]
         fn(tuple(grid), tuple(block), tuple(_c_arg(a) for a in args), stream=self.stream)
 
     # -- cuDNN -------------------------------------------------------------------------------
@@ -223,11 +225,13 @@ class CupyDevice:
 
 
 def compile_text_nvrtc(text: str, name: str, arch: str) -> bytes:
-    """Compile a plugin's CUDA source (no include path: plugin sources are self-contained)."""
-    from .sources import nvrtc_compile
+    """Compile CUDA source ``text`` that an op set brings (a plugin's ``CudaKernel``, a family
+    of its own) with the options of tr_onnx's own sources: ``kernels/`` and the CUDA headers
+    on the include path (so it may build on ``elementwise.cuh``), ``--fmad=false``."""
+    from .sources import compile_options, nvrtc_compile
 
-    return nvrtc_compile(text, name.replace("/", "_") + ".cu", [f"-arch={arch}", "-std=c++17"],
-                         name)
+    return nvrtc_compile(text, name.replace("/", "_").replace(":", "_") + ".cu",
+                         compile_options(arch), name)
 
 
 __all__ = ["BLOCK", "CupyDevice", "KernelRef", "compile_text_nvrtc", "cuda_available",

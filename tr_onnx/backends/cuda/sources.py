@@ -36,6 +36,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ...errors import TrOnnxError
+from ...registry import BUILTIN_BACKEND_KERNELS
 
 KERNEL_DIR = Path(__file__).with_name("kernels")
 
@@ -53,17 +54,21 @@ class KernelCompileError(TrOnnxError):
 
 @dataclass(frozen=True)
 class KernelSource:
-    """One family: ``file`` in ``kernels/`` plus ``instances`` (macro invocations appended to
-    it); ``kernels`` are the ``extern "C"`` names the text defines."""
+    """One family: ``file`` in ``directory`` (tr_onnx's ``kernels/`` by default; an op set
+    outside tr_onnx keeps its .cu beside its module) plus ``instances`` (macro invocations
+    appended to it); ``kernels`` are the ``extern "C"`` names the text defines. The text may
+    include the shared headers (``HEADERS``): every compile puts ``kernels/`` on the include
+    path."""
 
     name: str
     file: str
     instances: tuple[str, ...]
     kernels: tuple[str, ...]
+    directory: Path = KERNEL_DIR
 
     @cached_property
     def text(self) -> str:
-        body = (KERNEL_DIR / self.file).read_text()
+        body = (self.directory / self.file).read_text()
         return (body + "\n// instances (the family's KERNELS table in its bindings' module)\n"
                 + "\n".join(self.instances) + "\n")
 
@@ -121,12 +126,12 @@ def kernel_source(family: str, *tables: Table) -> KernelSource:
                         tuple(k for t in tables for k in t[1]))
 
 
-FAMILY_MODULES = tuple(f"tr_onnx.backends.cuda.ops.{family}" for family in (
-    "unary", "elementwise", "tensor", "indexing", "matmul", "pool", "normalization", "reduce",
-    "losses", "optimizers", "layout_convert"))
-"""The modules whose ``KERNELS`` (one KernelSource, or several) are tr_onnx's kernel families:
-each family's table sits in its bindings' module (``backends/cuda/ops/<family>.py``), beside
-the code that launches it; ``amp`` (loss scaling, the step guard) with the optimizers."""
+FAMILY_MODULES = tuple(m for m in BUILTIN_BACKEND_KERNELS
+                       if m.startswith("tr_onnx.backends.cuda.ops."))
+"""The modules (the registry's builtin cuda op sets) whose ``KERNELS`` (one KernelSource, or
+several) are tr_onnx's kernel families: each family's table sits in its bindings' module
+(``backends/cuda/ops/<family>.py``), beside the code that launches it; ``amp`` (loss scaling,
+the step guard) with the optimizers'; conv has none (cuDNN only)."""
 
 
 @functools.cache
@@ -134,7 +139,7 @@ def builtin_sources() -> dict[str, KernelSource]:
     """Family name -> KernelSource of every module of ``FAMILY_MODULES``."""
     families = []
     for module in FAMILY_MODULES:
-        kernels = importlib.import_module(module).KERNELS
+        kernels = getattr(importlib.import_module(module), "KERNELS", ())  # conv: cuDNN only
         families += kernels if isinstance(kernels, tuple) else [kernels]
     return {f.name: f for f in families}
 
