@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import finfo, is_float, onnx_elem_type
+from ..errors import InternalError
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -300,7 +301,7 @@ def _reduce_term(b, op, x, y, gy, axes, count):
         return b.op("Exp", [b.neg(y)])  # 1 / sum = exp(-log(sum))
     if op == "ReduceLogSumExp":
         return b.op("Exp", [b.sub(x, y)])  # softmax over the reduced axes
-    raise AssertionError(op)
+    raise InternalError(f"{op} has no gradient term in ops/reduce.py's table")
 
 
 def reduce_vjp(b, node, gys, needed):

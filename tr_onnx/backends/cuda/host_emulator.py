@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import InternalError
 from ..numpy_backend import allocate_arena
 from . import sources
 from .capture import DeviceBuffer, FakeRecorder
@@ -156,7 +157,8 @@ class HostEmulator(FakeRecorder):
         """The host address of a device buffer (or of a host array)."""
         if isinstance(x, DeviceBuffer):
             if not BASE <= x.ptr <= BASE + self.arena.size:
-                raise AssertionError(f"{self.node}: pointer {x.ptr:#x} outside the arena")
+                raise InternalError(f"{self.node}: pointer {x.ptr:#x} outside the emulated "
+                                    "arena (the recorder's checks should have refused it)")
             return self.arena.ctypes.data + x.ptr - BASE
         return x.ctypes.data
 
