@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from tr_onnx import hookimpl
 from tr_onnx.cli import main as cli_main
 from tr_onnx.errors import RegistryError
 from tr_onnx.registry import OpKey, build_registry, default_registry
@@ -203,3 +204,54 @@ def test_custom_op_shape_rule_fills_what_onnx_inference_cannot(plugin_path):
     data = np.arange(-12, 12, dtype=np.float32).reshape(4, 6)
     out = tr_onnx.InferenceSession(model, plugins=[demo_shape]).run(None, {"x": data})[0]
     np.testing.assert_array_equal(out, np.maximum(data[:, :3] + data[:, 3:], 0))
+
+
+class _KernelDefs:
+    """A plugin object returning the KernelDefs it was made with."""
+
+    def __init__(self, *defs):
+        self.defs = defs
+
+    @hookimpl
+    def tr_onnx_op_definitions(self):
+        return list(self.defs)
+
+
+def _noop_binding(ctx):
+    return lambda b, node: []
+
+
+def test_kernel_def_adds_a_backend_to_every_version_of_an_op():
+    from tr_onnx.opdef import KernelDef
+
+    registry = build_registry(plugins=[_KernelDefs(KernelDef("Softsign", "cuda",
+                                                             _noop_binding))])
+    versions = registry.registered_versions("", "Softsign", "numpy")
+    assert versions and registry.registered_versions("", "Softsign", "cuda") == versions
+    for v in versions:
+        numpy_def = registry.lookup("", "Softsign", v, "numpy")
+        cuda_def = registry.lookup("", "Softsign", v, "cuda")
+        assert numpy_def is cuda_def and cuda_def.kernels["cuda"] is _noop_binding
+        assert cuda_def.gradient is not None  # the op's rules stay the op's
+
+
+def test_a_second_kernel_for_a_backend_key_names_both_sources():
+    from tr_onnx.opdef import KernelDef
+
+    with pytest.raises(RegistryError, match=r"Relu .*backend 'cuda'.* registered twice: by "
+                                            r"'tr_onnx.backends.cuda.ops.unary' and by"):
+        build_registry(plugins=[_KernelDefs(KernelDef("Relu", "cuda", _noop_binding))])
+    replaced = build_registry(plugins=[_KernelDefs(KernelDef("Relu", "cuda", _noop_binding,
+                                                             overrides=True))])
+    assert replaced.lookup("", "Relu", 14, "cuda").kernels["cuda"] is _noop_binding
+    assert any("overrides op Relu" in line for line in replaced.overrides)
+
+
+def test_a_kernel_for_an_op_nobody_registers_is_an_error():
+    from tr_onnx.opdef import KernelDef
+
+    with pytest.raises(RegistryError, match=r"cuda kernel for NoSuchOp .*no op set registers"):
+        build_registry(plugins=[_KernelDefs(KernelDef("NoSuchOp", "cuda", _noop_binding))])
+    with pytest.raises(RegistryError, match=r"versions \[99\]"):
+        build_registry(plugins=[_KernelDefs(KernelDef("Relu", "cuda", _noop_binding,
+                                                      versions=(99,)))])

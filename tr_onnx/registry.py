@@ -88,16 +88,22 @@ class OpRegistry:
         for version in opdef.versions:
             for backend in opdef.kernels:
                 key = OpKey(canonical_domain(opdef.domain), opdef.op_type, version, backend)
-                if key in self._entries:
-                    other = self._entries[key][1]
-                    if not opdef.overrides or key in self._overridden:
-                        raise RegistryError(
-                            f"op {_key_words(key)} is registered twice: by {other!r} and by "
-                            f"{source!r}" + ("" if opdef.overrides else
-                                             " (a plugin replaces an op with overrides=True)"))
-                    self._overridden[key] = source
-                    self._report(f"{source} overrides op {_key_words(key)} of {other}")
+                self._claim(key, source, opdef.overrides)
                 self._entries[key] = (opdef, source)
+
+    def _claim(self, key: OpKey, source: str, overrides: bool) -> None:
+        """``source`` takes ``key``: an error naming both sources if another has it, unless
+        ``overrides`` (then the override is reported; a second override is an error too)."""
+        if key not in self._entries:
+            return
+        other = self._entries[key][1]
+        if not overrides or key in self._overridden:
+            raise RegistryError(
+                f"op {_key_words(key)} is registered twice: by {other!r} and by {source!r}"
+                + ("" if overrides else " (a plugin replaces an op or a kernel with "
+                   "overrides=True)"))
+        self._overridden[key] = source
+        self._report(f"{source} overrides op {_key_words(key)} of {other}")
 
     def _register_kernel(self, kdef: KernelDef, source: str) -> None:
         """A backend's kernel for an op registered elsewhere: every key of the op's versions
@@ -114,15 +120,7 @@ class OpRegistry:
                                 f"which no op set registers (registered versions: {have})")
         for version in versions:
             key = OpKey(domain, kdef.op_type, version, kdef.backend)
-            if key in self._entries:
-                other = self._entries[key][1]
-                if not kdef.overrides or key in self._overridden:
-                    raise RegistryError(
-                        f"op {_key_words(key)} is registered twice: by {other!r} and by "
-                        f"{source!r}" + ("" if kdef.overrides else
-                                         " (a plugin replaces a kernel with overrides=True)"))
-                self._overridden[key] = source
-                self._report(f"{source} overrides op {_key_words(key)} of {other}")
+            self._claim(key, source, kdef.overrides)
             same_op = [k for k in self._entries if k[:3] == key[:3]]
             opdef = self._entries[same_op[0]][0]
             merged = replace(opdef, kernels={**opdef.kernels, kdef.backend: kdef.kernel})
