@@ -23,6 +23,7 @@ from .opdef import GradientDef, OpDef
 
 BUILTIN_OPSETS = (
     "tr_onnx.ops.elementwise",
+    "tr_onnx.ops.unary",
     "tr_onnx.ops.tensor",
     "tr_onnx.ops.matmul",
     "tr_onnx.ops.conv",
