@@ -25,6 +25,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.elementwise",
     "tr_onnx.ops.unary",
     "tr_onnx.ops.tensor",
+    "tr_onnx.ops.indexing",
     "tr_onnx.ops.matmul",
     "tr_onnx.ops.conv",
     "tr_onnx.ops.pool",
