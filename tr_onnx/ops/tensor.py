@@ -1,7 +1,7 @@
 """Tensor manipulation: data movement by shape, not by index values. Reshaping (Reshape, Flatten,
 Squeeze, Unsqueeze), Transpose, joining and splitting, Slice, padding, tiling and broadcasting
-(Pad, Tile, Expand), block rearrangements, Trilu, CumSum, Einsum and the small generators
-(Constant, Shape, Range, EyeLike...), with the backward ops SliceGrad and PadGrad. What moves
+(Pad, Tile, Expand), block rearrangements, Trilu, CumSum and the small generators (Constant,
+Shape, Range, EyeLike...), with the backward ops SliceGrad and PadGrad. What moves
 data by index values (Gather*, ScatterElements, OneHot, TopK) is ops/indexing.py, which uses
 the axis and gradient helpers defined here.
 
@@ -17,7 +17,6 @@ plan-time facts (Shape, Size, Constant, Range, EyeLike...) compute it in the fac
 from __future__ import annotations
 
 import math
-import string
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -404,7 +403,7 @@ def expand_numpy(ctx):
     return run
 
 
-# ---- block rearrangements, triangles, scans, einsum -----------------------------------------
+# ---- block rearrangements, triangles, scans ------------------------------------------------
 
 
 def depth_to_space_numpy(ctx):
@@ -468,15 +467,6 @@ def cumsum_numpy(ctx):
                           out=y[head + (slice(1, None),)])
         else:
             np.cumsum(x, axis=axis, out=y)
-
-    return run
-
-
-def einsum_numpy(ctx):
-    equation = ctx.attrs["equation"].replace(" ", "")
-
-    def run(ins, outs, ws):
-        np.einsum(equation, *ins, out=outs[0])
 
     return run
 
@@ -695,65 +685,6 @@ def cumsum_vjp(b, node, gys, needed):
                                  like=node.inputs[0]))
 
 
-def einsum_terms(equation: str, shapes) -> tuple[list[str], str, list[str]]:
-    """Einsum's operand and output subscripts with ``...`` spelled out as letters (right-
-    aligned, as numpy broadcasts them), the implicit output made explicit, and the letters
-    still free."""
-    equation = equation.replace(" ", "")
-    lhs, arrow, rhs = equation.partition("->")
-    terms = lhs.split(",")
-    free = [c for c in string.ascii_letters if c not in equation]
-    counts = [len(s) - (len(t) - 3) if "..." in t else 0 for t, s in zip(terms, shapes)]
-    ell = "".join(free[:max(counts, default=0)])
-    free = free[len(ell):]
-    spelled = [t.replace("...", ell[len(ell) - k:] if k else "") for t, k in zip(terms, counts)]
-    if arrow:
-        out = rhs.replace("...", ell)
-    else:  # implicit: the broadcast axes, then the letters used once, sorted
-        once = [c for c in sorted(set(lhs)) if c.isalpha() and lhs.count(c) == 1]
-        out = ell + "".join(once)
-    return spelled, out, free
-
-
-def einsum_vjp(b, node, gys, needed):
-    """One Einsum per operand: gy and the other operands contracted to the operand's
-    subscripts. Letters the result cannot produce come from small constants in the same
-    Einsum: an identity for a repeated letter (a diagonal), ones for a letter only this operand
-    has (a broadcast of gy) or an axis it broadcasts (size 1 against a longer one)."""
-    gy, xs = gys[0], node.inputs
-    spelled, out, free = einsum_terms(node.attrs["equation"], [x.shape for x in xs])
-    sizes: dict[str, int] = {}
-    for term, x in zip(spelled, xs):
-        for c, n in zip(term, x.shape):
-            sizes[c] = max(sizes.get(c, 1), n)
-    grads = []
-    for i, x in enumerate(xs):
-        if not needed[i]:
-            grads.append(None)
-            continue
-        fresh = iter(free)
-        others = [t for j, t in enumerate(spelled) if j != i]
-        elsewhere = set(out).union(*others)
-        term, result, extra = spelled[i], [], []
-        for c, n in zip(term, x.shape):
-            if c in result:  # a repeated letter: place gy on the diagonal
-                f = next(fresh)
-                extra.append((c + f, np.eye(n, dtype=x.dtype)))
-                result.append(f)
-            elif n == 1 and sizes[c] != 1:  # broadcast: sum over the longer axis
-                f = next(fresh)
-                extra.append((f, np.ones(1, x.dtype)))
-                result.append(f)
-            else:
-                result.append(c)
-                if c not in elsewhere and term.count(c) == 1:
-                    extra.append((c, np.ones(n, x.dtype)))
-        equation = ",".join([out, *others, *(t for t, _ in extra)]) + "->" + "".join(result)
-        inputs = [gy, *(v for j, v in enumerate(xs) if j != i), *(b.const(a) for _, a in extra)]
-        grads.append(b.op("Einsum", inputs, {"equation": equation}, like=x))
-    return grads
-
-
 # ---- registration ---------------------------------------------------------------------------
 
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
@@ -802,8 +733,6 @@ def tr_onnx_op_definitions():
         OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
         OpDef("CumSum", (11, 14), {"numpy": cumsum_numpy}, const_inputs=(1,),
               differentiable=True, gradient=cumsum_vjp, grad_inputs=DATA_INPUT),
-        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
-              gradient=einsum_vjp),
         # backward-only ops of the rules above
         OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,
               doc="gradient of Slice: gy written into zeros at the slice"),
