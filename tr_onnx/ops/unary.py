@@ -18,6 +18,8 @@ with ``ctx.workspace`` at plan time, and ``a`` the attributes in the input's dty
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,15 +27,18 @@ from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 from .elementwise import (
+    INTERNAL_DOMAIN,
     Elementwise,
     attrs_for,
     const_like,
     greater_than,
+    keep_where,
     less_than,
     masked,
     positive_plus,
     request_scratch,
     scaled,
+    select_where,
     where,
 )
 
@@ -293,6 +298,203 @@ def _clip_vjp(b, node, gys, needed):
     return [masked(b, b.op("Equal", [x, y]), gys[0])] + [None] * (len(node.inputs) - 1)
 
 
+# ---- named backward ops (domain ai.tr_onnx) ---------------------------------------------------
+# As PyTorch's derivatives.yaml names ``tanh_backward(grad, result)``, the rule ``_grad_op``
+# makes for an op in ``UNARY_GRADS`` emits one node ``ai.tr_onnx.<Op>Grad(gy, x, y) -> gx``
+# rather than a chain of Where/Mul/Greater..., so that a backend can run the derivative as one
+# fused kernel (the cuda backend's ``tr_<stem>_bwd``). Inputs are positional: gy always, then x
+# and y where the formula reads them (an unread one is absent: empty in the middle, dropped at
+# the end); the forward's attributes are copied. The NumPy kernels compute the formulas of
+# backends/cuda/kernels/elementwise.cuh (``tr_<stem>_grad``) operation by operation in the
+# input's dtype, which are also the chains of standard ops these ops replace, so the results
+# are those chains' bit for bit. Derivatives that are one standard node already (Neg: -gy,
+# Exp: gy * y, Log: gy / x) keep it: a named op would run the same single kernel.
+
+
+class UnaryGrad(NamedTuple):
+    """A ``UNARY_GRADS`` entry. ``reads``: the forward values the formula needs, ``"x"``,
+    ``"y"`` or ``"xy"``. ``fn(gy, x, y, gx, t, a)`` writes gx (x or y is None where not read);
+    ``t`` and ``a`` as for ``Elementwise`` bodies. ``scratch``: codes as ``Elementwise``'s, or
+    ``scratch(attrs) -> codes``. ``derived(dtype) -> {name: value}``: constants ``fn`` reads
+    from ``a``, in the float dtype."""
+
+    reads: str
+    fn: Callable
+    scratch: tuple[str, ...] | Callable = ()
+    derived: Callable | None = None
+
+
+def _relu_grad(gy, x, y, gx, t, a):  # y > 0 ? gy : 0
+    np.greater(y, 0, out=t[0])
+    keep_where(t[0], gy, gx)
+
+
+def _leaky_relu_grad(gy, x, y, gx, t, a):  # x > 0 ? gy : gy * alpha
+    mask, slope = t
+    np.multiply(gy, a.alpha, out=slope)
+    np.greater(x, 0, out=mask)
+    select_where(mask, gy, slope, gx)
+
+
+def _elu_grad(gy, x, y, gx, t, a):  # x > 0 ? gy : gy * (y + alpha), as alpha e^x = y + alpha
+    mask, slope = t
+    np.add(y, a.alpha, out=slope)
+    slope *= gy
+    np.greater(x, 0, out=mask)
+    select_where(mask, gy, slope, gx)
+
+
+def _sigmoid_grad(gy, x, y, gx, t, a):  # gy * (y * (1 - y))
+    np.subtract(1, y, out=gx)
+    gx *= y
+    gx *= gy
+
+
+def _hard_sigmoid_grad(gy, x, y, gx, t, a):  # 0 < y < 1 ? gy * alpha : 0 (off the clamps)
+    inside, below_one = t
+    np.greater(y, 0, out=inside)
+    np.less(y, 1, out=below_one)
+    np.logical_and(inside, below_one, out=inside)
+    np.multiply(gy, a.alpha, out=gx)
+    keep_where(inside, gx, gx)
+
+
+def _hard_swish_grad(gy, x, y, gx, t, a):  # x < -3 ? 0 : x > 3 ? gy : gy * (x / 3 + 1 / 2)
+    mask, inner = t
+    np.multiply(x, a.one_third, out=inner)
+    inner += 0.5
+    inner *= gy
+    np.greater(x, 3, out=mask)
+    select_where(mask, gy, inner, gx)
+    np.less(x, -3, out=mask)
+    np.logical_not(mask, out=mask)  # not (x < -3): NaN keeps its NaN
+    keep_where(mask, gx, gx)
+
+
+def _tanh_grad(gy, x, y, gx, t, a):  # gy * (1 - y * y)
+    np.multiply(y, y, out=gx)
+    np.subtract(1, gx, out=gx)
+    gx *= gy
+
+
+def _gelu_grad(gy, x, y, gx, t, a):
+    (_gelu_tanh_grad if a.approximate == "tanh" else _gelu_erf_grad)(gy, x, gx, t, a)
+
+
+def _gelu_erf_grad(gy, x, gx, t, a):
+    """y = x Phi(x): y' = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2, phi(x) =
+    exp(-x^2 / 2) / sqrt(2 pi); the erf of the rounded x / sqrt 2, rounded, as an Erf node
+    computes it."""
+    *erf_scratch, pdf = t
+    np.multiply(x, a.sqrt1_2, out=gx)
+    erf_float64(gx, erf_scratch, terms=a.erf_terms)
+    np.copyto(gx, erf_scratch[1], casting="same_kind")
+    gx += 1
+    gx *= 0.5
+    np.multiply(x, x, out=pdf)
+    pdf *= -0.5
+    np.exp(pdf, out=pdf)
+    pdf *= a.inv_sqrt_2pi
+    pdf *= x
+    gx += pdf
+    gx *= gy
+
+
+def _gelu_tanh_grad(gy, x, gx, t, a):
+    """y = x/2 (1 + u), u = tanh(c (x + k x^3)): y' = (1 + u)/2 + x/2 (1 - u^2) c (1 + 3k x^2)."""
+    x2, slope = t
+    np.multiply(x, x, out=x2)
+    np.multiply(x2, a.cubic, out=gx)
+    gx += 1
+    gx *= x
+    gx *= a.sqrt_2_over_pi
+    np.tanh(gx, out=gx)  # u
+    np.multiply(gx, gx, out=slope)
+    np.subtract(1, slope, out=slope)
+    x2 *= a.three_kc
+    x2 += a.sqrt_2_over_pi
+    slope *= x2  # (1 - u^2) (3 k c x^2 + c)
+    slope *= x
+    gx += 1
+    gx += slope
+    gx *= 0.5
+    gx *= gy
+
+
+def _gelu_grad_scratch(attrs) -> tuple[str, ...]:
+    return ("x", "x") if attrs["approximate"] == "tanh" else _ERF_SCRATCH + ("x",)
+
+
+def _softplus_grad(gy, x, y, gx, t, a):  # gy * sigmoid(x)
+    _sigmoid(x, gx, t, a)
+    gx *= gy
+
+
+def _sqrt_grad(gy, x, y, gx, t, a):  # gy * 0.5 / y
+    np.multiply(gy, 0.5, out=gx)
+    gx /= y
+
+
+def _abs_grad(gy, x, y, gx, t, a):  # gy * sign(x), with sign(+-0) = +-0 and sign(NaN) = NaN
+    np.sign(x, out=gx)
+    np.copysign(gx, x, out=gx)
+    gx *= gy
+
+
+def _clip_grad(gy, x, y, gx, t, a):  # x == y ? gy : 0 (inside the bounds, bounds included)
+    np.equal(x, y, out=t[0])
+    keep_where(t[0], gy, gx)
+
+
+def _gelu_grad_constants(dt):
+    k, c = 0.044715, math.sqrt(2.0 / math.pi)
+    return {"cubic": dt.type(k), "sqrt_2_over_pi": dt.type(c), "three_kc": dt.type(3 * k * c),
+            "sqrt1_2": dt.type(1.0 / math.sqrt(2.0)),
+            "inv_sqrt_2pi": dt.type(1.0 / math.sqrt(2.0 * math.pi)),
+            "erf_terms": _ERF_TERMS[dt.itemsize]}
+
+
+UNARY_GRADS: dict[str, UnaryGrad] = {
+    "Relu": UnaryGrad("y", _relu_grad, ("?",)),
+    "LeakyRelu": UnaryGrad("x", _leaky_relu_grad, ("?", "x")),
+    "Elu": UnaryGrad("xy", _elu_grad, ("?", "x")),
+    "Sigmoid": UnaryGrad("y", _sigmoid_grad),
+    "HardSigmoid": UnaryGrad("y", _hard_sigmoid_grad, ("?", "?")),
+    "HardSwish": UnaryGrad("x", _hard_swish_grad, ("?", "x"),
+                           lambda dt: {"one_third": dt.type(1.0 / 3.0)}),
+    "Tanh": UnaryGrad("y", _tanh_grad),
+    "Gelu": UnaryGrad("x", _gelu_grad, _gelu_grad_scratch, _gelu_grad_constants),
+    "Softplus": UnaryGrad("x", _softplus_grad, ("x", "?")),
+    "Sqrt": UnaryGrad("y", _sqrt_grad),
+    "Abs": UnaryGrad("x", _abs_grad),
+    "Clip": UnaryGrad("xy", _clip_grad, ("?",)),
+}
+
+
+def _grad_signature(reads: str) -> str:
+    inputs = ["gy", "x" if "x" in reads else "''", "y" if "y" in reads else ""]
+    return f"({', '.join(v for v in inputs if v)}) -> gx"
+
+
+def _grad_op(op: str):
+    """The rule of an op in ``UNARY_GRADS``: one ``<op>Grad`` node. Clip's bounds (inputs from
+    opset 11) get no gradient."""
+    reads = UNARY_GRADS[op].reads
+
+    def vjp(b, node, gys, needed):
+        rest = [None] * (len(node.inputs) - 1)
+        if gys[0] is None or not needed[0]:
+            return [None] + rest
+        x, y = node.inputs[0], node.outputs[0]
+        inputs = [gys[0], x if "x" in reads else None, y if "y" in reads else None]
+        while inputs[-1] is None:
+            inputs.pop()
+        gx = b.op(f"{op}Grad", inputs, dict(node.attrs), domain=INTERNAL_DOMAIN, like=x)
+        return [gx] + rest
+
+    return vjp
+
+
 _TRIG_1 = (7, 22)  # Sin, Cos, Tan, Asin, Acos, Atan
 _TRIG_2 = (9, 22)  # Sinh, Cosh, Asinh, Acosh, Atanh
 _MATH = (1, 6, 13)  # Exp, Log, Sqrt, Reciprocal, Neg, Abs, Floor, Ceil, Tanh, Sigmoid
@@ -398,6 +600,28 @@ def unary_numpy(entry: Elementwise):
     return factory
 
 
+def unary_grad_numpy(entry: UnaryGrad):
+    """The kernel factory of a ``UNARY_GRADS`` entry: ``<Op>Grad(gy, x, y) -> gx``."""
+    fn = entry.fn
+
+    def factory(ctx):
+        a = attrs_for(ctx, ctx.inputs[0].dtype, entry.derived)
+        scratch = entry.scratch(ctx.attrs) if callable(entry.scratch) else entry.scratch
+        request_scratch(ctx, entry._replace(scratch=scratch))
+        x_at = 1 if "x" in entry.reads else None
+        y_at = 2 if "y" in entry.reads else None
+        for i in (x_at, y_at):
+            if i is not None and not ctx.has_input(i):
+                raise ctx.error(f"input {i} ({'xy'[i - 1]}) is absent; the formula reads it")
+
+        def run(ins, outs, ws):
+            fn(ins[0], ins[x_at] if x_at else None, ins[y_at] if y_at else None, outs[0], ws, a)
+
+        return run
+
+    return factory
+
+
 def _bound(value, dtype: np.dtype):
     """A Clip bound in the input's dtype, or None when it does not limit that dtype."""
     value = np.asarray(value).reshape(())
@@ -444,4 +668,7 @@ def tr_onnx_op_definitions():
                   gradient=e.vjp) for op, e in UNARY.items()]
     defs.append(OpDef("Clip", (1, 6, 11, 12, 13), {"numpy": clip_numpy}, differentiable=True,
                       gradient=_clip_vjp, grad_inputs=(0,)))
+    defs += [OpDef(f"{op}Grad", (1,), {"numpy": unary_grad_numpy(g)}, domain=INTERNAL_DOMAIN,
+                   doc=f"gx of {op}: {_grad_signature(g.reads)}, the forward's attributes")
+             for op, g in UNARY_GRADS.items()]
     return defs
