@@ -290,10 +290,11 @@ def attrs_for(ctx, dtype: np.dtype, derived: Callable | None = None) -> SimpleNa
     return SimpleNamespace(**a)
 
 
-def request_scratch(ctx, entry: Elementwise) -> None:
-    """Reserve the entry's scratch buffers; being the node's only requests, they are ``ws``."""
+def request_scratch(ctx, scratch: tuple[str, ...] | Callable) -> None:
+    """Reserve the scratch buffers a table entry names (``Elementwise.scratch``); being the
+    node's only requests, they are ``ws``."""
     x_dtype, y = ctx.inputs[0].dtype, ctx.outputs[0]
-    codes = entry.scratch(x_dtype, y.dtype) if callable(entry.scratch) else entry.scratch
+    codes = scratch(x_dtype, y.dtype) if callable(scratch) else scratch
     dtypes = {"y": y.dtype, "x": x_dtype, "f8": np.dtype(np.float64), "?": np.dtype(np.bool_)}
     for c in codes:
         ctx.workspace(y.shape, dtypes[c])
@@ -324,7 +325,7 @@ def binary_numpy(entry: Elementwise):
 
     def factory(ctx):
         a = attrs_for(ctx, ctx.inputs[0].dtype)
-        request_scratch(ctx, entry)
+        request_scratch(ctx, entry.scratch)
         shape_x1, shape_x2 = ctx.inputs[0].shape, ctx.inputs[1].shape
         index = (_prelu_legacy_index(ctx, shape_x1, shape_x2) if ctx.node.op_type == "PRelu"
                  else _legacy_broadcast_index(ctx, len(shape_x1), len(shape_x2)))

@@ -1,6 +1,7 @@
 """One-input elementwise ops: activations (Relu, Sigmoid, Tanh, Gelu, Elu, HardSwish...), math
 (Exp, Log, Sqrt, trigonometric and hyperbolic functions...), rounding, predicates (IsNaN,
-IsInf), Not/BitwiseNot, Shrink, and Clip.
+IsInf), Not/BitwiseNot, Shrink, and Clip; and the named backward ops ``ai.tr_onnx.<Op>Grad``
+(``UNARY_GRADS``): one node for a derivative a backend runs as one fused kernel.
 
 They are one family because they share one shape (the output is the input's, element for
 element) and so one kernel factory over the ``UNARY`` table, one rule shape (``gy * f'(x)``
@@ -590,7 +591,7 @@ def unary_numpy(entry: Elementwise):
 
     def factory(ctx):
         a = attrs_for(ctx, ctx.inputs[0].dtype, _DERIVED.get(ctx.node.op_type))
-        request_scratch(ctx, entry)
+        request_scratch(ctx, entry.scratch)
 
         def run(ins, outs, ws):
             fn(ins[0], outs[0], ws, a)
@@ -606,8 +607,7 @@ def unary_grad_numpy(entry: UnaryGrad):
 
     def factory(ctx):
         a = attrs_for(ctx, ctx.inputs[0].dtype, entry.derived)
-        scratch = entry.scratch(ctx.attrs) if callable(entry.scratch) else entry.scratch
-        request_scratch(ctx, entry._replace(scratch=scratch))
+        request_scratch(ctx, entry.scratch(ctx.attrs) if callable(entry.scratch) else entry.scratch)
         x_at = 1 if "x" in entry.reads else None
         y_at = 2 if "y" in entry.reads else None
         for i in (x_at, y_at):
