@@ -7,8 +7,9 @@
    and NaN.
 2. It equals PyTorch autograd in float64 on values including 0, negatives and the kinks where
    both sides define the same one-sided derivative.
-3. Channels-last with padded channels equals the plain layout, padded lanes stay zero.
-4. At a padded lane (gy = x = y = 0) every formula gives 0 except SqrtGrad's (0 * 0.5 / 0): a
+3. The rule emits one ``<Op>Grad`` node reading (gy, x, y) as the table says.
+4. Channels-last with padded channels equals the plain layout, padded lanes stay zero.
+5. At a padded lane (gy = x = y = 0) every formula gives 0 except SqrtGrad's (0 * 0.5 / 0): a
    backend whose kernel runs over padded lanes must re-zero them after SqrtGrad.
 """
 
@@ -26,11 +27,15 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 
 import tr_onnx
+from tr_onnx import ir
+from tr_onnx.compiler import compile_plan
 from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.importer import import_model
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
 from tr_onnx.ops.unary import UNARY_GRADS
+from tr_onnx.passes.autodiff import differentiate
+from tr_onnx.passes.dispatch import dispatch
 from tr_onnx.registry import default_registry
 from tr_onnx.training.gradients import vjp
 
@@ -262,7 +267,31 @@ def test_named_op_matches_torch_autograd(name):
     np.testing.assert_allclose(grads["x"], want.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-# ---- 3. channels-last, padded --------------------------------------------------------------
+# ---- 3. the emitted node ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_the_rule_emits_one_named_node_reading_what_the_table_says(name):
+    row = ROWS[name]
+    registry = default_registry()
+    graph = import_model(_model(row, [2, 3], np.float64)).specialize({"x": (2, 3)}, {})
+    dispatch(graph, registry, "numpy")
+    forward = graph.nodes[0]
+    gy = ir.Value("gy", (2, 3), np.dtype(np.float64), ir.INPUT)
+    graph.values[gy.name] = gy
+    differentiate(graph, graph.values["y"], [graph.values["x"]], registry, "numpy", seed=gy)
+    (node,) = graph.nodes[1:]
+    assert (node.domain, node.op_type) == ("ai.tr_onnx", f"{row.op}Grad")
+    reads = UNARY_GRADS[row.op].reads
+    expected = [gy, forward.inputs[0] if "x" in reads else None,
+                forward.outputs[0] if "y" in reads else None]
+    while expected[-1] is None:
+        expected.pop()
+    assert node.inputs == expected
+    assert node.attrs == forward.attrs
+    assert node.outputs[0].shape == (2, 3) and node.opdef.differentiable is None
+
+
+# ---- 4. channels-last, padded --------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(ROWS))
 def test_padded_channels_last_equals_plain(name):
@@ -279,7 +308,31 @@ def test_padded_channels_last_equals_plain(name):
     np.testing.assert_array_equal(padded["x"], plain["x"])
 
 
-# ---- 4. padded lanes -------------------------------------------------------------------------
+def test_the_padded_plan_reads_channels_last_views():
+    """Guards test 4: the named op there runs on padded channels-last tensors."""
+    model = _model(ROWS["Relu"], [2, 3, 4, 5], np.float64, pool=True)
+    imported = import_model(model)
+
+    def transform(graph):
+        gy = ir.Value("gy", (2, 3, 4, 5), np.dtype(np.float64), ir.INPUT)
+        graph.values[gy.name] = gy
+        graph.inputs.append(gy)
+        graph.backward_start = len(graph.nodes)
+        grads = differentiate(graph, graph.values["y"], [graph.values["x"]], default_registry(),
+                              "numpy", seed=gy)
+        graph.outputs = [graph.values["y"], grads["x"]]
+        return grads
+
+    plan = compile_plan(imported, {"x": (2, 3, 4, 5)}, {}, "numpy", 8, transform=transform)
+    (node,) = [n for n in plan.graph.nodes if n.op_type == "ReluGrad"]
+    gy, _, y = node.inputs
+    layout = {v: plan.memory.tensors[v.name].layout for v in (gy, y, node.outputs[0])}
+    # gy is a graph input here (plain): the kernel reads its inputs in mixed layouts
+    assert layout[y].is_padded and layout[node.outputs[0]].is_padded
+    assert layout[gy].kind == "plain"
+
+
+# ---- 5. padded lanes -------------------------------------------------------------------------
 
 def _run_kernel(op: str, attrs: dict, gy, x, y) -> np.ndarray:
     """The registered numpy kernel of ``<op>Grad`` on plain arrays."""

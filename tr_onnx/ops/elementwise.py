@@ -110,10 +110,6 @@ def greater_than(b, x, value: float):
     return b.op("Greater", [x, const_like(b, value, x)])
 
 
-def less_than(b, x, value: float):
-    return b.op("Less", [x, const_like(b, value, x)])
-
-
 def where(b, cond, a, c=None):
     """Where(cond, a, c), ``c`` defaulting to zero (broadcast to ``a``'s shape)."""
     return b.op("Where", [cond, a, c if c is not None else const_like(b, 0.0, a)])

@@ -34,7 +34,6 @@ from .elementwise import (
     const_like,
     greater_than,
     keep_where,
-    less_than,
     masked,
     positive_plus,
     request_scratch,
@@ -246,37 +245,9 @@ def _over_sqrt(b, gy, v):
     return b.div(gy, b.op("Sqrt", [v]))
 
 
-def _hard_sigmoid_d(b, x, y, gy, a):
-    # slope alpha off the clamps
-    inside = b.op("And", [greater_than(b, y, 0.0), less_than(b, y, 1.0)])
-    return masked(b, inside, scaled(b, gy, a["alpha"]))
-
-
-def _hard_swish_d(b, x, y, gy, a):
-    # x/3 + 1/2 on (-3, 3), 1 above, 0 below
-    inner = b.mul(gy, b.add(scaled(b, x, 1.0 / 3.0), const_like(b, 0.5, x)))
-    return where(b, less_than(b, x, -3.0), const_like(b, 0.0, gy),
-                 where(b, greater_than(b, x, 3.0), gy, inner))
-
-
 def _erf_d(b, x, y, gy, a):  # 2/sqrt(pi) exp(-x^2)
     e = b.op("Exp", [b.neg(b.mul(x, x))])
     return b.mul(gy, scaled(b, e, 2.0 / math.sqrt(math.pi)))
-
-
-def _gelu_d(b, x, y, gy, a):
-    x2 = b.mul(x, x)
-    if a["approximate"] == "tanh":
-        # y = x/2 (1 + t), t = tanh(c (x + k x^3)): y' = (1 + t)/2 + x/2 (1 - t^2) c (1 + 3k x^2)
-        c, k = math.sqrt(2.0 / math.pi), 0.044715
-        t = b.op("Tanh", [scaled(b, b.mul(x, b.add(scaled(b, x2, k), const_like(b, 1.0, x))), c)])
-        slope = b.mul(_one_minus_square(b, t), b.add(scaled(b, x2, 3 * k * c), const_like(b, c, x)))
-        d = b.add(b.add(t, const_like(b, 1.0, t)), b.mul(x, slope))
-        return b.mul(gy, scaled(b, d, 0.5))
-    # y = x Phi(x): y' = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2
-    cdf = b.add(b.op("Erf", [scaled(b, x, 1.0 / math.sqrt(2.0))]), const_like(b, 1.0, x))
-    pdf = scaled(b, b.op("Exp", [scaled(b, x2, -0.5)]), 1.0 / math.sqrt(2.0 * math.pi))
-    return b.mul(gy, b.add(scaled(b, cdf, 0.5), b.mul(x, pdf)))
 
 
 def _mish_d(b, x, y, gy, a):  # tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x), sp = softplus(x)
@@ -288,15 +259,6 @@ def _mish_d(b, x, y, gy, a):  # tanh(sp) + x (1 - tanh(sp)^2) sigmoid(x), sp = s
 def _softsign_d(b, x, y, gy, a):  # 1 / (1 + |x|)^2
     s = b.add(b.op("Abs", [x]), const_like(b, 1.0, x))
     return b.div(gy, b.mul(s, s))
-
-
-def _clip_vjp(b, node, gys, needed):
-    """Pass-through where Clip left x unchanged (inside [min, max], bounds included, whatever
-    the opset put them in attributes or inputs); the bounds get no gradient."""
-    x, y = node.inputs[0], node.outputs[0]
-    if gys[0] is None or not needed[0]:
-        return [None] * len(node.inputs)
-    return [masked(b, b.op("Equal", [x, y]), gys[0])] + [None] * (len(node.inputs) - 1)
 
 
 # ---- named backward ops (domain ai.tr_onnx) ---------------------------------------------------
@@ -502,12 +464,9 @@ _MATH = (1, 6, 13)  # Exp, Log, Sqrt, Reciprocal, Neg, Abs, Floor, Ceil, Tanh, S
 
 UNARY: dict[str, Elementwise] = {
     "Relu": Elementwise((1, 6, 13, 14), lambda x, y, t, a: np.maximum(x, 0, out=y), True,
-                        vjp=_unary(lambda b, x, y, gy, a: masked(b, greater_than(b, x, 0), gy))),
-    "LeakyRelu": Elementwise((1, 6, 16), _leaky_relu, True, ("y",), _unary(
-        lambda b, x, y, gy, a: where(b, greater_than(b, x, 0), gy, scaled(b, gy, a["alpha"])))),
-    "Elu": Elementwise((1, 6, 22), _elu, True, ("y",), _unary(  # alpha e^x = y + alpha below 0
-        lambda b, x, y, gy, a: where(b, greater_than(b, x, 0), gy,
-                                     b.mul(gy, b.add(y, const_like(b, a["alpha"], y)))))),
+                        vjp=_grad_op("Relu")),
+    "LeakyRelu": Elementwise((1, 6, 16), _leaky_relu, True, ("y",), _grad_op("LeakyRelu")),
+    "Elu": Elementwise((1, 6, 22), _elu, True, ("y",), _grad_op("Elu")),
     "Selu": Elementwise((1, 6, 22), _selu, True, ("y",), _unary(
         lambda b, x, y, gy, a: where(b, greater_than(b, x, 0), scaled(b, gy, a["gamma"]), b.mul(
             gy, b.add(y, const_like(b, a["gamma"] * a["alpha"], y)))))),
@@ -516,30 +475,25 @@ UNARY: dict[str, Elementwise] = {
             gy, b.add(scaled(b, y, 1.0 / a["alpha"]), const_like(b, 1.0, y)))))),
     "ThresholdedRelu": Elementwise((10, 22), _thresholded_relu, True, ("?",), _unary(
         lambda b, x, y, gy, a: masked(b, greater_than(b, x, a["alpha"]), gy))),
-    "Sigmoid": Elementwise(_MATH, _sigmoid, True, ("y", "?"), _unary(
-        lambda b, x, y, gy, a: b.mul(gy, b.mul(y, b.sub(const_like(b, 1.0, y), y))))),
-    "HardSigmoid": Elementwise((1, 6, 22), _hard_sigmoid, True, vjp=_unary(_hard_sigmoid_d)),
-    "HardSwish": Elementwise((14, 22), _hard_swish, True, vjp=_unary(_hard_swish_d)),
-    "Tanh": Elementwise(_MATH, _ufunc1(np.tanh), True, vjp=_unary(
-        lambda b, x, y, gy, a: b.mul(gy, _one_minus_square(b, y)))),
+    "Sigmoid": Elementwise(_MATH, _sigmoid, True, ("y", "?"), _grad_op("Sigmoid")),
+    "HardSigmoid": Elementwise((1, 6, 22), _hard_sigmoid, True, vjp=_grad_op("HardSigmoid")),
+    "HardSwish": Elementwise((14, 22), _hard_swish, True, vjp=_grad_op("HardSwish")),
+    "Tanh": Elementwise(_MATH, _ufunc1(np.tanh), True, vjp=_grad_op("Tanh")),
     "Erf": Elementwise((9, 13), _erf, True, _ERF_SCRATCH, _unary(_erf_d)),
-    "Gelu": Elementwise((20,), _gelu, True, _ERF_SCRATCH, _unary(_gelu_d)),
-    "Softplus": Elementwise((1, 22), _softplus, True, ("y",), _unary(
-        lambda b, x, y, gy, a: b.mul(gy, b.op("Sigmoid", [x])))),
+    "Gelu": Elementwise((20,), _gelu, True, _ERF_SCRATCH, _grad_op("Gelu")),
+    "Softplus": Elementwise((1, 22), _softplus, True, ("y",), _grad_op("Softplus")),
     "Softsign": Elementwise((1, 22), _softsign, True, vjp=_unary(_softsign_d)),
     "Mish": Elementwise((18, 22), _mish, True, ("y",), _unary(_mish_d)),
     "Exp": Elementwise(_MATH, _ufunc1(np.exp), True, vjp=_unary(
         lambda b, x, y, gy, a: b.mul(gy, y))),
     "Log": Elementwise(_MATH, _ufunc1(np.log), True, vjp=_unary(
         lambda b, x, y, gy, a: b.div(gy, x))),
-    "Sqrt": Elementwise(_MATH, _ufunc1(np.sqrt), True, vjp=_unary(
-        lambda b, x, y, gy, a: b.div(scaled(b, gy, 0.5), y))),
+    "Sqrt": Elementwise(_MATH, _ufunc1(np.sqrt), True, vjp=_grad_op("Sqrt")),
     "Reciprocal": Elementwise(_MATH, _ufunc1(np.reciprocal), True, vjp=_unary(
         lambda b, x, y, gy, a: b.neg(b.mul(gy, b.mul(y, y))))),
     "Neg": Elementwise(_MATH, _ufunc1(np.negative), True, vjp=_unary(
         lambda b, x, y, gy, a: b.neg(gy))),
-    "Abs": Elementwise(_MATH, _ufunc1(np.absolute), True, vjp=_unary(
-        lambda b, x, y, gy, a: b.mul(gy, b.op("Sign", [x])))),
+    "Abs": Elementwise(_MATH, _ufunc1(np.absolute), True, vjp=_grad_op("Abs")),
     "Sign": Elementwise((9, 13), _ufunc1(np.sign), False),
     "Floor": Elementwise(_MATH, _ufunc1(np.floor), False),
     "Ceil": Elementwise(_MATH, _ufunc1(np.ceil), False),
@@ -667,7 +621,7 @@ def tr_onnx_op_definitions():
     defs = [OpDef(op, e.versions, {"numpy": unary_numpy(e)}, differentiable=e.differentiable,
                   gradient=e.vjp) for op, e in UNARY.items()]
     defs.append(OpDef("Clip", (1, 6, 11, 12, 13), {"numpy": clip_numpy}, differentiable=True,
-                      gradient=_clip_vjp, grad_inputs=(0,)))
+                      gradient=_grad_op("Clip"), grad_inputs=(0,)))
     defs += [OpDef(f"{op}Grad", (1,), {"numpy": unary_grad_numpy(g)}, domain=INTERNAL_DOMAIN,
                    doc=f"gx of {op}: {_grad_signature(g.reads)}, the forward's attributes")
              for op, g in UNARY_GRADS.items()]
