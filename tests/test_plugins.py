@@ -133,7 +133,7 @@ def _relu_model():
 
 def test_plugin_op_for_a_builtin_key_needs_overrides(tmp_module):
     plugin = tmp_module("demo_relu_plain", RELU_PLUGIN.format(overrides=False))
-    twice = r"Relu .*registered twice: by 'tr_onnx.ops.elementwise' and by 'demo_relu_plain'"
+    twice = r"Relu .*registered twice: by 'tr_onnx.ops.unary' and by 'demo_relu_plain'"
     with pytest.raises(RegistryError, match=twice + ".*overrides=True"):
         build_registry([plugin], autoload=False)
 
@@ -144,7 +144,7 @@ def test_override_replaces_the_builtin_and_is_reported(tmp_module):
     assert registry.source_of(OpKey("", "Relu", 14, "numpy")) == "demo_relu_override"
     assert registry.overrides == [("demo_relu_override overrides op Relu (domain 'ai.onnx', "
                                    "since_version 14, backend 'numpy') of "
-                                   "tr_onnx.ops.elementwise")]
+                                   "tr_onnx.ops.unary")]
     x = np.array([[-2, -1, 0], [1, 2, 3]], np.float32)
     y = tr_onnx.InferenceSession(_relu_model(), plugins=[plugin]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(y, np.maximum(x, 0.5 * x))

@@ -53,7 +53,7 @@ def test_builtin_keys_and_version_resolution():
     assert OpKey("", "Relu", 14, "numpy") in registry.keys()
     assert registry.resolve_version("", "Relu", 12) == 6
     assert registry.resolve_version("ai.onnx", "Relu", 14) == 14
-    assert registry.source_of(OpKey("", "Relu", 14, "numpy")) == "tr_onnx.ops.elementwise"
+    assert registry.source_of(OpKey("", "Relu", 14, "numpy")) == "tr_onnx.ops.unary"
 
 
 def test_duplicate_key_names_both_sources(plugin_path):
@@ -72,7 +72,7 @@ def test_duplicate_of_a_builtin_is_an_error(plugin_path):
         'domain="com.example"', 'domain=""').replace("(1,)", "(14,)"))
     import demo_relu
 
-    with pytest.raises(RegistryError, match="tr_onnx.ops.elementwise.*demo_relu"):
+    with pytest.raises(RegistryError, match="tr_onnx.ops.unary.*demo_relu"):
         build_registry([demo_relu], autoload=False)
 
 

@@ -23,7 +23,9 @@ from .opdef import GradientDef, KernelDef, OpDef
 
 BUILTIN_OPSETS = (
     "tr_onnx.ops.elementwise",
+    "tr_onnx.ops.unary",
     "tr_onnx.ops.tensor",
+    "tr_onnx.ops.indexing",
     "tr_onnx.ops.matmul",
     "tr_onnx.ops.conv",
     "tr_onnx.ops.pool",

@@ -1,15 +1,20 @@
-"""Gemm and MatMul. Both may read a feature map flattened in its physical (h, w, c) order: the
-layout pass then stores the weight's rows in the same order, so the kernel is a plain matmul
-over whatever matrices it is handed (``ctx.inputs[i].shape`` is the physical shape then).
+"""Contractions: Gemm, MatMul and Einsum.
+
+Gemm and MatMul may read a feature map flattened in its physical (h, w, c) order: the layout
+pass then stores the weight's rows in the same order, so the kernel is a plain matmul over
+whatever matrices it is handed (``ctx.inputs[i].shape`` is the physical shape then). Einsum
+reads logical views of any layout.
 
 ``np.matmul`` is a gufunc with optional core dimensions, so 1-D operands, batch broadcasting
 and integer types all go through one ``np.matmul(a, b, out=y)`` with no temporary.
 
-Gradient rules emit Gemm/MatMul/Transpose nodes. Training graphs never absorb flattens
-(``absorb_flatten=False``), so the operands a rule sees are logical matrices.
+Gradient rules emit Gemm/MatMul/Transpose nodes, and one Einsum per operand for Einsum.
+Training graphs never absorb flattens (``absorb_flatten=False``), so the operands a rule sees
+are logical matrices.
 """
 
 import math
+import string
 
 import numpy as np
 
@@ -44,6 +49,15 @@ def gemm_numpy(ctx):
 def matmul_numpy(ctx):
     def run(ins, outs, ws):
         np.matmul(ins[0], ins[1], out=outs[0])
+
+    return run
+
+
+def einsum_numpy(ctx):
+    equation = ctx.attrs["equation"].replace(" ", "")
+
+    def run(ins, outs, ws):
+        np.einsum(equation, *ins, out=outs[0])
 
     return run
 
@@ -122,6 +136,65 @@ def _batch(a, w) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(tuple(a.shape[:-2]), tuple(w.shape[:-2])))
 
 
+def einsum_terms(equation: str, shapes) -> tuple[list[str], str, list[str]]:
+    """Einsum's operand and output subscripts with ``...`` spelled out as letters (right-
+    aligned, as numpy broadcasts them), the implicit output made explicit, and the letters
+    still free."""
+    equation = equation.replace(" ", "")
+    lhs, arrow, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    free = [c for c in string.ascii_letters if c not in equation]
+    counts = [len(s) - (len(t) - 3) if "..." in t else 0 for t, s in zip(terms, shapes)]
+    ell = "".join(free[:max(counts, default=0)])
+    free = free[len(ell):]
+    spelled = [t.replace("...", ell[len(ell) - k:] if k else "") for t, k in zip(terms, counts)]
+    if arrow:
+        out = rhs.replace("...", ell)
+    else:  # implicit: the broadcast axes, then the letters used once, sorted
+        once = [c for c in sorted(set(lhs)) if c.isalpha() and lhs.count(c) == 1]
+        out = ell + "".join(once)
+    return spelled, out, free
+
+
+def einsum_vjp(b, node, gys, needed):
+    """One Einsum per operand: gy and the other operands contracted to the operand's
+    subscripts. Letters the result cannot produce come from small constants in the same
+    Einsum: an identity for a repeated letter (a diagonal), ones for a letter only this operand
+    has (a broadcast of gy) or an axis it broadcasts (size 1 against a longer one)."""
+    gy, xs = gys[0], node.inputs
+    spelled, out, free = einsum_terms(node.attrs["equation"], [x.shape for x in xs])
+    sizes: dict[str, int] = {}
+    for term, x in zip(spelled, xs):
+        for c, n in zip(term, x.shape):
+            sizes[c] = max(sizes.get(c, 1), n)
+    grads = []
+    for i, x in enumerate(xs):
+        if not needed[i]:
+            grads.append(None)
+            continue
+        fresh = iter(free)
+        others = [t for j, t in enumerate(spelled) if j != i]
+        elsewhere = set(out).union(*others)
+        term, result, extra = spelled[i], [], []
+        for c, n in zip(term, x.shape):
+            if c in result:  # a repeated letter: place gy on the diagonal
+                f = next(fresh)
+                extra.append((c + f, np.eye(n, dtype=x.dtype)))
+                result.append(f)
+            elif n == 1 and sizes[c] != 1:  # broadcast: sum over the longer axis
+                f = next(fresh)
+                extra.append((f, np.ones(1, x.dtype)))
+                result.append(f)
+            else:
+                result.append(c)
+                if c not in elsewhere and term.count(c) == 1:
+                    extra.append((c, np.ones(n, x.dtype)))
+        equation = ",".join([out, *others, *(t for t, _ in extra)]) + "->" + "".join(result)
+        inputs = [gy, *(v for j, v in enumerate(xs) if j != i), *(b.const(a) for _, a in extra)]
+        grads.append(b.op("Einsum", inputs, {"equation": equation}, like=x))
+    return grads
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
@@ -129,4 +202,6 @@ def tr_onnx_op_definitions():
               differentiable=True, gradient=gemm_vjp),
         OpDef("MatMul", (1, 9, 13), {"numpy": matmul_numpy}, layout=MATMUL, differentiable=True,
               gradient=matmul_vjp),
+        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
+              gradient=einsum_vjp),
     ]

@@ -1,5 +1,9 @@
-"""Tensor manipulation: reshaping, transposing, joining, splitting, slicing, gathering, padding
-and the small generators (Constant, Shape, Range, EyeLike...).
+"""Tensor manipulation: data movement by shape, not by index values. Reshaping (Reshape, Flatten,
+Squeeze, Unsqueeze), Transpose, joining and splitting, Slice, padding, tiling and broadcasting
+(Pad, Tile, Expand), block rearrangements, Trilu, CumSum and the small generators (Constant,
+Shape, Range, EyeLike...), with the backward ops SliceGrad and PadGrad. What moves
+data by index values (Gather*, ScatterElements, OneHot, TopK) is ops/indexing.py, which uses
+the axis and gradient helpers defined here.
 
 Output shapes come from ONNX shape inference (``ctx.outputs[i].shape``); factories read the
 shape-determining inputs (``const_inputs``) only where the kernel needs more than the output
@@ -13,21 +17,23 @@ plan-time facts (Shape, Size, Constant, Range, EyeLike...) compute it in the fac
 from __future__ import annotations
 
 import math
-import string
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 from onnx import numpy_helper
 
 from ..dtypes import is_float
-from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
+
+INTERNAL = "ai.tr_onnx"
+DATA_INPUT = (0,)  # the data input: shapes, indices, axes and pads never receive a gradient
 
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def _axis(axis: int, rank: int) -> int:
+def positive_axis(axis: int, rank: int) -> int:
+    """``axis`` counted from the front (ONNX's negative axes count from the back)."""
     return int(axis) + rank if int(axis) < 0 else int(axis)
 
 
@@ -118,7 +124,7 @@ CONCAT1_AXIS, SPLIT1_AXIS = 1, 0
 
 def concat_numpy(ctx):
     rank = len(ctx.outputs[0].shape)
-    axis = _axis(ctx.attrs.get("axis", CONCAT1_AXIS), rank)
+    axis = positive_axis(ctx.attrs.get("axis", CONCAT1_AXIS), rank)
     regions, start = [], 0
     for info in ctx.inputs:
         n = info.shape[axis]
@@ -135,7 +141,7 @@ def concat_numpy(ctx):
 
 def split_numpy(ctx):
     rank = len(ctx.inputs[0].shape)
-    axis = _axis(ctx.attrs.get("axis", SPLIT1_AXIS), rank)
+    axis = positive_axis(ctx.attrs.get("axis", SPLIT1_AXIS), rank)
     # The sizes (from the attribute, input 1, num_outputs or an even split) are already in
     # the inferred output shapes.
     regions, start = [], 0
@@ -153,14 +159,14 @@ def split_numpy(ctx):
     return run
 
 
-# ---- slicing and gathering ------------------------------------------------------------------
+# ---- slicing ---------------------------------------------------------------------------------
 
 
 def slice_index(shape, starts, ends, axes, steps) -> tuple:
     """Python slices implementing ONNX Slice (negative indices, clamping, negative steps)."""
     index = [slice(None)] * len(shape)
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        axis = _axis(axis, len(shape))
+        axis = positive_axis(axis, len(shape))
         dim = shape[axis]
         start = start + dim if start < 0 else start
         end = end + dim if end < 0 else end
@@ -195,70 +201,6 @@ def slice_numpy(ctx):
 
     def run(ins, outs, ws):
         np.copyto(outs[0], ins[0][index])
-
-    return run
-
-
-def gather_numpy(ctx):
-    axis = _axis(ctx.attrs["axis"], len(ctx.inputs[0].shape))
-
-    def run(ins, outs, ws):
-        np.take(ins[0], ins[1], axis=axis, out=outs[0])
-
-    return run
-
-
-def gather_elements_numpy(ctx):
-    shape = ctx.inputs[1].shape
-    axis = _axis(ctx.attrs["axis"], len(shape))
-    # The indices may be shorter than the data along every axis (take_along_axis would need
-    # them to broadcast): index with aranges over the indices' own axes.
-    grids = np.indices(shape, sparse=True)
-
-    def run(ins, outs, ws):
-        index = tuple(ins[1] if a == axis else g for a, g in enumerate(grids))
-        # Advanced indexing has no out=: one temporary the size of the output.
-        np.copyto(outs[0], ins[0][index])
-
-    return run
-
-
-def _nd_grids(idx_shape, batch_dims: int) -> tuple:
-    """Broadcastable aranges over GatherND's batch axes, against ``indices[..., j]``."""
-    rank = len(idx_shape)
-    return tuple(np.arange(n).reshape((1,) * i + (n,) + (1,) * (rank - 2 - i))
-                 for i, n in enumerate(idx_shape[:batch_dims]))
-
-
-def gather_nd_numpy(ctx):
-    k = ctx.inputs[1].shape[-1]
-    grids = _nd_grids(ctx.inputs[1].shape, int(ctx.attrs.get("batch_dims", 0)))
-
-    def run(ins, outs, ws):
-        idx = ins[1]
-        # Advanced indexing has no out=: one temporary the size of the output.
-        np.copyto(outs[0], ins[0][grids + tuple(idx[..., j] for j in range(k))])
-
-    return run
-
-
-_SCATTER_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
-
-
-def scatter_elements_numpy(ctx):
-    shape = ctx.inputs[2].shape
-    axis = _axis(ctx.attrs["axis"], len(shape))
-    reduce = _SCATTER_REDUCE.get(ctx.attrs.get("reduction", "none"))
-    grids = np.indices(shape, sparse=True)  # broadcastable aranges over the updates' axes
-
-    def run(ins, outs, ws):
-        y = outs[0]
-        np.copyto(y, ins[0])
-        index = tuple(ins[1] if a == axis else g for a, g in enumerate(grids))
-        if reduce is None:
-            y[index] = ins[2]  # repeated indices: the last update wins, as in the reference
-        else:
-            reduce.at(y, index, ins[2])
 
     return run
 
@@ -304,8 +246,8 @@ def constant_of_shape_numpy(ctx):
 def shape_numpy(ctx):
     shape = ctx.inputs[0].logical_shape
     rank = len(shape)
-    start = _axis(ctx.attrs.get("start", 0), rank)
-    end = _axis(ctx.attrs.get("end", rank), rank)
+    start = positive_axis(ctx.attrs.get("start", 0), rank)
+    end = positive_axis(ctx.attrs.get("end", rank), rank)
     start, end = min(max(start, 0), rank), min(max(end, 0), rank)
     return _constant_output(np.array(shape[start:end], np.int64))
 
@@ -326,26 +268,6 @@ def eye_like_numpy(ctx):
     info = ctx.outputs[0]
     return _constant_output(np.eye(info.shape[0], info.shape[1], int(ctx.attrs.get("k", 0)),
                                    dtype=info.dtype))
-
-
-def one_hot_numpy(ctx):
-    axis = _axis(ctx.attrs["axis"], len(ctx.outputs[0].shape))
-    depth = int(np.asarray(ctx.const(1)).reshape(-1)[0])
-    rank = len(ctx.outputs[0].shape)
-    positions = np.arange(depth).reshape((1,) * axis + (depth,) + (1,) * (rank - axis - 1))
-    wrapped = positions - depth  # negative indices in [-depth, -1] count from the end
-    hit, hit_wrapped = (ctx.workspace(ctx.outputs[0].shape, np.bool_) for _ in range(2))
-    expand = (slice(None),) * axis + (None,)
-
-    def run(ins, outs, ws):
-        idx, values, y = ins[0][expand], ins[2], outs[0]
-        np.equal(idx, positions, out=ws[hit])
-        np.equal(idx, wrapped, out=ws[hit_wrapped])
-        np.logical_or(ws[hit], ws[hit_wrapped], out=ws[hit])
-        y.fill(values[0])
-        np.copyto(y, values[1], where=ws[hit])
-
-    return run
 
 
 # ---- padding, tiling, broadcasting ----------------------------------------------------------
@@ -393,7 +315,8 @@ def pad_amounts(since_version: int, attrs, pads, axes, rank: int) -> tuple[list,
         axes = list(range(rank))
     else:
         pads = _ints(pads)
-        axes = [_axis(a, rank) for a in _ints(axes)] if axes is not None else list(range(rank))
+        axes = [positive_axis(a, rank) for a in _ints(axes)] if axes is not None \
+            else list(range(rank))
     begin, end = [0] * rank, [0] * rank
     for i, a in enumerate(axes):
         begin[a], end[a] = int(pads[i]), int(pads[i + len(axes)])
@@ -480,7 +403,7 @@ def expand_numpy(ctx):
     return run
 
 
-# ---- block rearrangements, triangles, scans, selection, einsum ------------------------------
+# ---- block rearrangements, triangles, scans ------------------------------------------------
 
 
 def depth_to_space_numpy(ctx):
@@ -530,7 +453,7 @@ def trilu_numpy(ctx):
 
 def cumsum_numpy(ctx):
     rank = len(ctx.inputs[0].shape)
-    axis = _axis(int(np.asarray(ctx.const(1)).reshape(-1)[0]), rank)
+    axis = positive_axis(int(np.asarray(ctx.const(1)).reshape(-1)[0]), rank)
     head = (slice(None),) * axis
     order = head + (slice(None, None, -1) if ctx.attrs["reverse"] else slice(None),)
     exclusive = bool(ctx.attrs["exclusive"])
@@ -544,38 +467,6 @@ def cumsum_numpy(ctx):
                           out=y[head + (slice(1, None),)])
         else:
             np.cumsum(x, axis=axis, out=y)
-
-    return run
-
-
-def top_k_numpy(ctx):
-    rank = len(ctx.inputs[0].shape)
-    axis = _axis(ctx.attrs["axis"], rank)
-    n, k = ctx.inputs[0].shape[axis], ctx.outputs[0].shape[axis]
-    largest = bool(ctx.attrs.get("largest", 1))
-    head = (slice(None),) * axis
-    flip = head + (slice(None, None, -1),)
-    first_k = head + (slice(0, k),)
-
-    def run(ins, outs, ws):
-        x = ins[0]
-        # argsort allocates its result; a stable sort keeps equal values in index order. For
-        # the largest, sorting the reversed axis ascending and reading it backwards does both.
-        if largest:
-            order = np.argsort(x[flip], axis=axis, kind="stable")[flip][first_k]
-            np.subtract(n - 1, order, out=outs[1])
-        else:
-            np.copyto(outs[1], np.argsort(x, axis=axis, kind="stable")[first_k])
-        np.copyto(outs[0], np.take_along_axis(x, outs[1], axis))  # a temporary of k values
-
-    return run
-
-
-def einsum_numpy(ctx):
-    equation = ctx.attrs["equation"].replace(" ", "")
-
-    def run(ins, outs, ws):
-        np.einsum(equation, *ins, out=outs[0])
 
     return run
 
@@ -594,32 +485,6 @@ def slice_grad_numpy(ctx):
     def run(ins, outs, ws):
         outs[0].fill(0)
         outs[0][index] = ins[0]
-
-    return run
-
-
-def gather_grad_numpy(ctx):
-    """``gx = 0; gx[..., indices, ...] += gy`` along ``axis`` (non-negative attr): repeated
-    indices accumulate (``np.add.at``), negative ones count from the end (input 1)."""
-    head = (slice(None),) * int(ctx.attrs["axis"])
-
-    def run(ins, outs, ws):
-        outs[0].fill(0)
-        np.add.at(outs[0], head + (ins[1],), ins[0])
-
-    return run
-
-
-def gather_nd_grad_numpy(ctx):
-    """GatherND's scatter-add: ``gx = 0; gx[batch grids + indices] += gy`` (attr
-    ``batch_dims``; input 1 the indices)."""
-    k = ctx.inputs[1].shape[-1]
-    grids = _nd_grids(ctx.inputs[1].shape, int(ctx.attrs["batch_dims"]))
-
-    def run(ins, outs, ws):
-        outs[0].fill(0)
-        idx = ins[1]
-        np.add.at(outs[0], grids + tuple(idx[..., j] for j in range(k)), ins[0])
 
     return run
 
@@ -671,7 +536,8 @@ def zeros_like(b, v):
                 {"value": numpy_helper.from_array(np.zeros(1, v.dtype))}, like=v)
 
 
-def _first(node, gx) -> list:
+def first_only(node, gx) -> list:
+    """``[gx, None, ...]``: a rule's answer when only the data input gets a gradient."""
     return [gx] + [None] * (len(node.inputs) - 1)
 
 
@@ -685,7 +551,7 @@ def _const_of(node):
 
 def regroup_vjp(b, node, gys, needed):
     """Reshape/Flatten/Squeeze/Unsqueeze: gy reshaped back."""
-    return _first(node, reshape_to(b, gys[0], node.inputs[0].shape))
+    return first_only(node, reshape_to(b, gys[0], node.inputs[0].shape))
 
 
 def transpose_vjp(b, node, gys, needed):
@@ -700,7 +566,7 @@ def concat_vjp(b, node, gys, needed):
     gy, xs = gys[0], node.inputs
     if len(xs) == 1:
         return [gy]
-    axis = _axis(node.attrs.get("axis", CONCAT1_AXIS), gy.rank)
+    axis = positive_axis(node.attrs.get("axis", CONCAT1_AXIS), gy.rank)
     sizes = [x.shape[axis] for x in xs]
     if sum(needed) == 1:
         i = needed.index(True)
@@ -717,73 +583,32 @@ def split_vjp(b, node, gys, needed):
     x = node.inputs[0]
     parts = [g if g is not None else zeros_like(b, y) for g, y in zip(gys, node.outputs)]
     if len(parts) == 1:
-        return _first(node, parts[0])
-    axis = _axis(node.attrs.get("axis", SPLIT1_AXIS), x.rank)
-    return _first(node, b.op("Concat", parts, {"axis": axis}, like=x))
+        return first_only(node, parts[0])
+    axis = positive_axis(node.attrs.get("axis", SPLIT1_AXIS), x.rank)
+    return first_only(node, b.op("Concat", parts, {"axis": axis}, like=x))
 
 
 def slice_vjp(b, node, gys, needed):
     """Unit steps: gy zero-padded back to x's shape (Pad). Other steps: SliceGrad."""
     x, gy = node.inputs[0], gys[0]
     starts, ends, axes, steps = slice_args(node.since_version, node.attrs, _const_of(node))
-    axes = [_axis(a, x.rank) for a in axes]
+    axes = [positive_axis(a, x.rank) for a in axes]
     index = slice_index(x.shape, starts, ends, axes, steps)
     if gy.shape and 0 in gy.shape:
-        return _first(node, zeros_like(b, x))
+        return first_only(node, zeros_like(b, x))
     if all(s.step in (None, 1) for s in index):
         begin = [s.start or 0 for s in index]
         end = [n - (s.stop if s.stop is not None else n) for s, n in zip(index, x.shape)]
         if not any(begin) and not any(end):
-            return _first(node, gy)
-        return _first(node, b.op("Pad", [gy, b.ints(begin + end)], {"mode": "constant"},
+            return first_only(node, gy)
+        return first_only(node, b.op("Pad", [gy, b.ints(begin + end)], {"mode": "constant"},
                                  like=x))
     attrs = {"starts": starts, "ends": ends, "axes": axes, "steps": steps}
-    return _first(node, b.op("SliceGrad", [gy], attrs, domain=INTERNAL, like=x))
-
-
-def gather_vjp(b, node, gys, needed):
-    x = node.inputs[0]
-    axis = _axis(node.attrs["axis"], x.rank)
-    return _first(node, b.op("GatherGrad", [gys[0], node.inputs[1]], {"axis": axis},
-                             domain=INTERNAL, like=x))
-
-
-def gather_elements_vjp(b, node, gys, needed):
-    """Scatter-add of gy into zeros (ScatterElements, reduction add)."""
-    x = node.inputs[0]
-    return _first(node, b.op("ScatterElements", [zeros_like(b, x), node.inputs[1], gys[0]],
-                             {"axis": int(node.attrs["axis"]), "reduction": "add"}, like=x))
-
-
-def gather_nd_vjp(b, node, gys, needed):
-    x = node.inputs[0]
-    return _first(node, b.op("GatherNDGrad", [gys[0], node.inputs[1]],
-                             {"batch_dims": int(node.attrs.get("batch_dims", 0))},
-                             domain=INTERNAL, like=x))
-
-
-def scatter_elements_vjp(b, node, gys, needed):
-    """reduction none: data's gradient is gy with the overwritten positions zeroed, the
-    updates' is gy gathered there (with repeated indices only the last update reaches y; all
-    receive gy, as in PyTorch's scatter). reduction add: data's gradient is gy itself."""
-    x, idx, updates = node.inputs
-    gy = gys[0]
-    axis = int(node.attrs["axis"])
-    reduction = node.attrs.get("reduction", "none")
-    if reduction not in ("none", "add"):
-        raise UnsupportedModelError(f"{node.label}: no gradient for ScatterElements with "
-                                    f"reduction {reduction!r} (none and add have one)", [])
-    gx = gu = None
-    if needed[0]:
-        gx = gy if reduction == "add" else b.op(
-            "ScatterElements", [gy, idx, zeros_like(b, updates)], {"axis": axis}, like=x)
-    if needed[2]:
-        gu = b.op("GatherElements", [gy, idx], {"axis": axis}, like=updates)
-    return [gx, None, gu]
+    return first_only(node, b.op("SliceGrad", [gy], attrs, domain=INTERNAL, like=x))
 
 
 def expand_vjp(b, node, gys, needed):
-    return _first(node, b.unbroadcast(gys[0], node.inputs[0].shape))
+    return first_only(node, b.unbroadcast(gys[0], node.inputs[0].shape))
 
 
 def pad_vjp(b, node, gys, needed):
@@ -794,7 +619,7 @@ def pad_vjp(b, node, gys, needed):
     begin, end = pad_amounts(node.since_version, node.attrs, const(1), const(3), x.rank)
     mode = node.attrs["mode"]
     if mode != "constant":
-        return _first(node, b.op("PadGrad", [gy], {"mode": mode, "pads": begin + end},
+        return first_only(node, b.op("PadGrad", [gy], {"mode": mode, "pads": begin + end},
                                  domain=INTERNAL, like=x))
     crop = [(max(-p, 0), max(-q, 0)) for p, q in zip(begin, end)]
     kept = tuple(n - lo - hi for n, (lo, hi) in zip(x.shape, crop))
@@ -807,14 +632,14 @@ def pad_vjp(b, node, gys, needed):
     if kept != tuple(x.shape):
         g = b.op("Pad", [g, b.ints([lo for lo, _ in crop] + [hi for _, hi in crop])],
                  {"mode": "constant"}, like=x)
-    return _first(node, g)
+    return first_only(node, g)
 
 
 def tile_vjp(b, node, gys, needed):
     """gy split into (repeats, n) per tiled axis and summed over the repeats."""
     x, gy = node.inputs[0], gys[0]
     if x.shape and 0 in x.shape:
-        return _first(node, zeros_like(b, x))
+        return first_only(node, zeros_like(b, x))
     split, axes = [], []
     for n, o in zip(x.shape, gy.shape):
         if o != n:
@@ -822,9 +647,9 @@ def tile_vjp(b, node, gys, needed):
             split.append(o // n)
         split.append(n)
     if not axes:
-        return _first(node, gy)
+        return first_only(node, gy)
     g = reshape_to(b, gy, split)
-    return _first(node, b.op("ReduceSum", [g, b.ints(axes)], {"keepdims": 0}, like=x))
+    return first_only(node, b.op("ReduceSum", [g, b.ints(axes)], {"keepdims": 0}, like=x))
 
 
 def depth_to_space_vjp(b, node, gys, needed):
@@ -849,91 +674,21 @@ def space_to_depth_vjp(b, node, gys, needed):
 
 def trilu_vjp(b, node, gys, needed):
     """The same triangle of gy."""
-    return _first(node, b.op("Trilu", [gys[0]] + node.inputs[1:],
+    return first_only(node, b.op("Trilu", [gys[0]] + node.inputs[1:],
                              {"upper": int(node.attrs["upper"])}, like=node.inputs[0]))
 
 
 def cumsum_vjp(b, node, gys, needed):
     """A cumulative sum the other way round, with the same exclusiveness."""
     attrs = {"exclusive": int(node.attrs["exclusive"]), "reverse": 1 - int(node.attrs["reverse"])}
-    return _first(node, b.op("CumSum", [gys[0], node.inputs[1]], attrs, like=node.inputs[0]))
-
-
-def top_k_vjp(b, node, gys, needed):
-    """The values' gradient scattered back to where they came from (the indices output)."""
-    x = node.inputs[0]
-    if gys[0] is None:
-        return _first(node, None)
-    g = b.op("ScatterElements", [zeros_like(b, x), node.outputs[1], gys[0]],
-             {"axis": _axis(node.attrs["axis"], x.rank)}, like=x)
-    return _first(node, g)
-
-
-def einsum_terms(equation: str, shapes) -> tuple[list[str], str, list[str]]:
-    """Einsum's operand and output subscripts with ``...`` spelled out as letters (right-
-    aligned, as numpy broadcasts them), the implicit output made explicit, and the letters
-    still free."""
-    equation = equation.replace(" ", "")
-    lhs, arrow, rhs = equation.partition("->")
-    terms = lhs.split(",")
-    free = [c for c in string.ascii_letters if c not in equation]
-    counts = [len(s) - (len(t) - 3) if "..." in t else 0 for t, s in zip(terms, shapes)]
-    ell = "".join(free[:max(counts, default=0)])
-    free = free[len(ell):]
-    spelled = [t.replace("...", ell[len(ell) - k:] if k else "") for t, k in zip(terms, counts)]
-    if arrow:
-        out = rhs.replace("...", ell)
-    else:  # implicit: the broadcast axes, then the letters used once, sorted
-        once = [c for c in sorted(set(lhs)) if c.isalpha() and lhs.count(c) == 1]
-        out = ell + "".join(once)
-    return spelled, out, free
-
-
-def einsum_vjp(b, node, gys, needed):
-    """One Einsum per operand: gy and the other operands contracted to the operand's
-    subscripts. Letters the result cannot produce come from small constants in the same
-    Einsum: an identity for a repeated letter (a diagonal), ones for a letter only this operand
-    has (a broadcast of gy) or an axis it broadcasts (size 1 against a longer one)."""
-    gy, xs = gys[0], node.inputs
-    spelled, out, free = einsum_terms(node.attrs["equation"], [x.shape for x in xs])
-    sizes: dict[str, int] = {}
-    for term, x in zip(spelled, xs):
-        for c, n in zip(term, x.shape):
-            sizes[c] = max(sizes.get(c, 1), n)
-    grads = []
-    for i, x in enumerate(xs):
-        if not needed[i]:
-            grads.append(None)
-            continue
-        fresh = iter(free)
-        others = [t for j, t in enumerate(spelled) if j != i]
-        elsewhere = set(out).union(*others)
-        term, result, extra = spelled[i], [], []
-        for c, n in zip(term, x.shape):
-            if c in result:  # a repeated letter: place gy on the diagonal
-                f = next(fresh)
-                extra.append((c + f, np.eye(n, dtype=x.dtype)))
-                result.append(f)
-            elif n == 1 and sizes[c] != 1:  # broadcast: sum over the longer axis
-                f = next(fresh)
-                extra.append((f, np.ones(1, x.dtype)))
-                result.append(f)
-            else:
-                result.append(c)
-                if c not in elsewhere and term.count(c) == 1:
-                    extra.append((c, np.ones(n, x.dtype)))
-        equation = ",".join([out, *others, *(t for t, _ in extra)]) + "->" + "".join(result)
-        inputs = [gy, *(v for j, v in enumerate(xs) if j != i), *(b.const(a) for _, a in extra)]
-        grads.append(b.op("Einsum", inputs, {"equation": equation}, like=x))
-    return grads
+    return first_only(node, b.op("CumSum", [gys[0], node.inputs[1]], attrs,
+                                 like=node.inputs[0]))
 
 
 # ---- registration ---------------------------------------------------------------------------
 
-INTERNAL = "ai.tr_onnx"
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
           "gradient": regroup_vjp, "grad_inputs": (0,)}
-_DATA = (0,)  # the data input: shapes, indices, axes and pads never receive a gradient
 _NONE = {"differentiable": False}
 
 
@@ -952,17 +707,9 @@ def tr_onnx_op_definitions():
         OpDef("Concat", (1, 4, 11, 13), {"numpy": concat_numpy}, differentiable=True,
               gradient=concat_vjp),
         OpDef("Split", (1, 2, 11, 13, 18), {"numpy": split_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=split_vjp, grad_inputs=_DATA),
+              differentiable=True, gradient=split_vjp, grad_inputs=DATA_INPUT),
         OpDef("Slice", (1, 10, 11, 13), {"numpy": slice_numpy}, const_inputs=(1, 2, 3, 4),
-              differentiable=True, gradient=slice_vjp, grad_inputs=_DATA),
-        OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
-              gradient=gather_vjp, grad_inputs=_DATA),
-        OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True,
-              gradient=gather_elements_vjp, grad_inputs=_DATA),
-        OpDef("GatherND", (11, 12, 13), {"numpy": gather_nd_numpy}, differentiable=True,
-              gradient=gather_nd_vjp, grad_inputs=_DATA),
-        OpDef("ScatterElements", (11, 13, 16, 18), {"numpy": scatter_elements_numpy},
-              differentiable=True, gradient=scatter_elements_vjp, grad_inputs=(0, 2)),
+              differentiable=True, gradient=slice_vjp, grad_inputs=DATA_INPUT),
         OpDef("Constant", (1, 9, 11, 12, 13, 19, 21, 23, 24, 25), {"numpy": constant_numpy},
               **_NONE),
         OpDef("ConstantOfShape", (9, 20, 21, 23, 24, 25), {"numpy": constant_of_shape_numpy},
@@ -970,33 +717,25 @@ def tr_onnx_op_definitions():
         OpDef("Shape", (1, 13, 15, 19, 21, 23, 24, 25), {"numpy": shape_numpy}, **_NONE),
         OpDef("Size", (1, 13, 19, 21, 23, 24, 25), {"numpy": size_numpy}, **_NONE),
         OpDef("Expand", (8, 13), {"numpy": expand_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=expand_vjp, grad_inputs=_DATA),
+              differentiable=True, gradient=expand_vjp, grad_inputs=DATA_INPUT),
         OpDef("Pad", (1, 2, 11, 13, 18, 19, 21, 23, 24, 25), {"numpy": pad_numpy},
-              const_inputs=(1, 3), differentiable=True, gradient=pad_vjp, grad_inputs=_DATA),
+              const_inputs=(1, 3), differentiable=True, gradient=pad_vjp,
+              grad_inputs=DATA_INPUT),
         OpDef("Tile", (1, 6, 13), {"numpy": tile_numpy}, const_inputs=(1, 2),
-              differentiable=True, gradient=tile_vjp, grad_inputs=_DATA),
+              differentiable=True, gradient=tile_vjp, grad_inputs=DATA_INPUT),
         OpDef("Range", (11, 27), {"numpy": range_numpy}, const_inputs=(0, 1, 2), **_NONE),
-        OpDef("OneHot", (9, 11, 28), {"numpy": one_hot_numpy}, const_inputs=(1,), **_NONE),
         OpDef("Trilu", (14,), {"numpy": trilu_numpy}, const_inputs=(1,), differentiable=True,
-              gradient=trilu_vjp, grad_inputs=_DATA),
+              gradient=trilu_vjp, grad_inputs=DATA_INPUT),
         OpDef("DepthToSpace", (1, 11, 13, 28), {"numpy": depth_to_space_numpy},
               differentiable=True, gradient=depth_to_space_vjp),
         OpDef("SpaceToDepth", (1, 13, 28), {"numpy": space_to_depth_numpy},
               differentiable=True, gradient=space_to_depth_vjp),
         OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
         OpDef("CumSum", (11, 14), {"numpy": cumsum_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=cumsum_vjp, grad_inputs=_DATA),
-        OpDef("TopK", (1, 10, 11, 24), {"numpy": top_k_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=top_k_vjp, grad_inputs=_DATA),
-        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
-              gradient=einsum_vjp),
+              differentiable=True, gradient=cumsum_vjp, grad_inputs=DATA_INPUT),
         # backward-only ops of the rules above
         OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,
               doc="gradient of Slice: gy written into zeros at the slice"),
-        OpDef("GatherGrad", (1,), {"numpy": gather_grad_numpy}, domain=INTERNAL,
-              doc="gradient of Gather: scatter-add of gy along axis"),
-        OpDef("GatherNDGrad", (1,), {"numpy": gather_nd_grad_numpy}, domain=INTERNAL,
-              doc="gradient of GatherND: scatter-add of gy at the index tuples"),
         OpDef("PadGrad", (1,), {"numpy": pad_grad_numpy}, domain=INTERNAL,
               doc="gradient of Pad (any mode): border gradients added back to their sources"),
     ]

@@ -1,5 +1,6 @@
 """cuda bindings of the one-input elementwise ops (``ops/unary.py``): the activations and math
-of ``ONNX_UNARY``, Clip, and Erf (``kernels/unary.cu``).
+of ``ONNX_UNARY``, Clip, Erf, and the named backward ops ``<Op>Grad`` that run the fused
+``tr_<stem>_bwd`` kernels (``kernels/unary.cu``).
 
 The kernels read and write one layout (``bind.same_layout``). An op whose f(+0) is +0 bit for
 bit keeps padded lanes zero by itself; after any other a ``tr_zero_lanes`` launch clears them.
@@ -11,7 +12,22 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ..bind import BindContext, Unbound, binding, f32, float_dt, i64, same_layout
+from ....ops.unary import UNARY_GRADS
+from ..bind import (
+    INTERNAL,
+    TO_COMPACT,
+    TO_PADDED,
+    BindContext,
+    Unbound,
+    binding,
+    f32,
+    float_dt,
+    geometry,
+    i64,
+    operand_spec,
+    out_geometry,
+    same_layout,
+)
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, values
 
 # ---- kernels/unary.cu: the family's name table --------------------------------------------------
@@ -81,13 +97,16 @@ def clip_bounds(node) -> tuple[float, float]:
     return lo, hi
 
 
-def kernel_args(node) -> tuple[str, float, float]:
-    """(stem, a, b) of ``tr_<stem>_fwd/bwd``: the op's attributes as the kernels read them."""
-    stem, attr_names = ONNX_UNARY[node.op_type]
-    if node.op_type == "Gelu" and node.attrs.get("approximate", "none") == "tanh":
+def kernel_args(node, op: str | None = None) -> tuple[str, float, float]:
+    """(stem, a, b) of ``tr_<stem>_fwd/bwd`` for ONNX op ``op`` (default: the node's), from
+    the node's attributes as the kernels read them (a named backward op carries its forward's
+    attributes; ``tr_clip_grad`` compares x with y and takes no bounds)."""
+    op = op or node.op_type
+    stem, attr_names = ONNX_UNARY[op]
+    if op == "Gelu" and node.attrs.get("approximate", "none") == "tanh":
         stem = "gelu_tanh"
-    if node.op_type == "Clip":
-        return (stem, *clip_bounds(node))
+    if op == "Clip":
+        return (stem, *clip_bounds(node)) if node.op_type == "Clip" else (stem, 0.0, 0.0)
     vals = [float(node.attrs.get(k, 0.0)) for k in attr_names] + [0.0, 0.0]
     return stem, vals[0], vals[1]
 
@@ -104,6 +123,45 @@ def bind_unary(b: BindContext, node) -> list:
     return calls
 
 
+def bind_unary_grad(b: BindContext, node) -> list:
+    """``<Op>Grad(gy[, x][, y])`` (``ops/unary.py``: the named backward op of a unary op)
+    as one ``tr_<stem>_bwd`` launch. x, y and gx share a layout; a gy in the other one (the
+    compact gradient of a GlobalAveragePool meeting a padded feature map) is first brought into
+    gx's slot (``tr_pad_nhwc`` / ``tr_unpad_nhwc``), which the kernel then reads and writes
+    element by element. With gy, x and y zero every formula gives +0 except Sqrt's (0 / 0):
+    its padded lanes are cleared after."""
+    op = node.op_type.removesuffix("Grad")
+    stem, a, c = kernel_args(node, op)
+    gy, x, y = (list(node.inputs) + [None, None])[:3]
+    gx = node.outputs[0]
+    dt = float_dt(b, gy, x, y, gx)
+    out = out_geometry(b, gx)
+    for v in (x, y):
+        if v is not None:
+            same_layout(b, v, gx)
+    spec = operand_spec(b.t(gy), geometry(b.t(gy)), out)
+    calls = []
+    if spec == out.n:
+        g = b.buf(gy)
+    elif spec == TO_PADDED:
+        calls.append(b.launch(f"tr_pad_nhwc_{dt}_{dt}", out.n, [
+            b.buf(gy), b.buf(gx, True), i64(out.n), i64(out.c), i64(out.s), i64(out.cp)]))
+        g = b.buf(gx)
+    elif spec == TO_COMPACT:
+        src = geometry(b.t(gy))
+        calls.append(b.launch(f"tr_unpad_nhwc_{dt}_{dt}", src.m, [
+            b.buf(gy), b.buf(gx, True), i64(src.m), i64(src.c), i64(src.s), i64(src.cp)]))
+        g = b.buf(gx)
+    else:
+        raise Unbound(f"gy {gy.name!r} ({b.t(gy).layout.describe()}) does not map onto gx's "
+                      "elements")
+    calls.append(b.launch(f"tr_{stem}_bwd_{dt}", out.n, [
+        b.buf(x), b.buf(y), g, b.buf(gx, True), i64(out.n), f32(a), f32(c)]))
+    if out.padded and stem == "sqrt":
+        calls.append(b.zero_lanes(gx, out))
+    return calls
+
+
 def bind_erf(b: BindContext, node) -> list:
     x, y = node.inputs[0], node.outputs[0]
     gy = same_layout(b, x, y)
@@ -114,4 +172,6 @@ def bind_erf(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return ([KernelDef(op, "cuda", binding(bind_unary)) for op in ONNX_UNARY]
+            + [KernelDef(f"{op}Grad", "cuda", binding(bind_unary_grad), domain=INTERNAL)
+               for op in UNARY_GRADS]
             + [KernelDef("Erf", "cuda", binding(bind_erf))])

@@ -1,0 +1,243 @@
+"""Indexing: ops that move data by index values rather than by shape. Gather, GatherElements,
+GatherND and ScatterElements, OneHot and TopK, with the backward ops GatherGrad and
+GatherNDGrad (scatter-adds of gy at the gathered positions).
+
+They are one family because their gradients are the same few moves run the other way: what
+a gather reads, its gradient scatter-adds back (GatherGrad, GatherNDGrad, ScatterElements with
+reduction add), and what a scatter writes, its gradient gathers. Index inputs never get a
+gradient. The axis and gradient helpers (``positive_axis``, ``zeros_like``, ``first_only``)
+are ops/tensor.py's.
+
+Kernels read logical views. NumPy's advanced indexing has no ``out=``: where a kernel indexes
+with arrays it makes one temporary the size of its output (noted at each place).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UnsupportedModelError
+from ..hookspecs import hookimpl
+from ..opdef import OpDef
+from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis, zeros_like
+
+# ---- forward kernels ----------------------------------------------------------------------
+
+
+def gather_numpy(ctx):
+    axis = positive_axis(ctx.attrs["axis"], len(ctx.inputs[0].shape))
+
+    def run(ins, outs, ws):
+        np.take(ins[0], ins[1], axis=axis, out=outs[0])
+
+    return run
+
+
+def gather_elements_numpy(ctx):
+    shape = ctx.inputs[1].shape
+    axis = positive_axis(ctx.attrs["axis"], len(shape))
+    # The indices may be shorter than the data along every axis (take_along_axis would need
+    # them to broadcast): index with aranges over the indices' own axes.
+    grids = np.indices(shape, sparse=True)
+
+    def run(ins, outs, ws):
+        index = tuple(ins[1] if a == axis else g for a, g in enumerate(grids))
+        # Advanced indexing has no out=: one temporary the size of the output.
+        np.copyto(outs[0], ins[0][index])
+
+    return run
+
+
+def _nd_grids(idx_shape, batch_dims: int) -> tuple:
+    """Broadcastable aranges over GatherND's batch axes, against ``indices[..., j]``."""
+    rank = len(idx_shape)
+    return tuple(np.arange(n).reshape((1,) * i + (n,) + (1,) * (rank - 2 - i))
+                 for i, n in enumerate(idx_shape[:batch_dims]))
+
+
+def gather_nd_numpy(ctx):
+    k = ctx.inputs[1].shape[-1]
+    grids = _nd_grids(ctx.inputs[1].shape, int(ctx.attrs.get("batch_dims", 0)))
+
+    def run(ins, outs, ws):
+        idx = ins[1]
+        # Advanced indexing has no out=: one temporary the size of the output.
+        np.copyto(outs[0], ins[0][grids + tuple(idx[..., j] for j in range(k))])
+
+    return run
+
+
+_SCATTER_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scatter_elements_numpy(ctx):
+    shape = ctx.inputs[2].shape
+    axis = positive_axis(ctx.attrs["axis"], len(shape))
+    reduce = _SCATTER_REDUCE.get(ctx.attrs.get("reduction", "none"))
+    grids = np.indices(shape, sparse=True)  # broadcastable aranges over the updates' axes
+
+    def run(ins, outs, ws):
+        y = outs[0]
+        np.copyto(y, ins[0])
+        index = tuple(ins[1] if a == axis else g for a, g in enumerate(grids))
+        if reduce is None:
+            y[index] = ins[2]  # repeated indices: the last update wins, as in the reference
+        else:
+            reduce.at(y, index, ins[2])
+
+    return run
+
+
+def one_hot_numpy(ctx):
+    axis = positive_axis(ctx.attrs["axis"], len(ctx.outputs[0].shape))
+    depth = int(np.asarray(ctx.const(1)).reshape(-1)[0])
+    rank = len(ctx.outputs[0].shape)
+    positions = np.arange(depth).reshape((1,) * axis + (depth,) + (1,) * (rank - axis - 1))
+    wrapped = positions - depth  # negative indices in [-depth, -1] count from the end
+    hit, hit_wrapped = (ctx.workspace(ctx.outputs[0].shape, np.bool_) for _ in range(2))
+    expand = (slice(None),) * axis + (None,)
+
+    def run(ins, outs, ws):
+        idx, values, y = ins[0][expand], ins[2], outs[0]
+        np.equal(idx, positions, out=ws[hit])
+        np.equal(idx, wrapped, out=ws[hit_wrapped])
+        np.logical_or(ws[hit], ws[hit_wrapped], out=ws[hit])
+        y.fill(values[0])
+        np.copyto(y, values[1], where=ws[hit])
+
+    return run
+
+
+def top_k_numpy(ctx):
+    rank = len(ctx.inputs[0].shape)
+    axis = positive_axis(ctx.attrs["axis"], rank)
+    n, k = ctx.inputs[0].shape[axis], ctx.outputs[0].shape[axis]
+    largest = bool(ctx.attrs.get("largest", 1))
+    head = (slice(None),) * axis
+    flip = head + (slice(None, None, -1),)
+    first_k = head + (slice(0, k),)
+
+    def run(ins, outs, ws):
+        x = ins[0]
+        # argsort allocates its result; a stable sort keeps equal values in index order. For
+        # the largest, sorting the reversed axis ascending and reading it backwards does both.
+        if largest:
+            order = np.argsort(x[flip], axis=axis, kind="stable")[flip][first_k]
+            np.subtract(n - 1, order, out=outs[1])
+        else:
+            np.copyto(outs[1], np.argsort(x, axis=axis, kind="stable")[first_k])
+        np.copyto(outs[0], np.take_along_axis(x, outs[1], axis))  # a temporary of k values
+
+    return run
+
+
+# ---- backward ops (domain ai.tr_onnx) -------------------------------------------------------
+# Each writes a gradient shaped like the forward data input (``ctx.outputs[0]``) from ``gy``
+# (input 0) and the indices (input 1).
+
+
+def gather_grad_numpy(ctx):
+    """``gx = 0; gx[..., indices, ...] += gy`` along ``axis`` (non-negative attr): repeated
+    indices accumulate (``np.add.at``), negative ones count from the end (input 1)."""
+    head = (slice(None),) * int(ctx.attrs["axis"])
+
+    def run(ins, outs, ws):
+        outs[0].fill(0)
+        np.add.at(outs[0], head + (ins[1],), ins[0])
+
+    return run
+
+
+def gather_nd_grad_numpy(ctx):
+    """GatherND's scatter-add: ``gx = 0; gx[batch grids + indices] += gy`` (attr
+    ``batch_dims``; input 1 the indices)."""
+    k = ctx.inputs[1].shape[-1]
+    grids = _nd_grids(ctx.inputs[1].shape, int(ctx.attrs["batch_dims"]))
+
+    def run(ins, outs, ws):
+        outs[0].fill(0)
+        idx = ins[1]
+        np.add.at(outs[0], grids + tuple(idx[..., j] for j in range(k)), ins[0])
+
+    return run
+
+
+# ---- gradient rules -------------------------------------------------------------------------
+# Each returns one entry per forward input; index inputs never get one (``grad_inputs``).
+
+
+def gather_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    axis = positive_axis(node.attrs["axis"], x.rank)
+    return first_only(node, b.op("GatherGrad", [gys[0], node.inputs[1]], {"axis": axis},
+                             domain=INTERNAL, like=x))
+
+
+def gather_elements_vjp(b, node, gys, needed):
+    """Scatter-add of gy into zeros (ScatterElements, reduction add)."""
+    x = node.inputs[0]
+    return first_only(node, b.op("ScatterElements", [zeros_like(b, x), node.inputs[1], gys[0]],
+                             {"axis": int(node.attrs["axis"]), "reduction": "add"}, like=x))
+
+
+def gather_nd_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    return first_only(node, b.op("GatherNDGrad", [gys[0], node.inputs[1]],
+                             {"batch_dims": int(node.attrs.get("batch_dims", 0))},
+                             domain=INTERNAL, like=x))
+
+
+def scatter_elements_vjp(b, node, gys, needed):
+    """reduction none: data's gradient is gy with the overwritten positions zeroed, the
+    updates' is gy gathered there (with repeated indices only the last update reaches y; all
+    receive gy, as in PyTorch's scatter). reduction add: data's gradient is gy itself."""
+    x, idx, updates = node.inputs
+    gy = gys[0]
+    axis = int(node.attrs["axis"])
+    reduction = node.attrs.get("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise UnsupportedModelError(f"{node.label}: no gradient for ScatterElements with "
+                                    f"reduction {reduction!r} (none and add have one)", [])
+    gx = gu = None
+    if needed[0]:
+        gx = gy if reduction == "add" else b.op(
+            "ScatterElements", [gy, idx, zeros_like(b, updates)], {"axis": axis}, like=x)
+    if needed[2]:
+        gu = b.op("GatherElements", [gy, idx], {"axis": axis}, like=updates)
+    return [gx, None, gu]
+
+
+def top_k_vjp(b, node, gys, needed):
+    """The values' gradient scattered back to where they came from (the indices output)."""
+    x = node.inputs[0]
+    if gys[0] is None:
+        return first_only(node, None)
+    g = b.op("ScatterElements", [zeros_like(b, x), node.outputs[1], gys[0]],
+             {"axis": positive_axis(node.attrs["axis"], x.rank)}, like=x)
+    return first_only(node, g)
+
+
+# ---- registration ---------------------------------------------------------------------------
+
+
+@hookimpl
+def tr_onnx_op_definitions():
+    return [
+        OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
+              gradient=gather_vjp, grad_inputs=DATA_INPUT),
+        OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True,
+              gradient=gather_elements_vjp, grad_inputs=DATA_INPUT),
+        OpDef("GatherND", (11, 12, 13), {"numpy": gather_nd_numpy}, differentiable=True,
+              gradient=gather_nd_vjp, grad_inputs=DATA_INPUT),
+        OpDef("ScatterElements", (11, 13, 16, 18), {"numpy": scatter_elements_numpy},
+              differentiable=True, gradient=scatter_elements_vjp, grad_inputs=(0, 2)),
+        OpDef("OneHot", (9, 11, 28), {"numpy": one_hot_numpy}, const_inputs=(1,),
+              differentiable=False),
+        OpDef("TopK", (1, 10, 11, 24), {"numpy": top_k_numpy}, const_inputs=(1,),
+              differentiable=True, gradient=top_k_vjp, grad_inputs=DATA_INPUT),
+        # backward-only ops of the rules above
+        OpDef("GatherGrad", (1,), {"numpy": gather_grad_numpy}, domain=INTERNAL,
+              doc="gradient of Gather: scatter-add of gy along axis"),
+        OpDef("GatherNDGrad", (1,), {"numpy": gather_nd_grad_numpy}, domain=INTERNAL,
+              doc="gradient of GatherND: scatter-add of gy at the index tuples"),
+    ]
