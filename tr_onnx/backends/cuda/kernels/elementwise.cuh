@@ -147,14 +147,10 @@ TR_HD float tr_gelu_tanh_grad(float x, float, float gy, float, float) {
 TR_HD float tr_softplus_grad(float x, float, float gy, float, float) {
     return gy * tr_sigmoid(x, 0.0f, 0.0f);
 }
-TR_HD float tr_exp_grad(float, float y, float gy, float, float) { return gy * y; }
-TR_HD float tr_log_grad(float x, float, float gy, float, float) { return gy / x; }
 TR_HD float tr_sqrt_grad(float, float y, float gy, float, float) { return gy * 0.5f / y; }
-TR_HD float tr_neg_grad(float, float, float gy, float, float) { return -gy; }
 TR_HD float tr_abs_grad(float x, float, float gy, float, float) {  // gy * sign(x)
     return gy * (x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x));  // sign(+-0) = +-0, sign(NaN) = NaN
 }
-TR_HD float tr_sign_grad(float, float, float, float, float) { return 0.0f; }  // flat a.e.
 TR_HD float tr_clip_grad(float x, float y, float gy, float, float) { return x == y ? gy : 0.0f; }
 
 // ---- binary (broadcasting is the caller's: it picks the operands' indices) ----------------
@@ -162,14 +158,8 @@ TR_HD float tr_add(float a, float b) { return a + b; }
 TR_HD float tr_sub(float a, float b) { return a - b; }
 TR_HD float tr_mul(float a, float b) { return a * b; }
 TR_HD float tr_div(float a, float b) { return a / b; }
-TR_HD float tr_div_grad_b(float gy, float b, float y) { return -((gy / b) * y); }  // d(a/b)/db
 
 // ---- losses -------------------------------------------------------------------------------
-TR_HD float tr_mse(float x, float t) { float d = x - t; return d * d; }
-// g: the loss gradient already divided by the element count for "mean"; 2 g d as the autodiff
-// sums the two branches of d * d
-TR_HD float tr_mse_grad(float x, float t, float g) { float d = x - t; return g * d + g * d; }
-
 // Softmax cross-entropy over one row of c classes (stride 1): max m and log(sum exp(x - m)).
 template <class T> TR_HD void tr_row_log_softmax_stats(const T* x, long long c, float* m,
                                                         float* log_s) {

@@ -6,13 +6,10 @@
 // (and the mean's denominator, which the backward reads); tr_sce_bwd_<dt>: gradient of the
 // scores, pad lanes written as zero. reduction: 0 none (gloss per row), 1 sum, 2 mean.
 // One thread per row: clear and small; a warp-per-row version can replace it for large C.
-// MSE: tr_mse_fwd_<dt> squared differences (fp32), tr_mse_bwd_<dt> with g the loss gradient
-// already divided by the count for "mean".
 // tr_sce_fwd_<dt>(x, labels, class_w, row_loss, row_w, rows, c, ld, ignore_index, has_ignore)
 // tr_sce_reduce(row_loss, row_w, rows, reduction, weighted, loss, denom)
 // tr_sce_bwd_<dt>(x, labels, class_w, gloss, denom, gx, rows, c, ld, ignore_index,
 //                 has_ignore, reduction)
-// tr_mse_fwd_<dt>(x, t, out, n), tr_mse_bwd_<dt>(x, t, g, gx, n)
 // The instantiations (TR_LOSS(T, dt) lines) are appended by tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
 
@@ -66,11 +63,4 @@ TR_KERNEL void tr_sce_reduce(const float* row_loss, const float* row_w, long lon
                 tr_put(gr, j, tr_sce_grad(tr_get(xr, j), m, log_s, j == label, coef));         \
             for (long long j = c; j < ld; ++j) tr_put(gr, j, 0.0f);                            \
         }                                                                                      \
-    }                                                                                          \
-    TR_KERNEL void tr_mse_fwd_##dt(const T* x, const T* t, float* out, long long n) {          \
-        TR_GRID_STRIDE(i, n) out[i] = tr_mse(tr_get(x, i), tr_get(t, i));                      \
-    }                                                                                          \
-    TR_KERNEL void tr_mse_bwd_##dt(const T* x, const T* t, const float* g, T* gx, long long n) { \
-        float gi = *g;                                                                         \
-        TR_GRID_STRIDE(i, n) tr_put(gx, i, tr_mse_grad(tr_get(x, i), tr_get(t, i), gi));       \
     }

@@ -17,11 +17,10 @@ from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 # ---- kernels/losses.cu: the family's name table -------------------------------------------------
 
 def losses_source() -> KernelSource:
-    """kernels/losses.cu: softmax cross-entropy and MSE, forward and backward."""
+    """kernels/losses.cu: softmax cross-entropy, forward and backward."""
     return kernel_source(
         "losses",
-        instantiate("TR_LOSS({T}, {dt})", ("tr_sce_fwd_{dt}", "tr_sce_bwd_{dt}", "tr_mse_fwd_{dt}",
-                                           "tr_mse_bwd_{dt}"), STORAGE),
+        instantiate("TR_LOSS({T}, {dt})", ("tr_sce_fwd_{dt}", "tr_sce_bwd_{dt}"), STORAGE),
         plain("tr_sce_reduce"))
 
 

@@ -49,12 +49,23 @@ ONNX_UNARY = {
 (-inf/inf when absent)."""
 
 
+_TANH_FORM = {"gelu_tanh"} if "Gelu" in UNARY_GRADS else set()  # Gelu(approximate="tanh")
+GRAD_STEMS = tuple(stem for stem in UNARY_OPS
+                   if stem in {ONNX_UNARY[op][0] for op in UNARY_GRADS} | _TANH_FORM)
+"""Stems with a ``tr_<op>_bwd_<dt>`` kernel: those of the ops whose gradient rule emits a named
+``<Op>Grad`` node (``ops.unary.UNARY_GRADS``); the others' rules are one IR node of their own
+(Neg, Exp, Log) or none (Sign), so a backward kernel would never launch."""
+
+
 def unary_source() -> KernelSource:
-    """kernels/unary.cu: forward and backward of every op of ``UNARY_OPS``, and Erf."""
+    """kernels/unary.cu: forward of every op of ``UNARY_OPS``, backward of ``GRAD_STEMS``,
+    and Erf."""
     return kernel_source(
         "unary",
-        instantiate("TR_UNARY({op}, {T}, {dt})", ("tr_{op}_fwd_{dt}", "tr_{op}_bwd_{dt}"),
+        instantiate("TR_UNARY_FWD({op}, {T}, {dt})", "tr_{op}_fwd_{dt}",
                     values("op", UNARY_OPS), STORAGE),
+        instantiate("TR_UNARY_BWD({op}, {T}, {dt})", "tr_{op}_bwd_{dt}",
+                    values("op", GRAD_STEMS), STORAGE),
         instantiate("TR_ERF({T}, {dt})", "tr_erf_{dt}", STORAGE))
 
 
