@@ -32,7 +32,7 @@ import numpy as np
 from ... import ir
 from ...errors import UnsupportedModelError, unsupported_message
 from ...layouts import GatherRowsLayout
-from ...memory import DTensor, MemoryPlan, Region
+from ...memory import DTensor, MemoryPlan
 from ...opdef import CudaKernel, KernelContext
 from . import sources
 from .capture import DeviceBuffer
@@ -502,11 +502,6 @@ def row_split(node, shape, softmax: bool) -> tuple[int, int]:
         raise Unbound(f"softmax over axis {axis} of a rank-{rank} tensor; the row kernel "
                        "takes the last axis")
     return math.prod(shape[:axis]), math.prod(shape[axis:])
-
-
-def workspace_region(memory: MemoryPlan) -> tuple[int, int]:
-    """(offset, bytes) of the plan's WORKSPACE region."""
-    return memory.regions[Region.WORKSPACE]
 
 
 __all__ = ["BindContext", "BoundNode", "Copy", "CudaUnsupported", "CudnnCall", "Geometry",

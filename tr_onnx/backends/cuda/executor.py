@@ -35,10 +35,10 @@ EXECUTOR_POLICY = {**WRITE_POLICY,
                    "upload": frozenset({Region.INPUT, Region.WORKSPACE}),
                    "download": frozenset({Region.WORKSPACE}),
                    "check": frozenset({Region.WORKSPACE})}
-"""``capture.WRITE_POLICY`` plus the executor's transfers, issued
-outside the captured step: ``upload`` (the batch and per-step scalars into INPUT, staged
-through WORKSPACE), ``download`` (unpadding an output into WORKSPACE before the copy to the
-host) and ``check`` (``all_finite``'s flag, the first 4 bytes of WORKSPACE)."""
+"""``capture.WRITE_POLICY`` plus the executor's transfers, issued outside the captured step:
+``upload`` (the batch and per-step scalars into INPUT, staged through WORKSPACE),
+``download`` (unpadding an output into WORKSPACE before the copy to the host) and ``check``
+(``all_finite``'s flag, the first 4 bytes of WORKSPACE)."""
 
 
 class CudaExecutor(DeviceTransfers):

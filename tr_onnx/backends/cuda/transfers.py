@@ -9,9 +9,10 @@ the data out instead. ``all_finite`` reduces a tensor on the device to a flag in
 bytes of WORKSPACE and reads back only the flag. A third pinned buffer serves the synchronous
 reads and writes between steps.
 
-``staging_bytes(graph)`` is the WORKSPACE a cuda plan reserves for these transfers (and the step
-report): the compiler passes it to the MemoryPlan, so no transfer depends on how much scratch
-the plan's kernels happened to ask for.
+``staging_bytes(graph)`` is the WORKSPACE a cuda plan reserves for these transfers (the staged
+batch, the flag): the compiler passes it to the MemoryPlan, so no transfer depends on how much
+scratch the plan's kernels happened to ask for. The step report comes back from its own tensor
+(``train_pass.StepGuard.report``) into the pinned buffer its batch went up through.
 """
 
 from __future__ import annotations
