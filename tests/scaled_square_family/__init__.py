@@ -14,8 +14,8 @@ mirror a builtin family's:
 Nothing else: a session takes the two op sets as ``plugins=[ops, cuda]`` (op sets load in
 order, so the OpDefs exist when the KernelDefs are merged into them). A builtin family is
 instead loaded by name from ``tr_onnx.registry``'s ``BUILTIN_OPSETS`` and
-``BUILTIN_BACKEND_KERNELS``, and its kernel table lives in ``backends/cuda/sources.py``; this one
-passes its own ``KernelSource`` to ``b.launch(..., family=...)``, which the host emulator builds
-for the CPU but ``CupyDevice`` cannot yet compile for a GPU (no include path for
-``elementwise.cuh``: the xfail in ``tests/test_cuda_op_family.py``).
+``BUILTIN_BACKEND_KERNELS`` (its kernel table, ``KERNELS`` in its bindings' module, is found
+from the latter); this one passes its own ``KernelSource`` to ``b.launch(..., family=...)``,
+which the host emulator builds for the CPU and ``CupyDevice`` compiles with the builtin
+families' NVRTC options.
 """
