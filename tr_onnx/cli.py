@@ -40,18 +40,46 @@ def _concrete_feed(imported, batch: int, shapes: dict[str, tuple[int, ...]]) -> 
 
 
 def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
-                  shapes: dict | None = None, reuse: bool = True) -> dict:
-    """Everything ``tr-onnx inspect`` prints, as a dict."""
+                  shapes: dict | None = None, reuse: bool = True, backend: str = "numpy",
+                  train: bool = False, precision: str = "fp32",
+                  gpu_properties: str | None = None) -> dict:
+    """Everything ``tr-onnx inspect`` prints, as a dict. ``backend="cuda"`` plans for the GPU
+    without one (the cuda bindings over a recording device) and adds ``cudnn_graphs``: the
+    real cuDNN library's deviceless check of every graph the plan declares, for the GPU that
+    ``gpu_properties`` describes (default: the packaged H200). ``train``: the training plan
+    (``precision`` fp32/fp16/bf16) instead of the inference one."""
     from .importer import default_opset
     from .session import InferenceSession
 
-    sess = InferenceSession(path, channel_align=channel_align, reuse_memory=reuse)
+    device = None
+    if backend == "cuda":
+        from .backends.cuda.capture import FakeRecorder
+
+        def device(plan):  # binds the plan to arena addresses; runs nothing
+            return FakeRecorder(plan.memory)
+    if train:
+        from .training.session import TrainingSession
+
+        sess = TrainingSession(path, backend=backend, device=device, precision=precision,
+                               channel_align=channel_align)
+    else:
+        sess = InferenceSession(path, backend=backend, channel_align=channel_align,
+                                reuse_memory=reuse, device=device)
     imported = sess.imported
     feed = _concrete_feed(imported, batch, shapes or {})
     const_feeds = [n for n in imported.const_feeds if n in feed]
     if const_feeds:
         raise TrOnnxError(f"inputs {const_feeds} determine shapes; inspect needs them as constants")
-    plan = sess.plan_for(feed)
+    plan = sess._train_plan(feed) if train else sess.plan_for(feed)
+    graphs = None
+    if backend == "cuda":
+        from dataclasses import asdict
+
+        from .backends.cuda.deviceless import H200_PROPERTIES, check_plan
+
+        graphs = {"target": str(gpu_properties or H200_PROPERTIES),
+                  "graphs": [asdict(c) | {"ok": c.ok} for c in check_plan(plan,
+                                                                            gpu_properties)]}
     ops = Counter()
     sources = {}
     for node, source in plan.kernels:
@@ -93,6 +121,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
             "naive_bytes": mem.naive_bytes,
             "regions": {r.name: {"offset": o, "bytes": b} for r, (o, b) in mem.regions.items()},
         },
+        **({"cudnn_graphs": graphs} if graphs is not None else {}),
     }
 
 
@@ -133,6 +162,25 @@ def _print_inspect(info: dict, verbose: bool) -> None:
     ratio = mem["arena_bytes"] / mem["naive_bytes"] if mem["naive_bytes"] else 1.0
     print(f"  arena {mem['arena_bytes']:,d} B vs naive sum {mem['naive_bytes']:,d} B "
           f"({ratio:.1%})")
+    if "cudnn_graphs" in info:
+        _print_cudnn_graphs(info["cudnn_graphs"])
+
+
+def _print_cudnn_graphs(graphs: dict) -> None:
+    rows = graphs["graphs"]
+    print(f"\ncuDNN graphs: {len(rows)}, checked by the cuDNN library without a GPU for the "
+          f"target in {graphs['target']}")
+    print(f"  {'kind':<19} {'io/compute':<15} {'dims':<18} {'engines':>7} {'fit':>4} "
+          f"{'workspace':>10}  plan / why not")
+    for r in rows:
+        ws = "-" if r["workspace"] is None else f"{r['workspace']:,d}"
+        what = r["plan"] if r["ok"] else f"FAILS: {r['error']}"
+        print(f"  {r['kind']:<19} {r['dtypes']:<15} {str(list(r['dims'])):<18} "
+              f"{r['engines']:>7} {r['within']:>4} {ws:>10}  {what}")
+        if not r["ok"]:
+            print(f"    at {r['node']}")
+    failing = sum(not r["ok"] for r in rows)
+    print(f"  {failing} failing" if failing else "  every graph plans on the target")
 
 
 def run_model(path: str, batch: int, inputs: str | None, channel_align: int | None,
@@ -377,6 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-reuse", action="store_true", help="turn MemoryPlan lifetime reuse off")
     p.add_argument("--json", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="list every non-plain layout")
+    p.add_argument("--backend", choices=("numpy", "cuda"), default="numpy",
+                   help="cuda: plan for the GPU and check every cuDNN graph with the real "
+                        "library, no GPU needed")
+    p.add_argument("--train", action="store_true", help="the training plan (default: inference)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="with --train --backend cuda")
+    p.add_argument("--gpu-properties", metavar="FILE",
+                   help="cuDNN device property list (JSON) of the target GPU (default: H200)")
     r = sub.add_parser("run", help="run a model on inputs from an .npz (or random data)")
     r.add_argument("model")
     r.add_argument("--inputs", help=".npz with one array per model input")
@@ -396,11 +452,15 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args)
         if args.command == "inspect":
             info = inspect_model(args.model, args.batch, args.channel_align,
-                                 _parse_shapes(args.shape), reuse=not args.no_reuse)
+                                 _parse_shapes(args.shape), reuse=not args.no_reuse,
+                                 backend=args.backend, train=args.train,
+                                 precision=args.precision, gpu_properties=args.gpu_properties)
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
                 _print_inspect(info, args.verbose)
+            graphs = info.get("cudnn_graphs", {}).get("graphs", [])
+            return 1 if any(not g["ok"] for g in graphs) else 0
         elif args.command == "run":
             info = run_model(args.model, args.batch, args.inputs, args.channel_align,
                              args.repeat, _parse_shapes(args.shape))

@@ -26,7 +26,7 @@ channel counts over the same padded strides; ``GraphDesc.channels`` says which, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -355,9 +355,10 @@ def _batchnorm_desc(node, plan: MemoryPlan) -> GraphDesc:
 
     cuDNN's running update is ``next = (1 - m) * prev + m * batch`` with the unbiased batch
     variance; ONNX's momentum is the weight of the old value (so m = 1 - momentum) and its
-    variance is the biased one. The graph therefore updates running statistics only when the
-    node asks for the unbiased variance (PyTorch's convention); otherwise the backend updates
-    them from saved_mean/saved_inv_std with its own kernel (``notes`` says so).
+    variance is the biased one. The graph always declares the running statistics (the
+    frontend requires them); where the node asks for ONNX's biased variance the backend then
+    rewrites the next running statistics from x, saved_mean and the old values with its own
+    kernel (``notes`` says so); PyTorch's unbiased convention is cuDNN's own.
     """
     index = _PlanIndex(plan)
     t = plan.tensors
@@ -377,16 +378,17 @@ def _batchnorm_desc(node, plan: MemoryPlan) -> GraphDesc:
     unbiased = bool(node.attrs.get("unbiased_running_var", 0))
     scalars = {"epsilon": ScalarDesc("epsilon", float(node.attrs.get("epsilon", 1e-5))),
                "momentum": ScalarDesc("momentum", 1.0 - momentum)}
+    # frontend 1.32's batchnorm() requires the running statistics (omitting them is a
+    # TypeError at validate()); its update uses the unbiased batch variance
+    for port, i in (("in_running_mean", 3), ("in_running_var", 4)):
+        ins[port] = _vector(index, t[node.inputs[i].name], port, rank, c, node.label)
+    for port, i in (("next_running_mean", 3), ("next_running_var", 4)):
+        if node.outputs[i] is not None:
+            outs[port] = _vector(index, t[node.outputs[i].name], port, rank, c, node.label)
     notes = []
-    if unbiased:
-        for port, i in (("in_running_mean", 3), ("in_running_var", 4)):
-            ins[port] = _vector(index, t[node.inputs[i].name], port, rank, c, node.label)
-        for port, i in (("next_running_mean", 3), ("next_running_var", 4)):
-            if node.outputs[i] is not None:
-                outs[port] = _vector(index, t[node.outputs[i].name], port, rank, c, node.label)
-    else:
-        notes.append("running statistics use the biased batch variance (ONNX): not in the "
-                     "graph; the backend updates them from saved_mean/saved_inv_std")
+    if not unbiased:
+        notes.append("running statistics use the biased batch variance (ONNX): the backend "
+                     "rewrites cuDNN's (unbiased) update from saved_mean and the old values")
     if xd.dims != outs["Y"].dims:
         raise CudnnGraphError(f"{node.label}: x dims {list(xd.dims)} and y dims "
                               f"{list(outs['Y'].dims)} differ")
@@ -458,8 +460,12 @@ def _matmul_desc(node, plan: MemoryPlan) -> GraphDesc:
     ad = _matrix(index, a, "A", trans_a, node.label)
     bd = _matrix(index, b, "B", trans_b, node.label)
     yd = _matrix(index, y, "Y", False, node.label)
+    if bd.dims[0] == 1 and ad.dims[0] > 1:
+        # a B shared by every batch: declared with a batch stride of 0 (some engines reject an
+        # implicitly broadcast batch dimension)
+        bd = replace(bd, dims=(ad.dims[0], *bd.dims[1:]), strides=(0, *bd.strides[1:]))
     if ad.dims[2] != bd.dims[1] or (ad.dims[1], bd.dims[2]) != yd.dims[1:] or \
-            bd.dims[0] not in (1, ad.dims[0]) or yd.dims[0] != ad.dims[0]:
+            bd.dims[0] != ad.dims[0] or yd.dims[0] != ad.dims[0]:
         raise CudnnGraphError(f"{node.label}: A {list(ad.dims)} @ B {list(bd.dims)} does not "
                               f"give Y {list(yd.dims)}")
     ins = {"A": ad, "B": bd}
@@ -571,12 +577,10 @@ class BuiltGraph:
                 if not t.virtual}
 
     def variant_pack(self, arena_base: int) -> dict[Any, Any]:
-        """What ``graph.execute`` takes: frontend tensor -> device pointer, scalar -> host value."""
-        pointers = self.pointers(arena_base)
-        pack: dict[Any, Any] = {self.tensors[p]: ptr for p, ptr in pointers.items()}
-        for name, s in self.desc.scalars.items():
-            pack[self.scalars[name]] = np.full((1, 1, 1, 1), s.value, np.float32)
-        return pack
+        """What ``graph.execute`` takes: frontend tensor -> device pointer. The scalars are
+        runtime parameters of the graph, not in the pack (NumPy arrays there fail the
+        frontend's ``__dlpack__(stream=-1)``)."""
+        return {self.tensors[p]: ptr for p, ptr in self.pointers(arena_base).items()}
 
 
 def _dt(cudnn, name: str):
@@ -642,18 +646,23 @@ _BUILDERS = {"conv_fprop": _op_conv, "conv_dgrad": _op_conv, "conv_wgrad": _op_c
              "matmul": _op_matmul}
 
 
-def declare_pygraph(desc: GraphDesc, cudnn, handle=None) -> BuiltGraph:
+def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None) -> BuiltGraph:
     """Create the ``cudnn.pygraph`` for ``desc``: tensors, op, epilogue, marked outputs.
 
     Needs no driver (with nvidia-cudnn-frontend 1.32 the first call that does is
     ``validate()``), so it runs in CPU tests; ``build_pygraph`` finishes the job on a GPU.
+    ``device_property`` (``cudnn.create_device_properties``) instead of a ``handle``: the
+    graph describes that target GPU and the real library checks it without one
+    (``deviceless.check_graph``). Scalars (BatchNorm's epsilon, momentum) are runtime
+    parameters of the graph (``tensor_scalar``): they stay out of the variant pack.
     """
+    target = {"handle": handle} if device_property is None else \
+        {"device_property": device_property}
     g = cudnn.pygraph(io_data_type=_dt(cudnn, desc.io_data_type),
                       intermediate_data_type=_dt(cudnn, desc.intermediate_data_type),
-                      compute_data_type=_dt(cudnn, desc.compute_data_type), handle=handle)
+                      compute_data_type=_dt(cudnn, desc.compute_data_type), **target)
     ins = {port: _declare_tensor(g, cudnn, port, t) for port, t in desc.inputs.items()}
-    scalars = {name: g.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1],
-                              data_type=_dt(cudnn, s.data_type), is_pass_by_value=True)
+    scalars = {name: g.tensor_scalar(s.value, cudnn.scalar_type.RUNTIME_PARAM, name=name)
                for name, s in desc.scalars.items()}
     produced = _BUILDERS[desc.kind](g, desc, ins, scalars)
     outs = {}
@@ -662,6 +671,37 @@ def declare_pygraph(desc: GraphDesc, cudnn, handle=None) -> BuiltGraph:
             raise CudnnGraphError(f"{desc.node}: the {desc.kind} graph has no output {port!r}")
         outs[port] = _mark(produced[port], cudnn, t)
     return BuiltGraph(desc, g, {**ins, **outs}, scalars)
+
+
+def plan_pygraph(g, desc: GraphDesc, cudnn) -> int:
+    """Validate and lower a declared graph, ask the heuristics for engine candidates and keep
+    those whose workspace fits the node's (``desc.workspace``): ``build_plans`` then takes the
+    best-ranked of those instead of failing on the first choice's workspace. Returns how many
+    candidates the heuristics gave (before the workspace cut)."""
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([getattr(cudnn.heur_mode, h) for h in HEURISTICS])
+    engines = int(g.get_execution_plan_count())
+    g.deselect_workspace_greater_than(desc.workspace[1])
+    return engines
+
+
+class named_errors:
+    """Turns any error of the cuDNN calls inside into a ``CudnnGraphError`` naming the node
+    (cuDNN's own error types differ by version; the cause is chained)."""
+
+    def __init__(self, desc: GraphDesc):
+        self.desc = desc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or isinstance(exc, CudnnGraphError):
+            return False
+        d = self.desc
+        raise CudnnGraphError(f"{d.node}: cuDNN has no engine for the {d.kind} graph (channels "
+                              f"{d.channels}; {'; '.join(d.notes) or 'no notes'}): {exc}") from exc
 
 
 def build_pygraph(desc: GraphDesc, cudnn, handle) -> BuiltGraph:
@@ -673,19 +713,10 @@ def build_pygraph(desc: GraphDesc, cudnn, handle) -> BuiltGraph:
     """
     built = declare_pygraph(desc, cudnn, handle)
     g = built.graph
-    try:
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([getattr(cudnn.heur_mode, h) for h in HEURISTICS])
-        # only plans whose scratch fits the plan's WORKSPACE region: build_plans then takes
-        # the best-ranked of those instead of failing on the first choice's workspace
-        g.deselect_workspace_greater_than(desc.workspace[1])
+    with named_errors(desc):
+        plan_pygraph(g, desc, cudnn)
         g.check_support()
         g.build_plans()
-    except Exception as e:  # cuDNN's own error types differ by version; the cause is chained
-        raise CudnnGraphError(f"{desc.node}: cuDNN has no engine for the {desc.kind} graph "
-                              f"(channels {desc.channels}; {'; '.join(desc.notes) or 'no notes'})"
-                              f": {e}") from e
     built.workspace_bytes = int(g.get_workspace_size())
     if built.workspace_bytes > desc.workspace[1]:
         raise CudnnGraphError(f"{desc.node}: the {desc.kind} plan needs a workspace of "

@@ -152,9 +152,9 @@ class CupyDevice:
         return build_pygraph(desc, self._cudnn, handle)
 
     def cudnn_execute(self, graph, pointers: dict[str, int], workspace: int) -> None:
+        """The graph's tensors at ``pointers``; its scalars are runtime parameters of the graph
+        (``cudnn_graphs.declare_pygraph``), so nothing host-side enters the pack."""
         pack = {graph.tensors[p]: ptr for p, ptr in pointers.items()}
-        for name, s in graph.desc.scalars.items():
-            pack[graph.scalars[name]] = np.full((1, 1, 1, 1), s.value, np.float32)
         graph.graph.execute(pack, workspace, handle=self._cudnn_handle())
 
     # -- memory and copies -------------------------------------------------------------------

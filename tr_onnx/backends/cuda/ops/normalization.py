@@ -71,8 +71,10 @@ def bind_batch_norm_inference(b: BindContext, node) -> list:
 
 
 def bn_running(b: BindContext, node, desc) -> list:
-    """ONNX's running statistics (biased variance) after cuDNN's batchnorm, from x and the
-    batch mean cuDNN saved -- unless the graph updates them (PyTorch's unbiased variance)."""
+    """ONNX's running statistics (biased variance): rewritten after cuDNN's batchnorm, whose
+    own update uses the unbiased variance, from x, the batch mean cuDNN saved and the old
+    values (inputs of the graph, unchanged by it) -- unless the node asks for PyTorch's
+    unbiased convention, which is cuDNN's."""
     if not desc.notes:
         return []
     outs = node.outputs
