@@ -45,6 +45,7 @@ import numpy as np
 
 import tr_onnx
 from tr_onnx.optim import SGD
+from tr_onnx.training.train_pass import STEP
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "model_zoo"
@@ -358,6 +359,9 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool, precision: str = "fp3
     x = rng.standard_normal(b.shape).astype(np.float32)
     y = (np.arange(b.shape[0]) % b.classes).astype(np.int64)
     rows = []
+    # this row's own device memory: the pool's growth from here (earlier rows' sessions are
+    # freed first, so their arenas do not count here)
+    mem0 = _cupy_pool_bytes() if device is None else None
     try:
         t0 = time.perf_counter()
         sess = tr_onnx.TrainingSession(b.onnx, optimizer=SGD(lr=0.01, momentum=0.9),
@@ -378,7 +382,7 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool, precision: str = "fp3
         sess.train_step({"input": x}, y)
     _sync(device)
     dt = time.perf_counter() - t0
-    mem = _cupy_pool_bytes() if device is None else None
+    mem = _cupy_pool_bytes() - mem0 if device is None else None
     rows.append({"model": b.name, "runner": f"tr_onnx cuda {precision} (train_step)",
                  "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
                  "peak_mem_mb": mem, "note": f"plan+bind+warm-up {plan_s:.1f}s"})
@@ -390,23 +394,36 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool, precision: str = "fp3
     rows.append({"model": b.name, "runner": f"tr_onnx cuda {precision} (pipelined)",
                  "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
                  "peak_mem_mb": mem, "note": "train_step(..., wait=False)"})
-    ex = sess._active.executor
+    plan = sess._active
+    ex, guard = plan.executor, plan.info.step_guard
+    applied = int(ex.read_scalar(guard.applied))
     t0 = time.perf_counter()
-    for _ in range(n):  # the host stages batch k+1 while the GPU runs step k
+    for i in range(n):  # the host stages batch k+1 while the GPU runs step k
         ex.write_input("input", x)
+        # the step guard applies only the step numbered applied + 1: each gets the next
+        ex.write_scalar(STEP, applied + i + 1)
         ex.run(ex.step_phases())
     _sync(device)
     dt = time.perf_counter() - t0
+    # an fp16 overflow skips a step (and the ones numbered after it are rejected): say so
+    done = int(ex.read_scalar(guard.applied)) - applied
     rows.append({"model": b.name, "runner": f"tr_onnx cuda {precision} (captured step)",
                  "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
-                 "peak_mem_mb": mem, "note": "upload + 1 graph launch, no read-back"})
+                 "peak_mem_mb": mem,
+                 "note": f"upload + 1 graph launch, no read-back; {done}/{n} steps applied"})
     return rows
 
 
 def _cupy_pool_bytes() -> float:
+    """MB the CuPy pool holds now, after freeing what no session references any more."""
+    import gc
+
     import cupy
 
-    return cupy.get_default_memory_pool().total_bytes() / 2**20
+    gc.collect()
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    return pool.total_bytes() / 2**20
 
 
 def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:

@@ -338,6 +338,10 @@ def test_gpu_check_dry_run_runs_the_whole_script(tmp_path):
     assert {f"tr_onnx cuda {p} ({how})" for p in ("fp32", "fp16", "bf16")
             for how in ("train_step", "pipelined", "captured step")} <= runners
     assert all(r[p]["ok"] for r in results["parity"] for p in ("fp16", "bf16"))
+    # the bare captured-step loop numbers each step as the step guard expects, so its fp32
+    # steps are applied, not rejected (issue 10, finding 9)
+    captured = [r for r in bench if r["runner"] == "tr_onnx cuda fp32 (captured step)"]
+    assert captured and all(r["note"].endswith("1/1 steps applied") for r in captured)
     table = (tmp_path / "results.md").read_text()
     assert "| resnet50 |" in table and "images/s" in table
 

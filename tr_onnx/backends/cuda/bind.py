@@ -278,11 +278,15 @@ class BindContext:
         ws = self.workspaces[workspace]
         try:
             desc = describe_node(node, self.memory, activation, (ws.offset, ws.nbytes))
+            # a graph cuDNN cannot build on this device is the node's binding refusing it:
+            # MatMul then takes its own kernel, other ops are listed with every node that
+            # cannot run (never a crash of the session)
+            built = self.device.build_cudnn(desc)
         except CudnnGraphError as e:
             raise Unbound(str(e).split(": ", 1)[-1]) from None
         pointers = {port: self.base + t.byte_offset for port, t in desc.tensors().items()
                     if not t.virtual}
-        return [CudnnCall(desc, self.device.build_cudnn(desc), pointers, self.base + ws.offset)]
+        return [CudnnCall(desc, built, pointers, self.base + ws.offset)]
 
 
 # --------------------------------------------------------------------------------------------

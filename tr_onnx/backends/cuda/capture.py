@@ -22,6 +22,7 @@ Two guards make mistakes loud:
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -160,20 +161,31 @@ def capture_step(plan_steps: Iterable[CaptureStep], device: DeviceAPI, warmup: i
     current = ["<capture start>"]
     guard = (allocation_guard(lambda: current[0]) if allocation_guard is not None
              else contextlib.nullcontext())
-    device.begin_capture()
+    # the collector may not free CUDA modules, streams or cuDNN handles mid-capture
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        with guard:
-            for step in steps:
-                current[0] = step.label
-                device.begin_node(step.label, step.phase)
-                step.run(device)
-    except CaptureError:
-        device.abort_capture()
-        raise
-    except Exception as e:  # a CUDA/cuDNN error inside capture: name the node, keep the cause
-        device.abort_capture()
-        raise CaptureError(current[0], f"{type(e).__name__}: {e}") from e
-    return device.end_capture()
+        device.begin_capture()
+        try:
+            with guard:
+                for step in steps:
+                    current[0] = step.label
+                    device.begin_node(step.label, step.phase)
+                    step.run(device)
+        except CaptureError:
+            device.abort_capture()
+            raise
+        except Exception as e:  # a CUDA/cuDNN error inside capture: name the node, keep it
+            device.abort_capture()
+            raise CaptureError(current[0], f"{type(e).__name__}: {e}") from e
+        try:
+            return device.end_capture()
+        except Exception as e:  # the driver invalidated the capture, or the upload failed
+            device.abort_capture()
+            raise CaptureError("<end of capture>", f"{type(e).__name__}: {e}") from e
+    finally:
+        if collecting:
+            gc.enable()
 
 
 class PhaseGraphs:

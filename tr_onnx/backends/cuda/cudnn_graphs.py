@@ -646,7 +646,8 @@ _BUILDERS = {"conv_fprop": _op_conv, "conv_dgrad": _op_conv, "conv_wgrad": _op_c
              "matmul": _op_matmul}
 
 
-def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None) -> BuiltGraph:
+def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None,
+                    kernel_cache=None) -> BuiltGraph:
     """Create the ``cudnn.pygraph`` for ``desc``: tensors, op, epilogue, marked outputs.
 
     Needs no driver (with nvidia-cudnn-frontend 1.32 the first call that does is
@@ -658,6 +659,8 @@ def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None) -
     """
     target = {"handle": handle} if device_property is None else \
         {"device_property": device_property}
+    if kernel_cache is not None:
+        target["kernel_cache"] = kernel_cache
     g = cudnn.pygraph(io_data_type=_dt(cudnn, desc.io_data_type),
                       intermediate_data_type=_dt(cudnn, desc.intermediate_data_type),
                       compute_data_type=_dt(cudnn, desc.compute_data_type), **target)
@@ -704,14 +707,14 @@ class named_errors:
                               f"{d.channels}; {'; '.join(d.notes) or 'no notes'}): {exc}") from exc
 
 
-def build_pygraph(desc: GraphDesc, cudnn, handle) -> BuiltGraph:
+def build_pygraph(desc: GraphDesc, cudnn, handle, kernel_cache=None) -> BuiltGraph:
     """Declare, validate and build the graph on ``handle``'s device; record its workspace size.
 
     Plans needing more scratch than the MemoryPlan's WORKSPACE region are deselected first.
     Raises ``CudnnGraphError`` (naming the node) when no engine supports the graph, or when
     the one selected still needs more workspace than the region holds.
     """
-    built = declare_pygraph(desc, cudnn, handle)
+    built = declare_pygraph(desc, cudnn, handle, kernel_cache=kernel_cache)
     g = built.graph
     with named_errors(desc):
         plan_pygraph(g, desc, cudnn)

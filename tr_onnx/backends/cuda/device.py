@@ -14,6 +14,7 @@ bound to the stream, and the pinned host buffers of the input/output transfers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,7 +94,6 @@ class CupyDevice:
         start = (-self._raw.data.ptr) % ALIGN
         self.arena = self._raw[start:start + plan.total_bytes]
         self.arena_base = int(self.arena.data.ptr)
-        self._modules: dict[str, Any] = {}
         self._functions: dict[KernelRef, Any] = {}
         self._cudnn = None
         self._handle = None
@@ -104,20 +104,16 @@ class CupyDevice:
 
     # -- kernels -----------------------------------------------------------------------------
     def _module(self, ref: KernelRef):
-        key = (ref.family, ref.source)  # a family that brings its text: keyed by it too
-        mod = self._modules.get(key)
+        """The loaded module of ``ref``'s family: one per process and device (every plan's
+        device shares it; modules are never unloaded, so none is collected mid-capture)."""
+        key = (self.device.id, self.arch, ref.family, ref.source)
+        mod = _MODULES.get(key)
         if mod is None:
             from cupy.cuda import function
 
-            from . import sources
-
-            if ref.source is None:
-                image = sources.compile_nvrtc(ref.family, self.arch)
-            else:
-                image = compile_text_nvrtc(ref.source, ref.family, self.arch)
             mod = function.Module()
-            mod.load(image)
-            self._modules[key] = mod
+            mod.load(kernel_image(ref.family, self.arch, ref.source))
+            _MODULES[key] = mod
         return mod
 
     def prepare_kernel(self, ref: KernelRef) -> None:
@@ -145,11 +141,12 @@ class CupyDevice:
         return self._handle
 
     def build_cudnn(self, desc):
-        """Declare, validate and build ``desc`` (``cudnn_graphs.GraphDesc``) on this device."""
+        """Declare, validate and build ``desc`` (``cudnn_graphs.GraphDesc``) on this device,
+        with the process's cuDNN kernel cache (the same kernels are not built for every plan)."""
         from .cudnn_graphs import build_pygraph
 
         handle = self._cudnn_handle()
-        return build_pygraph(desc, self._cudnn, handle)
+        return build_pygraph(desc, self._cudnn, handle, kernel_cache=cudnn_kernel_cache())
 
     def cudnn_execute(self, graph, pointers: dict[str, int], workspace: int) -> None:
         """The graph's tensors at ``pointers``; its scalars are runtime parameters of the graph
@@ -214,14 +211,46 @@ class CupyDevice:
         return graph
 
     def abort_capture(self) -> None:
-        if self.stream.is_capturing():
+        """End a capture that failed, whatever state it is in, so the stream is usable for the
+        eager fallback: CuPy's capture query raises on a capture the driver invalidated, and
+        the stream stays in capture mode until ``end_capture`` is called."""
+        try:
+            capturing = self.stream.is_capturing()
+        except RuntimeError:  # cudaErrorStreamCaptureInvalidated: still capturing
+            capturing = True
+        if capturing:
             try:
                 self.stream.end_capture()  # discards the partial graph
-            except Exception:  # an invalidated capture raises here; the stream is usable again
+            except RuntimeError:  # an invalidated capture raises here; the stream is usable again
                 pass
 
     def launch_graph(self, graph) -> None:
         graph.launch(self.stream)
+
+
+@functools.cache
+def cudnn_kernel_cache():
+    """The process's cuDNN kernel cache (``cudnn.create_kernel_cache``), shared by every
+    plan's graphs and kept for the process."""
+    import cudnn
+
+    return cudnn.create_kernel_cache()
+
+
+_MODULES: dict[tuple, Any] = {}
+"""(device id, arch, family, source) -> loaded CUDA module, for the process."""
+
+
+@functools.cache
+def kernel_image(family: str, arch: str, source: str | None = None) -> bytes:
+    """Family ``family`` compiled by NVRTC for ``arch``, once per process (NVRTC takes
+    seconds per family): tr_onnx's own when ``source`` is None, else the text an op set
+    brings."""
+    from . import sources
+
+    if source is None:
+        return sources.compile_nvrtc(family, arch)
+    return compile_text_nvrtc(source, family, arch)
 
 
 def compile_text_nvrtc(text: str, name: str, arch: str) -> bytes:
