@@ -1,6 +1,6 @@
 """The cuda backend's check on a GPU: parity with the numpy backend, and a benchmark against
 PyTorch. ``scripts/gpu_check.sh`` runs it on the lent H200; ``--dry-run`` runs all of it on a
-CPU (CI), with the cuda executor over ``tr_onnx.backends.cuda.host_emulator`` instead of a GPU.
+CPU (CI), with the cuda executor over ``tr_onnx.testing.host_emulator`` instead of a GPU.
 
     python scripts/gpu_check.py --benchmark [--out DIR] [--budget-s 300]
     python scripts/gpu_check.py --dry-run [--out DIR]
@@ -612,7 +612,7 @@ def main(argv=None) -> int:
         p.error("nothing to do: --parity, --benchmark or --dry-run")
     device = None
     if dry:
-        from tr_onnx.backends.cuda.host_emulator import host_emulator
+        from tr_onnx.testing.host_emulator import host_emulator
 
         device = host_emulator()
     else:

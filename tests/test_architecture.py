@@ -65,7 +65,7 @@ def _under(target: str, prefixes) -> bool:
 RULES = {  # module prefix -> packages it must not import
     "ops": ("passes", "backends", "training", "compiler", "session"),
     "passes": ("ops", "backends", "training", "compiler", "session"),
-    "backends": ("training", "session"),
+    "backends": ("training", "session", "testing"),
     **{core: ("ops", "passes", "backends", "training", "compiler", "session") for core in CORE},
 }
 

@@ -1,8 +1,9 @@
 """The cuda executor (tr_onnx.backends.cuda.executor), checked without a GPU.
 
-The training plans of the model zoo (channel_align=8, built by the numpy compile path: the
-MemoryPlan is backend-independent) are bound to a FakeDevice built on capture.FakeRecorder,
-which checks every pointer against the MemoryPlan and every write against the phase's regions.
+The training plans of the model zoo (channel_align=8; cuda plans made from the cuda bindings,
+compared with the numpy plan of the same graph) are bound to a FakeDevice built on
+tr_onnx.testing.recorder.FakeRecorder, which checks every pointer against the MemoryPlan and
+every write against the phase's regions.
 
 * Binding: every node binds, or one CudaUnsupported names exactly the unbound ops.
 * Launches: every kernel exists in the compiled sources, and its arguments match the kernel's
@@ -11,7 +12,7 @@ which checks every pointer against the MemoryPlan and every write against the ph
 * Capture: first run eager, second captured (no allocation, no sync) and launched, then
   replayed; the apply phase touches only the PARAM/GRAD/OPT_STATE spans and scalars; the
   fused optimizer covers the PARAM span once.
-* Emulation: the same launches run on the CPU through tr_onnx.backends.cuda.host_emulator
+* Emulation: the same launches run on the CPU through tr_onnx.testing.host_emulator
   (the kernels' g++ host build), cuDNN calls through the numpy kernels of their nodes, on a
   NumPy arena: three captured training steps equal the numpy backend's, and the host
   transfers (pad/unpad through WORKSPACE) equal memory.write_host / read_host.
@@ -31,12 +32,13 @@ import pytest
 import tr_onnx
 from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.bind import CudnnCall, Launch
-from tr_onnx.backends.cuda.capture import CaptureError, DeviceBuffer, FakeRecorder
+from tr_onnx.backends.cuda.capture import CaptureError, DeviceBuffer
 from tr_onnx.backends.cuda.device import BLOCK, CupyDevice, KernelRef, cuda_available, launch_dims
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY, CudaExecutor, CudaUnsupported
-from tr_onnx.backends.cuda.host_emulator import HostEmulator, build_host_library, host_compiler
 from tr_onnx.backends.numpy_backend import allocate_arena
 from tr_onnx.memory import Region, pad_lanes_are_zero, read_host, write_host
+from tr_onnx.testing.host_emulator import HostEmulator, build_host_library, host_compiler
+from tr_onnx.testing.recorder import FakeRecorder
 from tr_onnx.training import pipeline
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"

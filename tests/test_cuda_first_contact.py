@@ -24,10 +24,11 @@ import tr_onnx
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.bind import CudnnCall, Launch
-from tr_onnx.backends.cuda.capture import CaptureError, FakeRecorder
+from tr_onnx.backends.cuda.capture import CaptureError
 from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY, CudaUnsupported
-from tr_onnx.backends.cuda.host_emulator import HostEmulator, build_host_library
+from tr_onnx.testing.host_emulator import HostEmulator, build_host_library
+from tr_onnx.testing.recorder import FakeRecorder
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 

@@ -44,7 +44,6 @@ from onnx import helper, numpy_helper
 
 import tr_onnx
 from tr_onnx.backends.cuda import sources
-from tr_onnx.backends.cuda.host_emulator import build_host_library, host_compiler
 from tr_onnx.backends.cuda.ops import elementwise as cuda_elementwise
 from tr_onnx.backends.cuda.ops import layout_convert as cuda_layout
 from tr_onnx.backends.cuda.ops import unary as cuda_unary
@@ -52,6 +51,7 @@ from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
 from tr_onnx.ops import optimizers as np_optim
+from tr_onnx.testing.host_emulator import build_host_library, host_compiler
 from tr_onnx.training.gradients import vjp
 
 F32_EPS = float(np.finfo(np.float32).eps)

@@ -32,16 +32,16 @@ from scaled_square_family import cuda as family_cuda
 from scaled_square_family import ops as family_ops
 
 import tr_onnx
-from tr_onnx.backends.cuda import host_emulator as emulator
 from tr_onnx.backends.cuda.bind import kernel_factory
 from tr_onnx.backends.cuda.device import KernelRef, compile_text_nvrtc
-from tr_onnx.backends.cuda.host_emulator import HostCompileError, build_host_library
 from tr_onnx.backends.cuda.sources import compile_options, nvrtc_compile
 from tr_onnx.cli import list_ops
 from tr_onnx.compiler import kernel_context
 from tr_onnx.opdef import KernelDef
 from tr_onnx.optim import SGD
 from tr_onnx.registry import OpKey, build_registry
+from tr_onnx.testing import host_emulator as emulator
+from tr_onnx.testing.host_emulator import HostCompileError, build_host_library
 
 FAMILY = [family_ops, family_cuda]
 DOMAIN = family_ops.DOMAIN

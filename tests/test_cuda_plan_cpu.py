@@ -25,9 +25,7 @@ from tr_onnx.backends.cuda.capture import (
     CaptureError,
     CaptureStep,
     DeviceBuffer,
-    FakeRecorder,
     PointerOutsideArena,
-    RecordedGraph,
     RegionViolation,
     SyncDuringCapture,
     capture_step,
@@ -40,6 +38,7 @@ from tr_onnx.backends.cuda.cudnn_graphs import (
     describe_node,
 )
 from tr_onnx.memory import ALIGN, Region
+from tr_onnx.testing.recorder import FakeRecorder, RecordedGraph
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 ALIGN_CH = 8

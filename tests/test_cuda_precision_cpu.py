@@ -27,10 +27,10 @@ from oracles import mse_loss_model
 
 import tr_onnx
 from tr_onnx.backends.cuda.cudnn_graphs import declare_pygraph, describe_graph, describe_node
-from tr_onnx.backends.cuda.host_emulator import build_host_library, host_emulator
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import Region
 from tr_onnx.optim import SGD
+from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 STEPS = 20

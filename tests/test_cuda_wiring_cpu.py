@@ -3,7 +3,7 @@
 * ``resolve_backend``: ``auto`` is numpy without a GPU and cuda with one; ``cuda`` without one
   is an error that says why and what to install.
 * ``InferenceSession`` and ``TrainingSession`` with ``backend="cuda"`` drive a ``CudaExecutor``
-  through ``ExecutorAPI`` only; the device is tr_onnx.backends.cuda.host_emulator
+  through ``ExecutorAPI`` only; the device is tr_onnx.testing.host_emulator
   (``FakeRecorder``'s capture checks + the kernels' host build + numpy kernels for the cuDNN
   nodes), injected with the sessions' ``device=`` hook. Outputs, losses and state equal the
   numpy backend's.
@@ -32,11 +32,11 @@ from tr_onnx.backends import (
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import executor as cuda_executor
 from tr_onnx.backends.cuda.executor import CudaExecutor, CudaUnsupported
-from tr_onnx.backends.cuda.host_emulator import build_host_library, host_emulator
 from tr_onnx.backends.numpy_backend import NumpyExecutor
 from tr_onnx.errors import TrOnnxError, UnsupportedModelError
 from tr_onnx.optim import SGD
 from tr_onnx.registry import OpKey, build_registry
+from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
 ZOO = ROOT / "model_zoo"
 SHAPES = {"mlp": (4, 64), "resnet": (4, 3, 16, 16), "mobilenet": (4, 3, 16, 16)}

@@ -21,7 +21,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tr_onnx
-from tr_onnx.backends.cuda.capture import FakeRecorder
 from tr_onnx.backends.cuda.deviceless import (
     H200_PROPERTIES,
     check_graph,
@@ -31,6 +30,7 @@ from tr_onnx.backends.cuda.deviceless import (
     load_driver_stub,
 )
 from tr_onnx.cli import main as cli_main
+from tr_onnx.testing.recorder import FakeRecorder
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 SHAPES = {"mlp": (8, 64), "lenet": (8, 1, 8, 8), "resnet": (8, 3, 16, 16),

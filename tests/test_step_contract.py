@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tr_onnx.backends.cuda.host_emulator import build_host_library, host_emulator
 from tr_onnx.compiler import compile_plan
 from tr_onnx.importer import import_model
 from tr_onnx.ops.optimizers import REPORT_FIELDS
 from tr_onnx.optim import SGD
 from tr_onnx.registry import default_registry
+from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 from tr_onnx.training.losses import make_loss_spec
 from tr_onnx.training.pipeline import build_training_step
 from tr_onnx.training.train_pass import GRAD_SCALE, LR, RNG, STEP, TrainConfig

@@ -53,7 +53,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
 
     device = None
     if backend == "cuda":
-        from .backends.cuda.capture import FakeRecorder
+        from .testing.recorder import FakeRecorder
 
         def device(plan):  # binds the plan to arena addresses; runs nothing
             return FakeRecorder(plan.memory)

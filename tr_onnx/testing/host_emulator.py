@@ -32,11 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ...errors import InternalError
-from ..numpy_backend import allocate_arena
-from . import sources
-from .capture import DeviceBuffer, FakeRecorder
-from .executor import EXECUTOR_POLICY
+from ..backends.cuda import sources
+from ..backends.cuda.capture import DeviceBuffer
+from ..backends.cuda.executor import EXECUTOR_POLICY
+from ..backends.numpy_backend import allocate_arena
+from ..errors import InternalError
+from .recorder import FakeRecorder
 
 BASE = 1 << 40
 """The fake device address of the emulated arena."""
@@ -210,7 +211,7 @@ class HostEmulator(FakeRecorder):
         own outside the arena), on this arena's views of its tensors."""
         bound = self._numpy.get(label)
         if bound is None:
-            from ...compiler import kernel_context
+            from ..compiler import kernel_context
 
             node = self.nodes[label]
             ctx = kernel_context(node, "numpy")
