@@ -47,6 +47,7 @@ from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.host_emulator import build_host_library, host_compiler
 from tr_onnx.backends.cuda.ops import elementwise as cuda_elementwise
 from tr_onnx.backends.cuda.ops import layout_convert as cuda_layout
+from tr_onnx.backends.cuda.ops import optimizers as cuda_optim
 from tr_onnx.backends.cuda.ops import unary as cuda_unary
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
@@ -590,6 +591,56 @@ def test_optimizer_update_is_bitwise_numpy(host, name, dt):
             np.testing.assert_array_equal(s, s_ref, err_msg=f"{name} step {step}: state")
         np.testing.assert_array_equal(copy, STORAGE[dt][1](p), err_msg="the low-precision copy")
         assert not p[:3].any() and not any(s[:3].any() for s in states)
+
+
+CLIP_CASES = {  # id: (n, scale, max_norm as a fraction of the scaled norm; 0: no clipping)
+    "one_chunk_no_clip": (1000, 1.0, 0.0),
+    "one_chunk_scaled_clipped": (1000, 0.5, 0.25),
+    "many_chunks_scaled_below_max": (300_001, 0.25, 2.0),
+    "many_chunks_clipped": (300_001, 1.0, 0.5),
+}
+
+
+@pytest.mark.parametrize("n", [1, 255, 2048, 2049, 300_001, 25_557_032, 10**9])
+def test_clip_chunks_cover_the_span_in_whole_lanes(n):
+    parts, chunk = cuda_optim.clip_chunks(n)
+    assert chunk % 256 == 0 and 1 <= parts <= cuda_optim.CLIP_PARTS
+    assert (parts - 1) * chunk < n <= parts * chunk
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(CLIP_CASES))
+def test_scale_clip_norm_matches_a_float64_norm(host, case, dt):
+    """ScaleClipGrad's three kernels as the binding launches them: the scaled gradient as
+    NumPy's fp32 multiply, each chunk's sum of squares (one block each) and the norm from the
+    float64 sums, the clipped gradient as g * float32(max_norm / (norm + 1e-6))."""
+    n, scale, frac = CLIP_CASES[case]
+    rng = np.random.default_rng(11)
+    g = STORAGE[dt][1](rng.standard_normal(n) * 0.3)
+    scaled = STORAGE[dt][2](STORAGE[dt][1](STORAGE[dt][2](g) * np.float32(scale)))
+    sq = scaled.astype(np.float64) ** 2
+    norm64 = math.sqrt(sq.sum())
+    max_norm = frac * norm64
+    parts, chunk = cuda_optim.clip_chunks(n)
+    assert (parts > 1) == (n > 2048), "the large cases must span several blocks"
+    partial, norm, coef = poisoned(parts, "f32").astype(np.float64), np.zeros(1, np.float32), \
+        np.zeros(1, np.float32)
+    host(f"tr_scale_clip_norm_{dt}", g, LL(n), np.array([scale], np.float32), partial,
+         LL(parts), LL(chunk))
+    np.testing.assert_array_equal(STORAGE[dt][2](g), scaled)
+    want_parts = np.add.reduceat(sq, np.arange(0, n, chunk))
+    np.testing.assert_allclose(partial, want_parts, rtol=1e-13)
+    host("tr_scale_clip_norm_total", partial, LL(parts), norm, coef, F64(max_norm))
+    assert_close_f32(norm, np.float32(norm64), 1, what=f"{case} norm")
+    c = max_norm / (norm64 + 1e-6) if max_norm > 0 else 1.0
+    want_coef = np.float32(min(c, 1.0))
+    assert_close_f32(coef, want_coef, 1, what=f"{case} coefficient")
+    host(f"tr_scale_clip_norm_apply_{dt}", g, LL(n), coef)
+    want = scaled * coef[0] if coef[0] != 1.0 else scaled
+    if dt == "f32":
+        np.testing.assert_array_equal(g, want)
+    else:
+        assert_storage_within_1ulp(g, want, dt, f"{case} clipped")
 
 
 def test_optimizer_skips_the_step_on_found_inf(host):
