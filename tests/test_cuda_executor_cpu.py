@@ -152,12 +152,13 @@ def test_cudnn_nodes_get_their_graphs_built_at_bind_time():
 
 
 def test_onnx_running_statistics_get_their_own_kernel():
-    """cuDNN's running update uses the unbiased variance: ONNX's biased one is a kernel."""
+    """cuDNN's running update uses the unbiased variance: ONNX's biased one is kernels (the
+    per-chunk sums, one block per chunk and 32 channels, then their per-channel total)."""
     plan, _, ex = executor("resnet")
     for b in ex.bound:
         if b.node.op_type == "BatchNormTraining":
             names = [c.kernel.name for c in b.calls if isinstance(c, Launch)]
-            assert names == ["tr_bn_running_f32"]
+            assert names == ["tr_bn_running_f32", "tr_bn_running_finish"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.host_emulator import build_host_library, host_compiler
 from tr_onnx.backends.cuda.ops import elementwise as cuda_elementwise
 from tr_onnx.backends.cuda.ops import layout_convert as cuda_layout
+from tr_onnx.backends.cuda.ops import normalization as cuda_norm
 from tr_onnx.backends.cuda.ops import optimizers as cuda_optim
 from tr_onnx.backends.cuda.ops import unary as cuda_unary
 from tr_onnx.errors import TrOnnxError
@@ -959,6 +960,48 @@ def test_softmax_rows_match_numpy(host, op, dt):
         np.testing.assert_allclose(y, want, rtol=8 * F32_EPS, atol=8 * F32_EPS)
     else:
         assert_storage_within_1ulp(y, want, dt, f"{op} {dt}", abs_bound=8 * F32_EPS)
+
+
+BN_RUNNING = {  # id: (x shape NCHW, unbiased (PyTorch's count / (count - 1) factor))
+    "one_chunk_3_channels": ((2, 3, 4, 5), False),
+    "chunks_and_two_tiles": ((4, 40, 24, 24), False),  # 2304 rows: 36 chunks x 2 tiles
+    "ragged_last_chunk_unbiased": ((2, 33, 23, 25), True),  # 1150 rows, 18 chunks
+}
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(BN_RUNNING))
+def test_bn_running_statistics_match_a_float64_variance(host, case, dt):
+    """The two running-statistics kernels as BatchNormTraining launches them: each (chunk,
+    channel) sum of (x - mean)^2 (fp32 difference, as the kernel reads x), the biased variance
+    from their float64 total, and the momentum blend as NumPy's float32 arithmetic."""
+    shape, unbiased = BN_RUNNING[case]
+    rng = np.random.default_rng(12)
+    x = STORAGE[dt][2](STORAGE[dt][1](rng.standard_normal(shape) * 1.5 + 0.75))
+    c = shape[1]
+    xs = _nhwc_padded(x, dt)  # garbage (7.0) in the pad lanes
+    ld = xs.shape[-1]
+    rows = xs.size // ld
+    x_rows = STORAGE[dt][2](xs).reshape(rows, ld)[:, :c]
+    mean = x_rows.astype(np.float64).mean(axis=0).astype(np.float32)
+    sq = (x_rows - mean).astype(np.float64) ** 2
+    chunks, chunk_rows = cuda_norm.bn_chunks(rows, c)
+    assert (chunks > 1) == (rows > 64)
+    partial = np.full((chunks, c), np.nan)
+    host(f"tr_bn_running_{dt}", xs, mean, partial, LL(rows), LL(c), LL(ld), LL(chunks),
+         LL(chunk_rows))
+    np.testing.assert_allclose(partial, np.add.reduceat(sq, np.arange(0, rows, chunk_rows)),
+                               rtol=1e-13)
+    momentum = np.float32(0.9)
+    coef = np.float32(1 - 0.9)
+    var_coef = np.float32((1 - 0.9) * rows / (rows - 1)) if unbiased else coef
+    rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32)
+    new_rm, new_rv = np.full(c, np.nan, np.float32), np.full(c, np.nan, np.float32)
+    host("tr_bn_running_finish", partial, mean, rm, rv, new_rm, new_rv, LL(rows), LL(c),
+         LL(chunks), F32(momentum), F32(coef), F32(var_coef))
+    var = (sq.sum(axis=0) / rows).astype(np.float32)
+    np.testing.assert_array_equal(new_rm, rm * momentum + mean * coef)
+    assert_close_f32(new_rv, rv * momentum + var * var_coef, 1, what=f"{case} running var")
 
 
 @pytest.mark.parametrize("dt", list(STORAGE))
