@@ -876,6 +876,12 @@ POOLS = {  # id: (op, x shape, attrs)
     "max_dil": ("MaxPool", (1, 3, 9, 9), {"kernel_shape": [2, 3], "dilations": [2, 1],
                                          "pads": [1, 1, 0, 1]}),
     "max1d": ("MaxPool", (2, 5, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    # overlapping windows (stride < kernel): several outputs share each tap, ties included
+    "max3x3_s2_resnet_stem": ("MaxPool", (2, 12, 14, 15), {"kernel_shape": [3, 3],
+                                                          "strides": [2, 2],
+                                                          "pads": [1, 1, 1, 1]}),
+    "max3x3_s1_overlap": ("MaxPool", (1, 9, 10, 11), {"kernel_shape": [3, 3],
+                                                     "pads": [1, 1, 1, 1]}),
     "avg_pad": ("AveragePool", (2, 6, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
                                              "pads": [1, 1, 1, 1]}),
     "avg_pad_incl_ceil": ("AveragePool", (2, 9, 8, 7), {"kernel_shape": [3, 2],
@@ -933,7 +939,10 @@ def test_pools_and_their_gradients_match_numpy(host, case, dt):
     assert not STORAGE[dt][2](ys)[..., c:].any(), "pad lanes must be written zero"
     gxs = poisoned(xs.shape, dt)
     if op == "MaxPool":
-        host(f"tr_maxpool_bwd_{dt}", gys, xs, gxs, LL(gxs.size), *[LL(v) for v in window])
+        outputs = math.prod(y_shape)
+        arg = np.full(outputs, -1, np.int32)
+        host(f"tr_maxpool_argmax_{dt}", xs, arg, LL(outputs), *[LL(v) for v in window])
+        host(f"tr_maxpool_bwd_{dt}", gys, arg, gxs, LL(gxs.size), *[LL(v) for v in window])
     else:
         host(f"tr_avgpool_bwd_{dt}", gys, gxs, LL(gxs.size), *[LL(v) for v in window + extra])
     assert not STORAGE[dt][2](gxs)[..., c:].any(), "pad lanes of gx must be written zero"
