@@ -46,6 +46,8 @@ import tr_onnx
 from tr_onnx.backends.cuda import sources
 from tr_onnx.backends.cuda.ops import elementwise as cuda_elementwise
 from tr_onnx.backends.cuda.ops import layout_convert as cuda_layout
+from tr_onnx.backends.cuda.ops import normalization as cuda_norm
+from tr_onnx.backends.cuda.ops import optimizers as cuda_optim
 from tr_onnx.backends.cuda.ops import unary as cuda_unary
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
@@ -592,6 +594,56 @@ def test_optimizer_update_is_bitwise_numpy(host, name, dt):
         assert not p[:3].any() and not any(s[:3].any() for s in states)
 
 
+CLIP_CASES = {  # id: (n, scale, max_norm as a fraction of the scaled norm; 0: no clipping)
+    "one_chunk_no_clip": (1000, 1.0, 0.0),
+    "one_chunk_scaled_clipped": (1000, 0.5, 0.25),
+    "many_chunks_scaled_below_max": (300_001, 0.25, 2.0),
+    "many_chunks_clipped": (300_001, 1.0, 0.5),
+}
+
+
+@pytest.mark.parametrize("n", [1, 255, 2048, 2049, 300_001, 25_557_032, 10**9])
+def test_clip_chunks_cover_the_span_in_whole_lanes(n):
+    parts, chunk = cuda_optim.clip_chunks(n)
+    assert chunk % 256 == 0 and 1 <= parts <= cuda_optim.CLIP_PARTS
+    assert (parts - 1) * chunk < n <= parts * chunk
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(CLIP_CASES))
+def test_scale_clip_norm_matches_a_float64_norm(host, case, dt):
+    """ScaleClipGrad's three kernels as the binding launches them: the scaled gradient as
+    NumPy's fp32 multiply, each chunk's sum of squares (one block each) and the norm from the
+    float64 sums, the clipped gradient as g * float32(max_norm / (norm + 1e-6))."""
+    n, scale, frac = CLIP_CASES[case]
+    rng = np.random.default_rng(11)
+    g = STORAGE[dt][1](rng.standard_normal(n) * 0.3)
+    scaled = STORAGE[dt][2](STORAGE[dt][1](STORAGE[dt][2](g) * np.float32(scale)))
+    sq = scaled.astype(np.float64) ** 2
+    norm64 = math.sqrt(sq.sum())
+    max_norm = frac * norm64
+    parts, chunk = cuda_optim.clip_chunks(n)
+    assert (parts > 1) == (n > 2048), "the large cases must span several blocks"
+    partial, norm, coef = poisoned(parts, "f32").astype(np.float64), np.zeros(1, np.float32), \
+        np.zeros(1, np.float32)
+    host(f"tr_scale_clip_norm_{dt}", g, LL(n), np.array([scale], np.float32), partial,
+         LL(parts), LL(chunk))
+    np.testing.assert_array_equal(STORAGE[dt][2](g), scaled)
+    want_parts = np.add.reduceat(sq, np.arange(0, n, chunk))
+    np.testing.assert_allclose(partial, want_parts, rtol=1e-13)
+    host("tr_scale_clip_norm_total", partial, LL(parts), norm, coef, F64(max_norm))
+    assert_close_f32(norm, np.float32(norm64), 1, what=f"{case} norm")
+    c = max_norm / (norm64 + 1e-6) if max_norm > 0 else 1.0
+    want_coef = np.float32(min(c, 1.0))
+    assert_close_f32(coef, want_coef, 1, what=f"{case} coefficient")
+    host(f"tr_scale_clip_norm_apply_{dt}", g, LL(n), coef)
+    want = scaled * coef[0] if coef[0] != 1.0 else scaled
+    if dt == "f32":
+        np.testing.assert_array_equal(g, want)
+    else:
+        assert_storage_within_1ulp(g, want, dt, f"{case} clipped")
+
+
 def test_optimizer_skips_the_step_on_found_inf(host):
     p = np.ones(8, np.float32)
     m, v = np.zeros(8, np.float32), np.zeros(8, np.float32)
@@ -824,6 +876,12 @@ POOLS = {  # id: (op, x shape, attrs)
     "max_dil": ("MaxPool", (1, 3, 9, 9), {"kernel_shape": [2, 3], "dilations": [2, 1],
                                          "pads": [1, 1, 0, 1]}),
     "max1d": ("MaxPool", (2, 5, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    # overlapping windows (stride < kernel): several outputs share each tap, ties included
+    "max3x3_s2_resnet_stem": ("MaxPool", (2, 12, 14, 15), {"kernel_shape": [3, 3],
+                                                          "strides": [2, 2],
+                                                          "pads": [1, 1, 1, 1]}),
+    "max3x3_s1_overlap": ("MaxPool", (1, 9, 10, 11), {"kernel_shape": [3, 3],
+                                                     "pads": [1, 1, 1, 1]}),
     "avg_pad": ("AveragePool", (2, 6, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
                                              "pads": [1, 1, 1, 1]}),
     "avg_pad_incl_ceil": ("AveragePool", (2, 9, 8, 7), {"kernel_shape": [3, 2],
@@ -881,7 +939,10 @@ def test_pools_and_their_gradients_match_numpy(host, case, dt):
     assert not STORAGE[dt][2](ys)[..., c:].any(), "pad lanes must be written zero"
     gxs = poisoned(xs.shape, dt)
     if op == "MaxPool":
-        host(f"tr_maxpool_bwd_{dt}", gys, xs, gxs, LL(gxs.size), *[LL(v) for v in window])
+        outputs = math.prod(y_shape)
+        arg = np.full(outputs, -1, np.int32)
+        host(f"tr_maxpool_argmax_{dt}", xs, arg, LL(outputs), *[LL(v) for v in window])
+        host(f"tr_maxpool_bwd_{dt}", gys, arg, gxs, LL(gxs.size), *[LL(v) for v in window])
     else:
         host(f"tr_avgpool_bwd_{dt}", gys, gxs, LL(gxs.size), *[LL(v) for v in window + extra])
     assert not STORAGE[dt][2](gxs)[..., c:].any(), "pad lanes of gx must be written zero"
@@ -908,6 +969,48 @@ def test_softmax_rows_match_numpy(host, op, dt):
         np.testing.assert_allclose(y, want, rtol=8 * F32_EPS, atol=8 * F32_EPS)
     else:
         assert_storage_within_1ulp(y, want, dt, f"{op} {dt}", abs_bound=8 * F32_EPS)
+
+
+BN_RUNNING = {  # id: (x shape NCHW, unbiased (PyTorch's count / (count - 1) factor))
+    "one_chunk_3_channels": ((2, 3, 4, 5), False),
+    "chunks_and_two_tiles": ((4, 40, 24, 24), False),  # 2304 rows: 36 chunks x 2 tiles
+    "ragged_last_chunk_unbiased": ((2, 33, 23, 25), True),  # 1150 rows, 18 chunks
+}
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(BN_RUNNING))
+def test_bn_running_statistics_match_a_float64_variance(host, case, dt):
+    """The two running-statistics kernels as BatchNormTraining launches them: each (chunk,
+    channel) sum of (x - mean)^2 (fp32 difference, as the kernel reads x), the biased variance
+    from their float64 total, and the momentum blend as NumPy's float32 arithmetic."""
+    shape, unbiased = BN_RUNNING[case]
+    rng = np.random.default_rng(12)
+    x = STORAGE[dt][2](STORAGE[dt][1](rng.standard_normal(shape) * 1.5 + 0.75))
+    c = shape[1]
+    xs = _nhwc_padded(x, dt)  # garbage (7.0) in the pad lanes
+    ld = xs.shape[-1]
+    rows = xs.size // ld
+    x_rows = STORAGE[dt][2](xs).reshape(rows, ld)[:, :c]
+    mean = x_rows.astype(np.float64).mean(axis=0).astype(np.float32)
+    sq = (x_rows - mean).astype(np.float64) ** 2
+    chunks, chunk_rows = cuda_norm.bn_chunks(rows, c)
+    assert (chunks > 1) == (rows > 64)
+    partial = np.full((chunks, c), np.nan)
+    host(f"tr_bn_running_{dt}", xs, mean, partial, LL(rows), LL(c), LL(ld), LL(chunks),
+         LL(chunk_rows))
+    np.testing.assert_allclose(partial, np.add.reduceat(sq, np.arange(0, rows, chunk_rows)),
+                               rtol=1e-13)
+    momentum = np.float32(0.9)
+    coef = np.float32(1 - 0.9)
+    var_coef = np.float32((1 - 0.9) * rows / (rows - 1)) if unbiased else coef
+    rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32)
+    new_rm, new_rv = np.full(c, np.nan, np.float32), np.full(c, np.nan, np.float32)
+    host("tr_bn_running_finish", partial, mean, rm, rv, new_rm, new_rv, LL(rows), LL(c),
+         LL(chunks), F32(momentum), F32(coef), F32(var_coef))
+    var = (sq.sum(axis=0) / rows).astype(np.float32)
+    np.testing.assert_array_equal(new_rm, rm * momentum + mean * coef)
+    assert_close_f32(new_rv, rv * momentum + var * var_coef, 1, what=f"{case} running var")
 
 
 @pytest.mark.parametrize("dt", list(STORAGE))

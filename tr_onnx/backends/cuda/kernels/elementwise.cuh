@@ -58,6 +58,36 @@ template <class T> TR_HD void tr_put(T* p, long long i, float v) { tr_from_float
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
 
+// Block reductions in a fixed order (deterministic: no float atomics), that the host build
+// runs in the same order. A block works on units TR_BLOCK_STRIDE hands out (all of them in
+// turn on the host); its TR_RED_BLOCK lanes (TR_LANES: one per thread when launched with
+// TR_RED_BLOCK threads, several per thread with fewer, all of them in turn on the host) fill
+// a shared array that tr_block_tree_sum folds. The result depends on TR_RED_BLOCK and the
+// units only, never on the launch's grid or block size.
+#define TR_RED_BLOCK 256
+#if defined(__CUDACC__)
+#define TR_SHARED __shared__
+#define TR_SYNC() __syncthreads()
+#else  // the host build's single "thread"
+#define TR_SHARED static
+#define TR_SYNC() ((void)0)
+#endif
+#define TR_LANES(t) for (unsigned t = threadIdx.x; t < TR_RED_BLOCK; t += blockDim.x)
+#define TR_BLOCK_STRIDE(u, n) for (long long u = blockIdx.x; u < (n); u += gridDim.x)
+
+// part[t] for t < width: its sum with part[t + k * width], k < TR_RED_BLOCK / width (a power
+// of two), folded as a tree (halves at distance TR_RED_BLOCK / 2, / 4, ..., width); every
+// thread of the block calls it, after filling part (it syncs before and after)
+TR_HD void tr_block_tree_sum(double* part, unsigned width) {
+    for (unsigned s = TR_RED_BLOCK / 2; s >= width; s >>= 1) {
+        TR_SYNC();
+        TR_LANES(t) {
+            if (t < s) part[t] += part[t + s];
+        }
+    }
+    TR_SYNC();
+}
+
 // ---- helpers that keep NaN where NumPy keeps it -----------------------------------------
 TR_HD float tr_max_nan(float x, float lo) { return x < lo ? lo : x; }   // np.maximum(x, lo)
 TR_HD float tr_min_nan(float x, float hi) { return x > hi ? hi : x; }   // np.minimum(x, hi)

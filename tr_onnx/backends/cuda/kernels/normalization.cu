@@ -10,8 +10,11 @@
 //     one thread per row (fwd, bwd_dx) or per normalized element (bwd_params); the row's mean
 //     and 1/sqrt(var + eps) pass from bwd_dx to bwd_params through float32 scratch.
 // BatchNormalization, channels-last x as rows of ld lanes, c channels:
-// tr_bn_running_<dt>(x, mean, rm, rv, new_rm, new_rv, rows, c, ld, momentum, mean_coef,
-//                    var_coef)   one thread per channel
+// tr_bn_running_<dt>(x, mean, partial, rows, c, ld, chunks, chunk_rows)
+//     each chunk's sum of (x - mean)^2 per channel into fp64 partial[chunks, c]: one block per
+//     (chunk of rows, 32 channels), a fixed-order block reduction (deterministic)
+// tr_bn_running_finish(partial, mean, rm, rv, new_rm, new_rv, rows, c, chunks, momentum,
+//                      mean_coef, var_coef)   one thread per channel, the chunks in order
 // tr_bn_infer_<dt>(x, scale, bias, mean, var, y, n, c, ld, eps)   one thread per element
 // The instantiations (TR_LAYERNORM(T, dt), TR_BATCHNORM(T, dt) lines) are appended by
 // tr_onnx/backends/cuda/sources.py.
@@ -98,24 +101,57 @@ TR_HD void tr_row_moments(const T* x, long long m, float eps, float* mean, float
         }                                                                                      \
     }
 
+// the running statistics' sums of squares: a block's 256 lanes are TR_BN_TILE consecutive
+// channels (one row's channels read together) by TR_BN_ROW_LANES rows
+#define TR_BN_TILE 32
+#define TR_BN_ROW_LANES (TR_RED_BLOCK / TR_BN_TILE)
+
+// ONNX's running statistics from tr_bn_running_<dt>'s per-chunk sums (one thread per channel,
+// the chunks in order): var = sum / rows, the biased batch variance;
+// new_rm = rm * momentum + mean * mean_coef, new_rv = rv * momentum + var * var_coef
+// (var_coef carries PyTorch's count / (count - 1) where asked)
+TR_KERNEL void tr_bn_running_finish(const double* partial, const float* mean, const float* rm,
+                                    const float* rv, float* new_rm, float* new_rv,
+                                    long long rows, long long c, long long chunks,
+                                    float momentum, float mean_coef, float var_coef) {
+    TR_GRID_STRIDE(ch, c) {
+        double acc = 0.0;
+        for (long long k = 0; k < chunks; ++k) acc += partial[k * c + ch];
+        float var = (float)(acc / (double)rows);
+        new_rm[ch] = rm[ch] * momentum + mean[ch] * mean_coef;
+        new_rv[ch] = rv[ch] * momentum + var * var_coef;
+    }
+}
+
 #define TR_BATCHNORM(T, dt)                                                                    \
-    /* running statistics from channels-last x ([rows, ld], c channels) and its batch mean:    \
-       new_rm = rm * momentum + mean * mean_coef, new_rv = rv * momentum + var * var_coef,     \
-       var the biased batch variance (ONNX); var_coef carries PyTorch's count / (count - 1) */ \
-    TR_KERNEL void tr_bn_running_##dt(const T* x, const float* mean, const float* rm,         \
-                                      const float* rv, float* new_rm, float* new_rv,           \
+    /* sums of (x - mean)^2 of channels-last x ([rows, ld], c channels) over row chunks of     \
+       chunk_rows: partial[k, ch] (fp64) for chunk k; one block per (chunk, TR_BN_TILE          \
+       channels), grid-stride; tr_bn_running_finish turns them into the running statistics */ \
+    TR_KERNEL void tr_bn_running_##dt(const T* x, const float* mean, double* partial,          \
                                       long long rows, long long c, long long ld,               \
-                                      float momentum, float mean_coef, float var_coef) {      \
-        TR_GRID_STRIDE(ch, c) {                                                                \
-            float mu = mean[ch];                                                               \
-            double acc = 0.0;                                                                  \
-            for (long long r = 0; r < rows; ++r) {                                             \
-                double d = (double)(tr_get(x, r * ld + ch) - mu);                              \
-                acc += d * d;                                                                  \
+                                      long long chunks, long long chunk_rows) {                \
+        TR_SHARED double part[TR_RED_BLOCK];                                                   \
+        long long tiles = (c + TR_BN_TILE - 1) / TR_BN_TILE;                                   \
+        TR_BLOCK_STRIDE(u, chunks * tiles) {                                                   \
+            long long k = u / tiles, ch0 = (u % tiles) * TR_BN_TILE;                           \
+            long long lo = k * chunk_rows, hi = lo + chunk_rows < rows ? lo + chunk_rows : rows; \
+            TR_LANES(t) {                                                                      \
+                long long ch = ch0 + t % TR_BN_TILE;                                           \
+                double acc = 0.0;                                                              \
+                if (ch < c) {                                                                  \
+                    float mu = mean[ch];                                                       \
+                    for (long long r = lo + t / TR_BN_TILE; r < hi; r += TR_BN_ROW_LANES) {    \
+                        double d = (double)(tr_get(x, r * ld + ch) - mu);                      \
+                        acc += d * d;                                                          \
+                    }                                                                          \
+                }                                                                              \
+                part[t] = acc;                                                                 \
             }                                                                                  \
-            float var = (float)(acc / (double)rows);                                           \
-            new_rm[ch] = rm[ch] * momentum + mu * mean_coef;                                   \
-            new_rv[ch] = rv[ch] * momentum + var * var_coef;                                   \
+            tr_block_tree_sum(part, TR_BN_TILE);                                               \
+            TR_LANES(t) {                                                                      \
+                if (t < TR_BN_TILE && ch0 + t < c) partial[k * c + ch0 + t] = part[t];         \
+            }                                                                                  \
+            TR_SYNC();                                                                         \
         }                                                                                      \
     }                                                                                          \
     /* inference BatchNormalization over rows of ld lanes (channels-last, or [N, C] with       \

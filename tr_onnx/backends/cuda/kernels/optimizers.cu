@@ -9,9 +9,12 @@
 // tr_sgd_<dt>(p, g, buf, copy, n, lr, step, found_inf, momentum, dampening, nesterov, wd)
 // tr_adam_<dt>(p, g, m, v, copy, n, lr, step, found_inf, beta1, beta2, eps, wd, decoupled)
 // tr_adagrad_<dt>(p, g, sum, copy, n, lr, step, found_inf, lr_decay, wd, eps)
-// tr_scale_clip_norm_<dt>(g, n, scale, norm, max_norm)
-//     g *= *scale, *norm = ||g||, then clip_grad_norm_ over the whole GRAD span: one block
-//     of TR_CLIP_BLOCK threads (a block reduction; the other blocks return).
+// ScaleClipGrad over the whole GRAD span, deterministic (fixed summation order, no atomics):
+// tr_scale_clip_norm_<dt>(g, n, scale, partial, parts, chunk)
+//     g *= *scale; partial[p] = sum of g^2 over chunk p (fp64), one block per chunk
+// tr_scale_clip_norm_total(partial, parts, norm, coef, max_norm)   one block
+//     *norm = ||g||; *coef = the clip_grad_norm_ coefficient (1 when not clipping)
+// tr_scale_clip_norm_apply_<dt>(g, n, coef)   g *= *coef unless 1, grid-stride
 // The instantiations (TR_OPTIM(G, dt), TR_SCALE_CLIP_NORM(T, dt) lines) are appended by
 // tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
@@ -60,44 +63,54 @@
         }                                                                                      \
     }
 
-#if defined(__CUDACC__)
-#define TR_SHARED __shared__
-#define TR_SYNC() __syncthreads()
-#else  // the host build's single "thread"
-#define TR_SHARED static
-#define TR_SYNC() ((void)0)
-#endif
-#define TR_CLIP_BLOCK 256  // the block size tr_scale_clip_norm_<dt> must be launched with
-
 #define TR_SCALE_CLIP_NORM(T, dt)                                                              \
-    /* g *= *scale (when not 1); *norm = ||g||; if max_norm > 0 and the norm exceeds it,       \
-       g *= max_norm / (norm + 1e-6) (clip_grad_norm_). One block of TR_CLIP_BLOCK threads:    \
-       the whole GRAD span in one launch, no grid-wide sync needed. */                         \
-    TR_KERNEL void tr_scale_clip_norm_##dt(T* g, long long n, const float* scale, float* norm, \
-                                           double max_norm) {                                  \
-        TR_SHARED double part[TR_CLIP_BLOCK];                                                  \
-        TR_SHARED float coef_shared;                                                           \
-        if (blockIdx.x != 0) return;                                                           \
-        unsigned t = threadIdx.x;                                                              \
+    /* g *= *scale (when not 1) and the sums of squares of g's chunks: partial[p] over         \
+       [p chunk, (p + 1) chunk) (fp64, lanes then a tree: tr_block_tree_sum), one block per    \
+       chunk (grid-stride over the parts chunks) */                                           \
+    TR_KERNEL void tr_scale_clip_norm_##dt(T* g, long long n, const float* scale,             \
+                                           double* partial, long long parts, long long chunk) { \
+        TR_SHARED double part[TR_RED_BLOCK];                                                   \
         float sc = *scale;                                                                     \
-        double acc = 0.0;                                                                      \
-        for (long long i = t; i < n; i += blockDim.x) {                                        \
-            if (sc != 1.0f) tr_put(g, i, tr_get(g, i) * sc);                                   \
-            double v = (double)tr_get(g, i);                                                   \
-            acc += v * v;                                                                      \
+        TR_BLOCK_STRIDE(p, parts) {                                                            \
+            long long lo = p * chunk, hi = lo + chunk < n ? lo + chunk : n;                    \
+            TR_LANES(t) {                                                                      \
+                double acc = 0.0;                                                              \
+                for (long long i = lo + t; i < hi; i += TR_RED_BLOCK) {                        \
+                    if (sc != 1.0f) tr_put(g, i, tr_get(g, i) * sc);                           \
+                    double v = (double)tr_get(g, i);                                           \
+                    acc += v * v;                                                              \
+                }                                                                              \
+                part[t] = acc;                                                                 \
+            }                                                                                  \
+            tr_block_tree_sum(part, 1);                                                        \
+            if (threadIdx.x == 0) partial[p] = part[0];                                        \
+            TR_SYNC();                                                                         \
         }                                                                                      \
-        part[t] = acc;                                                                         \
-        TR_SYNC();                                                                             \
-        if (t == 0) {                                                                          \
-            double total = 0.0;                                                                \
-            for (unsigned k = 0; k < blockDim.x; ++k) total += part[k];                        \
-            double nrm = sqrt(total);                                                          \
-            *norm = (float)nrm;                                                                \
-            double coef = max_norm > 0.0 ? max_norm / (nrm + 1e-6) : 1.0;                      \
-            coef_shared = coef < 1.0 ? (float)coef : 1.0f;                                     \
-        }                                                                                      \
-        TR_SYNC();                                                                             \
-        float cf = coef_shared;                                                                \
-        if (cf != 1.0f)                                                                        \
-            for (long long i = t; i < n; i += blockDim.x) tr_put(g, i, tr_get(g, i) * cf);     \
+    }                                                                                          \
+    /* g *= *coef unless it is 1 (grid-stride; the coefficient of tr_scale_clip_norm_total) */ \
+    TR_KERNEL void tr_scale_clip_norm_apply_##dt(T* g, long long n, const float* coef) {      \
+        float cf = *coef;                                                                      \
+        if (cf == 1.0f) return;                                                                \
+        TR_GRID_STRIDE(i, n) tr_put(g, i, tr_get(g, i) * cf);                                  \
     }
+
+// *norm = sqrt(sum of the parts partials, in a fixed order); *coef = max_norm / (norm + 1e-6)
+// when max_norm > 0 and that is below 1 (clip_grad_norm_), else 1. One block (the others
+// return).
+TR_KERNEL void tr_scale_clip_norm_total(const double* partial, long long parts, float* norm,
+                                        float* coef, double max_norm) {
+    TR_SHARED double part[TR_RED_BLOCK];
+    if (blockIdx.x != 0) return;
+    TR_LANES(t) {
+        double acc = 0.0;
+        for (long long k = t; k < parts; k += TR_RED_BLOCK) acc += partial[k];
+        part[t] = acc;
+    }
+    tr_block_tree_sum(part, 1);
+    if (threadIdx.x == 0) {
+        double nrm = sqrt(part[0]);
+        *norm = (float)nrm;
+        double c = max_norm > 0.0 ? max_norm / (nrm + 1e-6) : 1.0;
+        *coef = c < 1.0 ? (float)c : 1.0f;
+    }
+}

@@ -10,11 +10,14 @@
 // inside [lo, hi) per axis (the input, or with count_include_pad the input plus its explicit
 // pads, never the ceil_mode overhang): lo_h, hi_h, lo_w, hi_w are passed by the binder.
 // tr_maxpool_fwd_<dt>(x, y, TR_POOL_ARGS)
-// tr_maxpool_bwd_<dt>(gy, x, gx, TR_POOL_ARGS)
+// tr_maxpool_argmax_<dt>(x, arg, TR_POOL_ARGS)   total = N * OH * OW * c (int32 taps)
+// tr_maxpool_bwd_<dt>(gy, arg, gx, TR_POOL_ARGS)
 // tr_avgpool_fwd_<dt>(x, y, TR_POOL_ARGS, lo_h, hi_h, lo_w, hi_w)
 // tr_avgpool_bwd_<dt>(gy, gx, TR_POOL_ARGS, lo_h, hi_h, lo_w, hi_w)
 // Backward: one thread per gx element sums its windows' shares tap by tap, in the numpy
-// kernel's order (taps in scan order), so fp32 sums round as NumPy's.
+// kernel's order (taps in scan order), so fp32 sums round as NumPy's (a gather: no atomics,
+// deterministic). MaxPool's windows' argmax is computed once per output element first
+// (tr_maxpool_argmax, into the binding's int32 scratch), not once per tap that reads it.
 //
 // tr_gap_<dt>(x, y, total, s, cp, sstride, cstride)
 //     GlobalAveragePool: y[b, ch] = mean over the s spatial positions, total = N * cp.
@@ -102,9 +105,20 @@ TR_HD long long tr_pool_argmax(const T* x, long long n, long long oh, long long 
             tr_put(y, j, best);                                                                \
         }                                                                                      \
     }                                                                                          \
+    /* arg[((n OH + oh) OW + ow) c + ch] = the tap of output (n, oh, ow, ch)'s window maximum \
+       (tr_pool_argmax; logical channels only), total = N OH OW c */                          \
+    TR_KERNEL void tr_maxpool_argmax_##dt(const T* x, int* arg, TR_POOL_ARGS) {               \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % c, r = j / c;                                                   \
+            long long ow = r % OW, oh = (r / OW) % OH, n = r / (OW * OH);                      \
+            arg[j] = (int)tr_pool_argmax(x, n, oh, ow, ch, H, W, cpx, kh, kw, sh, sw, ph, pw,  \
+                                         dh, dw);                                              \
+        }                                                                                      \
+    }                                                                                          \
     /* gx (n, ih, iw, ch): sum over taps k (scan order) of gy at the output whose tap k reads  \
-       (ih, iw), where that output's argmax is k; total = gx's physical elements */          \
-    TR_KERNEL void tr_maxpool_bwd_##dt(const T* gy, const T* x, T* gx, TR_POOL_ARGS) {        \
+       (ih, iw), where that output's argmax (arg, of tr_maxpool_argmax) is k; total = gx's     \
+       physical elements */                                                                   \
+    TR_KERNEL void tr_maxpool_bwd_##dt(const T* gy, const int* arg, T* gx, TR_POOL_ARGS) {    \
         TR_GRID_STRIDE(j, total) {                                                             \
             long long ch = j % cpx, r = j / cpx;                                               \
             long long iw = r % W, ih = (r / W) % H, n = r / (W * H);                           \
@@ -115,9 +129,9 @@ TR_HD long long tr_pool_argmax(const T* x, long long n, long long oh, long long 
                     if (th < 0 || tw < 0 || th % sh || tw % sw) continue;                      \
                     long long oh = th / sh, ow = tw / sw;                                      \
                     if (oh >= OH || ow >= OW) continue;                                        \
-                    if (tr_pool_argmax(x, n, oh, ow, ch, H, W, cpx, kh, kw, sh, sw, ph, pw,   \
-                                       dh, dw) != a * kw + b) continue;                        \
-                    acc += tr_get(gy, ((n * OH + oh) * OW + ow) * cpy + ch);                   \
+                    long long o = (n * OH + oh) * OW + ow;                                     \
+                    if (arg[o * c + ch] != a * kw + b) continue;                               \
+                    acc += tr_get(gy, o * cpy + ch);                                           \
                 }                                                                              \
             tr_put(gx, j, acc);                                                                \
         }                                                                                      \

@@ -17,6 +17,7 @@ from ..bind import (
     Unbound,
     binding,
     cudnn_binding,
+    cudnn_workspace,
     f32,
     float_dt,
     geometry,
@@ -26,7 +27,8 @@ from ..bind import (
     out_geometry,
     row_split,
 )
-from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+from ..device import BLOCK
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 # ---- kernels/normalization.cu: the family's name table ------------------------------------------
 
@@ -38,7 +40,8 @@ def normalization_source() -> KernelSource:
         instantiate("TR_LAYERNORM({T}, {dt})", ("tr_layernorm_fwd_{dt}", "tr_layernorm_bwd_dx_{dt}",
                                                 "tr_layernorm_bwd_params_{dt}"), STORAGE),
         instantiate("TR_BATCHNORM({T}, {dt})", ("tr_bn_running_{dt}", "tr_bn_infer_{dt}"),
-                    STORAGE))
+                    STORAGE),
+        plain("tr_bn_running_finish"))
 
 
 KERNELS = normalization_source()
@@ -70,11 +73,55 @@ def bind_batch_norm_inference(b: BindContext, node) -> list:
                          f32(float(node.attrs.get("epsilon", 1e-5)))])]
 
 
-def bn_running(b: BindContext, node, desc) -> list:
+BN_TILE = 32
+"""Channels per block of ``tr_bn_running_<dt>`` (``TR_BN_TILE`` in kernels/normalization.cu)."""
+BN_BLOCKS = 1024
+"""About this many blocks (chunks x channel tiles) in the running statistics' sums..."""
+BN_MAX_CHUNKS = 256
+"""...in at most this many chunks of rows (the finishing kernel's loop per channel)..."""
+BN_MIN_ROWS = 64
+"""...of at least this many rows (8 per lane)."""
+
+
+def bn_chunks(rows: int, c: int) -> tuple[int, int]:
+    """(chunks, chunk_rows) of the running statistics' per-channel sums over ``rows`` rows of
+    ``c`` channels: fixed by the shape alone, so the summation order is the same every step."""
+    tiles = -(-c // BN_TILE)
+    target = max(1, min(BN_MAX_CHUNKS, BN_BLOCKS // tiles))
+    chunk_rows = max(BN_MIN_ROWS, -(-rows // target))
+    return max(1, -(-rows // chunk_rows)), chunk_rows
+
+
+def _rows_channels(shape) -> tuple[int, int]:
+    c = int(shape[1])
+    return math.prod(shape) // max(c, 1), c
+
+
+def bn_training_factory(ctx: KernelContext):
+    """BatchNormTraining: cuDNN's training graph; where the node asks for ONNX's running
+    statistics (the biased variance), two kernels after it rewrite them, over float64 scratch
+    of per-chunk sums of squares (``bn_chunks``)."""
+    k = cudnn_workspace(ctx)
+    partial_ws = None
+    if not ctx.attrs.get("unbiased_running_var", 0) and (ctx.has_output(3)
+                                                          or ctx.has_output(4)):
+        rows, c = _rows_channels(ctx.inputs[0].shape)
+        partial_ws = ctx.workspace((bn_chunks(rows, c)[0], c), np.float64)
+
+    def bind(b: BindContext, node) -> list:
+        calls = b.cudnn(node, k)
+        return calls + bn_running(b, node, calls[0].desc, partial_ws)
+
+    return bind
+
+
+def bn_running(b: BindContext, node, desc, partial_ws: int | None) -> list:
     """ONNX's running statistics (biased variance): rewritten after cuDNN's batchnorm, whose
     own update uses the unbiased variance, from x, the batch mean cuDNN saved and the old
     values (inputs of the graph, unchanged by it) -- unless the node asks for PyTorch's
-    unbiased convention, which is cuDNN's."""
+    unbiased convention, which is cuDNN's. Per-chunk sums of (x - mean)^2 (one block per chunk
+    of rows and 32 channels) into ``partial_ws``, then one thread per channel adds them in
+    order."""
     if not desc.notes:
         return []
     outs = node.outputs
@@ -89,11 +136,18 @@ def bn_running(b: BindContext, node, desc) -> list:
     for v in (node.inputs[3], node.inputs[4], outs[1], outs[3], outs[4]):
         if b.t(v).dtype != np.float32:
             raise Unbound(f"{v.name!r} must be float32")
+    rows, c = gx.n // gx.cp, gx.c
+    chunks, chunk_rows = bn_chunks(rows, c)
+    if partial_ws is None or b.workspaces[partial_ws].shape != (chunks, c):
+        raise Unbound(f"no scratch of {chunks} x {c} partial sums was reserved")
     momentum = float(node.attrs.get("momentum", 0.9))
-    return [b.launch(f"tr_bn_running_{b.dt(x)}", gx.c,
-                     [b.buf(x), b.buf(outs[1]), b.buf(node.inputs[3]), b.buf(node.inputs[4]),
-                      b.buf(outs[3], True), b.buf(outs[4], True), i64(gx.n // gx.cp),
-                      i64(gx.c), i64(gx.cp), f32(momentum), f32(1.0 - momentum),
+    return [b.launch(f"tr_bn_running_{b.dt(x)}", chunks * -(-c // BN_TILE) * BLOCK,
+                     [b.buf(x), b.buf(outs[1]), b.ws(partial_ws), i64(rows), i64(c),
+                      i64(gx.cp), i64(chunks), i64(chunk_rows)]),
+            b.launch("tr_bn_running_finish", c,
+                     [b.ws(partial_ws, writes=False), b.buf(outs[1]), b.buf(node.inputs[3]),
+                      b.buf(node.inputs[4]), b.buf(outs[3], True), b.buf(outs[4], True),
+                      i64(rows), i64(c), i64(chunks), f32(momentum), f32(1.0 - momentum),
                       f32(1.0 - momentum)])]
 
 
@@ -153,8 +207,7 @@ def layer_norm_grad_factory(ctx: KernelContext):
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("BatchNormalization", "cuda", binding(bind_batch_norm_inference)),
-            KernelDef("BatchNormTraining", "cuda", cudnn_binding(then=bn_running),
-                      domain=INTERNAL),
+            KernelDef("BatchNormTraining", "cuda", bn_training_factory, domain=INTERNAL),
             KernelDef("BatchNormGrad", "cuda", cudnn_binding(), domain=INTERNAL),
             KernelDef("LayerNormalization", "cuda", binding(bind_layer_norm)),
             KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL)]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
-from ....opdef import KernelDef
+from ....opdef import KernelContext, KernelDef
 from ....ops.optimizers import UPDATE_STATES
 from ..bind import (
     DT,
@@ -35,6 +35,7 @@ from ..bind import (
     out_geometry,
 )
 from ..capture import DeviceBuffer
+from ..device import BLOCK
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 # ---- kernels/optimizers.cu and kernels/amp.cu: the families' name tables ------------------------
@@ -45,7 +46,9 @@ def optimizers_source() -> KernelSource:
         "optimizers",
         instantiate("TR_OPTIM({T}, {dt})", ("tr_sgd_{dt}", "tr_adam_{dt}", "tr_adagrad_{dt}"),
                     STORAGE),
-        instantiate("TR_SCALE_CLIP_NORM({T}, {dt})", "tr_scale_clip_norm_{dt}", STORAGE))
+        instantiate("TR_SCALE_CLIP_NORM({T}, {dt})",
+                    ("tr_scale_clip_norm_{dt}", "tr_scale_clip_norm_apply_{dt}"), STORAGE),
+        plain("tr_scale_clip_norm_total"))
 
 
 def amp_source() -> KernelSource:
@@ -128,24 +131,57 @@ def bind_zero_fill(b: BindContext, node) -> list:
                      [b.buf(v, True), i64(1), i64(0), i64(words)])]
 
 
-def bind_scale_clip_grad(b: BindContext, node) -> list:
-    """Unscale and check GRAD first when loss scaling declares ``inv_scale`` and
-    ``found_inf`` (inputs 2, 3), then scale by 1/k, take the global norm and clip."""
-    g, scale = node.inputs[0], node.inputs[1]
-    norm = node.outputs[0] if node.outputs else None
-    if norm is None or b.t(norm).dtype != np.float32 or b.t(scale).dtype != np.float32:
-        raise Unbound("needs a float32 scale input and a float32 norm output")
-    dt = b.dt(g)
-    n = math.prod(b.t(g).shape)
-    calls = []
-    inv, found = _flag(b, _input(node, 2)), _flag(b, _input(node, 3), writes=True)
-    if (inv is None) != (found is None):
-        raise Unbound("unscaling needs both inv_scale and found_inf")
-    if inv is not None:
-        calls.append(b.launch(f"tr_unscale_check_{dt}", n, [b.buf(g, True), i64(n), inv, found]))
-    return calls + [b.launch(f"tr_scale_clip_norm_{dt}", n,
-                             [b.buf(g, True), i64(n), b.buf(scale), b.buf(norm, True),
-                              f64(float(node.attrs.get("max_norm", 0.0)))], single_block=True)]
+CLIP_PARTS = 1024
+"""At most this many chunks (blocks) in ScaleClipGrad's sum of squares: the one-block total
+then adds four partials per lane."""
+CLIP_MIN_CHUNK = 8 * BLOCK
+"""The least chunk: each lane adds at least 8 values."""
+
+
+def clip_chunks(n: int) -> tuple[int, int]:
+    """(parts, chunk) of ScaleClipGrad's sum of squares over ``n`` values: chunks of a whole
+    number of ``BLOCK`` lanes, at least ``CLIP_MIN_CHUNK``, at most ``CLIP_PARTS`` of them.
+    Fixed by ``n`` alone, so the summation order is the same at every step."""
+    chunk = max(CLIP_MIN_CHUNK, -(-n // CLIP_PARTS))
+    chunk = -(-chunk // BLOCK) * BLOCK
+    return max(1, -(-n // chunk)), chunk
+
+
+def scale_clip_grad_factory(ctx: KernelContext):
+    """ScaleClipGrad: unscale and check GRAD first when loss scaling declares ``inv_scale``
+    and ``found_inf`` (inputs 2, 3); then scale by 1/k with each chunk's sum of squares into
+    float64 scratch (one block per chunk), the norm and the clip coefficient from those in a
+    fixed order (one block; the coefficient into float32 scratch), and the clipping pass."""
+    parts, chunk = clip_chunks(math.prod(ctx.inputs[0].shape))
+    partial_ws = ctx.workspace((parts,), np.float64)
+    coef_ws = ctx.workspace((1,), np.float32)
+
+    def bind(b: BindContext, node) -> list:
+        g, scale = node.inputs[0], node.inputs[1]
+        norm = node.outputs[0] if node.outputs else None
+        if norm is None or b.t(norm).dtype != np.float32 or b.t(scale).dtype != np.float32:
+            raise Unbound("needs a float32 scale input and a float32 norm output")
+        dt = b.dt(g)
+        n = math.prod(b.t(g).shape)
+        calls = []
+        inv, found = _flag(b, _input(node, 2)), _flag(b, _input(node, 3), writes=True)
+        if (inv is None) != (found is None):
+            raise Unbound("unscaling needs both inv_scale and found_inf")
+        if inv is not None:
+            calls.append(b.launch(f"tr_unscale_check_{dt}", n,
+                                  [b.buf(g, True), i64(n), inv, found]))
+        return calls + [
+            b.launch(f"tr_scale_clip_norm_{dt}", parts * BLOCK,
+                     [b.buf(g, True), i64(n), b.buf(scale), b.ws(partial_ws), i64(parts),
+                      i64(chunk)]),
+            b.launch("tr_scale_clip_norm_total", 1,
+                     [b.ws(partial_ws, writes=False), i64(parts), b.buf(norm, True),
+                      b.ws(coef_ws), f64(float(node.attrs.get("max_norm", 0.0)))],
+                     single_block=True),
+            b.launch(f"tr_scale_clip_norm_apply_{dt}", n,
+                     [b.buf(g, True), i64(n), b.ws(coef_ws, writes=False)])]
+
+    return bind
 
 
 def bind_update(b: BindContext, node) -> list:
@@ -243,9 +279,10 @@ def bind_step_report(b: BindContext, node) -> list:
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
-        ("Accumulate", bind_accumulate), ("Assign", bind_assign), ("ZeroFill", bind_zero_fill),
-        ("ScaleClipGrad", bind_scale_clip_grad), ("SGDUpdate", bind_update),
-        ("AdamUpdate", bind_update), ("AdagradUpdate", bind_update),
-        ("LossScaleUpdate", bind_loss_scale_update), ("StepCheck", bind_step_check),
-        ("StepAdvance", bind_step_advance), ("StepReport", bind_step_report))]
+    return [KernelDef("ScaleClipGrad", "cuda", scale_clip_grad_factory, domain=INTERNAL)] + [
+        KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
+            ("Accumulate", bind_accumulate), ("Assign", bind_assign),
+            ("ZeroFill", bind_zero_fill), ("SGDUpdate", bind_update),
+            ("AdamUpdate", bind_update), ("AdagradUpdate", bind_update),
+            ("LossScaleUpdate", bind_loss_scale_update), ("StepCheck", bind_step_check),
+            ("StepAdvance", bind_step_advance), ("StepReport", bind_step_report))]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
-from ....opdef import KernelDef
+from ....opdef import KernelContext, KernelDef
 from ....ops.conv import Window
 from ..bind import INTERNAL, BindContext, Unbound, binding, float_dt, geometry, i64
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
@@ -19,8 +21,9 @@ def pool_source() -> KernelSource:
     """kernels/pool.cu: MaxPool / AveragePool forward and backward, GlobalAveragePool."""
     return kernel_source(
         "pool",
-        instantiate("TR_POOL({T}, {dt})", ("tr_maxpool_fwd_{dt}", "tr_maxpool_bwd_{dt}",
-                                           "tr_avgpool_fwd_{dt}", "tr_avgpool_bwd_{dt}"),
+        instantiate("TR_POOL({T}, {dt})", ("tr_maxpool_fwd_{dt}", "tr_maxpool_argmax_{dt}",
+                                           "tr_maxpool_bwd_{dt}", "tr_avgpool_fwd_{dt}",
+                                           "tr_avgpool_bwd_{dt}"),
                     STORAGE),
         instantiate("TR_GAP({T}, {dt})", "tr_gap_{dt}", STORAGE))
 
@@ -73,16 +76,28 @@ def bind_max_pool(b: BindContext, node) -> list:
     return [b.launch(f"tr_maxpool_fwd_{dt}", gy.n,
                      [b.buf(x), b.buf(y, True), i64(gy.n)] + [i64(v) for v in window])]
 
-def bind_max_pool_grad(b: BindContext, node) -> list:
-    gy, x = node.inputs[0], node.inputs[1]
-    gx = node.outputs[0]
-    window, _, _, g_x, g_y = _pool_geometry(b, node, x, gy)
-    if geometry(b.t(gx)) != g_x:
-        raise Unbound("gx and x in different layouts")
-    dt = float_dt(b, gy, x, gx)
-    return [b.launch(f"tr_maxpool_bwd_{dt}", g_x.n,
-                     [b.buf(gy), b.buf(x), b.buf(gx, True), i64(g_x.n)]
-                     + [i64(v) for v in window])]
+def max_pool_grad_factory(ctx: KernelContext):
+    """MaxPoolGrad: each window's argmax once per output element (int32 taps into scratch,
+    one per logical element of gy), then one thread per gx element gathers the gy of the
+    windows whose argmax reads it."""
+    arg_ws = ctx.workspace((math.prod(ctx.inputs[0].shape),), np.int32)
+
+    def bind(b: BindContext, node) -> list:
+        gy, x = node.inputs[0], node.inputs[1]
+        gx = node.outputs[0]
+        window, _, _, g_x, _ = _pool_geometry(b, node, x, gy)
+        if geometry(b.t(gx)) != g_x:
+            raise Unbound("gx and x in different layouts")
+        dt = float_dt(b, gy, x, gx)
+        outputs = math.prod(b.t(gy).shape)
+        win = [i64(v) for v in window]
+        return [b.launch(f"tr_maxpool_argmax_{dt}", outputs,
+                         [b.buf(x), b.ws(arg_ws), i64(outputs)] + win),
+                b.launch(f"tr_maxpool_bwd_{dt}", g_x.n,
+                         [b.buf(gy), b.ws(arg_ws, writes=False), b.buf(gx, True), i64(g_x.n)]
+                         + win)]
+
+    return bind
 
 def bind_average_pool(b: BindContext, node) -> list:
     x, y = node.inputs[0], node.outputs[0]
@@ -123,7 +138,7 @@ def bind_global_average_pool(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("MaxPool", "cuda", binding(bind_max_pool)),
-            KernelDef("MaxPoolGrad", "cuda", binding(bind_max_pool_grad), domain=INTERNAL),
+            KernelDef("MaxPoolGrad", "cuda", max_pool_grad_factory, domain=INTERNAL),
             KernelDef("AveragePool", "cuda", binding(bind_average_pool)),
             KernelDef("AveragePoolGrad", "cuda", binding(bind_average_pool_grad),
                       domain=INTERNAL),
