@@ -318,19 +318,16 @@ def cudnn_workspace(ctx: KernelContext, need: int = 0) -> int:
     return ctx.workspace((max(CUDNN_WORKSPACE, need),), np.uint8)
 
 
-def cudnn_binding(workspace_bytes: Callable[[KernelContext], int] | None = None,
-                  then: Callable[[BindContext, ir.Node, Any], list] | None = None
+def cudnn_binding(workspace_bytes: Callable[[KernelContext], int] | None = None
                   ) -> Callable[[KernelContext], Bind]:
     """The factory of a node cuDNN runs: reserves the graph's workspace (``CUDNN_WORKSPACE``,
-    or ``workspace_bytes(ctx)`` when larger) and binds the graph; ``then(b, node, desc)``
-    adds calls after it (BatchNorm's ONNX running statistics)."""
+    or ``workspace_bytes(ctx)`` when larger) and binds the graph."""
 
     def factory(ctx: KernelContext) -> Bind:
         k = cudnn_workspace(ctx, workspace_bytes(ctx) if workspace_bytes else 0)
 
         def bind(b: BindContext, node: ir.Node) -> list:
-            calls = b.cudnn(node, k)
-            return calls + (then(b, node, calls[0].desc) if then is not None else [])
+            return b.cudnn(node, k)
 
         return bind
 
