@@ -100,6 +100,14 @@ def _maxrel(a, b) -> float:
     return float(np.abs(a - b).max()) / (den if den > 0 else 1.0)
 
 
+def host_emulator_module():
+    """``tr_onnx.backends.cuda.host_emulator`` (the CPU stand-in for the GPU), imported here
+    only: scripts/ reach it through this function, so a move of the module is one edit."""
+    from tr_onnx.backends.cuda import host_emulator
+
+    return host_emulator
+
+
 def _cuda_kwargs(device) -> dict:
     return {"backend": "cuda", "device": device}
 
@@ -491,32 +499,49 @@ def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
 
 
 def run_benchmark(device, dry: bool, batch: int, iters: int, budget_s: float,
-                  compile_all: bool, rows: list | None = None, save=lambda: None) -> list[dict]:
+                  compile_all: bool, rows: list | None = None, save=lambda: None,
+                  models: list[str] | None = None, compile_last: bool = True) -> list[dict]:
+    """Every benchmark row, appended to ``rows`` (``save()`` after each); ``models``: only
+    those (default: all). The torch.compile rows (slow to warm up, optional) come after every
+    other row, so a run cut at its time limit has lost only those."""
     start = time.perf_counter()
     rows = [] if rows is None else rows
+    later = []
     for b in bench_models(dry, batch):
+        if models is not None and b.name not in models:
+            continue
         big = b.name == "resnet50"
         jobs = [("tr_onnx", "fp32"), ("tr_onnx", "fp16")] + [("tr_onnx", "bf16")] * big + [
             ("torch", "fp32"), ("torch", "amp")] + [("torch", "amp-bf16")] * big
         if not dry and (compile_all or big):
-            jobs.append(("torch", "amp+compile"))
-        for kind, variant in jobs:
-            label = f"{kind} {variant or ''}".strip()
-            if time.perf_counter() - start > budget_s:
-                rows.append({"model": b.name, "runner": label, "note": "skipped: time budget"})
-                continue
-            try:
-                if kind == "tr_onnx":
-                    rows += bench_tr_onnx(b, device, iters, dry, variant)
-                else:
-                    rows.append(bench_torch(b, variant, iters, dry))
-            except Exception as e:  # one row's failure is a row, the others still run
-                traceback.print_exc()
-                rows.append({"model": b.name, "runner": label,
-                             "note": f"error: {type(e).__name__}: {str(e)[:200]}"})
-            log(f"bench {rows[-1]}")
-            save()
+            if compile_last:
+                later.append((b, ("torch", "amp+compile")))
+            else:
+                jobs.append(("torch", "amp+compile"))
+        _bench_jobs(b, jobs, device, dry, iters, budget_s, start, rows, save)
+    for b, job in later:
+        _bench_jobs(b, [job], device, dry, iters, budget_s, start, rows, save)
     return rows
+
+
+def _bench_jobs(b: Bench, jobs, device, dry: bool, iters: int, budget_s: float,
+                start: float, rows: list, save) -> None:
+    for kind, variant in jobs:
+        label = f"{kind} {variant or ''}".strip()
+        if time.perf_counter() - start > budget_s:
+            rows.append({"model": b.name, "runner": label, "note": "skipped: time budget"})
+            continue
+        try:
+            if kind == "tr_onnx":
+                rows += bench_tr_onnx(b, device, iters, dry, variant)
+            else:
+                rows.append(bench_torch(b, variant, iters, dry))
+        except Exception as e:  # one row's failure is a row, the others still run
+            traceback.print_exc()
+            rows.append({"model": b.name, "runner": label,
+                         "note": f"error: {type(e).__name__}: {str(e)[:200]}"})
+        log(f"bench {rows[-1]}")
+        save()
 
 
 # --------------------------------------------------------------------------------------------
@@ -612,9 +637,7 @@ def main(argv=None) -> int:
         p.error("nothing to do: --parity, --benchmark or --dry-run")
     device = None
     if dry:
-        from tr_onnx.backends.cuda.host_emulator import host_emulator
-
-        device = host_emulator()
+        device = host_emulator_module().host_emulator()
     else:
         from tr_onnx.backends import cuda_unavailable_reason
 
