@@ -1,6 +1,7 @@
 """The cuda backend's check on a GPU: parity with the numpy backend, and a benchmark against
-PyTorch. ``scripts/gpu_check.sh`` runs it on the lent H200; ``--dry-run`` runs all of it on a
-CPU (CI), with the cuda executor over ``tr_onnx.backends.cuda.host_emulator`` instead of a GPU.
+PyTorch. ``scripts/gpu_check.sh`` runs its functions on the lent H200, in the stages of
+``scripts/gpu_stages.py``; ``--dry-run`` runs all of it on a CPU (CI), with the cuda executor
+over ``tr_onnx.backends.cuda.host_emulator`` instead of a GPU.
 
     python scripts/gpu_check.py --benchmark [--out DIR] [--budget-s 300]
     python scripts/gpu_check.py --dry-run [--out DIR]

@@ -120,7 +120,7 @@ while read -r name limit envs; do
         --out "$OUT_DIR" $DRY </dev/null
     rc=$?
     $PY scripts/gpu_stages.py close "$name" --rc $rc --seconds $(( $(date +%s) - t0 )) \
-        --out "$OUT_DIR" $DRY
+        --out "$OUT_DIR" $DRY </dev/null
     [ $rc -ne 0 ] && failed=1
     echo "== stage $name rc=$rc after $(( $(date +%s) - t0 ))s (total $(( $(date +%s) - START ))s)"
 done < <($PY scripts/gpu_stages.py plan)

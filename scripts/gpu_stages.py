@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -167,6 +168,7 @@ def write_summary(out: Path) -> None:
 def run_stage(name: str, out: Path, dry: bool) -> int:
     """Run stage ``name`` here; write its lines and its final line. 0 unless it failed."""
     stage = STAGE_BY_NAME[name]
+    out.mkdir(parents=True, exist_ok=True)
     ctx = Context(stage, out, dry)
     final = {"stage": name, "type": "stage", "dry": dry}
     try:
@@ -439,6 +441,9 @@ def stage_capture(ctx: Context) -> str:
         d.launch(ref, grid, block, (np.uint64(x_dev), np.uint64(y_dev), np.float32(2.0),
                                     np.int64(n)))
 
+    def zero_y() -> None:  # on the device's stream: the legacy stream does not order with it
+        cupy.cuda.runtime.memsetAsync(y_dev, 0, nbytes, dev.stream.ptr)
+
     def read_y() -> np.ndarray:
         dev.memcpy_async(pinned[1], y_dev, nbytes, "d2h")
         dev.record_host_buffer(1)
@@ -458,7 +463,7 @@ def stage_capture(ctx: Context) -> str:
     ctx.check("pinned h2d/d2h with events", pinned_round_trip)
 
     def captured_replay():
-        cupy.cuda.runtime.memset(y_dev, 0, nbytes)
+        zero_y()
         x_host[:] = 1.0
         steps = [CaptureStep("upload", "forward", upload), CaptureStep("axpy", "forward", axpy)]
         graph = capture_step(steps, dev, warmup=1, allocation_guard=dev.allocation_guard)
@@ -497,7 +502,7 @@ def stage_capture(ctx: Context) -> str:
             capturing = dev.stream.is_capturing()
         except Exception as e:
             capturing = first_line(e)
-        cupy.cuda.runtime.memset(y_dev, 0, nbytes)
+        zero_y()
         x_host[:] = 1.0
         upload(dev)
         axpy(dev)
@@ -738,6 +743,9 @@ def main(argv=None) -> int:
             print(s.name, s.limit_s, *(f"{k}={v}" for k, v in s.env.items()))
         return 0
     out = Path(args.out)
+    # a process started with SIGINT ignored (a background job of a non-interactive shell)
+    # would never see timeout's SIGINT: take it as KeyboardInterrupt, as an interactive run
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.cmd == "close":
         close_stage(args.stage, out, args.rc, args.seconds, args.dry_run)
         return 0
