@@ -1,6 +1,7 @@
 """The cuda backend's check on a GPU: parity with the numpy backend, and a benchmark against
-PyTorch. ``scripts/gpu_check.sh`` runs it on the lent H200; ``--dry-run`` runs all of it on a
-CPU (CI), with the cuda executor over ``tr_onnx.testing.host_emulator`` instead of a GPU.
+PyTorch. ``scripts/gpu_check.sh`` runs its functions on the lent H200, in the stages of
+``scripts/gpu_stages.py``; ``--dry-run`` runs all of it on a CPU (CI), with the cuda executor
+over ``tr_onnx.testing.host_emulator`` instead of a GPU.
 
     python scripts/gpu_check.py --benchmark [--out DIR] [--budget-s 300]
     python scripts/gpu_check.py --dry-run [--out DIR]
@@ -98,6 +99,14 @@ def _maxrel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     den = float(np.abs(b).max()) if b.size else 1.0
     return float(np.abs(a - b).max()) / (den if den > 0 else 1.0)
+
+
+def host_emulator_module():
+    """``tr_onnx.testing.host_emulator`` (the CPU stand-in for the GPU), imported here
+    only: scripts/ reach it through this function, so a move of the module is one edit."""
+    from tr_onnx.testing import host_emulator
+
+    return host_emulator
 
 
 def _cuda_kwargs(device) -> dict:
@@ -491,32 +500,49 @@ def bench_torch(b: Bench, variant: str, iters: int, dry: bool) -> dict:
 
 
 def run_benchmark(device, dry: bool, batch: int, iters: int, budget_s: float,
-                  compile_all: bool, rows: list | None = None, save=lambda: None) -> list[dict]:
+                  compile_all: bool, rows: list | None = None, save=lambda: None,
+                  models: list[str] | None = None, compile_last: bool = True) -> list[dict]:
+    """Every benchmark row, appended to ``rows`` (``save()`` after each); ``models``: only
+    those (default: all). The torch.compile rows (slow to warm up, optional) come after every
+    other row, so a run cut at its time limit has lost only those."""
     start = time.perf_counter()
     rows = [] if rows is None else rows
+    later = []
     for b in bench_models(dry, batch):
+        if models is not None and b.name not in models:
+            continue
         big = b.name == "resnet50"
         jobs = [("tr_onnx", "fp32"), ("tr_onnx", "fp16")] + [("tr_onnx", "bf16")] * big + [
             ("torch", "fp32"), ("torch", "amp")] + [("torch", "amp-bf16")] * big
         if not dry and (compile_all or big):
-            jobs.append(("torch", "amp+compile"))
-        for kind, variant in jobs:
-            label = f"{kind} {variant or ''}".strip()
-            if time.perf_counter() - start > budget_s:
-                rows.append({"model": b.name, "runner": label, "note": "skipped: time budget"})
-                continue
-            try:
-                if kind == "tr_onnx":
-                    rows += bench_tr_onnx(b, device, iters, dry, variant)
-                else:
-                    rows.append(bench_torch(b, variant, iters, dry))
-            except Exception as e:  # one row's failure is a row, the others still run
-                traceback.print_exc()
-                rows.append({"model": b.name, "runner": label,
-                             "note": f"error: {type(e).__name__}: {str(e)[:200]}"})
-            log(f"bench {rows[-1]}")
-            save()
+            if compile_last:
+                later.append((b, ("torch", "amp+compile")))
+            else:
+                jobs.append(("torch", "amp+compile"))
+        _bench_jobs(b, jobs, device, dry, iters, budget_s, start, rows, save)
+    for b, job in later:
+        _bench_jobs(b, [job], device, dry, iters, budget_s, start, rows, save)
     return rows
+
+
+def _bench_jobs(b: Bench, jobs, device, dry: bool, iters: int, budget_s: float,
+                start: float, rows: list, save) -> None:
+    for kind, variant in jobs:
+        label = f"{kind} {variant or ''}".strip()
+        if time.perf_counter() - start > budget_s:
+            rows.append({"model": b.name, "runner": label, "note": "skipped: time budget"})
+            continue
+        try:
+            if kind == "tr_onnx":
+                rows += bench_tr_onnx(b, device, iters, dry, variant)
+            else:
+                rows.append(bench_torch(b, variant, iters, dry))
+        except Exception as e:  # one row's failure is a row, the others still run
+            traceback.print_exc()
+            rows.append({"model": b.name, "runner": label,
+                         "note": f"error: {type(e).__name__}: {str(e)[:200]}"})
+        log(f"bench {rows[-1]}")
+        save()
 
 
 # --------------------------------------------------------------------------------------------
@@ -612,9 +638,7 @@ def main(argv=None) -> int:
         p.error("nothing to do: --parity, --benchmark or --dry-run")
     device = None
     if dry:
-        from tr_onnx.testing.host_emulator import host_emulator
-
-        device = host_emulator()
+        device = host_emulator_module().host_emulator()
     else:
         from tr_onnx.backends import cuda_unavailable_reason
 

@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# The cuda backend's GPU check: one command, under 8 minutes on one H200.
+# The cuda backend's GPU check in stages: about 5 minutes on one H200 (every limit: 8 min).
 #
-#   bash scripts/gpu_check.sh          # on the lent GPU machine, from the repository root
+#   bash scripts/gpu_check.sh              # on the lent GPU machine, from the repository root
+#   bash scripts/gpu_check.sh --dry-run    # on a CPU: every stage's plumbing (host emulator)
 #
 # With the device tool (from a session whose task drew a GPU), carrying the wheels:
 #   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
 #
-# Writes under $OUT (else ./gpu_check_out): gpu_check.log (everything), pytest_gpu.xml,
-# results.json and results.md (parity table + benchmark table, rewritten after every row).
-# Steps: (a) pytest -m gpu tests/test_cuda_gpu.py -- parity with the numpy backend on the
-# model_zoo models (forward, gradients, 20 SGD steps, fp32; 10 steps fp16 and bf16 against the
-# fp32 curve; the model trained on cuda, exported, run by onnxruntime) and CUDA-graph replay ==
-# eager; (b) scripts/gpu_check.py --benchmark -- images/s
-# and peak GPU memory, tr_onnx cuda (fp32, fp16, bf16) vs PyTorch (fp32 eager, AMP fp16/bf16
-# channels_last eager and torch.compile reduce-overhead) on a ResNet-50-shaped net (plain
-# torch, exported at run time) and the model_zoo models.
+# Each stage of scripts/gpu_stages.py (`python scripts/gpu_stages.py plan` lists them with their
+# limits) runs in its own process under its own limit: at the limit it gets SIGINT (it writes a
+# "timeout" line with what it has; pytest would still write its report), 15 s later SIGKILL.
+# A failing stage does not stop the next. Under $OUT (else ./gpu_check_out):
+#   stages.jsonl  one JSON line per result as soon as it exists, one final line per stage
+#   summary.md    stage | status (ok/failed/skipped/timeout) | seconds | key numbers or error,
+#                 rewritten after every line
+#   results.json, results.md   the benchmark stage's table (the README table), as before
+#   gpu_check.log everything printed
+# Stages: 0-versions, 1-kernels (NVRTC per family + 12 one-node kernels vs numpy), 2-capture
+# (pinned buffers, events, captured copy+kernel replayed, invalidated capture -> CaptureError),
+# 3-cudnn (every cuDNN graph kind x fp32/fp16/bf16 vs numpy, captured and replayed), 4-models
+# (mlp, lenet, transformer: forward, 5 steps, replay), 4b-models-tf32-off (the same with
+# NVIDIA_TF32_OVERRIDE=0 and cuDNN's non-deterministic engines deselected), 5-convnets (resnet,
+# mobilenet), 6-benchmark (ResNet-50 shaped + model_zoo, tr_onnx fp32/fp16/bf16 vs torch AMP
+# channels_last eager; torch.compile last). tests/test_cuda_gpu.py (pytest -m gpu) calls the
+# same parity functions, for a developer on a GPU; this script does not run it.
 #
 # The machine has Python 3.12, cupy-cuda13x 14.2, nvidia-cudnn-cu13, torch 2.11 (cu130),
 # onnxruntime (CPU) and no internet. What is missing is installed from wheels carried in
 # .whl/ (ignored by git), only where `import` fails there:
-#   nvidia-cudnn-frontend==1.32.0   (module cudnn; not in the image)
+#   nvidia-cudnn-frontend==1.32.0   (module cudnn; not in the image; the cp312 wheel is 11.1 MiB, the
+#                                   one that must be carried)
 #   cuda-bindings==13.0.3           (the image has one; carried in case it does not import)
 #   onnx==1.23.2                    (the image has 1.23.1)
 #   pluggy==1.6.0
@@ -38,13 +48,17 @@
 # PYTHONPATH=repo root).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DRY=""
+[ "${1:-}" = "--dry-run" ] && DRY="--dry-run"
 OUT_DIR="${OUT:-./gpu_check_out}"
 mkdir -p "$OUT_DIR"
 exec > >(tee -a "$OUT_DIR/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 START=$(date +%s)
-echo "== gpu_check $(date -u +%FT%TZ) in $PWD"
+echo "== gpu_check ${DRY:-(GPU)} $(date -u +%FT%TZ) in $PWD"
+rm -f "$OUT_DIR/stages.jsonl" "$OUT_DIR/summary.md"
+if [ -z "$DRY" ]; then
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 # -- install what is missing ---------------------------------------------------------------
@@ -93,20 +107,23 @@ $PY -c "import tr_onnx, cupy, cudnn, onnx; from tr_onnx.backends import cuda_una
 print('tr_onnx', tr_onnx.__file__, '| cupy', cupy.__version__, '| cudnn frontend',
       cudnn.__version__, '| onnx', onnx.__version__, '| cuda:', r() or 'usable')"
 
-# -- (a) parity tests ------------------------------------------------------------------------
-echo "== (a) pytest -m gpu tests/test_cuda_gpu.py"
-timeout 250 $PY -m pytest -m gpu tests/test_cuda_gpu.py -q -rA -p no:cacheprovider \
-    --junitxml="$OUT_DIR/pytest_gpu.xml"
-rc_tests=$?
-echo "== (a) rc=$rc_tests after $(( $(date +%s) - START ))s"
+fi  # installs: the GPU machine only (the dry run uses this machine's environment)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-# -- (b) benchmark ---------------------------------------------------------------------------
-left=$(( 450 - ($(date +%s) - START) ))
-[ $left -lt 90 ] && left=90
-echo "== (b) gpu_check.py --benchmark (${left}s left)"
-timeout $left $PY scripts/gpu_check.py --benchmark --out "$OUT_DIR" \
-    --budget-s $(( left - 60 ))
-rc_bench=$?
-echo "== (b) rc=$rc_bench; total $(( $(date +%s) - START ))s"
+# -- the stages ------------------------------------------------------------------------------
+failed=0
+while read -r name limit envs; do
+    t0=$(date +%s)
+    echo "== stage $name (limit ${limit}s${envs:+; $envs})"
+    # shellcheck disable=SC2086  # envs: KEY=VALUE words
+    timeout -s INT -k 15 "$limit" env $envs $PY scripts/gpu_stages.py run "$name" \
+        --out "$OUT_DIR" $DRY </dev/null
+    rc=$?
+    $PY scripts/gpu_stages.py close "$name" --rc $rc --seconds $(( $(date +%s) - t0 )) \
+        --out "$OUT_DIR" $DRY </dev/null
+    [ $rc -ne 0 ] && failed=1
+    echo "== stage $name rc=$rc after $(( $(date +%s) - t0 ))s (total $(( $(date +%s) - START ))s)"
+done < <($PY scripts/gpu_stages.py plan)
+cat "$OUT_DIR/summary.md" 2>/dev/null
 cat "$OUT_DIR/results.md" 2>/dev/null
-exit $(( rc_tests != 0 || rc_bench != 0 ))
+exit $failed

@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_script(name: str):
-    """``scripts/<name>.py`` as the module ``name``."""
+    """``scripts/<name>.py`` as the module ``name`` (loaded once: a second call returns it)."""
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -1,10 +1,12 @@
 """The cuda backend on a real GPU against the numpy backend (fp32; fp16/bf16 against the fp32
 curve), marker ``gpu``.
 
-Run by scripts/gpu_check.sh on the lent H200 (``pytest -m gpu tests/test_cuda_gpu.py``). The
-checks are scripts/gpu_check.py's parity functions, which tests/test_cuda_wiring_cpu.py runs
-on the CPU over the host emulator; tolerances are ``gpu_check.TOL`` (room for TF32 in cuDNN's
-fp32 convolutions). Without a usable GPU every test here skips with "needs a CUDA device".
+For a developer on a GPU: ``pytest -m gpu tests/test_cuda_gpu.py``. The checks are
+scripts/gpu_check.py's parity functions, which scripts/gpu_check.sh's stages
+(scripts/gpu_stages.py) also call on the lent H200, one result line each, and which
+tests/test_cuda_wiring_cpu.py runs on the CPU over the host emulator; tolerances are
+``gpu_check.TOL`` (room for TF32 in cuDNN's fp32 convolutions). Without a usable GPU every
+test here skips with "needs a CUDA device".
 """
 
 from __future__ import annotations

@@ -662,3 +662,22 @@ def test_allocation_guard_hooks_cupy_allocations():
     with guard, pytest.raises(AllocationDuringCapture, match="node 'n'"):
         cupy.cuda.alloc(1024)  # raises before touching a device, so no GPU is needed
     assert cupy.cuda.get_allocator() is before
+
+
+def test_deterministic_switch_deselects_non_deterministic_engines(monkeypatch):
+    """TR_ONNX_CUDNN_DETERMINISTIC=1 (replay-equals-eager on a GPU, issue 10 finding 10): the
+    plans leave out cuDNN's non-deterministic engines, before the workspace cut."""
+    from tr_onnx.backends.cuda.cudnn_graphs import DETERMINISTIC_ENV
+
+    desc = one_per_kind()[("conv_wgrad", "padded")]
+    fake = FakeCudnn()
+    fake.numerical_note = type("numerical_note", (), {"NONDETERMINISTIC": "NONDET"})
+    build_pygraph(desc, fake, handle=None)
+    assert not any(e[0] == "deselect_numeric_notes" for e in fake.log)
+    monkeypatch.setenv(DETERMINISTIC_ENV, "1")
+    fake = FakeCudnn()
+    fake.numerical_note = type("numerical_note", (), {"NONDETERMINISTIC": "NONDET"})
+    build_pygraph(desc, fake, handle=None)
+    ops = [e[0] for e in fake.log]
+    assert ops.index("deselect_numeric_notes") < ops.index("deselect_workspace_greater_than")
+    assert next(e for e in fake.log if e[0] == "deselect_numeric_notes")[1] == (["NONDET"],)

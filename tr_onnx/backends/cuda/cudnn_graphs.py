@@ -26,6 +26,7 @@ channel counts over the same padded strides; ``GraphDesc.channels`` says which, 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +43,9 @@ INTERNAL_DOMAIN = "ai.tr_onnx"
 CUDNN_DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT"}
 # what build_pygraph asks cuDNN's heuristics for, in order
 HEURISTICS = ("A", "FALLBACK")
+DETERMINISTIC_ENV = "TR_ONNX_CUDNN_DETERMINISTIC"
+"""Set to 1: plans leave out cuDNN's non-deterministic engines (bitwise-repeatable steps, as
+``torch.backends.cudnn.deterministic``); read when a plan is made."""
 
 # (domain, op_type) -> GraphDesc.kind
 CUDNN_OPS = {
@@ -678,13 +682,16 @@ def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None,
 
 def plan_pygraph(g, desc: GraphDesc, cudnn) -> int:
     """Validate and lower a declared graph, ask the heuristics for engine candidates and keep
-    those whose workspace fits the node's (``desc.workspace``): ``build_plans`` then takes the
+    those whose workspace fits the node's (``desc.workspace``) -- and, with
+    ``TR_ONNX_CUDNN_DETERMINISTIC=1``, only deterministic ones: ``build_plans`` then takes the
     best-ranked of those instead of failing on the first choice's workspace. Returns how many
-    candidates the heuristics gave (before the workspace cut)."""
+    candidates the heuristics gave (before the cuts)."""
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([getattr(cudnn.heur_mode, h) for h in HEURISTICS])
     engines = int(g.get_execution_plan_count())
+    if os.environ.get(DETERMINISTIC_ENV, "") not in ("", "0"):
+        g.deselect_numeric_notes([cudnn.numerical_note.NONDETERMINISTIC])
     g.deselect_workspace_greater_than(desc.workspace[1])
     return engines
 
