@@ -666,6 +666,26 @@ def stage_convnets(ctx: Context) -> str:
     return _parity(ctx, stems, 2 if ctx.dry else 10, checks)
 
 
+def stage_precision_export(ctx: Context) -> str:
+    """fp16 and bf16 training against the fp32 curve (``gpu_check.precision_parity``: the loss
+    per step and the weights' drift against what rounding alone moves), and the model trained
+    on cuda, exported and run by onnxruntime (``gpu_check.export_parity``)."""
+    if not ctx.dry:
+        need_gpu(ctx)
+    stems = ["mlp"] if ctx.dry else ["mlp", "resnet", "transformer"]
+    bad = 0
+    for stem in stems:
+        for precision in gpu_check.HALF_TOL:
+            row = ctx.check(f"{stem} {precision} vs fp32",
+                            lambda s=stem, p=precision: gpu_check.precision_parity(
+                                s, ctx.device, p))
+            bad += not row.get("ok", False)
+        row = ctx.check(f"{stem} export", lambda s=stem: gpu_check.export_parity(s, ctx.device),
+                        gpu_check.TOL)
+        bad += not row.get("ok", False)
+    return f"{len(stems)} models x (fp16, bf16, export): {bad} failing"
+
+
 # --------------------------------------------------------------------------------------------
 # 6 benchmark
 # --------------------------------------------------------------------------------------------
@@ -706,14 +726,16 @@ def stage_benchmark(ctx: Context) -> str:
 
 STAGES = [
     Stage("0-versions", 30, stage_versions, what="driver, runtime, NVRTC, CuPy, cuDNN, memory"),
-    Stage("1-kernels", 75, stage_kernels, what="NVRTC per family, 12 one-node kernels vs numpy"),
+    Stage("1-kernels", 65, stage_kernels, what="NVRTC per family, 12 one-node kernels vs numpy"),
     Stage("2-capture", 30, stage_capture, what="pinned+events, captured replay, CaptureError"),
     Stage("3-cudnn", 45, stage_cudnn, what="every cuDNN kind x fp32/fp16/bf16, replay"),
-    Stage("4-models", 60, stage_models, what="mlp, lenet, transformer (TF32 default)"),
-    Stage("4b-models-tf32-off", 50, stage_models_tf32_off, {"NVIDIA_TF32_OVERRIDE": "0"},
+    Stage("4-models", 55, stage_models, what="mlp, lenet, transformer (TF32 default)"),
+    Stage("4b-models-tf32-off", 45, stage_models_tf32_off, {"NVIDIA_TF32_OVERRIDE": "0"},
           what="the same, TF32 off, deterministic cuDNN engines"),
     Stage("5-convnets", 60, stage_convnets, what="resnet, mobilenet training parity"),
-    Stage("6-benchmark", 120, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
+    Stage("5b-precision-export", 50, stage_precision_export,
+          what="fp16/bf16 against the fp32 curve, onnxruntime runs the exported model"),
+    Stage("6-benchmark", 100, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
 ]
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 

@@ -35,7 +35,8 @@ def dry_run(tmp_path_factory):
 
 def test_the_plan_lists_every_stage_with_a_limit_of_about_five_minutes_in_all():
     assert NAMES == ["0-versions", "1-kernels", "2-capture", "3-cudnn", "4-models",
-                     "4b-models-tf32-off", "5-convnets", "6-benchmark"]
+                     "4b-models-tf32-off", "5-convnets", "5b-precision-export",
+                     "6-benchmark"]
     total = sum(s.limit_s for s in gpu_stages.STAGES)
     assert total <= 480, total  # the device tool's 540 s leaves the installs their minute
     assert gpu_stages.STAGE_BY_NAME["4b-models-tf32-off"].env == {"NVIDIA_TF32_OVERRIDE": "0"}
