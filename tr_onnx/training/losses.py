@@ -25,10 +25,24 @@ class LossSpec:
     weights: tuple[float, ...] | None = None  # cross_entropy: per-class weights
     beta: float = 1.0  # smooth_l1
     options: dict = field(default_factory=dict)
+    # cross_entropy: the output's class axis (ONNX's and torch's 1; a language model's logits
+    # [N, T, V] take -1); the labels are the output's shape without it
+    class_axis: int = 1
 
     def config(self) -> dict:
         return {"name": self.name, "reduction": self.reduction, "ignore_index": self.ignore_index,
-                "weights": list(self.weights) if self.weights else None, "beta": self.beta}
+                "weights": list(self.weights) if self.weights else None, "beta": self.beta,
+                "class_axis": self.class_axis}
+
+    def class_axis_of(self, rank: int) -> int:
+        """The class axis of an output of ``rank`` (a named error where there is none)."""
+        if not -rank <= self.class_axis < rank or rank < 2:
+            raise ValueError(f"cross_entropy class_axis={self.class_axis} for an output of rank "
+                             f"{rank}: the scores need a batch axis and a class axis")
+        axis = self.class_axis % rank
+        if axis == 0:
+            raise ValueError("cross_entropy class_axis=0 is the batch axis")
+        return axis
 
 
 def _reduce(b: GradBuilder, v: Value, reduction: str) -> Value:
@@ -41,6 +55,17 @@ def _reduce(b: GradBuilder, v: Value, reduction: str) -> Value:
 
 
 def cross_entropy(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    """ONNX SoftmaxCrossEntropyLoss over the class axis. Scores whose classes are the last of
+    three or more axes (token logits [N, T, V]) become rows [N*T, V] and the labels [N*T]
+    (zero-copy reshapes; the mean over rows is the mean over tokens), which every backend's
+    kernel reads; another class axis is moved to axis 1."""
+    axis = spec.class_axis_of(len(x.shape))
+    if axis == len(x.shape) - 1 and axis > 1:
+        x = b.op("Reshape", [x, b.ints([-1, x.shape[-1]])])
+        y = b.op("Reshape", [y, b.ints([-1])])
+    elif axis != 1:
+        perm = [0, axis] + [a for a in range(1, len(x.shape)) if a != axis]
+        x = b.op("Transpose", [x], {"perm": perm})
     attrs = {"reduction": spec.reduction}
     if spec.ignore_index is not None:
         attrs["ignore_index"] = int(spec.ignore_index)

@@ -293,8 +293,11 @@ def add_labels(graph: Graph, cfg: TrainConfig, model_outputs: list[Value]) -> tu
                           f"{[v.name for v in model_outputs]}")
     output = graph.values[cfg.output_name]
     if isinstance(cfg.loss, LossSpec):
-        shape = (output.shape[0], *output.shape[2:]) if cfg.loss.name in INTEGER_LABELS \
-            else tuple(output.shape)
+        if cfg.loss.name in INTEGER_LABELS:  # the output's shape without the class axis
+            axis = cfg.loss.class_axis_of(len(output.shape))
+            shape = tuple(d for i, d in enumerate(output.shape) if i != axis)
+        else:
+            shape = tuple(output.shape)
         dtype = label_dtype(cfg.loss, output.dtype)
     else:
         spec = cfg.loss.inputs[1]

@@ -55,6 +55,7 @@ def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
     spec = make_loss_spec(spec)  # an unknown name or reduction is the caller's error
     x = x.astype(np.float64)
     if spec.name == "cross_entropy":
+        x = np.moveaxis(x, spec.class_axis_of(x.ndim), 1)
         keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
         yi = np.where(keep, y, 0)
         nll = -np.take_along_axis(_log_softmax(x), np.expand_dims(yi, 1), axis=1)[:, 0]
@@ -90,11 +91,12 @@ def accuracy_kind(labels: np.ndarray) -> str | None:
 
 
 def count_correct(kind: str | None, x: np.ndarray, y: np.ndarray,
-                  ignore_index: int | None = None) -> tuple[int, int]:
-    """(correct, counted) predictions: argmax over axis 1 (the class axis) of the output."""
+                  ignore_index: int | None = None, class_axis: int = 1) -> tuple[int, int]:
+    """(correct, counted) predictions: argmax over the class axis of the output (every token
+    of a [N, T, V] output counts)."""
     if kind is None or x.ndim < 2:
         return 0, 0
-    pred = x.argmax(axis=1)
+    pred = x.argmax(axis=class_axis)
     if kind == "one_hot":
         return int((pred == y.argmax(axis=1)).sum()), len(y)
     keep = np.ones(y.shape, bool) if ignore_index is None else y != ignore_index
@@ -265,6 +267,7 @@ class Trainer:
         self.accuracy_kind = accuracy_kind(self.train_data[1])
         self.ignore_index = (session.loss.ignore_index if isinstance(session.loss, LossSpec)
                              else None)
+        self.class_axis = session.loss.class_axis if isinstance(session.loss, LossSpec) else 1
         self.epoch = 0  # epochs completed
         self.batch = 0  # next batch of the epoch in progress
         self.history: list[dict] = []
@@ -393,7 +396,7 @@ class Trainer:
                 totals.loss_sum += pending.loss() * len(y)
                 totals.samples += len(y)
                 c, k = count_correct(self.accuracy_kind, pending.outputs()[output], y,
-                                     self.ignore_index)
+                                     self.ignore_index, self.class_axis)
                 totals.correct += c
                 totals.counted += k
             self.batch += 1
@@ -490,7 +493,7 @@ class Trainer:
             y = labels[start:start + bs]
             (x,) = self.session.run([output], {k: v[start:start + bs] for k, v in arrays.items()})
             loss_sum += self._batch_loss(x, y) * len(y)
-            c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index)
+            c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
             correct += c
             counted += k
         return loss_sum / n, (correct / counted if counted else None)
