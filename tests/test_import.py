@@ -155,3 +155,35 @@ def test_const_feed_input_specialises_the_plan():
         (out,) = sess.run(None, {"x": data, "s": np.array(shape, np.int64)})
         np.testing.assert_array_equal(out, data.reshape(shape))
     assert len(sess._plans) == 3
+
+
+def test_a_node_the_folder_cannot_evaluate_is_left_to_run(monkeypatch):
+    """Issue 11, item 2: onnx.reference raised a bare ValueError while folding one BERT export's
+    GatherElements, and the import crashed. A node whose folding fails stays in the graph and
+    runs with its kernel (here: the evaluator made to fail for GatherElements)."""
+    from tr_onnx import importer
+
+    real = importer._evaluate_node
+
+    def failing(node, *args):
+        if node.op_type == "GatherElements":
+            raise ValueError("the reference evaluator's own error")
+        return real(node, *args)
+
+    monkeypatch.setattr(importer, "_evaluate_node", failing)
+    # integer initializers are constants (float ones are parameters, never folded)
+    data = numpy_helper.from_array(np.arange(12, dtype=np.int64).reshape(3, 4), "data")
+    index = numpy_helper.from_array(np.array([[2, 0, 1, 2]], np.int64), "index")
+    nodes = [helper.make_node("GatherElements", ["data", "index"], ["picked"], axis=0),
+             helper.make_node("Cast", ["picked"], ["as_float"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "as_float"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 4])], [data, index])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = tr_onnx.InferenceSession(model)
+    assert [n.op_type for n in sess.imported.proto.graph.node] == ["GatherElements", "Cast",
+                                                                    "Add"]
+    x = np.ones((1, 4), np.float32)
+    want = ort_run(model, {"x": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=0, atol=0)

@@ -154,7 +154,13 @@ def fold_constants(model: onnx.ModelProto, param_names: frozenset[str]) -> onnx.
         if not foldable or any(o in graph_outputs for o in node.output):
             kept.append(node)
             continue
-        results = _evaluate_node(node, opsets, consts, infos)
+        try:
+            results = _evaluate_node(node, opsets, consts, infos)
+        except Exception:  # onnx.reference raises whatever its op raises (a bare ValueError in
+            # one BERT export's GatherElements): not folding is always correct -- the node
+            # stays and runs with its kernel, whose errors name it
+            kept.append(node)
+            continue
         for out_name, value in zip(node.output, results):
             if out_name:
                 t = numpy_helper.from_array(np.asarray(value), out_name)
