@@ -128,3 +128,34 @@ def test_token_level_cross_entropy_on_the_cuda_backend_equals_numpy(exported, tm
     for name, value in ref.parameters().items():
         np.testing.assert_allclose(cuda.parameters()[name], value, rtol=1e-4, atol=1e-6,
                                    err_msg=name)
+
+
+def _token_loss_model(label_dims=("N", "T")):
+    """An ONNX loss model over symbolic [N, T, V] scores and [N, T] labels: mean token
+    cross-entropy (SoftmaxCrossEntropyLoss over rows [N*T, V])."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Reshape", ["scores", "rows"], ["flat"]),
+             helper.make_node("Reshape", ["labels", "all"], ["flat_labels"]),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["flat", "flat_labels"], ["loss"],
+                              reduction="mean")]
+    inits = [onnx.numpy_helper.from_array(np.array([-1, V], np.int64), "rows"),
+             onnx.numpy_helper.from_array(np.array([-1], np.int64), "all")]
+    graph = helper.make_graph(nodes, "token_loss", [
+        helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", "T", "V"]),
+        helper.make_tensor_value_info("labels", TensorProto.INT64, list(label_dims))],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_onnx_loss_model_binds_its_symbolic_dims_by_name(exported):
+    """Issue 11, item 4: the labels [N, T] of a loss model over [N, T, V] are [4, 6] here, not
+    the batch size in every symbolic place ([4, 4] before)."""
+    model, proto = exported
+    want_losses, _ = _torch_curve(model, 3, pad=False)
+    session = tr_onnx.TrainingSession(proto, loss=_token_loss_model(), optimizer=SGD(lr=0.5))
+    got = [session.train_step({"tokens": t}, y) for t, y in _batches(3)]
+    np.testing.assert_allclose(got, want_losses, rtol=1e-5)
+    bad = tr_onnx.TrainingSession(proto, loss=_token_loss_model(("N", "S")))
+    with pytest.raises(tr_onnx.errors.TrOnnxError, match=r"dimensions \['S'\].*'scores'"):
+        bad.train_step({"tokens": np.zeros((N, T), np.int64)}, np.zeros((N, T), np.int64))

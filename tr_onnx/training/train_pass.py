@@ -287,7 +287,7 @@ def add_labels(graph: Graph, cfg: TrainConfig, model_outputs: list[Value]) -> tu
     """The model output the loss reads and a new graph input for the labels: class indices
     (int64, the output's shape without the class axis) for ``INTEGER_LABELS`` losses, the
     output's shape and dtype for other builtins, and for an ONNX loss model what its second
-    input declares (its symbolic dimensions: the batch size)."""
+    input declares (its symbolic dimensions bound by name to the output's, ``loss_label_shape``)."""
     if cfg.output_name not in graph.values:
         raise TrOnnxError(f"output {cfg.output_name!r} is not a value of the model; outputs: "
                           f"{[v.name for v in model_outputs]}")
@@ -300,9 +300,8 @@ def add_labels(graph: Graph, cfg: TrainConfig, model_outputs: list[Value]) -> tu
             shape = tuple(output.shape)
         dtype = label_dtype(cfg.loss, output.dtype)
     else:
-        spec = cfg.loss.inputs[1]
-        shape = tuple(output.shape[0] if isinstance(d, str) else d for d in spec.shape)
-        dtype = spec.dtype
+        shape = loss_label_shape(cfg.loss, output)
+        dtype = cfg.loss.inputs[1].dtype
     labels = Value(cfg.label_name, shape, np.dtype(dtype), ir.INPUT)
     if labels.name in graph.values:
         raise TrOnnxError(f"label name {labels.name!r} is already a value of the model; pass "
@@ -310,6 +309,35 @@ def add_labels(graph: Graph, cfg: TrainConfig, model_outputs: list[Value]) -> tu
     graph.values[labels.name] = labels
     graph.inputs.append(labels)
     return output, labels
+
+
+def loss_label_shape(loss_model: ImportedModel, output: Value) -> tuple[int, ...]:
+    """The labels' shape an ONNX loss model declares, its symbolic dimensions bound by name to
+    the model output's: a name at position i of the loss model's first input is
+    ``output.shape[i]`` (``[N, T, V]`` against logits [4, 6, 11] makes labels ``[N, T]``
+    [4, 6]). A label dimension named nowhere in the first input is an error naming it."""
+    scores, labels = loss_model.inputs[0], loss_model.inputs[1]
+    if len(scores.shape) != len(output.shape):
+        raise TrOnnxError(f"the loss model's input {scores.name!r} has rank {len(scores.shape)} "
+                          f"{list(scores.shape)}; the model output has shape "
+                          f"{list(output.shape)}")
+    bound: dict[str, int] = {}
+    for declared, actual in zip(scores.shape, output.shape):
+        if isinstance(declared, str):
+            if bound.setdefault(declared, actual) != actual:
+                raise TrOnnxError(f"the loss model's dimension {declared!r} is both "
+                                  f"{bound[declared]} and {actual} in the model output "
+                                  f"{list(output.shape)}")
+        elif declared != actual:
+            raise TrOnnxError(f"the loss model's input {scores.name!r} {list(scores.shape)} "
+                              f"does not match the model output {list(output.shape)}")
+    unknown = [d for d in labels.shape if isinstance(d, str) and d not in bound]
+    if unknown:
+        raise TrOnnxError(f"the loss model's labels {labels.name!r} {list(labels.shape)} have "
+                          f"dimensions {unknown} that its input {scores.name!r} "
+                          f"{list(scores.shape)} does not name: give them names from there "
+                          "or fixed sizes")
+    return tuple(bound[d] if isinstance(d, str) else d for d in labels.shape)
 
 
 def add_loss(b: GradBuilder, cfg: TrainConfig, output: Value, labels: Value) -> Value:
