@@ -17,6 +17,7 @@ from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 
 # ---- kernels/pool.cu: the family's name table ---------------------------------------------------
 
+
 def pool_source() -> KernelSource:
     """kernels/pool.cu: MaxPool / AveragePool forward and backward, GlobalAveragePool."""
     return kernel_source(
@@ -67,6 +68,7 @@ def _pool_geometry(b: BindContext, node: Node, x: Value, y: Value):
     exclude = [0, H, 0, W]
     return window, include, exclude, gx, gy
 
+
 def bind_max_pool(b: BindContext, node) -> list:
     x, y = node.inputs[0], node.outputs[0]
     if len(node.outputs) > 1 and node.outputs[1] is not None:
@@ -75,6 +77,7 @@ def bind_max_pool(b: BindContext, node) -> list:
     dt = float_dt(b, x, y)
     return [b.launch(f"tr_maxpool_fwd_{dt}", gy.n,
                      [b.buf(x), b.buf(y, True), i64(gy.n)] + [i64(v) for v in window])]
+
 
 def max_pool_grad_factory(ctx: KernelContext):
     """MaxPoolGrad: each window's argmax once per output element (int32 taps into scratch,
@@ -99,23 +102,27 @@ def max_pool_grad_factory(ctx: KernelContext):
 
     return bind
 
+
+def _average_pool(b: BindContext, node, pooled, full, stem: str, args: list) -> list:
+    """One average-pool kernel over the windows of ``full`` (x, or gx) pooled into ``pooled``
+    (y, or gy): count_include_pad picks the window bounds the average divides by."""
+    window, include, exclude, g_full, g_pooled = _pool_geometry(b, node, full, pooled)
+    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
+    n = (g_pooled if stem == "fwd" else g_full).n
+    dt = float_dt(b, pooled, full)
+    return [b.launch(f"tr_avgpool_{stem}_{dt}", n,
+                     args + [i64(n)] + [i64(v) for v in window + bounds])]
+
+
 def bind_average_pool(b: BindContext, node) -> list:
     x, y = node.inputs[0], node.outputs[0]
-    window, include, exclude, _, gy = _pool_geometry(b, node, x, y)
-    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
-    dt = float_dt(b, x, y)
-    return [b.launch(f"tr_avgpool_fwd_{dt}", gy.n,
-                     [b.buf(x), b.buf(y, True), i64(gy.n)]
-                     + [i64(v) for v in window + bounds])]
+    return _average_pool(b, node, y, x, "fwd", [b.buf(x), b.buf(y, True)])
+
 
 def bind_average_pool_grad(b: BindContext, node) -> list:
     gy, gx = node.inputs[0], node.outputs[0]
-    window, include, exclude, g_x, _ = _pool_geometry(b, node, gx, gy)
-    bounds = include if int(node.attrs.get("count_include_pad", 0)) else exclude
-    dt = float_dt(b, gy, gx)
-    return [b.launch(f"tr_avgpool_bwd_{dt}", g_x.n,
-                     [b.buf(gy), b.buf(gx, True), i64(g_x.n)]
-                     + [i64(v) for v in window + bounds])]
+    return _average_pool(b, node, gy, gx, "bwd", [b.buf(gy), b.buf(gx, True)])
+
 
 def bind_global_average_pool(b: BindContext, node) -> list:
     x, y = node.inputs[0], node.outputs[0]
@@ -134,6 +141,7 @@ def bind_global_average_pool(b: BindContext, node) -> list:
     return [b.launch(f"tr_gap_{dt}", total,
                      [b.buf(x), b.buf(y, True), i64(total), i64(s), i64(cp), i64(sstride),
                       i64(cstride)])]
+
 
 @hookimpl
 def tr_onnx_op_definitions():
