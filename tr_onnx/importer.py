@@ -140,6 +140,9 @@ def fold_constants(model: onnx.ModelProto, param_names: frozenset[str]) -> onnx.
     opsets = list(model.opset_import)
     consts = {i.name: i for i in g.initializer if i.name not in param_names}
     infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    for init in g.initializer:  # a folded value has no value_info: its dims are its shape
+        infos.setdefault(init.name, onnx.helper.make_tensor_value_info(
+            init.name, init.data_type, list(init.dims)))
     graph_outputs = {o.name for o in g.output}
     kept, folded = [], []
     for node in g.node:
@@ -165,6 +168,8 @@ def fold_constants(model: onnx.ModelProto, param_names: frozenset[str]) -> onnx.
             if out_name:
                 t = numpy_helper.from_array(np.asarray(value), out_name)
                 consts[out_name] = t
+                infos[out_name] = onnx.helper.make_tensor_value_info(out_name, t.data_type,
+                                                                     list(t.dims))
                 folded.append(t)
     if not folded:
         return model
