@@ -89,9 +89,6 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     aliased = Counter(n.op_type for n in plan.graph.nodes
                       if n.outputs and n.outputs[0] is not None and n.outputs[0].alias_of)
     mem = plan.memory
-    params = imported.param_names
-    shared = {n.output[0]: n.input[0] for n in imported.proto.graph.node
-              if n.op_type == "Identity" and n.input and n.input[0] in params}
     return {
         "model": imported.source,
         "opset": {"original": imported.original_opset,
@@ -105,9 +102,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
                      "kernel": f"{sources[(d, o, v)]} ({sess.backend})"}
                     for (d, o, v), c in sorted(ops.items())],
         "zero_copy_views": dict(aliased),
-        # exporters share equal-valued initializers through Identity nodes; training unties
-        # them (tie_shared_initializers=True keeps them one parameter)
-        "shared_initializers": shared,
+        **_parameters_info(imported),
         "layout": {
             "channels_last_values": plan.layout.channels_last,
             "transposes_inserted": len(plan.layout.transposes),
@@ -125,6 +120,57 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     }
 
 
+def _parameters_info(imported) -> dict:
+    """The default trainable set with the reason for each initializer, and what trains as
+    one parameter (``training.parameters``)."""
+    from .training.parameters import parameter_roles, parameter_sharing
+
+    sharing = parameter_sharing(imported)
+    roles = parameter_roles(imported, sharing)
+    dims = {i.name: list(i.dims) for i in imported.proto.graph.initializer}
+    return {
+        "parameters": {name: {"trainable": r.trainable, "reason": r.reason,
+                              "shape": dims.get(name, dims.get(sharing.identity.get(name)))}
+                       for name, r in roles.items()},
+        # exporters share equal-valued initializers through Identity nodes
+        "shared_initializers": dict(sharing.identity),
+        "untied": sorted(sharing.untie),
+        "tied": {copy: {"source": s.source, "transposed": s.perm is not None}
+                 for copy, s in sharing.tie.items()},
+    }
+
+
+def _print_parameters(info: dict, verbose: bool) -> None:
+    params = info["parameters"]
+    trainable = {n: p for n, p in params.items() if p["trainable"]}
+    frozen = {n: p for n, p in params.items() if not p["trainable"]}
+    size = sum(int(np.prod(p["shape"] or [])) for p in trainable.values())
+    print("\nparameters (the default trainable set; trainable=/frozen= override)")
+    print(f"  trainable  {len(trainable)} initializers, {size:,d} elements")
+    if verbose:
+        for name, p in trainable.items():
+            print(f"    {name:<40} {p['shape']}  {p['reason']}")
+    print(f"  frozen     {len(frozen)}")
+    for name, p in frozen.items():
+        print(f"    {name:<40} {p['shape']}  {p['reason']}")
+    if info["tied"]:
+        print(f"  tied       {len(info['tied'])} (one parameter stored twice; "
+              "tie_shared_initializers=False keeps them apart)")
+        for copy, t in info["tied"].items():
+            how = "the transpose of" if t["transposed"] else "equal to"
+            print(f"    {copy:<40} {how} {t['source']}")
+    shared = info["shared_initializers"]
+    if shared:
+        untied = set(info["untied"])
+        print(f"  Identity copies {len(shared)}: {len(untied)} train as separate parameters "
+              "(constant-filled or small: a fresh BatchNorm's weight and running variance), "
+              f"{len(shared) - len(untied)} as one (tie_shared_initializers=True / False: all "
+              "one / all separate)")
+        if verbose:
+            for copy, source in shared.items():
+                print(f"    {copy} = {source}" + ("  (untied)" if copy in untied else ""))
+
+
 def _print_inspect(info: dict, verbose: bool) -> None:
     print(f"model      {info['model']}")
     print(f"opset      {info['opset']['original']} (imported as {info['opset']['imported']})")
@@ -138,13 +184,7 @@ def _print_inspect(info: dict, verbose: bool) -> None:
     if info["zero_copy_views"]:
         views = ", ".join(f"{op} x{n}" for op, n in info["zero_copy_views"].items())
         print(f"  zero-copy views (no kernel): {views}")
-    if info["shared_initializers"]:
-        shared = info["shared_initializers"]
-        print(f"  shared initializers (Identity copies): {len(shared)}; they train as separate "
-              "parameters unless tie_shared_initializers=True")
-        if verbose:
-            for copy, source in shared.items():
-                print(f"    {copy} = {source}")
+    _print_parameters(info, verbose)
     lay = info["layout"]
     print("\nlayout")
     print(f"  channels-last values  {lay['channels_last_values']}")

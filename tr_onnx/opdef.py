@@ -86,6 +86,18 @@ class OpDef:
     ``grad_inputs``: the inputs a gradient can flow to (None: every floating-point input);
     BatchNormalization's running statistics, Clip's bounds and the like are not among them,
     so a parameter feeding only such inputs is not trainable.
+    ``param_inputs``: the inputs at which an initializer is one of the model's learned
+    parameters (PyTorch's ``model.parameters()``): Conv's weight and bias, a normalization's
+    scale and bias, Gather's table, MatMul's constant operand; ``"all"``: every input
+    (Concat's learned tokens, Einsum). An initializer reaching none of them is a constant the
+    exporter materialised (Clip bounds, Pow exponents, epsilons) and is frozen by default
+    (``training.parameters``). ``None``: undeclared -- no input for ops of the ONNX domains,
+    every input a gradient flows to for other domains (a plugin's weights train).
+    ``param_min_size``: a constant at a ``param_inputs`` input is a parameter only with at
+    least this many elements (Add/Mul: 2 -- a bias or layer scale is a tensor, a scalar there
+    is an exporter's multiplier or epsilon).
+    ``forwards_params``: input 0 reaches the outputs unchanged in value (Reshape, Transpose,
+    Cast...): an initializer there is a parameter where those outputs go.
     ``updates_inputs``: inputs the kernel writes in place (optimizer and assignment ops); such
     nodes run after everything that reads the old values.
     """
@@ -102,6 +114,9 @@ class OpDef:
     doc: str = ""
     gradient: Callable | None = None
     grad_inputs: tuple[int, ...] | None = None
+    param_inputs: tuple[int, ...] | str | None = None
+    param_min_size: int = 1
+    forwards_params: bool = False
     updates_inputs: tuple[int, ...] = ()
     overrides: bool = False  # replace an op already registered (e.g. a builtin) on purpose
     # Defaults of attributes for ops without an ONNX schema (custom domains), filled into

@@ -744,9 +744,9 @@ def conv_transpose_vjp(b, node, gys, needed):
 def tr_onnx_op_definitions():
     return [
         OpDef("Conv", (1, 11, 22), {"numpy": conv_numpy}, layout=CONV_LAYOUT,
-              differentiable=True, gradient=conv_vjp),
+              differentiable=True, gradient=conv_vjp, param_inputs=(1, 2)),
         OpDef("ConvTranspose", (1, 11, 22), {"numpy": conv_transpose_numpy}, layout=CONV_LAYOUT,
-              differentiable=True, gradient=conv_transpose_vjp),
+              differentiable=True, gradient=conv_transpose_vjp, param_inputs=(1, 2)),
         OpDef("ConvGradData", (1,), {"numpy": conv_grad_data_numpy}, domain=INTERNAL_DOMAIN,
               layout=CONV_LAYOUT, doc="gx of Conv: the transposed convolution of gy"),
         OpDef("ConvGradFilter", (1,), {"numpy": conv_grad_filter_numpy}, domain=INTERNAL_DOMAIN,

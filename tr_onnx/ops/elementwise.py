@@ -240,6 +240,12 @@ def _identity_vjp(b, node, gys, needed):
 
 
 _ARITH = (1, 6, 7, 13, 14)  # Add, Sub, Mul, Div
+# Where a constant operand is a learned parameter (OpDef.param_inputs): Add's bias or position
+# embedding and Mul's layer scale are tensors; a scalar there is an exporter's epsilon or
+# multiplier. Sub's and Div's constants are buffers (an input's mean and std), not parameters.
+_PARAM_PORTS = {"Add": {"param_inputs": (0, 1), "param_min_size": 2},
+                "Mul": {"param_inputs": (0, 1), "param_min_size": 2},
+                "PRelu": {"param_inputs": (1,)}}
 
 BINARY: dict[str, Elementwise] = {
     "Add": Elementwise(_ARITH, _ufunc2(np.add), True, vjp=_binary(
@@ -529,21 +535,22 @@ def _dropout_training_vjp(b, node, gys, needed):
 @hookimpl
 def tr_onnx_op_definitions():
     defs = [OpDef(op, e.versions, {"numpy": binary_numpy(e)}, differentiable=e.differentiable,
-                  gradient=e.vjp) for op, e in BINARY.items()]
+                  gradient=e.vjp, **_PARAM_PORTS.get(op, {})) for op, e in BINARY.items()]
     defs += [OpDef(op, versions, {"numpy": variadic_numpy(ufunc, mean=op == "Mean")},
                    differentiable=True, gradient=vjp)
              for op, (versions, ufunc, vjp) in _VARIADIC.items()]
     defs += [
         OpDef("Where", (9, 16), {"numpy": where_numpy}, differentiable=True,
               gradient=_where_vjp, grad_inputs=(1, 2)),
-        OpDef("Cast", _CAST, {"numpy": cast_numpy}, differentiable=True, gradient=_cast_vjp),
+        OpDef("Cast", _CAST, {"numpy": cast_numpy}, differentiable=True, gradient=_cast_vjp,
+              forwards_params=True),
         OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True,
-              gradient=_cast_vjp, grad_inputs=(0,)),
+              gradient=_cast_vjp, grad_inputs=(0,), forwards_params=True),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
-              differentiable=True, gradient=_identity_vjp),
+              differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
               const_inputs=(1, 2), differentiable=True, gradient=_identity_vjp,
-              grad_inputs=(0,)),
+              grad_inputs=(0,), forwards_params=True),
         OpDef("DropoutTraining", (1,), {"numpy": dropout_training_numpy},
               domain=INTERNAL_DOMAIN,
               shape=_dropout_training_shape, differentiable=True,

@@ -224,7 +224,7 @@ def top_k_vjp(b, node, gys, needed):
 def tr_onnx_op_definitions():
     return [
         OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
-              gradient=gather_vjp, grad_inputs=DATA_INPUT),
+              gradient=gather_vjp, grad_inputs=DATA_INPUT, param_inputs=DATA_INPUT),
         OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True,
               gradient=gather_elements_vjp, grad_inputs=DATA_INPUT),
         OpDef("GatherND", (11, 12, 13), {"numpy": gather_nd_numpy}, differentiable=True,

@@ -199,9 +199,9 @@ def einsum_vjp(b, node, gys, needed):
 def tr_onnx_op_definitions():
     return [
         OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": gemm_numpy}, layout=MATMUL,
-              differentiable=True, gradient=gemm_vjp),
+              differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2)),
         OpDef("MatMul", (1, 9, 13), {"numpy": matmul_numpy}, layout=MATMUL, differentiable=True,
-              gradient=matmul_vjp),
+              gradient=matmul_vjp, param_inputs=(0, 1)),
         OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
-              gradient=einsum_vjp),
+              gradient=einsum_vjp, param_inputs="all"),
     ]

@@ -688,7 +688,7 @@ def cumsum_vjp(b, node, gys, needed):
 # ---- registration ---------------------------------------------------------------------------
 
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
-          "gradient": regroup_vjp, "grad_inputs": (0,)}
+          "gradient": regroup_vjp, "grad_inputs": (0,), "forwards_params": True}
 _NONE = {"differentiable": False}
 
 
@@ -703,13 +703,16 @@ def tr_onnx_op_definitions():
         OpDef("Unsqueeze", (1, 11, 13, 21, 23, 24, 25), {"numpy": _copy_regrouped},
               const_inputs=(1,), **_ALIAS),
         OpDef("Transpose", (1, 13, 21, 23, 24, 25), {"numpy": transpose_numpy},
-              layout=STRIDED_TO_PLAIN, differentiable=True, gradient=transpose_vjp),
+              layout=STRIDED_TO_PLAIN, differentiable=True, gradient=transpose_vjp,
+              forwards_params=True),
         OpDef("Concat", (1, 4, 11, 13), {"numpy": concat_numpy}, differentiable=True,
-              gradient=concat_vjp),
+              gradient=concat_vjp, param_inputs="all", param_min_size=2),
         OpDef("Split", (1, 2, 11, 13, 18), {"numpy": split_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=split_vjp, grad_inputs=DATA_INPUT),
+              differentiable=True, gradient=split_vjp, grad_inputs=DATA_INPUT,
+              forwards_params=True),
         OpDef("Slice", (1, 10, 11, 13), {"numpy": slice_numpy}, const_inputs=(1, 2, 3, 4),
-              differentiable=True, gradient=slice_vjp, grad_inputs=DATA_INPUT),
+              differentiable=True, gradient=slice_vjp, grad_inputs=DATA_INPUT,
+              forwards_params=True),
         OpDef("Constant", (1, 9, 11, 12, 13, 19, 21, 23, 24, 25), {"numpy": constant_numpy},
               **_NONE),
         OpDef("ConstantOfShape", (9, 20, 21, 23, 24, 25), {"numpy": constant_of_shape_numpy},
@@ -717,12 +720,14 @@ def tr_onnx_op_definitions():
         OpDef("Shape", (1, 13, 15, 19, 21, 23, 24, 25), {"numpy": shape_numpy}, **_NONE),
         OpDef("Size", (1, 13, 19, 21, 23, 24, 25), {"numpy": size_numpy}, **_NONE),
         OpDef("Expand", (8, 13), {"numpy": expand_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=expand_vjp, grad_inputs=DATA_INPUT),
+              differentiable=True, gradient=expand_vjp, grad_inputs=DATA_INPUT,
+              forwards_params=True),
         OpDef("Pad", (1, 2, 11, 13, 18, 19, 21, 23, 24, 25), {"numpy": pad_numpy},
               const_inputs=(1, 3), differentiable=True, gradient=pad_vjp,
               grad_inputs=DATA_INPUT),
         OpDef("Tile", (1, 6, 13), {"numpy": tile_numpy}, const_inputs=(1, 2),
-              differentiable=True, gradient=tile_vjp, grad_inputs=DATA_INPUT),
+              differentiable=True, gradient=tile_vjp, grad_inputs=DATA_INPUT,
+              forwards_params=True),
         OpDef("Range", (11, 27), {"numpy": range_numpy}, const_inputs=(0, 1, 2), **_NONE),
         OpDef("Trilu", (14,), {"numpy": trilu_numpy}, const_inputs=(1,), differentiable=True,
               gradient=trilu_vjp, grad_inputs=DATA_INPUT),

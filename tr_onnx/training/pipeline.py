@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..ir import Graph
 from ..passes.autodiff import GradBuilder
 from ..registry import OpRegistry
+from .parameters import share_parameters
 from .precision import PRECISIONS, add_loss_scaling, to_half_precision
 from .train_pass import (
     RNG,
@@ -31,7 +32,6 @@ from .train_pass import (
     select_trainable,
     set_step_outputs,
     to_training_mode,
-    untie_identity_params,
 )
 
 
@@ -42,14 +42,14 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     returns the value names the session drives the step by (``TrainInfo``).
 
     The body is the pipeline, one statement per step, in the order the graph goes through
-    them: untie Identity-shared parameters, per-step scalars, train-mode BatchNorm/Dropout,
-    labels, loss, the trainable parameters, the backward pass, GRAD accumulators, optimizer
-    state and the spans over them, the running statistics' commit, the update (scale/clip,
-    optimizer, zero GRAD), the step's outputs; then, where ``cfg`` asks for them, half
-    precision, loss scaling and the cuda step guard.
+    them: untie or tie shared parameters (``training.parameters``), per-step scalars,
+    train-mode BatchNorm/Dropout, labels, loss, the trainable parameters, the backward pass,
+    GRAD accumulators, optimizer state and the spans over them, the running statistics'
+    commit, the update (scale/clip, optimizer, zero GRAD), the step's outputs; then, where
+    ``cfg`` asks for them, half precision, loss scaling and the cuda step guard.
     """
     model_outputs = list(graph.outputs)
-    untied = {} if cfg.tie_shared_initializers else untie_identity_params(graph)
+    untied = share_parameters(graph, cfg.sharing, registry, backend)
     scalars = add_step_scalars(graph)
     commits, converted = to_training_mode(graph, registry, backend, cfg, scalars[RNG])
     output, labels = add_labels(graph, cfg, model_outputs)

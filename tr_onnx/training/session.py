@@ -31,6 +31,13 @@ from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .export import export_model
 from .losses import LossSpec, make_loss_spec
+from .parameters import (
+    ParamRole,
+    parameter_roles,
+    parameter_sharing,
+    share_parameters,
+    shared_value,
+)
 from .pipeline import build_training_step
 from .precision import (
     check_loss_scale,
@@ -45,7 +52,6 @@ from .train_pass import (
     TrainConfig,
     TrainInfo,
     to_inference_mode,
-    untie_identity_params,
 )
 
 CHECKPOINT_FORMAT = 1
@@ -143,13 +149,20 @@ class TrainingSession:
     SoftmaxCrossEntropyLoss), ``"mse"``, ``"l1"``, ``"bce_with_logits"``, ``"smooth_l1"``, a
     ``LossSpec`` (reduction, ignore_index, class weights, beta), or an ONNX loss model (path or
     ModelProto) taking (model output, labels) and returning a scalar. ``optimizer``: a
-    ``tr_onnx.optim`` optimizer or its name. ``trainable``: parameter names or fnmatch patterns
-    (None: every parameter the loss depends on); ``frozen`` removes names/patterns from that.
+    ``tr_onnx.optim`` optimizer or its name. ``trainable``: initializer names or fnmatch
+    patterns (None: the model's parameters the loss depends on -- what PyTorch's
+    ``model.parameters()`` would be; constants the exporter materialised, such as Clip bounds,
+    Pow exponents and scalar multipliers, and buffers are frozen: ``parameter_roles`` and
+    ``tr-onnx inspect`` say why for each); ``frozen`` removes names/patterns from that.
     ``lr_schedule``: ``tr_onnx.optim`` schedule or name. ``grad_accumulation``: k micro-batches
     per optimizer step (gradients averaged). ``clip_grad_norm``: global-norm clipping.
-    ``bn_running_var``: ``"biased"`` (ONNX spec) or ``"unbiased"`` (PyTorch). ``tie_shared_
-    initializers``: keep initializers that the exporter shared through Identity nodes as one
-    parameter (default: they train separately, as they did in the exported model).
+    ``bn_running_var``: ``"biased"`` (ONNX spec) or ``"unbiased"`` (PyTorch).
+    ``tie_shared_initializers``: None (default) trains equal initializers that are not
+    constant-filled and have >= 256 elements as one parameter (an exporter's copies, or a
+    weight and its folded transpose, as GPT-2's tied embedding) and keeps the rest apart (a
+    fresh BatchNorm's weight and running variance, shared by an eval export through Identity,
+    were separate parameters); True also keeps every Identity copy one parameter; False keeps
+    all apart (``training.parameters``).
     ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
     ``backend``: ``"numpy"``, ``"cuda"`` or ``"auto"`` (cuda when a GPU is usable).
     ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"`` / ``"bf16"``:
@@ -172,7 +185,7 @@ class TrainingSession:
                  output_name: str | None = None, frozen=(), lr: float | None = None,
                  lr_schedule: Schedule | str | None = None, grad_accumulation: int = 1,
                  clip_grad_norm: float | None = None, bn_running_var: str = "biased",
-                 tie_shared_initializers: bool = False, seed: int = 0,
+                 tie_shared_initializers: bool | None = None, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
                  device: DeviceFactory | None = None, precision: str = "fp32",
                  loss_scale=None, cuda_graphs: str = "fallback"):
@@ -197,10 +210,16 @@ class TrainingSession:
             raise InputError(f"output_name {self.output_name!r}; the model's outputs are "
                              f"{[o.name for o in self.imported.outputs]}")
         self.label_name = label_name
+        if tie_shared_initializers not in (None, True, False):
+            raise ValueError(f"tie_shared_initializers must be None, True or False, got "
+                             f"{tie_shared_initializers!r}")
+        self.sharing = parameter_sharing(self.imported, tie_shared_initializers)
+        self.parameter_roles: dict[str, ParamRole] = parameter_roles(self.imported,
+                                                                     self.sharing)
         self.options = dict(trainable=list(trainable) if trainable is not None else None,
                             frozen=list(frozen), grad_accumulation=int(grad_accumulation),
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
-                            tie_shared_initializers=bool(tie_shared_initializers),
+                            tie_shared_initializers=tie_shared_initializers,
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
                             precision=precision, loss_scale=loss_scale)
         self.step = 0  # optimizer steps taken
@@ -268,9 +287,11 @@ class TrainingSession:
         cfg = TrainConfig(
             self.loss, self.optimizer, self.output_name, self.label_name,
             trainable=opts["trainable"], frozen=opts["frozen"],
+            default_trainable=frozenset(n for n, r in self.parameter_roles.items()
+                                        if r.trainable),
             clip_grad_norm=opts["clip_grad_norm"],
             bn_unbiased_running_var=opts["bn_running_var"] == "unbiased",
-            tie_shared_initializers=opts["tie_shared_initializers"], seed=opts["seed"],
+            sharing=self.sharing, seed=opts["seed"],
             precision=opts["precision"], loss_scale=opts["loss_scale"],
             step_guard=self.backend == "cuda",
             data_inputs=tuple(i.name for i in self.imported.inputs))
@@ -475,15 +496,11 @@ class TrainingSession:
 
     def _untied_names(self) -> dict[str, str]:
         """Identity copies of parameters that train as parameters of their own."""
-        if self.options["tie_shared_initializers"]:
-            return {}
-        params = self.imported.param_names
-        return {n.output[0]: n.input[0] for n in self.imported.proto.graph.node
-                if n.op_type == "Identity" and n.input and n.input[0] in params}
+        return {copy: self.sharing.identity[copy] for copy in self.sharing.untie}
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Current values of every parameter and running statistic (what export writes),
-        untied Identity copies included, by name."""
+        untied Identity copies and tied copies included, by name."""
         self._drain()
         params = self._initial_state()
         untied = self._untied_names()
@@ -491,9 +508,11 @@ class TrainingSession:
             params[name] = params[source]
         if self._active is None:
             params.update({k: v for k, v in self._pending.items() if k in params})
-            return params
-        state = self._read_state(self._active)
-        params.update({k: v for k, v in state.items() if k in params})
+        else:
+            state = self._read_state(self._active)
+            params.update({k: v for k, v in state.items() if k in params})
+        for copy, shared in self.sharing.tie.items():  # one parameter: the source's value
+            params[copy] = shared_value(params, shared)
         return params
 
     def load_parameters(self, values: dict[str, np.ndarray]) -> None:
@@ -516,8 +535,7 @@ class TrainingSession:
         plan = self._eval_plans.get(key)
         if plan is None:
             def eval_graph(graph: ir.Graph) -> None:
-                if not self.options["tie_shared_initializers"]:
-                    untie_identity_params(graph)
+                share_parameters(graph, self.sharing, self.registry, self.backend)
                 to_inference_mode(graph)
 
             plan = compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},

@@ -36,6 +36,7 @@ from ..passes.autodiff import GradBuilder, differentiate
 from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
+from .parameters import ParamSharing
 
 # per-step scalars the host writes: learning rate, optimizer step (1-based, the one being
 # taken), 1/k for k accumulated micro-batches, and the count of micro-batches seen (dropout)
@@ -59,11 +60,14 @@ class TrainConfig:
     optimizer: Optimizer
     output_name: str
     label_name: str
-    trainable: list[str] | None = None  # names or fnmatch patterns; None: every parameter
+    trainable: list[str] | None = None  # names or fnmatch patterns; None: default_trainable
     frozen: list[str] = field(default_factory=list)
+    # the model's parameters (``training.parameters.parameter_roles``); None: every float
+    # initializer the loss depends on
+    default_trainable: frozenset[str] | None = None
     clip_grad_norm: float | None = None
     bn_unbiased_running_var: bool = False
-    tie_shared_initializers: bool = False
+    sharing: ParamSharing | None = None  # None: every Identity copy untied, nothing tied
     seed: int = 0
     precision: str = "fp32"  # training.precision.PRECISIONS
     loss_scale: dict | None = None  # dynamic loss scaling (check_loss_scale); None: off
@@ -124,20 +128,6 @@ class TrainInfo:
 
 def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def untie_identity_params(graph: Graph) -> dict[str, str]:
-    """Exporters share equal-valued initializers through Identity nodes; make each copy a
-    parameter of its own (it trains separately, as in the model that was exported)."""
-    untied = {}
-    for node in list(graph.nodes):
-        x = node.inputs[0] if node.inputs else None
-        if node.op_type == "Identity" and x is not None and x.kind == ir.PARAM:
-            y = node.outputs[0]
-            graph.remove_node(node)
-            y.kind, y.data, y.producer = ir.PARAM, np.array(x.data, copy=True), None
-            untied[y.name] = x.name
-    return untied
 
 
 def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str, name: str,
@@ -353,16 +343,25 @@ def add_loss(b: GradBuilder, cfg: TrainConfig, output: Value, labels: Value) -> 
 
 
 def select_trainable(graph: Graph, loss: Value, cfg: TrainConfig) -> list[Value]:
-    """The float parameters the loss depends on, matching ``cfg.trainable`` and not
-    ``cfg.frozen``, in graph order; all of one dtype."""
+    """The float parameters the loss depends on, matching ``cfg.trainable`` (default: the
+    model's parameters, ``cfg.default_trainable``) and not ``cfg.frozen``, in graph order; all
+    of one dtype."""
     params = [v for v in graph.values.values() if v.kind == ir.PARAM and v.dtype.kind == "f"]
     reach = contributes_to(graph, loss)
-    selected = [p for p in params if p in reach
-                and (cfg.trainable is None or _matches(p.name, cfg.trainable))
+
+    def chosen(name: str) -> bool:
+        if cfg.trainable is not None:
+            return _matches(name, cfg.trainable)
+        return cfg.default_trainable is None or name in cfg.default_trainable
+
+    selected = [p for p in params if p in reach and chosen(p.name)
                 and not _matches(p.name, cfg.frozen)]
     if not selected:
-        raise TrOnnxError("no trainable parameters: nothing the loss depends on matches "
-                          f"trainable={cfg.trainable} minus frozen={cfg.frozen}")
+        what = (f"trainable={cfg.trainable}" if cfg.trainable is not None else
+                "the model's parameters (scalar constants and buffers are frozen by default; "
+                "`tr-onnx inspect` lists why)")
+        raise TrOnnxError(f"no trainable parameters: nothing the loss depends on matches {what} "
+                          f"minus frozen={cfg.frozen}")
     dtypes = {p.dtype for p in selected}
     if len(dtypes) != 1:
         raise TrOnnxError(f"trainable parameters mix dtypes {sorted(map(str, dtypes))}; freeze "

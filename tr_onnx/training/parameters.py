@@ -1,0 +1,316 @@
+"""Which initializers are the model's parameters, and which are one parameter stored twice.
+
+An exported model's float initializers mix what PyTorch's ``model.parameters()`` would be with
+constants the exporter materialised: the dynamo exporter stores ReLU6's bounds, attention
+scales, epsilons and Pow exponents as float initializers. Training those trains something the
+user never asked for (a Pow exponent's gradient is not even finite for a negative base). The
+default trainable set is the parameters, decided per initializer (``parameter_roles``):
+
+1. The torch dynamo exporter records torch.export's signature on each initializer it lifted
+   from the module (value_info metadata ``pkg.torch.export.graph_signature.InputSpec.kind``):
+   a PARAMETER trains, a BUFFER does not.
+2. Otherwise (other exporters, and initializers an exporter's optimizer made, such as a folded
+   Transpose of a weight) the inputs it reaches decide: an op declares those at which a constant
+   is a learned parameter (``OpDef.param_inputs``: Conv's weight and bias, a normalization's
+   scale and bias, Gather's table, MatMul's operand, a tensor added or multiplied...), reached
+   through ops that forward a value unchanged (``OpDef.forwards_params``: Reshape, Transpose,
+   Cast...). A tensor added to the scores of a Softmax whose values are all 0 or <= -100 is an
+   attention mask (a causal mask, Swin's shifted-window mask), not a parameter; other values
+   there are a bias the exporter folded from a trained table (Swin's relative position bias)
+   and train.
+
+``trainable=`` / ``frozen=`` override both; ``tr-onnx inspect`` lists every initializer with
+its reason.
+
+Exporters also store one parameter twice: as two equal initializers, or as the weight and its
+folded transpose (GPT-2's tied embedding and output projection after either torch exporter
+folds the Transpose), or as Identity copies of one initializer. Equal values that are not
+constant-filled and have at least ``TIE_MIN_SIZE`` elements are almost surely one parameter
+(independent random initialisations never coincide; a zero bias and a zero running mean do,
+which is why constant-filled values stay apart): ``parameter_sharing`` ties them by default.
+``share_parameters`` applies the decision to a specialised graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .. import ir
+from ..passes.autodiff import GradBuilder
+from ..registry import canonical_domain
+
+SIGNATURE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+TIE_MIN_SIZE = 256
+_ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
+_SOFTMAX = {"Softmax", "LogSoftmax"}
+_MASK_PATH = {"Add", "Where"}  # what may lie between an added mask and the Softmax
+MASKED = -100.0  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
+
+
+@dataclass(frozen=True)
+class ParamRole:
+    """Whether an initializer is in the default trainable set, and why (for ``inspect``)."""
+
+    trainable: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class SharedCopy:
+    """An initializer that is another one (``source``), or its transpose by ``perm``."""
+
+    source: str
+    perm: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ParamSharing:
+    """``untie``: Identity copies of a parameter that train as parameters of their own;
+    ``tie``: initializers that train as their ``SharedCopy.source`` (or its transpose);
+    ``identity``: every Identity copy of a parameter -> the initializer it copies."""
+
+    untie: frozenset[str] = frozenset()
+    tie: Mapping[str, SharedCopy] = field(default_factory=dict)
+    identity: Mapping[str, str] = field(default_factory=dict)
+
+
+def parameter_sharing(imported, tie: bool | None = None) -> ParamSharing:
+    """What trains as one parameter. ``tie``: None (default) ties equal values that are not
+    constant-filled and have >= TIE_MIN_SIZE elements, Identity copies included, and keeps the
+    rest apart; True also keeps every Identity copy one parameter; False keeps all apart."""
+    arrays = _param_arrays(imported)
+    identity = {n.output[0]: n.input[0] for n in imported.proto.graph.node
+                if n.op_type == "Identity" and n.input and n.input[0] in arrays}
+    if tie is True:
+        untie = frozenset()
+    elif tie is False:
+        untie = frozenset(identity)
+    else:
+        untie = frozenset(c for c, s in identity.items() if not _one_parameter(arrays[s]))
+    ties = {} if tie is False else _equal_values(arrays)
+    return ParamSharing(untie, ties, identity)
+
+
+def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, ParamRole]:
+    """Every float initializer (and untied Identity copy) -> whether it trains by default."""
+    sharing = sharing or ParamSharing()
+    signature = _signature(imported.original)
+    arrays = _param_arrays(imported)
+    ports = _PortWalk(imported, arrays)
+    names = list(arrays) + sorted(sharing.untie)
+    roles = {}
+    for name in names:
+        source = sharing.identity.get(name, name)
+        kind = signature.get(name, signature.get(source))
+        if kind == "PARAMETER":
+            roles[name] = ParamRole(True, "a parameter in torch.export's signature")
+        elif kind is not None:
+            roles[name] = ParamRole(False, f"a {kind.lower()} in torch.export's signature, "
+                                           "not a parameter")
+        else:
+            roles[name] = ports.role(name)
+    for copy, shared in sharing.tie.items():  # one parameter: trains if any use is a parameter
+        if copy in roles and shared.source in roles:
+            how = "its transpose" if shared.perm else "an equal copy"
+            if roles[copy].trainable and not roles[shared.source].trainable:
+                roles[shared.source] = ParamRole(True, f"{how} {copy!r}: "
+                                                       f"{roles[copy].reason}")
+            roles[copy] = ParamRole(roles[shared.source].trainable,
+                                    f"tied: {how} of {shared.source!r}")
+    return roles
+
+
+def share_parameters(graph: ir.Graph, sharing: ParamSharing | None, registry,
+                     backend: str) -> dict[str, str]:
+    """Apply ``sharing`` to a specialised, dispatched graph: untie Identity copies (each
+    becomes a parameter of its own; None: every one) and make tied initializers read their
+    source (through a Transpose where the copy is transposed). Returns the untied copies."""
+    untied = {}
+    for node in list(graph.nodes):
+        x = node.inputs[0] if node.inputs else None
+        if node.op_type != "Identity" or x is None or x.kind != ir.PARAM:
+            continue
+        y = node.outputs[0]
+        if sharing is None or y.name in sharing.untie:
+            graph.remove_node(node)
+            y.kind, y.data, y.producer = ir.PARAM, np.array(x.data, copy=True), None
+            untied[y.name] = x.name
+    for copy, shared in (sharing.tie.items() if sharing is not None else ()):
+        value, source = graph.values.get(copy), graph.values.get(shared.source)
+        if value is None or source is None or value.kind != ir.PARAM or value in graph.outputs:
+            continue
+        if shared.perm is not None:
+            b = GradBuilder(graph, registry, backend, prefix="tied")
+            view = b.op("Transpose", [source], {"perm": list(shared.perm)})
+            graph.remove_node(view.producer)
+            graph.insert(0, view.producer)
+        else:
+            view = source
+        for node in list(value.consumers):
+            for i, v in enumerate(node.inputs):
+                if v is value:
+                    graph.replace_input(node, i, view)
+        del graph.values[copy]
+    return untied
+
+
+def shared_value(values: Mapping[str, np.ndarray], shared: SharedCopy) -> np.ndarray:
+    """A tied copy's value from its source's (what export writes under the copy's name)."""
+    source = values[shared.source]
+    return source if shared.perm is None else np.ascontiguousarray(source.transpose(shared.perm))
+
+
+# ---- internals ------------------------------------------------------------------------------
+
+
+def _param_arrays(imported) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in imported.proto.graph.initializer
+            if i.name in imported.param_names}
+
+
+def _one_parameter(a: np.ndarray) -> bool:
+    """Equal values this large and not constant-filled are one parameter stored twice."""
+    return a.size >= TIE_MIN_SIZE and not np.all(a == a.reshape(-1)[0])
+
+
+def _digest(a: np.ndarray) -> tuple:
+    return a.dtype.str, a.shape, hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
+                                                  digest_size=16).digest()
+
+
+def _equal_values(arrays: Mapping[str, np.ndarray]) -> dict[str, SharedCopy]:
+    """Initializers equal to an earlier one, or to its transpose (2-D), in graph order."""
+    first: dict[tuple, str] = {}
+    ties = {}
+    for name, a in arrays.items():
+        if not _one_parameter(a):
+            continue
+        key = _digest(a)
+        if key in first and np.array_equal(arrays[first[key]], a):
+            ties[name] = SharedCopy(first[key])
+            continue
+        if a.ndim == 2:
+            tkey = _digest(a.T)
+            if tkey in first and np.array_equal(arrays[first[tkey]], a.T):
+                ties[name] = SharedCopy(first[tkey], (1, 0))
+                continue
+        first[key] = name
+    return ties
+
+
+def _is_mask(a: np.ndarray) -> bool:
+    masked = a <= MASKED
+    return bool(masked.any() and np.all(masked | (a == 0)))
+
+
+def _signature(model: onnx.ModelProto) -> dict[str, str]:
+    """torch.export's input kinds recorded by the dynamo exporter, by initializer name."""
+    g = model.graph
+    kinds = {}
+    for vi in list(g.value_info) + list(g.input):
+        for prop in vi.metadata_props:
+            if prop.key == SIGNATURE_KIND:
+                kinds[vi.name] = prop.value
+    for init in g.initializer:
+        for prop in init.metadata_props:
+            if prop.key == SIGNATURE_KIND:
+                kinds[init.name] = prop.value
+    return kinds
+
+
+class _PortWalk:
+    """Classifies an initializer by the op inputs it reaches (``OpDef.param_inputs``)."""
+
+    def __init__(self, imported, arrays: Mapping[str, np.ndarray]):
+        self.registry, self.arrays = imported.registry, arrays
+        g = imported.proto.graph
+        self.opsets = {o.domain or "": o.version for o in imported.proto.opset_import}
+        self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for node in g.node:
+            for i, name in enumerate(node.input):
+                if name:
+                    self.consumers.setdefault(name, []).append((node, i))
+        self.sizes = {i.name: int(np.prod(i.dims)) for i in g.initializer}
+        self.copied = {n.output[0]: n.input[0] for n in g.node
+                       if n.op_type == "Identity" and n.input and n.input[0] in arrays}
+
+    def role(self, name: str) -> ParamRole:
+        source = self.copied.get(name, name)
+        size = self.sizes.get(source)
+        frozen: list[str] = []
+        pending, seen = [name], set()
+        while pending:
+            value = pending.pop()
+            if value in seen:
+                continue
+            seen.add(value)
+            for node, index in self.consumers.get(value, ()):
+                opdef = self._opdef(node)
+                where = self._where(node, index)
+                if index in self._ports(node, opdef):
+                    if size is not None and size < opdef.param_min_size:
+                        frozen.append(f"a scalar at {where}: a constant the exporter "
+                                      "materialised")
+                    elif node.op_type == "Add" and source in self.arrays \
+                            and _is_mask(self.arrays[source]) and self._feeds_softmax(node):
+                        frozen.append(f"an attention mask (values 0 and <= {MASKED:g}) added "
+                                      f"to a Softmax's scores at {where}")
+                    else:
+                        return ParamRole(True, where)
+                elif opdef is not None and opdef.forwards_params and index == 0:
+                    pending.extend(o for o in node.output if o)
+                else:
+                    frozen.append(f"{where} is not a parameter input")
+        return ParamRole(False, frozen[0] if frozen else "read by no node")
+
+    def _opdef(self, node):
+        version = self.registry.resolve_version(
+            node.domain, node.op_type, self.opsets.get(node.domain or "", 1))
+        if version is None:
+            return None
+        for backend in ("numpy", "cuda"):
+            opdef = self.registry.lookup(node.domain, node.op_type, version, backend)
+            if opdef is not None:
+                return opdef
+        return None
+
+    @staticmethod
+    def _ports(node, opdef) -> tuple[int, ...] | range:
+        if opdef is None:
+            return ()
+        ports = opdef.param_inputs
+        if ports is None:  # undeclared: none for ONNX ops, gradient inputs for a plugin's
+            if canonical_domain(node.domain) in _ONNX_DOMAINS or not opdef.differentiable:
+                return ()
+            ports = opdef.grad_inputs if opdef.grad_inputs is not None else "all"
+        return range(len(node.input)) if ports == "all" else ports
+
+    def _where(self, node, index: int) -> str:
+        name = f"input {index}"
+        if canonical_domain(node.domain) in _ONNX_DOMAINS:
+            try:
+                schema = onnx.defs.get_schema(node.op_type, self.opsets.get(node.domain or "", 1),
+                                              node.domain)
+                formal = schema.inputs[min(index, len(schema.inputs) - 1)]
+                name = formal.name
+            except onnx.defs.SchemaError:
+                pass
+        return f"{node.op_type} {name} (node {node.name!r})"
+
+    def _feeds_softmax(self, node, depth: int = 4) -> bool:
+        for out in node.output:
+            for consumer, _ in self.consumers.get(out, ()):
+                if consumer.op_type in _SOFTMAX:
+                    return True
+                opdef = self._opdef(consumer)
+                forwards = opdef is not None and opdef.forwards_params
+                if depth and (forwards or consumer.op_type in _MASK_PATH) \
+                        and self._feeds_softmax(consumer, depth - 1):
+                    return True
+        return False
