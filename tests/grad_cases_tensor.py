@@ -113,6 +113,15 @@ CASES = [
     GradCase("scatter_elements_add", "ScatterElements",
              [r(3, 4), Const(np.array([[1, 1], [0, -1]], np.int64)), r(2, 2)],
              {"axis": 1, "reduction": "add"}, opset=16),
+    # ScatterND: distinct index tuples for reduction none (repeats leave the winner undefined)
+    GradCase("scatter_nd_none_rows", "ScatterND",
+             [r(4, 3), Const(np.array([[2], [-4]], np.int64)), r(2, 3)]),
+    GradCase("scatter_nd_none_batch_elements", "ScatterND",
+             [r(3, 4), Const(np.array([[[0, 1], [2, -1]], [[-1, 0], [1, 1]]], np.int64)),
+              r(2, 2)], opset=18),
+    GradCase("scatter_nd_add_repeated", "ScatterND",
+             [r(3, 2, 2), Const(np.array([[1], [-2], [0], [1]], np.int64)), r(4, 2, 2)],
+             {"reduction": "add"}, opset=16),
     # ---- broadcasting, padding, tiling ----
     GradCase("expand", "Expand", [r(3, 1), i64(2, 3, 4)]),
     GradCase("expand_lower_rank_shape", "Expand", [r(2, 1, 4), i64(3, 1)]),

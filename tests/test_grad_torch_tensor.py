@@ -1,5 +1,6 @@
 """PyTorch autograd parity (float64) for the heavier tensor/matmul gradient rules: Gather's and
-GatherND's scatter-add with repeated and negative indices, Slice with steps, Pad's reflect/
+GatherND's scatter-add with repeated and negative indices, ScatterND's (index_put) with
+negative and, for reduction add, repeated index tuples, Slice with steps, Pad's reflect/
 edge/wrap accumulation, Einsum's diagonal and broadcast, MatMul's batch broadcasting."""
 
 import numpy as np
@@ -19,6 +20,17 @@ def r(*shape):
 
 def i64(*values):
     return np.array(values, np.int64)
+
+
+def _index_put(idx, accumulate=False):
+    """torch's ScatterND: ``x.index_put(idx.T, u)``, one index tensor per addressed axis."""
+    index = tuple(torch.tensor(idx[..., j]) for j in range(idx.shape[-1]))
+    return lambda x, u: x.index_put(index, u, accumulate=accumulate)
+
+
+# distinct tuples, negative entries; [2, 3, k] with k < rank (slices along the last axis)
+ND_BATCH = np.array([[[0, 1], [-1, 3], [2, -4]], [[1, 1], [-3, 0], [3, 2]]])
+ND_REPEATED = np.array([[[1], [-2]], [[0], [1]], [[-2], [-2]]])  # [3, 2, 1], repeated
 
 
 def _reflect(x, p):
@@ -44,6 +56,17 @@ PARITY = [
                                                                  [[0], [2], [0]]]))],
               {"batch_dims": 1}),
      lambda x: torch.stack([x[0][[1, 1, 2]], x[1][[0, 2, 0]]])),
+    ("scatter_nd_none_batch_slices",
+     GradCase("t_scatter_nd", "ScatterND", [r(4, 5, 3), Const(ND_BATCH), r(2, 3, 3)], opset=18),
+     _index_put(ND_BATCH)),
+    ("scatter_nd_none_full_index",
+     GradCase("t_scatter_nd_full", "ScatterND",
+              [r(3, 4), Const(np.array([[2, -1], [0, 0], [-2, 1]])), r(3)]),
+     _index_put(np.array([[2, -1], [0, 0], [-2, 1]]))),
+    ("scatter_nd_add_repeated",
+     GradCase("t_scatter_nd_add", "ScatterND", [r(4, 2, 3), Const(ND_REPEATED), r(3, 2, 2, 3)],
+              {"reduction": "add"}, opset=16),
+     _index_put(ND_REPEATED, accumulate=True)),
     ("slice_step3",
      GradCase("t_slice", "Slice", [r(7, 5), Const(i64(1)), Const(i64(7)), Const(i64(0)),
                                    Const(i64(3))]),

@@ -214,6 +214,11 @@ def test_moves(case, align):
 
 X3 = rand(5, 6, 7)
 BIG = np.iinfo(np.int64).max
+ND_FULL = i64(1, -2, 3, 0, 0, 0, -5, 5, 6).reshape(3, 3)  # k == rank: one element each
+ND_ROWS = i64(-1, 2).reshape(2, 1)  # k == 1: whole [6, 7] slices
+ND_BATCH = i64(0, 1, -1, -6, 2, 3, 4, 2, 1, 5, -3, -1).reshape(2, 3, 2)  # [2, 3, k]: rows
+ND_REPEATED = i64(1, 1, -4, 0, 4, -1).reshape(2, 3, 1)  # (1 three times, 4 twice)
+ND_BATCH_REPEATED = i64(0, 1, 0, 1, -5, -5, 3, 2, 3, 2, 0, 1).reshape(2, 3, 2)
 SELECT = [
     pytest.param(Case("Slice", [feed_("x", X3), const("s", i64(1, 0)), const("e", i64(4, -1))]),
                  id="slice-basic"),
@@ -266,6 +271,34 @@ SELECT = [
                                           feed_("i", i64(1, 1, 3, 0).reshape(4, 1)),
                                           feed_("u", rand(4, 1))],
                       {"axis": 0, "reduction": "max"}, opset=18), id="scatter-elements-max"),
+    # ScatterND: distinct index tuples for reduction none (ONNX leaves repeats undefined),
+    # repeated ones for the reductions; negative indices; k == rank and k < rank (slices).
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_FULL), feed_("u", rand(3))]),
+                 id="scatternd-full-index"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_ROWS),
+                                    feed_("u", rand(2, 6, 7))], opset=11),
+                 id="scatternd-rows-v11"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_BATCH),
+                                    feed_("u", rand(2, 3, 7))], opset=13),
+                 id="scatternd-batch-v13"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), const("i", ND_BATCH),
+                                    feed_("u", rand(2, 3, 7))], {"reduction": "none"}, opset=18),
+                 id="scatternd-const-indices"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_REPEATED),
+                                    feed_("u", rand(2, 3, 6, 7))], {"reduction": "add"}, opset=16),
+                 id="scatternd-add-repeated"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_REPEATED),
+                                    feed_("u", rand(2, 3, 6, 7))], {"reduction": "mul"}, opset=16),
+                 id="scatternd-mul-repeated"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_BATCH_REPEATED),
+                                    feed_("u", rand(2, 3, 7))], {"reduction": "max"}, opset=18),
+                 id="scatternd-max-repeated"),
+    pytest.param(Case("ScatterND", [feed_("x", X3), feed_("i", ND_BATCH_REPEATED),
+                                    feed_("u", rand(2, 3, 7))], {"reduction": "min"}, opset=18),
+                 id="scatternd-min-repeated"),
+    pytest.param(Case("ScatterND", [feed_("x", X4), feed_("i", i64(1, -1, 0, 0).reshape(2, 2)),
+                                    feed_("u", rand(2, 4, 5))], channels_last=("x",)),
+                 id="scatternd-channels-last"),
 ]
 
 

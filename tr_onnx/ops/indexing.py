@@ -1,12 +1,12 @@
 """Indexing: ops that move data by index values rather than by shape. Gather, GatherElements,
-GatherND and ScatterElements, OneHot and TopK, with the backward ops GatherGrad and
+GatherND, ScatterElements and ScatterND, OneHot and TopK, with the backward ops GatherGrad and
 GatherNDGrad (scatter-adds of gy at the gathered positions).
 
 They are one family because their gradients are the same few moves run the other way: what
 a gather reads, its gradient scatter-adds back (GatherGrad, GatherNDGrad, ScatterElements with
-reduction add), and what a scatter writes, its gradient gathers. Index inputs never get a
-gradient. The axis and gradient helpers (``positive_axis``, ``zeros_like``, ``first_only``)
-are ops/tensor.py's.
+reduction add), and what a scatter writes, its gradient gathers (GatherElements, GatherND).
+Index inputs never get a gradient. The axis and gradient helpers (``positive_axis``,
+``zeros_like``, ``first_only``) are ops/tensor.py's.
 
 Kernels read logical views. NumPy's advanced indexing has no ``out=``: where a kernel indexes
 with arrays it makes one temporary the size of its output (noted at each place).
@@ -84,6 +84,51 @@ def scatter_elements_numpy(ctx):
             y[index] = ins[2]  # repeated indices: the last update wins, as in the reference
         else:
             reduce.at(y, index, ins[2])
+
+    return run
+
+
+def _nd_out_of_range(idx: np.ndarray, dims: np.ndarray) -> str | None:
+    """Why the index tuples ``idx[..., :k]`` do not all address ``dims`` (None when they do):
+    names the first tuple out of range and where it sits in the indices."""
+    bad = ((idx < -dims) | (idx >= dims)).any(axis=-1)
+    if not bad.any():
+        return None
+    at = tuple(int(i) for i in np.argwhere(bad)[0])
+    return (f"index tuple {idx[at].tolist()} at indices{list(at)} is out of range for the "
+            f"data's leading dims {dims.tolist()} (valid: -d <= i < d)")
+
+
+def scatter_nd_numpy(ctx):
+    data_shape, k = ctx.inputs[0].shape, ctx.inputs[1].shape[-1]
+    if not 1 <= k <= len(data_shape):
+        raise ctx.error(f"indices address {k} axes of a rank-{len(data_shape)} data input "
+                        f"(ScatterND needs 1 <= indices.shape[-1] <= rank)")
+    dims = np.array(data_shape[:k], np.int64)
+    reduce = _SCATTER_REDUCE.get(ctx.attrs.get("reduction", "none"))
+    const_idx = ctx.const(1)
+    fixed = None  # the index arrays, when the indices are known at plan time
+    if const_idx is not None:  # exporters store slice_scatter's indices: check them once, here
+        problem = _nd_out_of_range(const_idx, dims)
+        if problem is not None:
+            raise ctx.error(problem)
+        fixed = tuple(np.ascontiguousarray(const_idx[..., j]) for j in range(k))
+
+    def run(ins, outs, ws):
+        y = outs[0]
+        np.copyto(y, ins[0])
+        index = fixed
+        if index is None:
+            problem = _nd_out_of_range(ins[1], dims)
+            if problem is not None:
+                raise IndexError(problem)  # the executor's KernelError names the node
+            index = tuple(ins[1][..., j] for j in range(k))
+        # One index array per addressed axis, negative entries counting from the end. Indexing
+        # the (possibly strided) view itself, never a flattened copy, keeps the writes in y.
+        if reduce is None:
+            y[index] = ins[2]  # repeated tuples: the last update wins, as in the reference
+        else:
+            reduce.at(y, index, ins[2])  # unbuffered: every repeated tuple reduces
 
     return run
 
@@ -207,6 +252,27 @@ def scatter_elements_vjp(b, node, gys, needed):
     return [gx, None, gu]
 
 
+def scatter_nd_vjp(b, node, gys, needed):
+    """reduction none: data's gradient is gy with the scattered slices zeroed (ScatterND of
+    zeros), the updates' is gy gathered there (GatherND; repeated index tuples all receive gy,
+    as in PyTorch's index_put). reduction add: data's gradient is gy itself. mul/max/min have
+    no rule here (they would need the forward's operands and a tie rule)."""
+    x, idx, updates = node.inputs
+    gy = gys[0]
+    reduction = node.attrs.get("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise UnsupportedModelError(f"{node.label}: no gradient for ScatterND with reduction "
+                                    f"{reduction!r} (none and add have one); freeze the "
+                                    f"parameters that reach its data and updates", [])
+    gx = gu = None
+    if needed[0]:
+        gx = gy if reduction == "add" else b.op(
+            "ScatterND", [gy, idx, zeros_like(b, updates)], like=x)
+    if needed[2]:
+        gu = b.op("GatherND", [gy, idx], like=updates)
+    return [gx, None, gu]
+
+
 def top_k_vjp(b, node, gys, needed):
     """The values' gradient scattered back to where they came from (the indices output)."""
     x = node.inputs[0]
@@ -231,6 +297,14 @@ def tr_onnx_op_definitions():
               gradient=gather_nd_vjp, grad_inputs=DATA_INPUT),
         OpDef("ScatterElements", (11, 13, 16, 18), {"numpy": scatter_elements_numpy},
               differentiable=True, gradient=scatter_elements_vjp, grad_inputs=(0, 2)),
+        OpDef("ScatterND", (11, 13, 16, 18), {"numpy": scatter_nd_numpy},
+              differentiable=True, gradient=scatter_nd_vjp, grad_inputs=(0, 2),
+              doc="y = data with the slice at each index tuple (indices' last axis, k <= "
+                  "rank) set to its updates (reduction none) or reduced with them (add; mul "
+                  "from v16; max, min from v18). Negative indices count from the end; an "
+                  "out-of-range one is an error naming the node. With repeated index tuples "
+                  "and reduction none ONNX leaves the winner undefined (NumPy keeps the last, "
+                  "as onnx.reference does). Gradients for none and add; indices get none"),
         OpDef("OneHot", (9, 11, 28), {"numpy": one_hot_numpy}, const_inputs=(1,),
               differentiable=False),
         OpDef("TopK", (1, 10, 11, 24), {"numpy": top_k_numpy}, const_inputs=(1,),
