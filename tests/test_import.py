@@ -187,3 +187,33 @@ def test_a_node_the_folder_cannot_evaluate_is_left_to_run(monkeypatch):
     x = np.ones((1, 4), np.float32)
     want = ort_run(model, {"x": x})[0]
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=0, atol=0)
+
+
+def test_shape_chains_fold_once_input_shapes_are_concrete():
+    """Issue 11, item 1: Hugging Face exports compute Expand's shape as
+    ``Shape(x) -> Gather -> Range -> Unsqueeze -> Max(initializer) -> Shape``; every value
+    depends only on input shapes. The Shape of a value folded earlier in the same fixpoint
+    (no value_info left: its dims are its shape) must fold too, or Expand's shape stays
+    "computed at run time"."""
+    ints = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+            (("zero", 0), ("one", 1), ("axis0", [0]), ("floor", [[0]]))]
+    w = numpy_helper.from_array(np.array([[1.5]], np.float32), "w")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["t"], axis=0),
+             helper.make_node("Range", ["zero", "t", "one"], ["r"]),
+             helper.make_node("Unsqueeze", ["r", "axis0"], ["u"]),
+             helper.make_node("Max", ["u", "floor"], ["m"]),
+             helper.make_node("Shape", ["m"], ["ms"]),
+             helper.make_node("Expand", ["w", "ms"], ["we"]),
+             helper.make_node("Mul", ["x", "we"], ["y"])]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["n", "t"])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["n", "t"])], [*ints, w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = tr_onnx.InferenceSession(model)
+    for shape in ((2, 5), (3, 7)):
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ort_run(model, {"x": x})[0],
+                                   rtol=0, atol=0)
+        ops = [n.op_type for n in sess.plan_for({"x": x}).graph.nodes]
+        assert ops == ["Expand", "Mul"], ops  # the whole chain folded
