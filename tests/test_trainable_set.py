@@ -274,6 +274,38 @@ def test_dynamo_export_of_a_mobilenet_v2_trains_the_parameters_it_kept(tmp_path)
     assert trainable == kept | {f"{n}_bias" for n in convs}
 
 
+class RNNClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = torch.nn.RNN(8, 16, batch_first=True), torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc(self.rnn(x)[0][:, -1])
+
+
+def test_dynamo_export_of_an_rnn_trains_pytorchs_parameters(tmp_path):
+    """The dynamo exporter unrolls a short ``nn.RNN`` (16 steps here) and expands a scalar 0
+    into the initial state: that fill is no parameter; the weights are (as folded
+    transposes) and train as PyTorch's."""
+    module = _randomized(RNNClassifier())
+    x = torch.randn(4, 16, 8)
+    path = _dynamo_export(module, x, tmp_path / "rnn.onnx")
+    scalars = _scalar_initializers(path)
+    session = tr_onnx.TrainingSession(path, optimizer=SGD(lr=0.1), backend="numpy")
+    assert not {n for n in scalars if session.parameter_roles[n].trainable}
+    names, other = _match_torch(session, module)
+    assert names == {n for n, _ in module.named_parameters()} and not other
+    y = torch.tensor([0, 1, 2, 0])
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        want = torch.nn.functional.cross_entropy(module(x), y)
+        want.backward()
+        opt.step()
+        got = float(session.train_step({"x": x.numpy()}, y.numpy()))
+        assert abs(got - want.item()) <= 1e-5, step
+
+
 def _scalar_initializers(path) -> set[str]:
     scalars = {i.name for i in onnx.load(path).graph.initializer
                if int(np.prod(i.dims)) == 1 and i.data_type == TensorProto.FLOAT}

@@ -49,6 +49,7 @@ SIGNATURE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 _SOFTMAX = {"Softmax", "LogSoftmax"}
+_BROADCASTS = {"Expand", "Tile"}  # forward a value into a larger one
 _MASK_PATH = {"Add", "Where"}  # what may lie between an added mask and the Softmax
 MASKED = -100.0  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
 
@@ -264,6 +265,11 @@ class _PortWalk:
                     else:
                         return ParamRole(True, where)
                 elif opdef is not None and opdef.forwards_params and index == 0:
+                    if size == 1 and node.op_type in _BROADCASTS:
+                        frozen.append(f"a scalar broadcast by {node.op_type} (node "
+                                      f"{node.name!r}): a constant fill, such as a zero "
+                                      "initial state")
+                        continue
                     pending.extend(o for o in node.output if o)
                 else:
                     frozen.append(f"{where} is not a parameter input")
