@@ -24,7 +24,8 @@ from ..backends import (
     resolve_backend,
 )
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
-from ..errors import InputError, TrainingDiverged, TrOnnxError
+from ..errors import ExportAdviceWarning, InputError, TrainingDiverged, TrOnnxError
+from ..export_advice import export_advice
 from ..feeds import check_feed, check_labels, check_output_names
 from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
@@ -185,6 +186,8 @@ class TrainingSession:
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
         self.imported: ImportedModel = import_model(model, self.registry, self.backend)
+        for advice in export_advice(self.imported):  # trains as written, maybe not as intended
+            warnings.warn(f"{self.imported.source}: {advice}", ExportAdviceWarning, stacklevel=2)
         self.optimizer = make_optimizer(optimizer if optimizer is not None else AdamW(), lr)
         self.schedule = make_schedule(lr_schedule)
         if grad_accumulation < 1:
