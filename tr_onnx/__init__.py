@@ -5,6 +5,7 @@
 
 from . import optim
 from .errors import (
+                     ExportAdviceWarning,
                      InputError,
                      InternalError,
                      ModelLoadError,
@@ -23,4 +24,5 @@ from .training.session import TrainingSession
 __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
-           "InternalError", "PlanError", "TrainingDiverged", "__version__"]
+           "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
+           "__version__"]

@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
+import warnings
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from .errors import TrOnnxError
+from .errors import ExportAdviceWarning, TrOnnxError
 
 
 def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -48,6 +50,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     real cuDNN library's deviceless check of every graph the plan declares, for the GPU that
     ``gpu_properties`` describes (default: the packaged H200). ``train``: the training plan
     (``precision`` fp32/fp16/bf16) instead of the inference one."""
+    from .export_advice import export_advice
     from .importer import default_opset
     from .session import InferenceSession
 
@@ -60,8 +63,10 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     if train:
         from .training.session import TrainingSession
 
-        sess = TrainingSession(path, backend=backend, device=device, precision=precision,
-                               channel_align=channel_align)
+        with warnings.catch_warnings():  # inspect prints the advice in its own section
+            warnings.simplefilter("ignore", ExportAdviceWarning)
+            sess = TrainingSession(path, backend=backend, device=device, precision=precision,
+                                   channel_align=channel_align)
     else:
         sess = InferenceSession(path, backend=backend, channel_align=channel_align,
                                 reuse_memory=reuse, device=device)
@@ -102,7 +107,10 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
                      "kernel": f"{sources[(d, o, v)]} ({sess.backend})"}
                     for (d, o, v), c in sorted(ops.items())],
         "zero_copy_views": dict(aliased),
-        **_parameters_info(imported),
+        **(parameters := _parameters_info(imported)),
+        # signs that the exporter changed the model (BatchNorm folded, biases dropped...)
+        "export_advice": [{"code": a.code, "message": a.message, "names": list(a.names)}
+                          for a in export_advice(imported, tied=parameters["tied"])],
         "layout": {
             "channels_last_values": plan.layout.channels_last,
             "transposes_inserted": len(plan.layout.transposes),
@@ -202,8 +210,17 @@ def _print_inspect(info: dict, verbose: bool) -> None:
     ratio = mem["arena_bytes"] / mem["naive_bytes"] if mem["naive_bytes"] else 1.0
     print(f"  arena {mem['arena_bytes']:,d} B vs naive sum {mem['naive_bytes']:,d} B "
           f"({ratio:.1%})")
+    _print_advice(info["export_advice"])
     if "cudnn_graphs" in info:
         _print_cudnn_graphs(info["cudnn_graphs"])
+
+
+def _print_advice(advice: list[dict]) -> None:
+    print("\nexport advice" + ("" if advice else ": none (no sign that the exporter changed "
+                                                 "the model)"))
+    for a in advice:
+        print(textwrap.fill(f"[{a['code']}] {a['message']}", 98, initial_indent="  ",
+                            subsequent_indent="    "))
 
 
 def _print_cudnn_graphs(graphs: dict) -> None:

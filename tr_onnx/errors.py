@@ -1,4 +1,5 @@
-"""Exceptions raised by tr_onnx. Every message names the file, node, op or argument at fault."""
+"""Exceptions raised by tr_onnx, and its warning category. Every message names the file, node,
+op or argument at fault."""
 
 
 class TrOnnxError(Exception):
@@ -85,3 +86,11 @@ class PlanError(InternalError):
 
 class TrainingDiverged(TrOnnxError):
     """Too many steps in a row had a non-finite loss or gradient; none of them was applied."""
+
+
+class ExportAdviceWarning(UserWarning):
+    """The model shows signs that its exporter changed it (BatchNorm folded into the
+    convolutions, all-zero biases dropped, tied weights untied, equal initializers merged):
+    it trains exactly as written, but not as the PyTorch model would have. Emitted by
+    ``TrainingSession`` once per finding of ``tr_onnx.export_advice.export_advice``; silence it
+    with ``warnings.filterwarnings("ignore", category=tr_onnx.ExportAdviceWarning)``."""

@@ -24,7 +24,8 @@ from ..backends import (
     resolve_backend,
 )
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
-from ..errors import InputError, TrainingDiverged, TrOnnxError
+from ..errors import ExportAdviceWarning, InputError, TrainingDiverged, TrOnnxError
+from ..export_advice import export_advice
 from ..feeds import check_feed, check_labels, check_output_names
 from ..importer import ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
@@ -216,6 +217,9 @@ class TrainingSession:
         self.sharing = parameter_sharing(self.imported, tie_shared_initializers)
         self.parameter_roles: dict[str, ParamRole] = parameter_roles(self.imported,
                                                                      self.sharing)
+        # trains as written, which may not be what was intended
+        for advice in export_advice(self.imported, tied=self.sharing.tie):
+            warnings.warn(f"{self.imported.source}: {advice}", ExportAdviceWarning, stacklevel=2)
         self.options = dict(trainable=list(trainable) if trainable is not None else None,
                             frozen=list(frozen), grad_accumulation=int(grad_accumulation),
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,

@@ -1,0 +1,286 @@
+"""What the exporter probably did to a model, said before it is trained.
+
+tr_onnx trains the graph it is given, exactly; but the graph an exporter writes is not always
+the model that was trained in PyTorch. Measured on torch 2.13 (README "Exporting a model for
+training" has the settings that avoid each):
+
+- an eval-mode export with constant folding (both torch exporters' default) folds BatchNorm
+  into the convolutions: training then trains the folded function, not PyTorch's ``train()``;
+- the dynamo exporter's optimizer drops every all-zero bias of Conv, ConvTranspose and Gemm
+  (all of them in a freshly initialised Hugging Face model), and merges equal-valued
+  initializers (a fresh model's LayerNorm scales, all ones, become one initializer);
+- constant folding turns the Transpose of a tied embedding/output weight (GPT-2) into a copy.
+
+``export_advice`` looks for these signatures in the imported graph and returns one
+``ExportAdvice`` per finding; ``TrainingSession`` warns with each (``ExportAdviceWarning``) and
+``tr-onnx inspect`` prints them. The detectors are heuristics tuned to stay silent on models
+exported as the README recommends and on the model zoo; each message says when to ignore it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .importer import ImportedModel
+
+README = "README 'Exporting a model for training'"
+# Ops that normalise activations. Any of them in a conv net means BatchNorm was not folded
+# away (LRN too: a network with LRN, AlexNet's era, was designed without BatchNorm).
+NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormalization",
+                  "LayerNormalization", "RMSNormalization", "MeanVarianceNormalization",
+                  "LpNormalization", "LRN", "SkipLayerNormalization",
+                  "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
+# Per-channel normalisations: a bias before them is cancelled by their mean subtraction, so
+# convolutions in a network that has them are bias-less by design (pre-activation ResNets and
+# DenseNets put the BatchNorm before the conv, so "directly followed" is not enough).
+CHANNEL_NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormalization"}
+CONVOLUTIONS = ("Conv", "ConvTranspose")
+# Between a layer and the normalisation after it, exporters put only these.
+_PASS_THROUGH = {"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
+# Fewer convolutions than this without normalisation is common by design (LeNet, tutorial
+# CNNs); from ResNet on, every torchvision conv net normalises after (nearly) every conv, so
+# 4+ convs and no normalisation at all means either a pre-2015 design (AlexNet, VGG without
+# BN, SqueezeNet; the message names them) or BatchNorm folded away.
+MIN_CONVS_FOLDED = 4
+# One bias-less layer is as likely a design (a linear probe) as a dropped zero bias; the
+# dropped-bias signature is every layer of a kind at once (zero-initialised biases are set
+# per layer type: all Linear biases of a Hugging Face model, all folded conv biases of a fresh
+# BatchNorm net).
+MIN_BIASLESS = 2
+SHOWN = 3  # names listed per finding
+
+
+@dataclass(frozen=True)
+class ExportAdvice:
+    """One finding: ``code`` (stable, for filtering), ``message`` (what was found, naming the
+    first nodes/initializers and their count, why it matters, what to do) and the ``names``
+    of every node or initializer involved."""
+
+    code: str
+    message: str
+    names: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+def _listed(names, what: str) -> str:
+    names = list(names)
+    shown = ", ".join(repr(n) for n in names[:SHOWN])
+    more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+    return f"{len(names)} {what} ({shown}{more})"
+
+
+class _Graph:
+    """The lookups the detectors share: nodes by name, consumers, initializers."""
+
+    def __init__(self, proto: onnx.ModelProto, params: frozenset[str] | None):
+        g = proto.graph
+        self.nodes = list(g.node)
+        self.inits = {i.name: i for i in g.initializer}
+        self.params = params if params is not None else frozenset(
+            i.name for i in g.initializer if i.data_type in (
+                onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16))
+        self.consumers = defaultdict(list)
+        self.producer = {}
+        for node in self.nodes:
+            for name in node.input:
+                if name:
+                    self.consumers[name].append(node)
+            for name in node.output:
+                self.producer[name] = node
+        self.op_types = {n.op_type for n in self.nodes}
+
+    @staticmethod
+    def label(node: onnx.NodeProto, index: int | None = None) -> str:
+        return node.name or f"{node.op_type}_{index if index is not None else '?'}"
+
+    def followed_by(self, node: onnx.NodeProto, ops: set[str], depth: int = 3) -> bool:
+        """Whether ``node``'s output reaches an op in ``ops`` through layout-only ops."""
+        frontier = [o for o in node.output if o]
+        for _ in range(depth + 1):
+            nxt = []
+            for value in frontier:
+                for c in self.consumers.get(value, ()):
+                    if c.op_type in ops:
+                        return True
+                    if c.op_type in _PASS_THROUGH:
+                        nxt.extend(o for o in c.output if o)
+            frontier = nxt
+        return False
+
+    def array(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.inits[name])
+
+
+def _has_bias(node: onnx.NodeProto) -> bool:
+    return len(node.input) > 2 and bool(node.input[2])
+
+
+def folded_batchnorm(g: _Graph) -> list[ExportAdvice]:
+    """Many convolutions, no normalisation anywhere, biases on all of them (or, after the
+    dynamo exporter dropped the all-zero folded biases of a fresh model, on none)."""
+    convs = [(i, n) for i, n in enumerate(g.nodes) if n.op_type in CONVOLUTIONS]
+    if len(convs) < MIN_CONVS_FOLDED or g.op_types & NORMALIZATIONS:
+        return []
+    biased = sum(_has_bias(n) for _, n in convs)
+    if 0 < biased < len(convs):
+        return []  # folding gives every conv a bias: a mix is a design, not a fold
+    names = [g.label(n, i) for i, n in convs]
+    bias_note = ("each has a bias" if biased else
+                 "none has a bias either: the folded biases, all zero in a freshly "
+                 "initialised model, were then dropped (the torch dynamo exporter's optimizer "
+                 "does both)")
+    return [ExportAdvice(
+        "folded-batchnorm",
+        f"{_listed(names, 'convolutions')} and no normalization anywhere; {bias_note}. "
+        "BatchNorm was likely folded into the convolutions by an eval-mode export with "
+        "constant folding: training trains that folded function (no batch statistics, no "
+        "running statistics), not what PyTorch's train() does. To keep BatchNorm, export with "
+        "torch.onnx.export(..., dynamo=False, do_constant_folding=False) or, with the dynamo "
+        f"exporter, optimize=False ({README}). Ignore this for a network designed without "
+        "normalization (AlexNet, VGG without BN, SqueezeNet).",
+        tuple(names))]
+
+
+def dropped_biases(g: _Graph, folded: bool) -> list[ExportAdvice]:
+    """Every Gemm (or every convolution) that no normalisation follows lacks its bias.
+
+    MatMul layers are not judged: neither torch exporter drops a MatMul's bias Add (a Linear
+    on 3-D input keeps its zero bias; measured), and a MatMul without one is a bias-less
+    layer by design (GPT-2's and LLaMA's heads, LLaMA's projections)."""
+    families = {"Gemm": [(i, n) for i, n in enumerate(g.nodes) if n.op_type == "Gemm"]}
+    if not folded and not g.op_types & CHANNEL_NORMALIZATIONS:
+        # with the convs folded-batchnorm reports, their missing biases are already said
+        families["convolution"] = [(i, n) for i, n in enumerate(g.nodes)
+                                   if n.op_type in CONVOLUTIONS]
+    out = []
+    for family, layers in families.items():
+        layers = [(i, n) for i, n in layers if not g.followed_by(n, NORMALIZATIONS)]
+        if len(layers) < MIN_BIASLESS or any(_has_bias(n) for _, n in layers):
+            continue
+        names = [g.label(n, i) for i, n in layers]
+        out.append(ExportAdvice(
+            "dropped-biases",
+            f"{_listed(names, f'{family} layers')} have no bias, and no normalization follows "
+            "them. The torch dynamo exporter drops every all-zero bias (its optimizer's "
+            "remove-optional-bias rule; every bias of a freshly initialised Hugging Face "
+            "model is zero): a dropped bias is not a parameter of the ONNX model, so training "
+            "does not learn it, where PyTorch would. Export with torch.onnx.export(..., "
+            f"dynamo=True, optimize=False) or with dynamo=False ({README}). Ignore this if "
+            "these layers have no bias by design.",
+            tuple(names)))
+    return out
+
+
+def _weight_matrix(g: _Graph, node: onnx.NodeProto) -> tuple[str, bool] | None:
+    """The initializer a MatMul/Gemm multiplies by on the right, and whether it is used
+    transposed (``x @ W.T``): through a Transpose node or Gemm's transB."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return None
+    name, transposed = node.input[1], False
+    if node.op_type == "Gemm":
+        transposed = any(a.name == "transB" and a.i for a in node.attribute)
+    producer = g.producer.get(name)
+    if producer is not None and producer.op_type == "Transpose":
+        perm = [list(a.ints) for a in producer.attribute if a.name == "perm"]
+        if perm and perm[0] != [1, 0]:
+            return None
+        name, transposed = producer.input[0], not transposed
+    if name not in g.params or len(g.inits[name].dims) != 2:
+        return None
+    return name, transposed
+
+
+def untied_weights(g: _Graph) -> list[ExportAdvice]:
+    """An embedding table (Gather from a [V, E] initializer) and a separate initializer that
+    equals it as the output projection (``x @ table.T``)."""
+    tables = {}
+    for node in g.nodes:
+        axis = [a.i for a in node.attribute if a.name == "axis"]
+        if node.op_type == "Gather" and node.input[0] in g.params and not (axis and axis[0]) \
+                and len(g.inits[node.input[0]].dims) == 2:
+            tables.setdefault(node.input[0], node)
+    if not tables:
+        return []
+    out, seen = [], set()
+    for i, node in enumerate(g.nodes):
+        found = _weight_matrix(g, node)
+        if found is None or found[0] in tables or found[0] in seen:
+            continue
+        name, transposed = found
+        dims = tuple(g.inits[name].dims)
+        for table, gather in tables.items():
+            v, e = g.inits[table].dims
+            if dims != ((v, e) if transposed else (e, v)):
+                continue
+            w = g.array(name)
+            if np.array_equal(w if transposed else w.T, g.array(table)):
+                seen.add(name)
+                out.append(ExportAdvice(
+                    "untied-weights",
+                    f"initializer {name!r} {list(dims)} (the weight of {g.label(node, i)!r}) "
+                    f"equals {'' if transposed else 'the transpose of '}the embedding table "
+                    f"{table!r} [{v}, {e}] (read by {g.label(gather)!r}): tied input/output "
+                    "embeddings (GPT-2's) untied by the exporter, whose constant folding turns "
+                    "the Transpose of the tied weight into a copy. Too small to be tied back "
+                    "(under 256 elements), they train as two parameters here, as one in "
+                    "PyTorch. Export with torch.onnx.export(..., dynamo=False, "
+                    "do_constant_folding=False) or (dynamo) optimize=False "
+                    f"({README}).",
+                    (name, table)))
+    return out
+
+
+def merged_initializers(g: _Graph) -> list[ExportAdvice]:
+    """A parameter whose elements are all equal (a fresh model's ones and zeros), read
+    directly by several nodes: the dynamo exporter's optimizer merges equal-valued
+    initializers into one (the classic exporter shares them through Identity nodes, which
+    training unties)."""
+    merged = []
+    for name in g.params:
+        users = [n for n in g.consumers.get(name, ()) if n.op_type != "Identity"]
+        if len(users) < 2 or int(np.prod(g.inits[name].dims)) < 2:
+            continue
+        x = g.array(name)
+        if np.all(x == x.flat[0]):
+            merged.append((name, users))
+    if not merged:
+        return []
+    merged.sort()
+    users = [f"{name!r} by {len(nodes)} nodes" for name, nodes in merged]
+    shown = "; ".join(users[:SHOWN]) + (f"; and {len(users) - SHOWN} more"
+                                        if len(users) > SHOWN else "")
+    return [ExportAdvice(
+        "merged-initializers",
+        f"{len(merged)} constant-valued parameter(s) are each read by several nodes ({shown}). "
+        "The torch dynamo exporter merges equal-valued initializers (a freshly initialised "
+        "model's LayerNorm scales, all ones, and its zero biases become one initializer each): "
+        "training here learns one shared parameter where PyTorch learns one per layer. Export "
+        f"with torch.onnx.export(..., dynamo=True, optimize=False) or dynamo=False ({README}). "
+        "Ignore this if the sharing is by design.",
+        tuple(name for name, _ in merged))]
+
+
+def export_advice(model: ImportedModel | onnx.ModelProto,
+                  tied: Collection[str] = ()) -> list[ExportAdvice]:
+    """Signs that the exporter changed the model, one ``ExportAdvice`` each (empty: none).
+
+    ``model``: an ``ImportedModel`` (its folded graph and parameter names are read) or a
+    ``ModelProto`` (its float initializers are taken as the parameters). ``tied``: copies
+    that training ties back to their source (``TrainingSession.sharing.tie``: equal values of
+    >= 256 elements); an untied weight among them is no advice. Cheap: initializer values are
+    read only for the candidates of a tie or a merge."""
+    if isinstance(model, ImportedModel):
+        g = _Graph(model.proto, model.param_names)
+    else:
+        g = _Graph(model, None)
+    folded = folded_batchnorm(g)
+    untied = [a for a in untied_weights(g) if a.names[0] not in tied]
+    return folded + dropped_biases(g, bool(folded)) + untied + merged_initializers(g)
