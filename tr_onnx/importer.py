@@ -351,12 +351,34 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for v in graph.values.values():
         if v.kind == ir.PARAM and v.name not in imported.param_names:
             v.kind = ir.CONST
+    for node in graph.nodes:  # the first node whose output shape the data decides
+        for v in node.outputs:
+            if v is not None and not v.is_static:
+                raise ShapeError(_data_dependent_message(imported.source, graph, node, v))
     for v in graph.values.values():
         if not v.is_static:
             raise ShapeError(f"{imported.source}: value {v.name!r} has a dynamic shape "
                              f"{list(v.shape)} even with concrete inputs (data-dependent shapes "
                              "are not supported)")
     return graph
+
+
+def _data_dependent_message(source: str, graph: ir.Graph, node: ir.Node, value) -> str:
+    """Name the node, the value, and the model inputs whose values decide its shape."""
+    inputs, seen, pending = [], set(), [v for v in node.inputs if v is not None]
+    while pending:
+        v = pending.pop()
+        if v.name in seen:
+            continue
+        seen.add(v.name)
+        if v.kind == ir.INPUT:
+            inputs.append(v.name)
+        elif v.producer is not None and v.producer.op_type not in _SHAPE_OPS:
+            pending.extend(i for i in v.producer.inputs if i is not None)
+    where = f" (from the values of input(s) {sorted(inputs)})" if inputs else ""
+    return (f"{source}: {node.label} gives value {value.name!r} a shape {list(value.shape)} "
+            f"that depends on data{where}, even with concrete input shapes; tr_onnx plans "
+            "every shape before a step runs (data-dependent shapes are not supported)")
 
 
 def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
