@@ -354,7 +354,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for node in graph.nodes:  # the first node whose output shape the data decides
         for v in node.outputs:
             if v is not None and not v.is_static:
-                raise ShapeError(_data_dependent_message(imported.source, graph, node, v))
+                raise ShapeError(_data_dependent_message(imported, node, v))
     for v in graph.values.values():
         if not v.is_static:
             raise ShapeError(f"{imported.source}: value {v.name!r} has a dynamic shape "
@@ -363,9 +363,14 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     return graph
 
 
-def _data_dependent_message(source: str, graph: ir.Graph, node: ir.Node, value) -> str:
-    """Name the node, the value, and the model inputs whose values decide its shape."""
-    inputs, seen, pending = [], set(), [v for v in node.inputs if v is not None]
+def _data_dependent_message(imported: ImportedModel, node: ir.Node, value) -> str:
+    """Name the node, the value, and the model inputs whose values decide its shape (through
+    the node's plan-time inputs where it declares them: Reshape's shape, not its data)."""
+    opdef = imported.registry.lookup(node.domain, node.op_type, node.since_version, "numpy")
+    deciding = opdef.const_inputs if opdef is not None and opdef.const_inputs else \
+        range(len(node.inputs))
+    inputs, seen = [], set()
+    pending = [node.inputs[i] for i in deciding if i < len(node.inputs) and node.inputs[i]]
     while pending:
         v = pending.pop()
         if v.name in seen:
@@ -376,9 +381,10 @@ def _data_dependent_message(source: str, graph: ir.Graph, node: ir.Node, value) 
         elif v.producer is not None and v.producer.op_type not in _SHAPE_OPS:
             pending.extend(i for i in v.producer.inputs if i is not None)
     where = f" (from the values of input(s) {sorted(inputs)})" if inputs else ""
-    return (f"{source}: {node.label} gives value {value.name!r} a shape {list(value.shape)} "
-            f"that depends on data{where}, even with concrete input shapes; tr_onnx plans "
-            "every shape before a step runs (data-dependent shapes are not supported)")
+    return (f"{imported.source}: {node.label} gives value {value.name!r} a shape "
+            f"{list(value.shape)} that depends on data{where}, even with concrete input "
+            "shapes; tr_onnx plans every shape before a step runs (data-dependent shapes are "
+            "not supported)")
 
 
 def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
