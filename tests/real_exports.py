@@ -32,7 +32,8 @@ PATCH = 2
 WINDOW = 2  # smaller than both stages' resolutions, so every odd block shifts its windows
 CHANNELS = 3
 EXPORTERS = ("classic", "dynamo")
-MODELS = ("bert", "distilbert", "gpt2", "swin")
+MODELS = ("bert", "distilbert", "gpt2", "llama", "swin")
+LANGUAGE_MODELS = ("gpt2", "llama")  # logits [N, T, V], labels [N, T]: class_axis=-1
 
 
 class TextLogits(torch.nn.Module):
@@ -72,13 +73,15 @@ def _config(name: str, exporter: str) -> transformers.PretrainedConfig:
     if name == "gpt2":
         return transformers.GPT2Config(
             vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=16,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-            # The classic exporter unties GPT-2's tied embedding and lm_head weight after
-            # constant folding (PEERS.md): the file then has two parameters where PyTorch
-            # trains one, and the two trainings differ from the first step on. A user who
-            # trains that file trains an untied model, so that is the PyTorch model to compare
-            # it with. The dynamo export keeps the tie (one initializer; the tests check it).
-            tie_word_embeddings=exporter != "classic")
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+            # tied embedding and lm_head (the default): the classic exporter's constant folding
+            # writes the lm_head weight as a transposed copy, which training ties back
+            # (training.parameters); the dynamo export keeps one initializer (a test checks it)
+    if name == "llama":
+        return transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=1,
+            max_position_embeddings=16, bos_token_id=0, eos_token_id=0)
     if name == "swin":
         return transformers.SwinConfig(
             image_size=IMAGE, patch_size=PATCH, num_channels=CHANNELS, embed_dim=16,
@@ -95,6 +98,7 @@ def _config(name: str, exporter: str) -> transformers.PretrainedConfig:
 _CLASSES = {"bert": transformers.BertForSequenceClassification,
             "distilbert": transformers.DistilBertForSequenceClassification,
             "gpt2": transformers.GPT2LMHeadModel,
+            "llama": transformers.LlamaForCausalLM,
             "swin": transformers.SwinForImageClassification}
 
 
@@ -126,9 +130,9 @@ def example_inputs(name: str, seed: int = 0, batch: int = BATCH,
 
 
 def example_labels(name: str, seed: int = 0, batch: int = BATCH, seq: int = SEQ) -> np.ndarray:
-    """Labels for ``example_inputs``: classes [N], or next tokens [N, T] for GPT-2."""
+    """Labels for ``example_inputs``: classes [N], or next tokens [N, T] for a language model."""
     rng = np.random.default_rng(seed + 1000)
-    if name == "gpt2":
+    if name in LANGUAGE_MODELS:
         return rng.integers(0, VOCAB, (batch, seq), dtype=np.int64)
     return rng.integers(0, CLASSES, (batch,), dtype=np.int64)
 

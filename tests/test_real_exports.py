@@ -37,7 +37,7 @@ CASES = [f"{name}-{exporter}" for name in rx.MODELS for exporter in rx.EXPORTERS
 STEPS = 5
 # Plain SGD steps large enough to move every logit by far more than the tolerances; Swin's
 # loss grows at 0.5 (1.7 -> 7.0 in five steps), so it takes a step it is stable with.
-LR = {"bert": 0.5, "distilbert": 0.5, "gpt2": 0.5, "swin": 0.1}
+LR = {"bert": 0.5, "distilbert": 0.5, "gpt2": 0.5, "llama": 0.5, "swin": 0.1}
 FORWARD_ATOL = 1e-5
 LOSS_ATOL = 1e-4
 EXPORT_ATOL = 1e-4
@@ -53,7 +53,8 @@ class Export:
     module: object  # torch.nn.Module, eval mode, never trained
 
     def session(self) -> tr_onnx.TrainingSession:
-        loss = tr_onnx.LossSpec("cross_entropy", class_axis=-1) if self.name == "gpt2" \
+        loss = tr_onnx.LossSpec("cross_entropy", class_axis=-1) \
+            if self.name in rx.LANGUAGE_MODELS \
             else "cross_entropy"
         return tr_onnx.TrainingSession(self.path, loss=loss,
                                        optimizer=tr_onnx.optim.SGD(lr=LR[self.name]),
@@ -254,6 +255,21 @@ def test_gpt2_dynamo_export_keeps_the_tied_embedding(exports):
                or np.array_equal(numpy_helper.to_array(i), w.T)]
     assert len(holders) == 1, holders
     assert holders[0] in ("model.lm_head.weight", "model.transformer.wte.weight")
+
+
+def test_gpt2_classic_export_unties_the_embedding_and_training_ties_it_back(exports):
+    """The classic exporter writes the tied lm_head weight as a transposed copy of the
+    embedding; training ties it back (the 5-step comparison with PyTorch's tied model holds
+    it to that), and export writes the trained tie into both."""
+    ex = exports["gpt2-classic"]
+    w = ex.module.model.transformer.wte.weight.detach().numpy()
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(ex.path)).graph.initializer}
+    copies = [n for n, a in inits.items() if a.shape == w.T.shape and np.array_equal(a, w.T)]
+    assert len(copies) == 1
+    session = ex.session()
+    (copy,) = copies
+    assert session.sharing.tie[copy].perm == (1, 0)
+    assert session.sharing.tie[copy].source in inits
 
 
 def test_swin_shifts_its_windows_and_the_shift_shows_in_the_logits():
