@@ -16,6 +16,7 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from oracles import ort_run
 
 import tr_onnx
 from tr_onnx.cli import main as cli_main
@@ -239,6 +240,7 @@ def test_dynamo_export_of_a_vit_trains_pytorchs_parameters(tmp_path):
     module = _randomized(ViTish())
     x = torch.randn(4, 3, 8, 8)
     path = _dynamo_export(module, x, tmp_path / "vit.onnx")
+    assert _scalar_initializers(path)
     _trains_pytorchs_parameters(path, module, x, torch.arange(4) % 4, lr=0.05)
 
 
@@ -278,6 +280,7 @@ def test_dynamo_export_of_an_rnn_trains_pytorchs_parameters(tmp_path):
     module = _randomized(RNNClassifier())
     x = torch.randn(4, 16, 8)
     path = _dynamo_export(module, x, tmp_path / "rnn.onnx")
+    assert _scalar_initializers(path)
     _trains_pytorchs_parameters(path, module, x, torch.tensor([0, 1, 2, 0]), lr=0.1)
 
 
@@ -285,7 +288,9 @@ def _trains_pytorchs_parameters(path, module, x, y, lr: float) -> None:
     """The file's default trainable set is exactly the module's parameters, no scalar constant
     among it, and 3 SGD steps are PyTorch's train() steps (losses within 1e-5)."""
     session = tr_onnx.TrainingSession(path, optimizer=SGD(lr=lr), backend="numpy")
-    assert not {n for n in _scalar_initializers(path) if session.parameter_roles[n].trainable}
+    scalars = {i.name for i in onnx.load(path).graph.initializer if int(np.prod(i.dims)) == 1
+               and i.name in session.parameter_roles}
+    assert not {n for n in scalars if session.parameter_roles[n].trainable}
     names, other = _match_torch(session, module)
     assert names == {n for n, _ in module.named_parameters()} and not other
     opt = torch.optim.SGD(module.parameters(), lr=lr)
@@ -437,3 +442,55 @@ def test_constant_filled_or_small_equal_values_stay_apart():
     params = session.parameters()
     assert not np.array_equal(params["b1"], params["b2"])
     assert not np.array_equal(params["s1"], params["s2"])
+
+
+class NormedMLP(torch.nn.Module):
+    """Three LayerNorms, freshly initialised (weights all ones, biases all zeros): the dynamo
+    exporter's optimizer merges them into one weight and one bias initializer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.head = (torch.nn.Linear(8, 16), torch.nn.Linear(16, 16),
+                                         torch.nn.Linear(16, 3))
+        self.ln1, self.ln2, self.ln3 = (torch.nn.LayerNorm(16), torch.nn.LayerNorm(16),
+                                        torch.nn.LayerNorm(16))
+
+    def forward(self, x):
+        h = self.ln1(torch.tanh(self.fc1(x)))
+        h = self.ln3(self.ln2(torch.tanh(self.fc2(h))) + h)
+        return self.head(h)
+
+
+def test_initializers_the_dynamo_exporter_merged_are_split_per_module(tmp_path):
+    torch.manual_seed(5)
+    module = NormedMLP()
+    with torch.no_grad():  # random Linear biases: none is all-zero, none is dropped
+        for lin in (module.fc1, module.fc2, module.head):
+            lin.bias.copy_(torch.randn_like(lin.bias))
+    x = torch.randn(6, 8)
+    path = _dynamo_export(module, x, tmp_path / "normed.onnx")
+    names = {i.name for i in onnx.load(path).graph.initializer}
+    assert "ln2.weight" not in names and "ln3.bias" not in names  # merged by the exporter
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tr_onnx.ExportAdviceWarning)  # split: nothing to advise
+        session = tr_onnx.TrainingSession(path, optimizer=SGD(lr=0.1), backend="numpy")
+    merged = {name: sorted(parts.values()) for name, parts in session.sharing.split.items()}
+    assert merged == {"ln1.weight": ["ln2.weight", "ln3.weight"],
+                      "ln1.bias": ["ln2.bias", "ln3.bias"]}
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    _trains_pytorchs_parameters(path, module, x, y, lr=0.1)
+    # the trained file has one initializer per LayerNorm again, with PyTorch's values
+    session = tr_onnx.TrainingSession(path, optimizer=SGD(lr=0.1), backend="numpy")
+    for _ in range(3):
+        session.train_step({"x": x.numpy()}, y.numpy())
+    exported = session.export_proto()
+    values = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer}
+    for name, p in module.named_parameters():
+        if name.startswith("ln"):
+            np.testing.assert_allclose(values[name], p.detach().numpy(), rtol=0, atol=1e-5)
+    (got,) = session.run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(ort_run(exported, {"x": x.numpy()})[0], got, rtol=0, atol=1e-5)
+    with pytest.warns(tr_onnx.ExportAdviceWarning, match="merged-initializers"):
+        kept = tr_onnx.TrainingSession(path, optimizer=SGD(lr=0.1), backend="numpy",
+                                       tie_shared_initializers=True)
+    assert not kept.sharing.split

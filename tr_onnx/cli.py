@@ -110,7 +110,8 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
         **(parameters := _parameters_info(imported)),
         # signs that the exporter changed the model (BatchNorm folded, biases dropped...)
         "export_advice": [{"code": a.code, "message": a.message, "names": list(a.names)}
-                          for a in export_advice(imported, tied=parameters["tied"])],
+                          for a in export_advice(imported, tied=parameters["tied"],
+                                                 split=parameters["split"])],
         "layout": {
             "channels_last_values": plan.layout.channels_last,
             "transposes_inserted": len(plan.layout.transposes),
@@ -145,6 +146,8 @@ def _parameters_info(imported) -> dict:
         "untied": sorted(sharing.untie),
         "tied": {copy: {"source": s.source, "transposed": s.perm is not None}
                  for copy, s in sharing.tie.items()},
+        # merged by the exporter, trained as one parameter per reading module
+        "split": {name: sorted(readers.values()) for name, readers in sharing.split.items()},
     }
 
 
@@ -167,6 +170,11 @@ def _print_parameters(info: dict, verbose: bool) -> None:
         for copy, t in info["tied"].items():
             how = "the transpose of" if t["transposed"] else "equal to"
             print(f"    {copy:<40} {how} {t['source']}")
+    if info["split"]:
+        print(f"  split      {len(info['split'])} (constant-valued, merged by the exporter, read "
+              "by several modules: one parameter per module)")
+        for name, parts in info["split"].items():
+            print(f"    {name:<40} also {', '.join(parts)}")
     shared = info["shared_initializers"]
     if shared:
         untied = set(info["untied"])

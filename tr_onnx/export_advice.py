@@ -238,13 +238,13 @@ def untied_weights(g: _Graph) -> list[ExportAdvice]:
     return out
 
 
-def merged_initializers(g: _Graph) -> list[ExportAdvice]:
+def merged_initializers(g: _Graph, split: Collection[str] = ()) -> list[ExportAdvice]:
     """A parameter whose elements are all equal (a fresh model's ones and zeros), read
     directly by several nodes: the dynamo exporter's optimizer merges equal-valued
     initializers into one (the classic exporter shares them through Identity nodes, which
-    training unties)."""
+    training unties). ``split``: those training splits back by the readers' modules."""
     merged = []
-    for name in g.params:
+    for name in (p for p in g.params if p not in split):
         users = [n for n in g.consumers.get(name, ()) if n.op_type != "Identity"]
         if len(users) < 2 or int(np.prod(g.inits[name].dims)) < 2:
             continue
@@ -268,19 +268,20 @@ def merged_initializers(g: _Graph) -> list[ExportAdvice]:
         tuple(name for name, _ in merged))]
 
 
-def export_advice(model: ImportedModel | onnx.ModelProto,
-                  tied: Collection[str] = ()) -> list[ExportAdvice]:
+def export_advice(model: ImportedModel | onnx.ModelProto, tied: Collection[str] = (),
+                  split: Collection[str] = ()) -> list[ExportAdvice]:
     """Signs that the exporter changed the model, one ``ExportAdvice`` each (empty: none).
 
     ``model``: an ``ImportedModel`` (its folded graph and parameter names are read) or a
     ``ModelProto`` (its float initializers are taken as the parameters). ``tied``: copies
     that training ties back to their source (``TrainingSession.sharing.tie``: equal values of
-    >= 256 elements); an untied weight among them is no advice. Cheap: initializer values are
-    read only for the candidates of a tie or a merge."""
+    >= 256 elements); an untied weight among them is no advice; ``split``: merged
+    initializers training splits back (``TrainingSession.sharing.split``). Cheap: initializer
+    values are read only for the candidates of a tie or a merge."""
     if isinstance(model, ImportedModel):
         g = _Graph(model.proto, model.param_names)
     else:
         g = _Graph(model, None)
     folded = folded_batchnorm(g)
     untied = [a for a in untied_weights(g) if a.names[0] not in tied]
-    return folded + dropped_biases(g, bool(folded)) + untied + merged_initializers(g)
+    return folded + dropped_biases(g, bool(folded)) + untied + merged_initializers(g, split)

@@ -9,13 +9,16 @@ hands ``export_model`` three things:
 * the parameters as logical host arrays (``TrainingSession.parameters()``): the executor has
   already dropped the channel padding and turned the layout pass's NHWC / OHWI back into the
   model's NCHW / OIHW (``memory.read_host``), and BatchNorm running statistics are among them;
-* the parameters that were untied from exporter-shared Identity copies (``{copy: source}``).
+* the parameters that were untied from exporter-shared Identity copies (``{copy: source}``);
+* the parameters split off an initializer the exporter merged (``{initializer: {reader node:
+  parameter}}``, ``training.parameters``).
 
 ``export_model`` then, on a copy:
 
 1. replaces every initializer that has a trained value, same name, same place, in the
    initializer's own dtype;
 2. makes each untied copy an initializer of its own and drops the Identity node that made it;
+   makes each split parameter an initializer of its own, read by its node;
 3. puts the graph back in inference form (``inference_form``): a model exported in training
    mode gets BatchNormalization ``training_mode=0`` (it then reads the trained running
    statistics) and Dropout off;
@@ -34,7 +37,8 @@ from onnx import numpy_helper
 
 
 def export_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray],
-                 untied: Mapping[str, str]) -> onnx.ModelProto:
+                 untied: Mapping[str, str],
+                 split: Mapping[str, Mapping[str, str]] | None = None) -> onnx.ModelProto:
     """``original`` with the trained ``params`` (logical NCHW host arrays by initializer name)
     written into it; ``untied``: Identity outputs that trained as parameters of their own ->
     the initializer they copied (their values are in ``params``). ``original`` is not changed.
@@ -52,6 +56,13 @@ def export_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray],
         g.node.extend(keep)
         for name in untied:
             g.initializer.append(numpy_helper.from_array(params[name], name))
+    for source, readers in (split or {}).items():
+        for node in g.node:
+            if node.name in readers:
+                node.input[:] = [readers[node.name] if i == source else i for i in node.input]
+        dtype = next(numpy_helper.to_array(i).dtype for i in g.initializer if i.name == source)
+        g.initializer.extend(numpy_helper.from_array(params[name].astype(dtype, copy=False), name)
+                             for name in readers.values())
     inference_form(g)
     onnx.checker.check_model(model)
     return model

@@ -28,11 +28,19 @@ folds the Transpose), or as Identity copies of one initializer. Equal values tha
 constant-filled and have at least ``TIE_MIN_SIZE`` elements are almost surely one parameter
 (independent random initialisations never coincide; a zero bias and a zero running mean do,
 which is why constant-filled values stay apart): ``parameter_sharing`` ties them by default.
+The dynamo exporter's optimizer does the opposite too: it merges equal-valued initializers,
+so a fresh model's LayerNorm weights (all ones) become one initializer read by every
+LayerNorm. Where its node metadata names each reader's module (``pkg.torch.onnx.name_scopes``),
+a constant-filled parameter read from modules other than its own is split back into one
+parameter per module, named as PyTorch names it (``<module>.weight``); a module shared on
+purpose (ALBERT's layers) reads it from one module and stays one.
+
 ``share_parameters`` applies the decision to a specialised graph.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +54,7 @@ from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
 
 SIGNATURE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a node's module path, outermost first
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 _SOFTMAX = {"Softmax", "LogSoftmax"}
@@ -74,17 +83,26 @@ class SharedCopy:
 class ParamSharing:
     """``untie``: Identity copies of a parameter that train as parameters of their own;
     ``tie``: initializers that train as their ``SharedCopy.source`` (or its transpose);
-    ``identity``: every Identity copy of a parameter -> the initializer it copies."""
+    ``identity``: every Identity copy of a parameter -> the initializer it copies;
+    ``split``: a merged initializer -> {reader node name: the parameter that node reads
+    instead}, a copy of the initializer's initial value."""
 
     untie: frozenset[str] = frozenset()
     tie: Mapping[str, SharedCopy] = field(default_factory=dict)
     identity: Mapping[str, str] = field(default_factory=dict)
+    split: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def split_sources(self) -> dict[str, str]:
+        """Every parameter split off a merged initializer -> that initializer."""
+        return {new: source for source, readers in self.split.items()
+                for new in readers.values()}
 
 
 def parameter_sharing(imported, tie: bool | None = None) -> ParamSharing:
     """What trains as one parameter. ``tie``: None (default) ties equal values that are not
     constant-filled and have >= TIE_MIN_SIZE elements, Identity copies included, and keeps the
-    rest apart; True also keeps every Identity copy one parameter; False keeps all apart."""
+    rest apart (merged initializers split); True also keeps every Identity copy and every merged
+    initializer one parameter; False keeps all apart."""
     arrays = _param_arrays(imported)
     identity = {n.output[0]: n.input[0] for n in imported.proto.graph.node
                 if n.op_type == "Identity" and n.input and n.input[0] in arrays}
@@ -95,7 +113,8 @@ def parameter_sharing(imported, tie: bool | None = None) -> ParamSharing:
     else:
         untie = frozenset(c for c, s in identity.items() if not _one_parameter(arrays[s]))
     ties = {} if tie is False else _equal_values(arrays)
-    return ParamSharing(untie, ties, identity)
+    split = {} if tie is True else _merged_by_exporter(imported, arrays)
+    return ParamSharing(untie, ties, identity, split)
 
 
 def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, ParamRole]:
@@ -104,10 +123,11 @@ def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, 
     signature = _signature(imported.original)
     arrays = _param_arrays(imported)
     ports = _PortWalk(imported, arrays)
-    names = list(arrays) + sorted(sharing.untie)
+    split = sharing.split_sources()
+    names = list(arrays) + sorted(sharing.untie) + list(split)
     roles = {}
     for name in names:
-        source = sharing.identity.get(name, name)
+        source = sharing.identity.get(name, split.get(name, name))
         kind = signature.get(name, signature.get(source))
         if kind == "PARAMETER":
             roles[name] = ParamRole(True, "a parameter in torch.export's signature")
@@ -115,7 +135,10 @@ def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, 
             roles[name] = ParamRole(False, f"a {kind.lower()} in torch.export's signature, "
                                            "not a parameter")
         else:
-            roles[name] = ports.role(name)
+            roles[name] = ports.role(source)
+        if name in split:
+            roles[name] = ParamRole(roles[name].trainable, f"split from {source!r}, which the "
+                                    f"exporter merged: {roles[name].reason}")
     for copy, shared in sharing.tie.items():  # one parameter: trains if any use is a parameter
         if copy in roles and shared.source in roles:
             how = "its transpose" if shared.perm else "an equal copy"
@@ -142,6 +165,18 @@ def share_parameters(graph: ir.Graph, sharing: ParamSharing | None, registry,
             graph.remove_node(node)
             y.kind, y.data, y.producer = ir.PARAM, np.array(x.data, copy=True), None
             untied[y.name] = x.name
+    for source_name, readers in (sharing.split.items() if sharing is not None else ()):
+        source = graph.values.get(source_name)
+        if source is None or source.kind != ir.PARAM:
+            continue
+        for node in list(source.consumers):
+            if node.name in readers:
+                own = ir.Value(readers[node.name], source.shape, source.dtype, ir.PARAM,
+                               data=np.array(source.data, copy=True))
+                graph.values[own.name] = own
+                for i, v in enumerate(node.inputs):
+                    if v is source:
+                        graph.replace_input(node, i, own)
     for copy, shared in (sharing.tie.items() if sharing is not None else ()):
         value, source = graph.values.get(copy), graph.values.get(shared.source)
         if value is None or source is None or value.kind != ir.PARAM or value in graph.outputs:
@@ -208,6 +243,54 @@ def _equal_values(arrays: Mapping[str, np.ndarray]) -> dict[str, SharedCopy]:
 def _is_mask(a: np.ndarray) -> bool:
     masked = a <= MASKED
     return bool(masked.any() and np.all(masked | (a == 0)))
+
+
+def _merged_by_exporter(imported, arrays) -> dict[str, dict[str, str]]:
+    """Constant-filled parameters that nodes of other modules read (the dynamo optimizer's
+    merge of equal initializers), by the readers' module paths in the node metadata."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in imported.proto.graph.node:
+        for name in dict.fromkeys(node.input):
+            if name in arrays:
+                readers.setdefault(name, []).append(node)
+    taken = set(arrays) | {v for n in imported.proto.graph.node for v in n.output}
+    split = {}
+    for name, nodes in readers.items():
+        a = arrays[name]
+        if len(nodes) < 2 or "." not in name or not np.all(a == a.reshape(-1)[0]):
+            continue
+        owner, leaf = name.rsplit(".", 1)
+        own = {}
+        for node in nodes:
+            module = _module_of(node)
+            new = f"{module}.{leaf}" if module else None
+            if module is None or module == owner or new in taken or new in own.values():
+                continue
+            own[node.name] = new
+        if own:
+            split[name] = own
+    return split
+
+
+def _module_of(node: onnx.NodeProto) -> str | None:
+    """The module path of a node from the dynamo exporter's name scopes (``['', 'model',
+    'model.h.0', 'model.h.0.ln_2', 'layer_norm_1']`` -> ``model.h.0.ln_2``); None without."""
+    scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), None)
+    if scopes is None or not node.name:
+        return None
+    try:
+        names = ast.literal_eval(scopes)
+    except (ValueError, SyntaxError):
+        return None
+    module = ""
+    for scope in names:
+        if not isinstance(scope, str):
+            return None
+        if module == "" or scope.startswith(module + "."):
+            module = scope
+        elif scope:
+            break
+    return module or None
 
 
 def _signature(model: onnx.ModelProto) -> dict[str, str]:

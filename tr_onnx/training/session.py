@@ -218,7 +218,8 @@ class TrainingSession:
         self.parameter_roles: dict[str, ParamRole] = parameter_roles(self.imported,
                                                                      self.sharing)
         # trains as written, which may not be what was intended
-        for advice in export_advice(self.imported, tied=self.sharing.tie):
+        for advice in export_advice(self.imported, tied=self.sharing.tie,
+                                    split=self.sharing.split):
             warnings.warn(f"{self.imported.source}: {advice}", ExportAdviceWarning, stacklevel=2)
         self.options = dict(trainable=list(trainable) if trainable is not None else None,
                             frozen=list(frozen), grad_accumulation=int(grad_accumulation),
@@ -507,8 +508,8 @@ class TrainingSession:
         untied Identity copies and tied copies included, by name."""
         self._drain()
         params = self._initial_state()
-        untied = self._untied_names()
-        for name, source in untied.items():
+        copies = {**self._untied_names(), **self.sharing.split_sources()}
+        for name, source in copies.items():  # trained separately: their own values follow
             params[name] = params[source]
         if self._active is None:
             params.update({k: v for k, v in self._pending.items() if k in params})
@@ -569,7 +570,8 @@ class TrainingSession:
     def export_proto(self) -> onnx.ModelProto:
         """The original model with trained initializers (NCHW, unpadded), same names, in
         inference form (``training.export``)."""
-        return export_model(self.imported.original, self.parameters(), self._untied_names())
+        return export_model(self.imported.original, self.parameters(), self._untied_names(),
+                            self.sharing.split)
 
     def export(self, path: str | Path) -> Path:
         """Write the trained model to ``path`` (atomically); onnxruntime can run it."""
