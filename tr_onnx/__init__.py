@@ -5,6 +5,7 @@
 
 from . import optim
 from .errors import (
+                     CheckpointError,
                      ExportAdviceWarning,
                      InputError,
                      InternalError,
@@ -15,6 +16,7 @@ from .errors import (
                      TrainingDiverged,
                      TrOnnxError,
                      UnsupportedModelError,
+                     WriteError,
 )
 from .hookspecs import hookimpl
 from .session import InferenceSession
@@ -25,4 +27,4 @@ __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
            "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
-           "__version__"]
+           "CheckpointError", "WriteError", "__version__"]

@@ -10,6 +10,18 @@ class ModelLoadError(TrOnnxError):
     """The file is missing, truncated, not ONNX, or fails the ONNX checker."""
 
 
+class CheckpointError(TrOnnxError):
+    """A checkpoint file that tr_onnx cannot resume from: truncated, not a checkpoint, another
+    format, an entry missing or garbled, arrays that do not fit the model, or a model that
+    references external data (checkpoints carry every tensor inline)."""
+
+
+class WriteError(TrOnnxError, OSError):
+    """A checkpoint, exported model or metrics file could not be written (disk full, read-only
+    folder): names the file and the operating system's reason. The previous file is unchanged
+    and no temporary file is left. An ``OSError`` too, with the original ``errno``."""
+
+
 class UnsupportedModelError(TrOnnxError):
     """The model uses ops (or dtypes) that no registered op set provides.
 

@@ -7,9 +7,10 @@ folding what those make constant. Symbolic batch dimensions stay symbolic until 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import numpy as np
 import onnx
@@ -55,33 +56,119 @@ class ImportedModel:
         return specialize(self, shapes, const_values)
 
 
-def load_model(src: str | Path | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, str]:
-    """Read a model; a missing, truncated or non-ONNX file is a ``ModelLoadError`` naming it."""
+def load_model(src: str | Path | onnx.ModelProto | bytes,
+               external_data_dir: str | Path | None = None) -> tuple[onnx.ModelProto, str]:
+    """Read a model; a missing, truncated or non-ONNX file is a ``ModelLoadError`` naming it.
+
+    Tensors kept in external files are read (``load_external_data``) from the model file's
+    folder; a model given as bytes or a ModelProto has no folder of its own: its external data
+    is read from ``external_data_dir``, and without one it is refused (never read relative to
+    the working folder). A given ModelProto is not changed."""
     if isinstance(src, onnx.ModelProto):
-        return src, "<ModelProto>"
-    if isinstance(src, bytes):
-        name, data = "<bytes>", src
+        model, name, folder = src, "<ModelProto>", None
     else:
-        path = Path(src)
-        name = str(path)
-        if not path.is_file():
-            raise ModelLoadError(f"{name}: no such model file")
-        data = path.read_bytes()
-    try:
-        model = onnx.load_model_from_string(data)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"{name}: not a valid ONNX model (truncated or not ONNX): {exc}") \
-            from None
-    if model.ir_version == 0 or not model.HasField("graph") or not model.opset_import:
-        raise ModelLoadError(f"{name}: not a valid ONNX model (no IR version, graph or opset "
-                             "import; truncated or not ONNX)")
-    if not isinstance(src, bytes) and any(
-            i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
+        if isinstance(src, bytes):
+            name, data, folder = "<bytes>", src, None
+        else:
+            path = Path(src)
+            name, folder = str(path), path.parent
+            if not path.is_file():
+                raise ModelLoadError(f"{name}: no such model file")
+            data = path.read_bytes()
         try:
-            onnx.external_data_helper.load_external_data_for_model(model, str(Path(src).parent))
-        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
-            raise ModelLoadError(f"{name}: external data could not be read: {exc}") from None
+            model = onnx.load_model_from_string(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"{name}: not a valid ONNX model (truncated or not ONNX): "
+                                 f"{exc}") from None
+        if model.ir_version == 0 or not model.HasField("graph") or not model.opset_import:
+            raise ModelLoadError(f"{name}: not a valid ONNX model (no IR version, graph or "
+                                 "opset import; truncated or not ONNX)")
+    external = external_tensors(model)
+    if external:
+        base = folder if folder is not None else external_data_dir
+        if base is None:
+            t = external[0]
+            raise ModelLoadError(
+                f"{name}: tensor {t.name!r} keeps its data in an external file "
+                f"({external_location(t)!r}), and a model given as bytes or a ModelProto has no "
+                "folder to read it from: pass external_data_dir= (the folder the model was "
+                "saved in), or give the model's path")
+        if isinstance(src, onnx.ModelProto):  # the caller's proto keeps its references
+            model = onnx.ModelProto()
+            model.CopyFrom(src)
+        load_external_data(model, Path(base), name)
     return model, name
+
+
+def _graph_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes):
+    for node in nodes:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for sparse in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + \
+                    list(a.sparse_tensors):
+                yield from (sparse.values, sparse.indices)
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _graph_tensors(g)
+
+
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    """Every tensor of ``model`` whose data lives in an external file: initializers, sparse
+    ones, node attributes, subgraphs and functions (onnx's own walk skips sparse tensors)."""
+    tensors = list(_graph_tensors(model.graph))
+    for function in model.functions:
+        tensors += _node_tensors(function.node)
+    return [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def external_location(tensor: onnx.TensorProto) -> str:
+    return next((e.value for e in tensor.external_data if e.key == "location"), "")
+
+
+def _contained(base: Path, location: str) -> Path:
+    """``base / location`` if it is a regular file inside ``base``; else why not (ValueError).
+    The rules of onnx's loader, kept here whatever onnx version is installed: a relative path,
+    no ``..``, not a symbolic link, not resolving outside ``base`` through a linked folder."""
+    parts = location.replace("\\", "/").split("/")
+    if not location:
+        raise ValueError("the location is empty")
+    if location.startswith(("/", "\\")) or Path(location).is_absolute() or \
+            PureWindowsPath(location).drive:
+        raise ValueError("an absolute path; external data must be relative to the model's "
+                         "folder")
+    if ".." in parts:
+        raise ValueError("'..' leaves the model's folder")
+    path = base / location
+    if path.is_symlink():
+        raise ValueError("a symbolic link; external data must be a regular file")
+    real, root = os.path.realpath(path), os.path.realpath(base)
+    if os.path.commonpath([real, root]) != root:
+        raise ValueError(f"it resolves to {real}, outside {root} (through a linked folder)")
+    if not path.is_file():
+        raise ValueError(f"no such file in {base}")
+    return path
+
+
+def load_external_data(model: onnx.ModelProto, base: Path, name: str) -> None:
+    """Read every external tensor of ``model`` (in place) from files inside ``base``; one that
+    names a file elsewhere (absolute, ``..``, a symbolic link) is a ``ModelLoadError``."""
+    for t in external_tensors(model):
+        location = external_location(t)
+        try:
+            _contained(base, location)
+            onnx.external_data_helper.load_external_data_for_tensor(t, str(base))
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(f"{name}: external data of tensor {t.name!r} ({location!r}) "
+                                 f"could not be read: {reason}") from None
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -255,11 +342,13 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
         raise UnsupportedModelError(msg, entries)
 
 
-def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy") -> ImportedModel:
+def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy",
+                 external_data_dir: str | Path | None = None) -> ImportedModel:
     """Load, check, convert, infer and fold ``src``; verify every op has a kernel for
-    ``backend``."""
+    ``backend``. ``external_data_dir``: where a model given as bytes or a ModelProto keeps its
+    external data (``load_model``)."""
     registry = registry or default_registry()
-    model, name = load_model(src)
+    model, name = load_model(src, external_data_dir)
     _check(model, name)
     original = onnx.ModelProto()
     original.CopyFrom(model)

@@ -44,12 +44,15 @@ class InferenceSession:
     ``device(plan) -> DeviceAPI`` used instead of a ``CupyDevice``; with it, ``backend="cuda"``
     is accepted without a GPU. ``cuda_graphs`` (cuda): ``"fallback"`` (default) captures each
     plan's run into a CUDA graph and, where that fails, warns naming the node and runs it
-    eagerly; ``"require"`` raises instead; ``"off"`` never captures.
+    eagerly; ``"require"`` raises instead; ``"off"`` never captures. ``external_data_dir``: the
+    folder a model given as bytes or a ModelProto keeps its external data in (without it, such a
+    model may not reference external data; a path's model reads it beside the file).
     """
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
                  channel_align: int | None = None, plugins=(), reuse_memory: bool = True,
-                 device: DeviceFactory | None = None, cuda_graphs: str = "fallback"):
+                 device: DeviceFactory | None = None, cuda_graphs: str = "fallback",
+                 external_data_dir: str | Path | None = None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -58,7 +61,8 @@ class InferenceSession:
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
         registry = build_registry(plugins) if plugins else default_registry()
-        self.imported: ImportedModel = import_model(model, registry, self.backend)
+        self.imported: ImportedModel = import_model(model, registry, self.backend,
+                                                    external_data_dir)
         self.reuse_memory = reuse_memory
         self._plans: dict[tuple, CompiledPlan] = {}
 

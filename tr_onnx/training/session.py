@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import io
 import json
 import os
+import re
 import tempfile
+import time
 import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -14,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from .. import ir
@@ -24,10 +31,19 @@ from ..backends import (
     resolve_backend,
 )
 from ..compiler import CompiledPlan, DeviceFactory, compile_plan
-from ..errors import ExportAdviceWarning, InputError, TrainingDiverged, TrOnnxError
+from ..dtypes import np_dtype
+from ..errors import (
+    CheckpointError,
+    ExportAdviceWarning,
+    InputError,
+    ModelLoadError,
+    TrainingDiverged,
+    TrOnnxError,
+    WriteError,
+)
 from ..export_advice import export_advice
 from ..feeds import check_feed, check_labels, check_output_names
-from ..importer import ImportedModel, import_model
+from ..importer import ImportedModel, external_location, external_tensors, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .export import export_model
@@ -58,29 +74,106 @@ from .train_pass import (
 CHECKPOINT_FORMAT = 1
 
 
+STALE_TEMP_SECONDS = 300.0
+"""A leftover temporary of ``atomic_write`` whose writer is gone is removed once it has not been
+written to for this long (see ``remove_stale_temporaries``)."""
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def write_error(path: Path, exc: OSError, what: str) -> WriteError:
+    """The one-line ``WriteError`` for ``exc`` while writing ``path`` (``what``: the step)."""
+    err = WriteError(f"{path}: could not be written ({what}): {_os_reason(exc)}")
+    err.errno = exc.errno
+    return err
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a filling disk writes part of it first)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _temp_name(path: Path) -> re.Pattern:
+    return re.compile(rf"\.{re.escape(path.name)}\.(\d+)-[a-z0-9_]+\.tmp")
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries that ``atomic_write(path)`` calls killed midway left beside
+    ``path`` (``.<name>.<pid>-<random>.tmp``); returns them.
+
+    A temporary is stale when its writer is gone: its pid is not a live process here, and it
+    has not been written to for ``STALE_TEMP_SECONDS``. The pid alone is exact on this machine
+    (a reused pid only keeps a file longer); the age covers writers the pid cannot see, on
+    another machine or in another pid namespace sharing the folder, whose temporary is being
+    written and so is recent. Temporaries of other targets in the folder are left alone."""
+    if os.name != "posix":  # os.kill(pid, 0) is a liveness probe on POSIX only
+        return []
+    pattern, removed = _temp_name(path), []
+    now = time.time()
+    for entry in os.scandir(path.parent):
+        match = pattern.fullmatch(entry.name)
+        if match is None or int(match[1]) == os.getpid():
+            continue
+        try:
+            os.kill(int(match[1]), 0)  # signal 0: only asks whether the process exists
+            continue
+        except ProcessLookupError:
+            pass  # no such process: the writer is gone (if it ran on this machine)
+        except (PermissionError, OverflowError):  # another user's live process; not a pid
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_SECONDS:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except FileNotFoundError:  # another process cleaned it first
+            pass
+    return removed
+
+
 def atomic_write(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never half
-    of one: a temporary file in the same folder, fsync, rename, fsync of the folder."""
+    of one: a temporary file ``.<name>.<pid>-<random>.tmp`` in the same folder, fsync, rename,
+    fsync of the folder. Failing (disk full, read-only folder) is a ``WriteError`` naming the
+    file and the reason; the old file is unchanged and the temporary removed. Temporaries that
+    an earlier, killed writer of ``path`` left are removed first (``remove_stale_temporaries``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
+    tmp = None
+    what = "creating its folder"
     try:
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the file should look like any other
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        what = f"creating a temporary file in {path.parent}"
+        remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp",
+                                   dir=path.parent)
+        what = "writing"
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; the file should look like others
+            write_all(fd, data)
+            what = "syncing to disk"
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        what = "renaming the temporary file onto it"
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        tmp = None
+        what = "written, but syncing its folder failed"
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise write_error(path, exc, what) from None
     finally:
-        os.close(dir_fd)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 @dataclass(eq=False)
@@ -179,6 +272,8 @@ class TrainingSession:
     ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
     ``cuda_graphs`` (cuda): ``"fallback"`` (default; a step that cannot be captured into a
     CUDA graph warns naming the node and runs eagerly), ``"require"`` (raise) or ``"off"``.
+    ``external_data_dir``: the folder a model (or ONNX loss model) given as bytes or a ModelProto
+    keeps its external data in; without it, such a model may not reference external data.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -189,7 +284,8 @@ class TrainingSession:
                  tie_shared_initializers: bool | None = None, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
                  device: DeviceFactory | None = None, precision: str = "fp32",
-                 loss_scale=None, cuda_graphs: str = "fallback"):
+                 loss_scale=None, cuda_graphs: str = "fallback",
+                 external_data_dir: str | Path | None = None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -198,7 +294,9 @@ class TrainingSession:
         loss_scale = check_loss_scale(loss_scale, precision)
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
-        self.imported: ImportedModel = import_model(model, self.registry, self.backend)
+        self._external_data_dir = external_data_dir
+        self.imported: ImportedModel = import_model(model, self.registry, self.backend,
+                                                    external_data_dir)
         self.optimizer = make_optimizer(optimizer if optimizer is not None else AdamW(), lr)
         self.schedule = make_schedule(lr_schedule)
         if grad_accumulation < 1:
@@ -241,13 +339,15 @@ class TrainingSession:
         self._eval_synced: dict[int, int] = {}  # eval plan id -> version its weights hold
         self._plugins = plugins
         self.last_grad_norm: float | None = None
+        # (file, arrays) of from_checkpoint, until the first plan holds them
+        self._checkpoint: tuple[Path, dict[str, np.ndarray]] | None = None
 
     # ---- configuration -----------------------------------------------------------------
 
     def _loss(self, loss):
         if isinstance(loss, (onnx.ModelProto, bytes)) or (
                 isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
-            return import_model(loss, self.registry, self.backend)
+            return import_model(loss, self.registry, self.backend, self._external_data_dir)
         return make_loss_spec(loss)
 
     def config(self) -> dict:
@@ -277,11 +377,13 @@ class TrainingSession:
             self._plans[key] = plan
         if plan is not self._active:
             self._drain()
+            self._check_checkpoint_state(plan)
             state = self._read_state(self._active) if self._active is not None else {}
             state.update(self._pending)
             self._pending = {}
             self._active = plan
             self._write_state(plan, state)
+            self._checkpoint = None
             guard = plan.info.step_guard
             if guard is not None:  # the step guard counts applied steps on the device
                 plan.executor.write_scalar(guard.applied, self.step)
@@ -597,27 +699,160 @@ class TrainingSession:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, plugins=(), **overrides) -> TrainingSession:
-        """Resume exactly: the same weights, state, step and RNG counter as when it was saved."""
+        """Resume exactly: the same weights, state, step and RNG counter as when it was saved.
+
+        A file that cannot be resumed from (truncated, not a checkpoint, another format, an
+        entry missing or garbled, pickled objects, arrays that do not fit the model, a model
+        referencing external data) is a ``CheckpointError`` naming it and what is wrong; arrays
+        of the optimizer's state are checked against the plan before the first step writes
+        anything."""
         path = Path(path)
-        try:
-            data = np.load(path, allow_pickle=False)
-            meta = json.loads(data["__meta__"].tobytes())
-            model = data["__model__"].tobytes()
-        except (OSError, ValueError, KeyError) as exc:
-            raise TrOnnxError(f"{path}: not a tr_onnx checkpoint ({exc})") from None
+        meta, model, state = read_checkpoint(path)
         cfg = dict(meta["config"])
-        loss = cfg.pop("loss")
-        loss = onnx.load_model_from_string(bytes.fromhex(loss["onnx"])) if "onnx" in loss \
-            else LossSpec(**{**loss, "weights": tuple(loss["weights"]) if loss["weights"]
-                             else None})
-        optimizer = make_optimizer(cfg.pop("optimizer"))
-        schedule = make_schedule(cfg.pop("lr_schedule"))
+        try:
+            loss = cfg.pop("loss")
+            if "onnx" in loss:
+                loss = _checkpoint_model(path, bytes.fromhex(loss["onnx"]), "its loss model")
+            else:
+                loss = LossSpec(**{**loss, "weights": tuple(loss["weights"])
+                                   if loss["weights"] else None})
+            optimizer = make_optimizer(cfg.pop("optimizer"))
+            schedule = make_schedule(cfg.pop("lr_schedule"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"{path}: its configuration is not valid ({type(exc).__name__}:"
+                                  f" {exc}); the file is damaged or not written by tr_onnx") \
+                from None
+        options = set(inspect.signature(cls).parameters) - {
+            "model", "loss", "optimizer", "lr_schedule", "plugins"}  # passed below
+        unknown = sorted(set(cfg) - options)
+        if unknown:
+            raise CheckpointError(f"{path}: its configuration has unknown option(s) {unknown}; "
+                                  "the file is damaged or written by another version")
         cfg.update(overrides)
-        session = cls(model, loss=loss, optimizer=optimizer, lr_schedule=schedule,
-                      plugins=plugins, **cfg)
+        try:
+            session = cls(model, loss=loss, optimizer=optimizer, lr_schedule=schedule,
+                          plugins=plugins, **cfg)
+        except ModelLoadError as exc:
+            raise CheckpointError(f"{path}: its model does not load: {exc}") from None
+        except TrOnnxError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: cannot resume with its configuration"
+                                  f"{' and the overrides' if overrides else ''}: {exc}") from None
+        session._check_parameters(path, state)
         session.step, session.micro_step = meta["step"], meta["micro_step"]
         session.rng_counter, session.bad_steps = meta["rng_counter"], meta["bad_steps"]
-        session._pending = {k[len("state/"):]: data[k] for k in data.files
-                            if k.startswith("state/")}
+        session._pending = dict(state)
+        session._checkpoint = (path, state)
         session.checkpoint_extra = meta.get("extra", {})
         return session
+
+    def _check_parameters(self, path: Path, state: dict[str, np.ndarray]) -> None:
+        """The model's parameters in a checkpoint have the initializers' shapes and dtypes."""
+        for init in self.imported.proto.graph.initializer:
+            value = state.get(init.name)
+            if init.name not in self.imported.param_names or value is None:
+                continue
+            want = (tuple(init.dims), np_dtype(init.data_type))
+            if (value.shape, value.dtype) != want:
+                raise CheckpointError(
+                    f"{path}: array {init.name!r} is {value.dtype}{list(value.shape)}, but the "
+                    f"model's parameter {init.name!r} is {want[1]}{list(want[0])}; the file is "
+                    "damaged or its arrays were replaced")
+
+    def _check_checkpoint_state(self, plan: CompiledPlan) -> None:
+        """The checkpoint's arrays that ``plan`` holds fit it exactly (its optimizer state and
+        accumulators are only known once a plan exists); checked before anything is written.
+        bfloat16 arrays (half-precision gradients) come back from ``np.load`` as raw 2-byte
+        values: they are viewed as the plan's dtype again."""
+        if self._checkpoint is None:
+            return
+        path, arrays = self._checkpoint
+        raw = {}
+        for name, value in arrays.items():
+            t = plan.memory.tensors.get(name)
+            if t is None or self._pending.get(name) is not value:
+                continue  # not in this plan, or replaced by load_parameters
+            is_raw = value.dtype.kind == "V" and value.dtype.itemsize == t.dtype.itemsize
+            if value.shape != tuple(t.shape) or not (value.dtype == t.dtype or is_raw):
+                raise CheckpointError(
+                    f"{path}: array {name!r} is {value.dtype}{list(value.shape)}, but the "
+                    f"training plan's {name!r} is {t.dtype}{list(t.shape)}; the file is damaged "
+                    "or its arrays were replaced (nothing was changed)")
+            if is_raw:
+                raw[name] = value.view(t.dtype)
+        self._pending.update(raw)
+
+
+_META_COUNTS = ("step", "micro_step", "rng_counter", "bad_steps")
+
+
+def _checkpoint_model(path: Path, data: bytes, what: str) -> onnx.ModelProto:
+    """A model stored in a checkpoint: valid ONNX, every tensor inline (``save_checkpoint``
+    writes them so). One that references external data is refused: it would read files of the
+    folder the process runs in, and ``export`` would copy them into the trained model."""
+    try:
+        model = onnx.load_model_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{path}: {what} is not a valid ONNX model ({exc})") from None
+    external = external_tensors(model)
+    if external:
+        t = external[0]
+        raise CheckpointError(
+            f"{path}: {what} references external data (tensor {t.name!r} in "
+            f"{external_location(t)!r}); checkpoints carry every tensor inline, so this file "
+            "was not written by save_checkpoint or was altered: it is refused")
+    return model
+
+
+def read_checkpoint(path: Path) -> tuple[dict, onnx.ModelProto, dict[str, np.ndarray]]:
+    """A checkpoint's meta data, model and state arrays. Anything wrong with the file is a
+    ``CheckpointError`` naming it and what; pickled objects are never loaded."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    arrays, key = {}, None
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path}: not a tr_onnx checkpoint (one .npy array, not the "
+                                  ".npz archive save_checkpoint writes)")
+        with data:
+            for key in data.files:
+                arrays[key] = data[key]
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as exc:
+        where = f"entry {key!r}: " if key is not None else ""
+        # numpy's own advice here is to load the file unsafely: never repeat it
+        reason = f"{type(exc).__name__}: {exc}"
+        if "pickle" in str(exc):
+            reason = ("pickled Python objects, which tr_onnx never loads" if key is not None else
+                      "not a .npz archive; numpy would unpickle it, which tr_onnx never does")
+        raise CheckpointError(f"{path}: not a readable tr_onnx checkpoint ({where}{reason}); "
+                              "it is truncated, damaged or not written by save_checkpoint") \
+            from None
+    for key in ("__meta__", "__model__"):
+        if key not in arrays:
+            raise CheckpointError(f"{path}: not a tr_onnx checkpoint (no {key} entry)")
+        if arrays[key].dtype != np.uint8 or arrays[key].ndim != 1:
+            raise CheckpointError(f"{path}: its {key} entry is {arrays[key].dtype}"
+                                  f"{list(arrays[key].shape)}, not bytes")
+    try:
+        meta = json.loads(arrays["__meta__"].tobytes())
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"{path}: its __meta__ entry is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: its __meta__ entry is not a JSON object")
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}; this tr_onnx "
+                              f"reads format {CHECKPOINT_FORMAT} (written by another version?)")
+    if not isinstance(meta.get("config"), dict) or not isinstance(meta.get("extra", {}), dict):
+        raise CheckpointError(f"{path}: its __meta__ has no 'config' (or 'extra') object")
+    for key in _META_COUNTS:
+        if type(meta.get(key)) is not int or meta[key] < 0:
+            raise CheckpointError(f"{path}: its __meta__ {key!r} is {meta.get(key)!r}, not a "
+                                  "count")
+    model = _checkpoint_model(path, arrays["__model__"].tobytes(), "its model")
+    state = {k[len("state/"):]: v for k, v in arrays.items() if k.startswith("state/")}
+    for name, value in state.items():
+        if value.dtype.fields is not None or value.dtype.kind not in "fiubV":
+            raise CheckpointError(f"{path}: array {name!r} holds {value.dtype}, not numbers")
+    return meta, model, state

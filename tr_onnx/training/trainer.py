@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ..data import Dataset, num_samples
-from ..errors import InputError, InternalError, TrainingDiverged, TrOnnxError
+from ..errors import CheckpointError, InputError, InternalError, TrainingDiverged, TrOnnxError
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
-from .session import TrainingSession, atomic_write
+from .session import TrainingSession, atomic_write, write_all, write_error
 
 CHECKPOINT_NAME = "last.ckpt.npz"
 
@@ -322,7 +322,13 @@ class Trainer:
         missing = [k for k in ("epoch", "batch", "seed", "batch_size", "history", "n_train")
                    if k not in extra]
         if missing:
-            raise TrOnnxError(f"{path}: not written by a Trainer (extra lacks {missing})")
+            raise CheckpointError(f"{path}: not written by a Trainer (extra lacks {missing})")
+        try:  # a damaged position is named here, not a TypeError further down
+            position = (int(extra["epoch"]), int(extra["batch"]), list(extra["history"]),
+                        EpochTotals(**extra.get("totals", {})),
+                        int(extra.get("metrics_lines", 0)))
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: its Trainer position is not valid ({exc})") from None
         for key in ("seed", "batch_size"):
             if kwargs.get(key) is not None and kwargs[key] != extra[key]:
                 raise ValueError(f"resume: {key} {kwargs[key]} differs from the checkpoint's "
@@ -335,10 +341,8 @@ class Trainer:
                 "data_crc" in extra and trainer.data_crc != extra["data_crc"]):
             raise InputError(f"resume: the training data ({trainer.n_train} samples) is not the "
                              f"data {path} was trained on ({extra['n_train']} samples)")
-        trainer.epoch, trainer.batch = int(extra["epoch"]), int(extra["batch"])
-        trainer.history = list(extra["history"])
-        trainer.totals = EpochTotals(**extra.get("totals", {}))
-        trainer._metrics_lines = int(extra.get("metrics_lines", 0))
+        trainer.epoch, trainer.batch, trainer.history, trainer.totals, \
+            trainer._metrics_lines = position
         trainer.log(f"resuming from {path}: epoch {trainer.epoch + 1}, batch "
                     f"{trainer.batch + 1} of {trainer.batches_per_epoch}, step {session.step}")
         return trainer
@@ -523,19 +527,31 @@ class Trainer:
     @contextlib.contextmanager
     def _metrics_file(self):
         """The metrics file, open while training: new for a fresh run; for a resumed one, cut
-        to the lines the checkpoint had seen (a run that stopped after them wrote lines that
-        the resume repeats)."""
+        (in place: cutting needs no disk space) to the lines the checkpoint had seen (a run
+        that stopped after them wrote lines that the resume repeats). Failing to open or cut
+        it is a ``WriteError``."""
         if self.metrics_path is None:
             yield
             return
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if self._metrics_lines and self.metrics_path.exists():
-            kept = self.metrics_path.read_text().splitlines(keepends=True)[:self._metrics_lines]
-        self._metrics_lines = len(kept)
-        with open(self.metrics_path, "w") as f:
-            f.writelines(kept)
-            f.flush()
+        path, keep = self.metrics_path, 0
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self._metrics_lines and path.exists():
+                kept = path.read_bytes().splitlines(keepends=True)[:self._metrics_lines]
+                self._metrics_lines, keep = len(kept), sum(map(len, kept))
+            else:
+                self._metrics_lines = 0
+            f = open(path, "r+b" if keep else "wb", buffering=0)  # unbuffered: see write_all
+        except OSError as exc:
+            raise write_error(path, exc, "opening the metrics file") from None
+        with f:
+            if keep:
+                try:
+                    f.truncate(keep)
+                    f.seek(keep)
+                except OSError as exc:
+                    raise write_error(path, exc, "cutting it to the checkpoint's lines") \
+                        from None
             self._metrics = f
             try:
                 yield
@@ -543,10 +559,20 @@ class Trainer:
                 self._metrics = None
 
     def _write_metrics(self, record: dict) -> None:
+        """Append one JSON line. Failing (disk full) is a ``WriteError``; the file is cut back
+        to the lines written before it (never half a line)."""
         if self._metrics is None:
             return
-        self._metrics.write(json.dumps(record) + "\n")
-        self._metrics.flush()
+        f = self._metrics
+        start = f.tell()
+        try:
+            write_all(f.fileno(), (json.dumps(record) + "\n").encode())
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                f.truncate(start)
+                f.seek(start)
+            raise write_error(self.metrics_path, exc,
+                              f"metrics line {self._metrics_lines + 1}") from None
         self._metrics_lines += 1
 
     def _plot(self) -> None:
