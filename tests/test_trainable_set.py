@@ -494,3 +494,32 @@ def test_initializers_the_dynamo_exporter_merged_are_split_per_module(tmp_path):
         kept = tr_onnx.TrainingSession(path, optimizer=SGD(lr=0.1), backend="numpy",
                                        tie_shared_initializers=True)
     assert not kept.sharing.split
+
+
+def test_tied_and_split_parameters_resume_from_a_checkpoint_bitwise(tmp_path):
+    """A checkpoint of a session with a tie (a folded transpose) and a split (a merged
+    LayerNorm weight) resumes exactly: 2 steps, save, 2 more == 4 uninterrupted steps."""
+    torch.manual_seed(5)
+    path = _dynamo_export(NormedMLP(), torch.randn(6, 8), tmp_path / "normed.onnx")
+    rnn_path = tmp_path / "rnn.onnx"
+    w_x, w_h, w_out = _rand(4, 16), _rand(16, 16) * 0.3, _rand(16, 3)
+    onnx.save(unrolled_rnn(4, w_x, w_h, w_out, copies=True), rnn_path)
+    for model, x, y in ((path, _rand(6, 8), np.array([0, 1, 2, 0, 1, 2])),
+                        (rnn_path, _rand(5, 4, 4), np.array([0, 1, 2, 0, 1]))):
+        straight = tr_onnx.TrainingSession(model, optimizer=SGD(lr=0.1, momentum=0.9),
+                                           backend="numpy")
+        assert straight.sharing.split or straight.sharing.tie
+        for _ in range(4):
+            straight.train_step({"x": x}, y)
+        first = tr_onnx.TrainingSession(model, optimizer=SGD(lr=0.1, momentum=0.9),
+                                        backend="numpy")
+        for _ in range(2):
+            first.train_step({"x": x}, y)
+        first.save_checkpoint(tmp_path / "ck.npz")
+        resumed = tr_onnx.TrainingSession.from_checkpoint(tmp_path / "ck.npz")
+        for _ in range(2):
+            resumed.train_step({"x": x}, y)
+        want, got = straight.parameters(), resumed.parameters()
+        assert set(got) == set(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
