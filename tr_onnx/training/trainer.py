@@ -147,9 +147,24 @@ def _finite(v):
     return v
 
 
+def plot_format(path: str | Path) -> str:
+    """The image format the suffix of ``path`` names (``.svg`` -> ``"svg"``; no suffix: png).
+    A suffix matplotlib cannot write is an InputError naming those it can; ImportError without
+    matplotlib."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lower()
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix[1:] not in supported:
+        raise InputError(f"{path}: plot format {suffix!r} is not supported; use one of "
+                         f"{', '.join('.' + s for s in supported)}")
+    return suffix[1:] or "png"
+
+
 def plot_history(history: list[dict], path: str | Path) -> Path:
-    """Loss and accuracy per epoch (train and validation) as a PNG, written atomically.
-    Imports matplotlib (Agg canvas, no pyplot state); raises ImportError without it."""
+    """Loss and accuracy per epoch (train and validation), written atomically in the format
+    the suffix of ``path`` names (``plot_format``). Imports matplotlib (Agg canvas, no pyplot
+    state); raises ImportError without it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -170,7 +185,7 @@ def plot_history(history: list[dict], path: str | Path) -> Path:
         if ax.lines:
             ax.legend()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format=plot_format(path), dpi=100)
     atomic_write(path, buf.getvalue())
     return Path(path)
 
@@ -228,9 +243,9 @@ class Trainer:
     ``epoch`` (1-based), ``step`` (optimizer steps so far), ``train_loss``, ``train_acc``,
     ``val_loss``, ``val_acc`` (null in step lines and without validation data), ``lr`` (of the
     next step), ``samples_per_s`` (training only), ``seconds``, and ``skipped_batches`` (epoch
-    lines) or ``batch`` (step lines). ``plot_path``: a PNG of the
-    per-epoch curves written when ``fit`` ends. ``progress``: a status line on stderr when it is
-    a terminal. ``log``: where summaries go (``print``; None for silence).
+    lines) or ``batch`` (step lines). ``plot_path``: the per-epoch curves written when ``fit``
+    ends, in the format its suffix names (``plot_format``). ``progress``: a status line on
+    stderr when it is a terminal. ``log``: where summaries go (``print``; None for silence).
 
     Losses are averages over samples of the per-batch losses (weighted by batch size); batches
     whose loss or gradient is non-finite are not applied by the session, not counted in the
@@ -260,6 +275,9 @@ class Trainer:
         self.checkpoint_every, self.metrics_every = checkpoint_every, metrics_every
         self.metrics_path = Path(metrics_path) if metrics_path is not None else None
         self.plot_path = Path(plot_path) if plot_path is not None else None
+        if self.plot_path is not None:
+            with contextlib.suppress(ImportError):  # fit() says that matplotlib is missing
+                plot_format(self.plot_path)  # a format it cannot write fails now, not at the end
         self.progress = progress
         self.log = log or (lambda *_: None)
         self.n_train = num_samples(self.train_data)
