@@ -9,6 +9,7 @@ from .errors import (
                      InputError,
                      InternalError,
                      ModelLoadError,
+                     OptionError,
                      PlanError,
                      RegistryError,
                      ShapeError,
@@ -24,5 +25,5 @@ from .training.session import TrainingSession
 __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
-           "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
+           "OptionError", "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
            "__version__"]

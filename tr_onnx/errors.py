@@ -64,6 +64,11 @@ class InputError(TrOnnxError, ValueError):
     """A feed has the wrong name, shape or dtype."""
 
 
+class OptionError(TrOnnxError, ValueError):
+    """An optimizer's or a learning-rate schedule's argument is out of its range (PyTorch's
+    checks, and no NaN or infinity): the message names the argument and its value."""
+
+
 class InternalError(TrOnnxError):
     """A broken internal invariant: a bug in tr_onnx, not in the model or in what the user
     passed. Raise it where the code relies on something tr_onnx itself guarantees (a table
