@@ -24,6 +24,7 @@ import numpy as np
 
 from ..data import Dataset, num_samples
 from ..errors import InputError, InternalError, TrainingDiverged, TrOnnxError
+from ..feeds import check_class_indices
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
 from .session import TrainingSession, atomic_write
 
@@ -55,7 +56,10 @@ def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
     spec = make_loss_spec(spec)  # an unknown name or reduction is the caller's error
     x = x.astype(np.float64)
     if spec.name == "cross_entropy":
-        x = np.moveaxis(x, spec.class_axis_of(x.ndim), 1)
+        axis = spec.class_axis_of(x.ndim)
+        check_class_indices(y, "labels", x.shape[axis], spec.ignore_index,
+                            f"the output (class axis {spec.class_axis})")
+        x = np.moveaxis(x, axis, 1)
         keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
         yi = np.where(keep, y, 0)
         nll = -np.take_along_axis(_log_softmax(x), np.expand_dims(yi, 1), axis=1)[:, 0]
@@ -347,13 +351,16 @@ class Trainer:
 
     def fit(self) -> list[dict]:
         """Train up to ``epochs``; returns the history (one dict per epoch, as in the metrics
-        file).
+        file). First every label of the training and validation data is checked: a class
+        index out of range is an ``InputError`` naming it, before any step.
 
         If the session raises ``TrainingDiverged``, the trainer logs where, writes the plot of
         the epochs completed, sets ``status = "diverged"`` and re-raises (with a note naming
         the last good checkpoint); no checkpoint is written from the diverged state, so
         ``last.ckpt.npz`` stays the last good one.
         """
+        if self.epoch < self.epochs:
+            self._check_class_labels()
         self.status = "running"
         if self.epoch >= self.epochs:
             self.log(f"{self.epoch} epochs done already (epochs={self.epochs}): nothing to train")
@@ -375,6 +382,14 @@ class Trainer:
         self.status = "done"
         self._plot()
         return self.history
+
+    def _check_class_labels(self) -> None:
+        """Every label of the training and validation data, before the first step: one out of
+        range of the loss's classes is an ``InputError`` naming it and its position."""
+        feed = {k: v[:self.batch_size] for k, v in self.train_data[0].items()}
+        for what, data in (("train_data", self.train_data), ("val_data", self.val_data)):
+            if data is not None:
+                self.session.check_class_labels(data[1], feed, what)
 
     def _run_epoch(self) -> None:
         epoch, bs, nb = self.epoch, self.batch_size, self.batches_per_epoch
