@@ -9,6 +9,7 @@ from .errors import (
                      InputError,
                      InternalError,
                      ModelLoadError,
+                     NoStepApplied,
                      OptionError,
                      PlanError,
                      RegistryError,
@@ -25,5 +26,5 @@ from .training.session import TrainingSession
 __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
-           "OptionError", "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
-           "__version__"]
+           "OptionError", "InternalError", "PlanError", "TrainingDiverged", "NoStepApplied",
+           "ExportAdviceWarning", "__version__"]

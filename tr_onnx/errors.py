@@ -93,6 +93,12 @@ class TrainingDiverged(TrOnnxError):
     """Too many steps in a row had a non-finite loss or gradient; none of them was applied."""
 
 
+class NoStepApplied(TrOnnxError):
+    """A training run trained batches but applied no optimizer step (each skipped as
+    non-finite, fewer than ``max_bad_steps`` in a row, or too few to complete an accumulated
+    step): its weights are those it started from."""
+
+
 class ExportAdviceWarning(UserWarning):
     """The model shows signs that its exporter changed it (BatchNorm folded into the
     convolutions, all-zero biases dropped, tied weights untied, equal initializers merged):
