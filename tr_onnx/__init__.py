@@ -10,6 +10,8 @@ from .errors import (
                      InputError,
                      InternalError,
                      ModelLoadError,
+                     NoStepApplied,
+                     OptionError,
                      PlanError,
                      RegistryError,
                      ShapeError,
@@ -26,5 +28,5 @@ from .training.session import TrainingSession
 __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
-           "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
-           "CheckpointError", "WriteError", "__version__"]
+           "OptionError", "InternalError", "PlanError", "TrainingDiverged", "NoStepApplied",
+           "ExportAdviceWarning", "CheckpointError", "WriteError", "__version__"]

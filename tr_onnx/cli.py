@@ -523,6 +523,9 @@ def train_model(args, log=print, on_trainer=None) -> dict:
             seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32")
     kind, dtype = label_kind(session)
     arrays, labels = load_dataset(args.data, session.imported.inputs, kind, dtype)
+    # every label, at its position in the file, before the split and the first step
+    session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
+                               f"{args.data}: 'labels'")
     if args.val_split > 0:
         train, val = _user_error(split, arrays, labels, args.val_split, seed)
     else:

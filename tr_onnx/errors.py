@@ -76,6 +76,11 @@ class InputError(TrOnnxError, ValueError):
     """A feed has the wrong name, shape or dtype."""
 
 
+class OptionError(TrOnnxError, ValueError):
+    """An optimizer's or a learning-rate schedule's argument is out of its range (PyTorch's
+    checks, and no NaN or infinity): the message names the argument and its value."""
+
+
 class InternalError(TrOnnxError):
     """A broken internal invariant: a bug in tr_onnx, not in the model or in what the user
     passed. Raise it where the code relies on something tr_onnx itself guarantees (a table
@@ -98,6 +103,12 @@ class PlanError(InternalError):
 
 class TrainingDiverged(TrOnnxError):
     """Too many steps in a row had a non-finite loss or gradient; none of them was applied."""
+
+
+class NoStepApplied(TrOnnxError):
+    """A training run trained batches but applied no optimizer step (each skipped as
+    non-finite, fewer than ``max_bad_steps`` in a row, or too few to complete an accumulated
+    step): its weights are those it started from."""
 
 
 class ExportAdviceWarning(UserWarning):

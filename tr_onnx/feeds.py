@@ -48,6 +48,30 @@ def check_labels(labels, name: str, shape: Sequence[int], dtype) -> np.ndarray:
                     widen_integers=True)
 
 
+def check_class_indices(labels: np.ndarray, what: str, classes: int,
+                        ignore_index: int | None, scores: str) -> None:
+    """Every label in ``[0, classes)`` or equal to ``ignore_index``: NumPy would read -1 as
+    the last class and class ``classes`` as an IndexError mid-run. Raises ``InputError`` naming
+    the first label out of range, its position in ``labels``, the valid range and ``scores``
+    (where the number of classes comes from); ``what`` says which labels they are."""
+    y = np.asarray(labels)
+    bad = (y < 0) | (y >= classes)
+    if ignore_index is not None:
+        bad &= y != ignore_index
+    if not bad.any():
+        return
+    first = np.argwhere(bad)[0]
+    count = int(np.count_nonzero(bad))
+    valid = f"0..{classes - 1}" + (f" or ignore_index {ignore_index}"
+                                   if ignore_index is not None else "")
+    more = f" ({count} labels out of range)" if count > 1 else ""
+    skip = "" if ignore_index is not None else \
+        ", or give the loss an ignore_index for the labels to skip"
+    raise InputError(f"{what}: label {y[tuple(first)]} at position {first.tolist()} is not a "
+                     f"class index: {scores} has {classes} classes, valid labels {valid}{more}; "
+                     f"fix the labels{skip}")
+
+
 def check_output_names(names, outputs: Sequence[InputSpec]) -> list[str]:
     """The output names to read: ``names``, or every model output when it is None or empty
     (as onnxruntime). Raises ``InputError`` for a bare string or a name that is not a model

@@ -3,13 +3,43 @@
 An optimizer is a description: which update op the training pass emits over the flat spans of
 parameters/gradients/state, with which attributes, and which state buffers it needs. A
 schedule is a pure function of the step, so a checkpoint only needs the step.
+
+Arguments are checked when an optimizer or schedule is made, as ``torch.optim`` checks them
+(same messages), and also for NaN and infinity, which PyTorch lets through into NaN weights:
+an ``OptionError`` naming the argument and its value.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, replace
+
+from .errors import OptionError
+
+
+def _number(owner: str, name: str, value, what: str, rule: str = "a finite number") -> float:
+    """``value`` as a finite float; ``what`` is PyTorch's name for it in ``Invalid {what}``,
+    ``rule`` says what ``name`` must be."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise OptionError(f"{owner}: {name}={value!r} is not a number ({name} must be {rule})")
+    if not math.isfinite(value):
+        raise OptionError(f"{owner}: Invalid {what}: {value} ({name} must be {rule})")
+    return float(value)
+
+
+def _non_negative(owner: str, name: str, value, what: str) -> None:
+    rule = "a finite number >= 0"
+    if not _number(owner, name, value, what, rule) >= 0.0:
+        raise OptionError(f"{owner}: Invalid {what}: {value} ({name} must be {rule})")
+
+
+def _count(owner: str, name: str, value, least: int) -> None:
+    """An integer >= ``least`` (a number of steps)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise OptionError(f"{owner}: Invalid {name}: {value!r} ({name} must be an integer "
+                          f">= {least})")
 
 
 @dataclass
@@ -18,6 +48,9 @@ class Optimizer(ABC):
 
     op: str = field(default="", init=False, repr=False)  # the ai.tr_onnx update op it emits
     state: tuple[str, ...] = field(default=(), init=False, repr=False)
+
+    def __post_init__(self):
+        _non_negative(type(self).__name__, "lr", self.lr, "learning rate")
 
     @abstractmethod
     def attrs(self) -> dict:
@@ -43,9 +76,15 @@ class SGD(Optimizer):
     weight_decay: float = 0.0
 
     def __post_init__(self):
+        super().__post_init__()
         self.op, self.state = "SGDUpdate", ("momentum_buffer",)
+        _non_negative("SGD", "momentum", self.momentum, "momentum value")
+        _number("SGD", "dampening", self.dampening, "dampening value")
+        _non_negative("SGD", "weight_decay", self.weight_decay, "weight_decay value")
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ValueError("SGD: nesterov needs momentum > 0 and dampening 0")
+            raise OptionError(f"SGD: Nesterov momentum requires a momentum and zero dampening "
+                              f"(nesterov=True, momentum={self.momentum}, "
+                              f"dampening={self.dampening})")
 
     def attrs(self) -> dict:
         return {"momentum": float(self.momentum), "dampening": float(self.dampening),
@@ -63,8 +102,21 @@ class Adam(Optimizer):
     decoupled = False
 
     def __post_init__(self):
+        super().__post_init__()
         self.op, self.state = "AdamUpdate", ("exp_avg", "exp_avg_sq")
-        self.betas = tuple(self.betas)
+        owner = type(self).__name__
+        try:
+            self.betas = tuple(self.betas)
+        except TypeError:
+            self.betas = (self.betas,)
+        if len(self.betas) != 2:
+            raise OptionError(f"{owner}: betas={self.betas!r} must be a pair (beta1, beta2)")
+        _non_negative(owner, "eps", self.eps, "epsilon value")
+        for i, beta in enumerate(self.betas):
+            what, rule = f"beta parameter at index {i}", "a number in [0, 1)"
+            if not 0.0 <= _number(owner, f"betas[{i}]", beta, what, rule) < 1.0:
+                raise OptionError(f"{owner}: Invalid {what}: {beta} (betas[{i}] must be {rule})")
+        _non_negative(owner, "weight_decay", self.weight_decay, "weight_decay value")
 
     def attrs(self) -> dict:
         return {"beta1": float(self.betas[0]), "beta2": float(self.betas[1]),
@@ -91,7 +143,13 @@ class Adagrad(Optimizer):
     eps: float = 1e-10
 
     def __post_init__(self):
+        super().__post_init__()
         self.op, self.state = "AdagradUpdate", ("sum",)
+        _non_negative("Adagrad", "lr_decay", self.lr_decay, "lr_decay value")
+        _non_negative("Adagrad", "weight_decay", self.weight_decay, "weight_decay value")
+        _non_negative("Adagrad", "initial_accumulator_value", self.initial_accumulator_value,
+                      "initial_accumulator_value value")
+        _non_negative("Adagrad", "eps", self.eps, "epsilon value")
 
     def attrs(self) -> dict:
         return {"lr_decay": float(self.lr_decay), "weight_decay": float(self.weight_decay),
@@ -148,6 +206,10 @@ class StepLR(Schedule):
     step_size: int = 1000
     gamma: float = 0.1
 
+    def __post_init__(self):
+        _count("StepLR", "step_size", self.step_size, 1)
+        _non_negative("StepLR", "gamma", self.gamma, "gamma")
+
     def factor(self, step: int) -> float:
         return self.gamma ** ((step - 1) // self.step_size)
 
@@ -158,6 +220,10 @@ class Cosine(Schedule):
 
     total_steps: int = 1000
     eta_min_factor: float = 0.0
+
+    def __post_init__(self):
+        _count("Cosine", "total_steps", self.total_steps, 1)
+        _non_negative("Cosine", "eta_min_factor", self.eta_min_factor, "eta_min_factor")
 
     def factor(self, step: int) -> float:
         t = min(step - 1, self.total_steps)
@@ -171,6 +237,12 @@ class Warmup(Schedule):
 
     warmup_steps: int = 100
     after: Schedule = field(default_factory=Constant)
+
+    def __post_init__(self):
+        _count("Warmup", "warmup_steps", self.warmup_steps, 0)
+        if not isinstance(self.after, Schedule):
+            raise OptionError(f"Warmup: after={self.after!r} is not a schedule (Constant, "
+                              "StepLR, Cosine, Warmup)")
 
     def factor(self, step: int) -> float:
         if step <= self.warmup_steps:

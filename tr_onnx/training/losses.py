@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir import Value
+from ..ir import Graph, Value
 from ..passes.autodiff import GradBuilder
 
 
@@ -103,6 +103,44 @@ def smooth_l1(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
 LOSSES: dict[str, Callable] = {"cross_entropy": cross_entropy, "mse": mse, "l1": l1,
                                "bce_with_logits": bce_with_logits, "smooth_l1": smooth_l1}
 INTEGER_LABELS = {"cross_entropy"}
+
+
+# the ONNX losses whose labels are class indices, and the ops that hand labels on with their
+# values unchanged (only the shape or the integer width changes)
+CLASS_INDEX_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
+_LABEL_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast",
+                          "Transpose"})
+
+
+@dataclass(frozen=True)
+class ClassLabels:
+    """Labels a loss node reads as class indices: valid are ``0..classes - 1`` and
+    ``ignore_index``."""
+
+    classes: int
+    ignore_index: int | None
+    node: str  # the loss node's label
+
+
+def class_labels(graph: Graph, label_name: str) -> list[ClassLabels]:
+    """Where a training graph reads its labels ``label_name`` as class indices: every
+    SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss that reads them (directly or through
+    reshapes and casts: the builtin cross_entropy's [N*T] rows, a user's ONNX loss model), with
+    its number of classes (axis 1 of its scores, concrete in a specialised graph) and its
+    ignore_index. Empty for losses whose labels are not class indices (mse, ...)."""
+    found, todo, seen = [], [graph.values[label_name]], set()
+    while todo:
+        v = todo.pop()
+        for node in v.consumers:
+            if node.domain in ("", "ai.onnx") and node.op_type in CLASS_INDEX_LOSSES \
+                    and node.inputs[1] is v:
+                ignore = node.attrs.get("ignore_index")
+                found.append(ClassLabels(int(node.inputs[0].shape[1]),
+                                         None if ignore is None else int(ignore), node.label))
+            elif node.op_type in _LABEL_VIEWS and node.inputs[0] is v and id(node) not in seen:
+                seen.add(id(node))
+                todo.append(node.outputs[0])
+    return found
 
 
 def make_loss_spec(loss: str | LossSpec | dict) -> LossSpec:

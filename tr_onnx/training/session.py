@@ -42,12 +42,12 @@ from ..errors import (
     WriteError,
 )
 from ..export_advice import export_advice
-from ..feeds import check_feed, check_labels, check_output_names
+from ..feeds import check_class_indices, check_feed, check_labels, check_output_names
 from ..importer import ImportedModel, external_location, external_tensors, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .export import export_model
-from .losses import LossSpec, make_loss_spec
+from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
 from .parameters import (
     ParamRole,
     parameter_roles,
@@ -332,6 +332,7 @@ class TrainingSession:
         self._inflight: list[_Launch] = []  # launched, not yet read back (oldest first)
         self._last: _Launch | None = None  # the last step given to the executor
         self._plans: dict[tuple, CompiledPlan] = {}
+        self._class_labels: dict[int, list[ClassLabels]] = {}  # plan id -> class-index labels
         self._active: CompiledPlan | None = None
         self._eval_plans: dict[tuple, CompiledPlan] = {}
         self._pending: dict[str, np.ndarray] = {}  # state to load into the next plan
@@ -469,12 +470,14 @@ class TrainingSession:
         step. Elsewhere (numpy, accumulation) ``wait=False`` runs the step as ``wait=True``.
 
         A feed or labels the model does not take is an ``InputError`` naming the input
-        (``tr_onnx.feeds``), raised before the step runs: nothing changes.
+        (``tr_onnx.feeds``), raised before the step runs: nothing changes. So is a class-index
+        label out of range (``check_class_labels``).
         """
         feed = check_feed(feed, self.imported.inputs)
         plan = self._train_plan(feed)
         want = plan.graph.values[self.label_name]
         labels = check_labels(labels, self.label_name, want.shape, want.dtype)
+        self._check_class_labels(plan, labels, f"labels {self.label_name!r}")
         executor = plan.executor
         for name, x in feed.items():
             executor.write_input(name, x)
@@ -500,6 +503,28 @@ class TrainingSession:
             self._inflight.clear()
             raise
         return pending
+
+    def check_class_labels(self, labels, feed, what: str = "labels") -> None:
+        """An ``InputError`` naming the first of ``labels`` (any number of samples: a whole
+        data set) that the loss cannot read as a class index -- outside ``0..C - 1``, C from
+        the model output's class axis, and not the loss's ignore_index -- with its position;
+        ``what`` names the labels in the message. The training plan of a batch ``feed`` says
+        how many classes there are (compiled now if no step has used it yet). Labels of losses
+        that take no class indices (mse, ...) are not checked."""
+        labels = np.asarray(labels)
+        if labels.dtype.kind in "iu":
+            self._check_class_labels(self._train_plan(check_feed(feed, self.imported.inputs)),
+                                     labels, what)
+
+    def _check_class_labels(self, plan: CompiledPlan, labels: np.ndarray, what: str) -> None:
+        found = self._class_labels.get(id(plan))
+        if found is None:
+            found = self._class_labels[id(plan)] = class_labels(plan.graph, self.label_name)
+        for entry in found:
+            scores = (f"model output {self.output_name!r} (class axis {self.loss.class_axis})"
+                      if isinstance(self.loss, LossSpec) else
+                      f"the loss model's {entry.node}")
+            check_class_indices(labels, what, entry.classes, entry.ignore_index, scores)
 
     def _pipelined(self, plan: CompiledPlan) -> bool:
         """Whether steps of ``plan`` may be launched before the previous one is read back."""

@@ -23,7 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from ..data import Dataset, num_samples
-from ..errors import CheckpointError, InputError, InternalError, TrainingDiverged, TrOnnxError
+from ..errors import (
+    CheckpointError,
+    InputError,
+    InternalError,
+    NoStepApplied,
+    TrainingDiverged,
+    TrOnnxError,
+)
+from ..feeds import check_class_indices
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
 from .session import TrainingSession, atomic_write, write_all, write_error
 
@@ -55,7 +63,10 @@ def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
     spec = make_loss_spec(spec)  # an unknown name or reduction is the caller's error
     x = x.astype(np.float64)
     if spec.name == "cross_entropy":
-        x = np.moveaxis(x, spec.class_axis_of(x.ndim), 1)
+        axis = spec.class_axis_of(x.ndim)
+        check_class_indices(y, "labels", x.shape[axis], spec.ignore_index,
+                            f"the output (class axis {spec.class_axis})")
+        x = np.moveaxis(x, axis, 1)
         keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
         yi = np.where(keep, y, 0)
         nll = -np.take_along_axis(_log_softmax(x), np.expand_dims(yi, 1), axis=1)[:, 0]
@@ -290,7 +301,8 @@ class Trainer:
         self.batch = 0  # next batch of the epoch in progress
         self.history: list[dict] = []
         self.totals = EpochTotals()
-        self.status = "new"  # "running", "done" or "diverged"
+        self.status = "new"  # "running", "done", "diverged" or "no step"
+        self._run_batches = self._run_skipped = 0  # batches this fit() trained, skipped
         self._metrics_lines = 0  # lines of metrics_path that belong to this run
         self._metrics = None
         self._loss_model = None
@@ -369,14 +381,22 @@ class Trainer:
 
     def fit(self) -> list[dict]:
         """Train up to ``epochs``; returns the history (one dict per epoch, as in the metrics
-        file).
+        file). First every label of the training and validation data is checked: a class
+        index out of range is an ``InputError`` naming it, before any step.
 
         If the session raises ``TrainingDiverged``, the trainer logs where, writes the plot of
         the epochs completed, sets ``status = "diverged"`` and re-raises (with a note naming
         the last good checkpoint); no checkpoint is written from the diverged state, so
         ``last.ckpt.npz`` stays the last good one.
+
+        A run that trained batches but applied no optimizer step (each skipped as non-finite,
+        fewer than ``max_bad_steps`` in a row) raises ``NoStepApplied`` with ``status = "no
+        step"``: its weights are those it started from, not a result to export.
         """
+        if self.epoch < self.epochs:
+            self._check_class_labels()
         self.status = "running"
+        start_step, self._run_batches, self._run_skipped = self.session.step, 0, 0
         if self.epoch >= self.epochs:
             self.log(f"{self.epoch} epochs done already (epochs={self.epochs}): nothing to train")
         try:
@@ -394,9 +414,31 @@ class Trainer:
             self.log(msg)
             self._plot()
             raise
+        if self._run_batches and self.session.step == start_step:
+            self.status = "no step"
+            raise NoStepApplied(self._no_step_message())
         self.status = "done"
         self._plot()
         return self.history
+
+    def _no_step_message(self) -> str:
+        n, skipped = self._run_batches, self._run_skipped
+        why = (f"all {n} batches had a non-finite loss or gradient and were skipped"
+               if skipped == n else f"{skipped} of {n} batches were skipped as non-finite and "
+               f"the others completed no step (grad_accumulation="
+               f"{self.session.options['grad_accumulation']}, or fp16 gradient overflows)")
+        return (f"no optimizer step was applied: {why} (fewer than max_bad_steps="
+                f"{self.session.options['max_bad_steps']} in a row, so not reported as "
+                "diverged); the weights are those the run started from: check the data for NaN "
+                "or infinity, or lower the learning rate")
+
+    def _check_class_labels(self) -> None:
+        """Every label of the training and validation data, before the first step: one out of
+        range of the loss's classes is an ``InputError`` naming it and its position."""
+        feed = {k: v[:self.batch_size] for k, v in self.train_data[0].items()}
+        for what, data in (("train_data", self.train_data), ("val_data", self.val_data)):
+            if data is not None:
+                self.session.check_class_labels(data[1], feed, what)
 
     def _run_epoch(self) -> None:
         epoch, bs, nb = self.epoch, self.batch_size, self.batches_per_epoch
@@ -412,8 +454,10 @@ class Trainer:
 
         def account(pending, y) -> None:
             totals.seen += len(y)
+            self._run_batches += 1
             if pending.bad:
                 totals.skipped += 1
+                self._run_skipped += 1
             else:
                 totals.loss_sum += pending.loss() * len(y)
                 totals.samples += len(y)
