@@ -12,6 +12,7 @@ import logging
 import os
 import warnings
 from dataclasses import replace
+from functools import lru_cache
 from typing import NamedTuple
 
 import onnx
@@ -59,6 +60,7 @@ def canonical_domain(domain: str) -> str:
     return "" if domain in ONNX_DOMAINS else domain
 
 
+@lru_cache(maxsize=4096)  # asked per node of every plan; onnx's lookup costs ~20 us
 def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
     """The ONNX schema in force for ``op_type`` at ``opset`` of ``domain``, or None."""
     try:
