@@ -5,6 +5,7 @@
 
 from . import optim
 from .errors import (
+                     ArenaSizeError,
                      ExportAdviceWarning,
                      InputError,
                      InternalError,
@@ -25,4 +26,4 @@ __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
            "InternalError", "PlanError", "TrainingDiverged", "ExportAdviceWarning",
-           "__version__"]
+           "ArenaSizeError", "__version__"]
