@@ -5,6 +5,7 @@
 
 from . import optim
 from .errors import (
+                     ArenaSizeError,
                      CheckpointError,
                      ExportAdviceWarning,
                      InputError,
@@ -29,4 +30,5 @@ __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
            "OptionError", "InternalError", "PlanError", "TrainingDiverged", "NoStepApplied",
-           "ExportAdviceWarning", "CheckpointError", "WriteError", "__version__"]
+           "ExportAdviceWarning", "CheckpointError", "WriteError", "ArenaSizeError",
+           "__version__"]

@@ -11,6 +11,8 @@ here, only for ``cuda``."""
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,7 @@ import numpy as np
 
 from . import ir
 from .backends import ExecutorAPI, numpy_backend
+from .errors import ArenaSizeError, InputError
 from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
 from .memory import MemoryPlan, mirror_widening, plan_memory, span_elements
@@ -39,6 +42,36 @@ class CompiledPlan:
     bindings: list = field(default_factory=list, repr=False)
     """cuda: ``(schedule index, node, bind)`` of every node that runs, ``bind`` what the node's
     cuda kernel factory returned; ``CudaExecutor`` binds them to a device."""
+
+
+DEFAULT_MAX_PLANS = 8
+
+
+class PlanCache(OrderedDict):
+    """A session's compiled plans by key (input shapes), least recently used first. Each plan
+    holds its whole arena and bound calls (64 batch sizes held 0.9 GB), so ``evict()`` keeps
+    the ``max_plans`` most recently used; an evicted plan is compiled again when needed."""
+
+    def __init__(self, max_plans: int = DEFAULT_MAX_PLANS):
+        super().__init__()
+        if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
+            raise InputError(f"max_plans={max_plans!r}: must be an int >= 1 (compiled plans a "
+                             f"session keeps; default {DEFAULT_MAX_PLANS})")
+        self.max_plans = max_plans
+
+    def lookup(self, key) -> CompiledPlan | None:
+        """The plan for ``key`` (now the most recently used), or None."""
+        plan = self.get(key)
+        if plan is not None:
+            self.move_to_end(key)
+        return plan
+
+    def evict(self) -> list[CompiledPlan]:
+        """Drop the least recently used plans beyond ``max_plans``; returns them."""
+        dropped = []
+        while len(self) > self.max_plans:
+            dropped.append(self.popitem(last=False)[1])
+        return dropped
 
 
 def tensor_info(v: ir.Value) -> TensorInfo:
@@ -65,28 +98,31 @@ def kernel_context(node: ir.Node, backend: str) -> KernelContext:
 DeviceFactory = Callable[["CompiledPlan"], Any]
 
 
+@ir.collector_paused()
 def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
                  const_values: dict[str, np.ndarray], backend: str, align: int,
                  reuse: bool = True, transform: Callable[[ir.Graph], Any] | None = None,
                  absorb_flatten: bool = True, device: DeviceFactory | None = None,
-                 cuda_graphs: str = "fallback") -> CompiledPlan:
+                 cuda_graphs: str = "fallback", max_arena_bytes: int | None = None
+                 ) -> CompiledPlan:
     """Specialise ``imported`` to ``shapes`` and compile it. ``transform(graph)`` runs after
     dispatch (the training pass: train-mode ops, loss, backward, optimizer); what it returns is
     kept as ``plan.info``. ``device`` (cuda only): ``device(plan) -> DeviceAPI`` instead of a
     ``CupyDevice`` -- the test hook that runs the cuda executor over a fake device on a CPU;
-    ``cuda_graphs``: ``CudaExecutor``'s capture mode (``"fallback"``, ``"require"``, ``"off"``)."""
+    ``cuda_graphs``: ``CudaExecutor``'s capture mode (``"fallback"``, ``"require"``, ``"off"``);
+    ``max_arena_bytes``: see ``check_arena_size``."""
     registry = imported.registry
     graph = imported.specialize(shapes, const_values)
     dispatch(graph, registry, backend)
     info = transform(graph) if transform is not None else None
     return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,
-                         cuda_graphs)
+                         cuda_graphs, max_arena_bytes)
 
 
 def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bool = True,
                   absorb_flatten: bool = True, info: Any = None,
-                  device: DeviceFactory | None = None, cuda_graphs: str = "fallback"
-                  ) -> CompiledPlan:
+                  device: DeviceFactory | None = None, cuda_graphs: str = "fallback",
+                  max_arena_bytes: int | None = None) -> CompiledPlan:
     """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
     report = assign_layouts(graph, registry, backend, align, absorb_flatten=absorb_flatten)
     factory_of = _factory_of(backend)
@@ -111,12 +147,14 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
 
         memory = plan_memory(graph, schedule, workspace, reuse=reuse,
                              min_workspace=staging_bytes(graph))
+        check_arena_size(graph, memory, backend, max_arena_bytes)
         plan = CompiledPlan(graph, report, memory, None, kernels, backend, info, factories)
         plan.executor = cuda_executor(plan, device, cuda_graphs)
         return plan
     if device is not None:
         raise ValueError(f"device= is for the cuda backend, not {backend!r}")
     memory = plan_memory(graph, schedule, workspace, reuse=reuse)
+    check_arena_size(graph, memory, backend, max_arena_bytes)
     steps = [(node.label, run, [v.name if v is not None else None for v in node.inputs],
               [v.name if v is not None else None for v in node.outputs],
               memory.workspaces.get(index, []), node.phase) for index, node, run in factories]
@@ -125,6 +163,47 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
     plan.executor.load_constants({v.name: v.data for v in graph.values.values()
                                   if v.data is not None and v.span_of is None})
     return plan
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's RAM, where the OS says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def check_arena_size(graph: ir.Graph, memory: MemoryPlan, backend: str,
+                     max_arena_bytes: int | None) -> None:
+    """An ``ArenaSizeError`` before anything is allocated when the plan's arena is larger than
+    ``max_arena_bytes`` (None: for numpy, the machine's physical memory; for cuda, no check
+    here, the device says). It names the inputs, the largest values and the nodes making them."""
+    limit, what = max_arena_bytes, f"max_arena_bytes={max_arena_bytes}"
+    if limit is None and backend == "numpy":
+        limit = physical_memory_bytes()
+        what = (f"this machine's physical memory ({_size(limit or 0)}; max_arena_bytes= sets "
+                "another limit)")
+    if limit is None or memory.total_bytes <= limit:
+        return
+    owners = sorted((t for t in memory.tensors.values() if t.alias_of is None and not t.span),
+                    key=lambda t: -t.slot_bytes)[:3]
+
+    def made_by(name: str) -> str:
+        v = graph.values.get(name)
+        return f"made by {v.producer.label}" if v is not None and v.producer is not None \
+            else "an input or initializer"
+
+    largest = "; ".join(f"{t.name!r} {list(t.shape)} {t.dtype} ({_size(t.slot_bytes)}) "
+                        f"{made_by(t.name)}" for t in owners)
+    inputs = {v.name: list(v.shape) for v in graph.inputs}
+    raise ArenaSizeError(
+        f"the {backend} plan for inputs {inputs} needs an arena of {_size(memory.total_bytes)} "
+        f"({memory.total_bytes} bytes), more than {what}; its largest values: {largest}. Feed "
+        "smaller inputs, or raise max_arena_bytes= if the machine has the memory")
 
 
 def _factory_of(backend: str) -> Callable:

@@ -101,6 +101,11 @@ class PlanError(InternalError):
     made a plan ``MemoryPlan.finalize`` rejects."""
 
 
+class ArenaSizeError(TrOnnxError):
+    """A plan's arena would be larger than ``max_arena_bytes`` (default: the machine's physical
+    memory), or could not be allocated; the message names the largest values and their nodes."""
+
+
 class TrainingDiverged(TrOnnxError):
     """Too many steps in a row had a non-finite loss or gradient; none of them was applied."""
 

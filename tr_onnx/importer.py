@@ -7,6 +7,7 @@ folding what those make constant. Symbolic batch dimensions stay symbolic until 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,7 +21,13 @@ from onnx.reference import ReferenceEvaluator
 
 from . import ir
 from .dtypes import is_supported, np_dtype, onnx_elem_type
-from .errors import ModelLoadError, ShapeError, UnsupportedModelError, unsupported_message
+from .errors import (
+    InputError,
+    ModelLoadError,
+    ShapeError,
+    UnsupportedModelError,
+    unsupported_message,
+)
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
@@ -29,6 +36,9 @@ MAX_OPSET = onnx.defs.onnx_opset_version()
 _NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                      "Multinomial", "Bernoulli", "Dropout"}
 _SHAPE_OPS = {"Shape", "Size"}
+# Constant folding makes no value larger than this (bytes; ``fold_limit_bytes=``): a larger one
+# stays a node and is computed into the plan's arena when the model runs
+DEFAULT_FOLD_LIMIT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,7 @@ class ImportedModel:
     const_feeds: frozenset[str]  # graph inputs a plan must treat as constants (Reshape shape...)
     original_opset: int
     registry: OpRegistry = field(repr=False, default=None)
+    fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES  # specialize folds with it too
 
     def specialize(self, shapes: dict[str, tuple], const_values: dict[str, np.ndarray]) -> ir.Graph:
         return specialize(self, shapes, const_values)
@@ -208,55 +219,82 @@ def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
 
 
 def _static_shape(vi: onnx.ValueInfoProto | None) -> tuple[int, ...] | None:
-    if vi is None or not vi.type.tensor_type.HasField("shape"):
-        return None
-    dims = vi.type.tensor_type.shape.dim
-    if not all(d.HasField("dim_value") for d in dims):
-        return None
-    return tuple(int(d.dim_value) for d in dims)
+    return None if vi is None else _type_shape(vi.type)
 
 
-def fold_constants(model: onnx.ModelProto, param_names: frozenset[str]) -> onnx.ModelProto:
+def _type_shape(tp: onnx.TypeProto) -> tuple[int, ...] | None:
+    if not tp.tensor_type.HasField("shape"):
+        return None
+    dims = []
+    for d in tp.tensor_type.shape.dim:
+        if not d.HasField("dim_value"):
+            return None
+        dims.append(d.dim_value)
+    return tuple(dims)
+
+
+def check_byte_limit(option: str, value) -> int | None:
+    """``value`` of the byte-count option ``option`` (``fold_limit_bytes``,
+    ``max_arena_bytes``) if it is an int >= 0 or None (no limit); else an ``InputError``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 0):
+        raise InputError(f"{option}={value!r}: must be a number of bytes >= 0, or None for no "
+                         "limit")
+    return value
+
+
+def fold_constants(model: onnx.ModelProto, param_names: frozenset[str],
+                   limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES) -> onnx.ModelProto:
     """Evaluate nodes whose inputs are all constant (not parameters), and Shape/Size of values
     with static shapes; their outputs become initializers.
 
     Float initializers of the original model are parameters: a node reading one is kept, so a
-    trainable weight never disappears into a folded constant.
+    trainable weight never disappears into a folded constant. A node whose outputs would hold
+    more than ``limit_bytes`` is kept too, and runs as a node: its outputs' size is known
+    before it is evaluated (``_fold_bytes``), so nothing that large is ever allocated here.
     """
     g = model.graph
     opsets = list(model.opset_import)
     consts = {i.name: i for i in g.initializer if i.name not in param_names}
     infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
-    for init in g.initializer:  # a folded value has no value_info: its dims are its shape
-        infos.setdefault(init.name, onnx.helper.make_tensor_value_info(
-            init.name, init.data_type, list(init.dims)))
+    # a folded value has no value_info: its dims are its shape
+    dims = {i.name: tuple(i.dims) for i in g.initializer}
+
+    def static_shape(name: str) -> tuple[int, ...] | None:
+        return dims[name] if name in dims else _static_shape(infos.get(name))
+
     graph_outputs = {o.name for o in g.output}
     kept, folded = [], []
     for node in g.node:
-        inputs = [n for n in node.input if n]
-        foldable = node.op_type not in _NONDETERMINISTIC and not any(
+        shape_op = node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx")
+        # the cheapest test first: most nodes read a value computed at run time
+        foldable = static_shape(node.input[0]) is not None if shape_op else all(
+            n in consts for n in node.input if n)
+        foldable = foldable and node.op_type not in _NONDETERMINISTIC and not any(
             a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute)
-        if foldable and node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx"):
-            foldable = _static_shape(infos.get(node.input[0])) is not None
-        elif foldable:
-            foldable = all(n in consts for n in inputs)
-        if not foldable or any(o in graph_outputs for o in node.output):
+            for a in node.attribute) and not any(o in graph_outputs for o in node.output)
+        if foldable and not shape_op and limit_bytes is not None:
+            foldable = _fold_bytes(node, opsets, consts, infos, limit_bytes) <= limit_bytes
+        if not foldable:
             kept.append(node)
             continue
         try:
-            results = _evaluate_node(node, opsets, consts, infos)
+            results = _evaluate_node(node, opsets, consts,
+                                     static_shape(node.input[0]) if shape_op else None)
         except Exception:  # onnx.reference raises whatever its op raises (a bare ValueError in
             # one BERT export's GatherElements): not folding is always correct -- the node
             # stays and runs with its kernel, whose errors name it
             kept.append(node)
             continue
+        results = [np.asarray(value) for value in results]
+        if limit_bytes is not None and sum(r.nbytes for r in results) > limit_bytes:
+            kept.append(node)  # a size no inference could tell (see _fold_bytes)
+            continue
         for out_name, value in zip(node.output, results):
             if out_name:
-                t = numpy_helper.from_array(np.asarray(value), out_name)
+                t = numpy_helper.from_array(value, out_name)
                 consts[out_name] = t
-                infos[out_name] = onnx.helper.make_tensor_value_info(out_name, t.data_type,
-                                                                     list(t.dims))
+                dims[out_name] = tuple(t.dims)
                 folded.append(t)
     if not folded:
         return model
@@ -272,21 +310,77 @@ def fold_constants(model: onnx.ModelProto, param_names: frozenset[str]) -> onnx.
     return out
 
 
-def _fold_to_fixpoint(model: onnx.ModelProto, param_names, name: str) -> onnx.ModelProto:
+def _fold_bytes(node, opsets, consts, infos, limit_bytes: int) -> int:
+    """Bytes of ``node``'s outputs, before evaluating it: their inferred shapes (the model's
+    shape inference, else ONNX's inference of this one node given its constant inputs' values:
+    ConstantOfShape's shape, Expand's, Tile's repeats, Range's bounds). Where neither tells (ops
+    whose output size depends on the data, such as NonZero, bounded by their inputs), the
+    inputs' bytes: the node is then folded only if they fit, and its results are checked."""
+    types: dict[str, tuple] = {}
+    for name in node.output:
+        if name and name in infos:
+            t = infos[name].type
+            types[name] = (_type_shape(t), t.tensor_type.elem_type)
+    outputs = [n for n in node.output if n]
+    if not all(n in types and types[n][0] is not None and types[n][1] for n in outputs):
+        inputs = [n for n in node.input if n]
+        types.update(_infer_node(node, opsets, {n: onnx.helper.make_tensor_type_proto(
+            consts[n].data_type, list(consts[n].dims)) for n in inputs},
+            {n: consts[n] for n in inputs}))
+    total = 0
+    for name in outputs:
+        shape, elem = types.get(name, (None, 0))
+        size = _value_bytes(shape, elem)
+        if size is None:
+            sizes = [_value_bytes(consts[n].dims, consts[n].data_type) for n in node.input if n]
+            return limit_bytes + 1 if None in sizes else sum(sizes)
+        total += size
+    return total
+
+
+def _infer_node(node, opsets, types: dict, data: dict) -> dict[str, tuple]:
+    """ONNX shape inference of one node: ``types`` of its inputs (``TypeProto``), ``data`` the
+    values of those known (``TensorProto``) -> {output: (static shape or None, elem type)}."""
+    opset = {o.domain or "": o.version for o in opsets}.get(node.domain or "", 1)
+    schema = schema_for(node.domain, node.op_type, opset) \
+        if canonical_domain(node.domain) in ("", "ai.onnx.ml") else None
+    if schema is None:
+        return {}
+    try:
+        out = onnx.shape_inference.infer_node_outputs(schema, node, types, input_data=data,
+                                                      opset_imports=opsets)
+    except Exception:  # onnx raises InferenceError, or a bare error from an op's rule
+        return {}
+    return {name: (_type_shape(t), t.tensor_type.elem_type) for name, t in out.items()}
+
+
+def _value_bytes(shape, elem_type: int) -> int | None:
+    if shape is None or not elem_type or elem_type == onnx.TensorProto.STRING:
+        return None
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    return math.prod(int(d) for d in shape) * itemsize
+
+
+def _fold_to_fixpoint(model: onnx.ModelProto, param_names, name: str,
+                      limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES) -> onnx.ModelProto:
     """Infer and fold until nothing more folds: a fold can make another Shape static."""
     model = _infer(model, name)
     for _ in range(len(model.graph.node) + 1):
         before = len(model.graph.node)
-        model = fold_constants(model, param_names)
+        model = fold_constants(model, param_names, limit_bytes)
         if len(model.graph.node) == before:
             return model
         model = _infer(model, name)
     return model
 
 
-def _evaluate_node(node, opsets, consts, infos) -> list[np.ndarray]:
+def _evaluate_node(node, opsets, consts, input_shape) -> list[np.ndarray]:
+    """``node``'s outputs; ``input_shape``: Shape's and Size's input's static shape."""
     if node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx"):
-        shape = _static_shape(infos.get(node.input[0]))
+        shape = input_shape
         if node.op_type == "Size":
             return [np.array(int(np.prod(shape)), dtype=np.int64)]
         attrs = {a.name: a.i for a in node.attribute}
@@ -342,11 +436,15 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
         raise UnsupportedModelError(msg, entries)
 
 
+@ir.collector_paused()
 def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy",
-                 external_data_dir: str | Path | None = None) -> ImportedModel:
+                 external_data_dir: str | Path | None = None,
+                 fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES) -> ImportedModel:
     """Load, check, convert, infer and fold ``src``; verify every op has a kernel for
     ``backend``. ``external_data_dir``: where a model given as bytes or a ModelProto keeps its
-    external data (``load_model``)."""
+    external data (``load_model``). ``fold_limit_bytes``: no folded constant is larger (None:
+    no limit)."""
+    check_byte_limit("fold_limit_bytes", fold_limit_bytes)
     registry = registry or default_registry()
     model, name = load_model(src, external_data_dir)
     _check(model, name)
@@ -365,13 +463,13 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     param_names = frozenset(i.name for i in model.graph.initializer
                             if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                                                onnx.TensorProto.FLOAT16))
-    model = _fold_to_fixpoint(model, param_names, name)
+    model = _fold_to_fixpoint(model, param_names, name, fold_limit_bytes)
     check_supported(model, name, registry, backend, param_names)
     const_feeds = _const_feed_inputs(model, registry, backend)
     specs = [_spec(vi) for vi in model.graph.input]
     outs = [_spec(vi) for vi in model.graph.output]
     return ImportedModel(model, name, original, specs, outs, param_names,
-                         frozenset(const_feeds), original_opset, registry)
+                         frozenset(const_feeds), original_opset, registry, fold_limit_bytes)
 
 
 def _spec(vi: onnx.ValueInfoProto) -> InputSpec:
@@ -428,7 +526,8 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
         g.input.extend(kept)
         g.initializer.extend(numpy_helper.from_array(np.asarray(v), k)
                              for k, v in const_values.items())
-    model = _fold_to_fixpoint(model, imported.param_names, imported.source)
+    model = _fold_to_fixpoint(model, imported.param_names, imported.source,
+                              imported.fold_limit_bytes)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}
 
@@ -480,38 +579,65 @@ def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
     """Fill shapes ONNX inference left unknown using the ops' own shape rules (custom domains),
     then let ONNX inference carry them downstream."""
     g = model.graph
-    infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
-    for init in g.initializer:
-        infos.setdefault(init.name, onnx.helper.make_tensor_value_info(
-            init.name, init.data_type, list(init.dims)))
     opsets = {o.domain or "": o.version for o in model.opset_import}
+    rules: dict[tuple[str, str], object] = {}  # (domain, op) -> its OpDef if it has a shape rule
+    for node in g.node:
+        key = (node.domain, node.op_type)
+        if key not in rules:
+            opdef = _opdef_for(node, opsets, imported.registry, "numpy")
+            rules[key] = opdef if opdef is not None and opdef.shape is not None else None
+    if not any(rules.values()):
+        return  # what ONNX inference could not type, nothing here can
+    infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    inits = {i.name: i for i in g.initializer}
+    for name, init in inits.items():  # made value infos when read (a model holds many)
+        infos.setdefault(name, init)
     # custom op -> standard op -> custom op: each pass types what the previous one made known
     for _ in range(len(g.node)):
-        if not _custom_shapes_pass(model, imported, infos, opsets):
+        if not _custom_shapes_pass(model, imported, infos, inits, rules):
             return
 
 
-def _custom_shapes_pass(model, imported, infos, opsets) -> bool:
+def _info(infos: dict, name: str) -> onnx.ValueInfoProto | None:
+    info = infos.get(name)
+    if isinstance(info, onnx.TensorProto):  # an initializer: its dims are its shape
+        info = infos[name] = onnx.helper.make_tensor_value_info(name, info.data_type,
+                                                                list(info.dims))
+    return info
+
+
+def _custom_shapes_pass(model, imported, infos, inits, rules) -> bool:
     g = model.graph
     changed = False
+    declared = {vi.name: vi for vi in list(g.value_info) + list(g.output)}
     for node in g.node:
         if all(_static_shape(infos.get(o)) is not None for o in node.output if o):
             continue
-        opdef = _opdef_for(node, opsets, imported.registry, "numpy")
-        if opdef is None or opdef.shape is None:
+        opdef = rules[(node.domain, node.op_type)]
+        if opdef is None and not changed:
             continue
-        in_shapes = [_static_shape(infos.get(n)) if n else None for n in node.input]
+        in_infos = [_info(infos, n) if n else None for n in node.input]
+        in_shapes = [_static_shape(vi) for vi in in_infos]
         if any(n and shape is None for n, shape in zip(node.input, in_shapes)):
             continue  # an input is not known yet; a later pass gets it
-        in_types = [np_dtype(infos[n].type.tensor_type.elem_type) if n and n in infos else None
-                    for n in node.input]
-        results = opdef.shape(node, in_shapes, in_types)
-        outputs = {o.name: o for o in g.output}
-        for out_name, (shape, dtype) in zip(node.output, results):
-            vi = onnx.helper.make_tensor_value_info(out_name, onnx_elem_type(dtype), list(shape))
-            if out_name in outputs:  # a graph output: its declared (symbolic) type is replaced
-                outputs[out_name].type.CopyFrom(vi.type)
-                vi = outputs[out_name]
+        if opdef is not None:
+            in_types = [np_dtype(vi.type.tensor_type.elem_type) if vi is not None else None
+                        for vi in in_infos]
+            results = [(shape, onnx_elem_type(dtype))
+                       for shape, dtype in opdef.shape(node, in_shapes, in_types)]
+        else:  # a standard op reading what this pass typed: typed now, not in another pass
+            # over the whole model (one per custom op of a chain of them was quadratic)
+            inferred = _infer_node(node, model.opset_import, {
+                n: vi.type for n, vi in zip(node.input, in_infos) if n}, {
+                n: inits[n] for n in node.input if n in inits})
+            results = [inferred.get(o, (None, 0)) for o in node.output]
+        for out_name, (shape, elem) in zip(node.output, results):
+            if not out_name or shape is None or not elem:
+                continue
+            vi = onnx.helper.make_tensor_value_info(out_name, elem, list(shape))
+            if out_name in declared:  # a graph output's declared (symbolic) type, or what
+                declared[out_name].type.CopyFrom(vi.type)  # inference could tell, is replaced
+                vi = declared[out_name]
             else:
                 g.value_info.append(vi)
             infos[out_name] = vi

@@ -6,7 +6,11 @@ Shapes are the ones ONNX defines (NCHW for feature maps); how a value sits in me
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -106,6 +110,24 @@ class Graph:
         self.nodes.insert(index, node)
         if self.backward_start is not None and index < self.backward_start:
             self.backward_start += 1
+        self.wire(node)
+
+    def insert_before_each(self, inserts: dict[Node, list[Node]]) -> None:
+        """Put each anchor's nodes (already ``wire``d) before it, in one pass over the
+        schedule: ``insert_before`` one at a time would search and shift the whole list each."""
+        nodes, start = [], self.backward_start
+        for index, anchor in enumerate(self.nodes):
+            if index == start:  # as insert: a node put before the first backward node
+                self.backward_start = len(nodes)  # belongs to the backward pass
+            nodes.extend(inserts.get(anchor, ()))
+            nodes.append(anchor)
+        if start is not None and start >= len(self.nodes):
+            self.backward_start = len(nodes)
+        self.nodes[:] = nodes
+
+    def wire(self, node: Node) -> None:
+        """Make ``node`` a consumer of its inputs, the producer of its outputs, and its outputs
+        values of the graph (where it sits in the schedule is the caller's business)."""
         for v in node.inputs:
             if v is not None and node not in v.consumers:
                 v.consumers.append(node)
@@ -141,6 +163,20 @@ class Graph:
         return name
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a model is imported or planned: what they build
+    stays alive, yet each collection of the oldest generation walks all of it again (half the
+    time of a 100,000-node plan). The collector's state is restored afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def attribute_value(attr: onnx.AttributeProto) -> Any:
     """An attribute as a Python value: str for strings, np.ndarray for tensors."""
     value = onnx.helper.get_attribute_value(attr)
@@ -162,15 +198,26 @@ def node_attributes(proto: onnx.NodeProto, schema: onnx.defs.OpSchema | None) ->
     attrs = {a.name: attribute_value(a) for a in proto.attribute}
     if schema is None:
         return attrs
-    for name, spec in schema.attributes.items():
+    for name, default, required in _schema_attributes(schema.domain, schema.name,
+                                                      schema.since_version):
         if name in attrs:
             continue
-        if spec.default_value is not None and spec.default_value.type != 0:
-            attrs[name] = attribute_value(spec.default_value)
-        elif spec.required:
+        if default is not None:
+            attrs[name] = attribute_value(default)
+        elif required:
             raise UnsupportedModelError(
                 f"node {proto.name!r} ({proto.op_type}) lacks required attribute {name!r}", [])
     return attrs
+
+
+@lru_cache(maxsize=4096)  # onnx parses every default anew on each access: once per schema here
+def _schema_attributes(domain: str, op_type: str, since_version: int
+                       ) -> tuple[tuple[str, onnx.AttributeProto | None, bool], ...]:
+    """(name, default or None, required) of each attribute of a schema."""
+    schema = onnx.defs.get_schema(op_type, since_version, domain)
+    return tuple((name, spec.default_value if spec.default_value is not None
+                  and spec.default_value.type != 0 else None, spec.required)
+                 for name, spec in schema.attributes.items())
 
 
 def _value_info_shape(vi: onnx.ValueInfoProto) -> tuple | None:
@@ -240,9 +287,8 @@ def graph_from_onnx(model: onnx.ModelProto, schema_of) -> Graph:
             outs.append(v)
         version = schema.since_version if schema is not None else opsets.get(p.domain, 1)
         node = Node(name, p.op_type, p.domain, version, ins, outs, node_attributes(p, schema))
-        for v in ins:
-            if v is not None and node not in v.consumers:
-                v.consumers.append(node)
+        for v in dict.fromkeys(v for v in ins if v is not None):  # a new node: no search of
+            v.consumers.append(node)  # consumers, which a shared constant has thousands of
         for v in outs:
             if v is not None:
                 v.producer = node

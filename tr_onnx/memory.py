@@ -7,7 +7,9 @@ of ``total_bytes`` and takes views at the offsets. ``reuse=False`` turns lifetim
 
 from __future__ import annotations
 
+import bisect
 import enum
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -133,16 +135,28 @@ class MemoryPlan:
         return self
 
     def _check_overlaps(self) -> None:
-        owned = [t for t in self.tensors.values() if t.alias_of is None and t.slot_bytes]
-        owned.sort(key=lambda t: t.offset)
-        for i, a in enumerate(owned):
-            for b in owned[i + 1:]:
-                if b.offset >= a.offset + a.slot_bytes:
-                    break
-                if a.first_use <= b.last_use and b.first_use <= a.last_use:
-                    raise PlanError(f"tensors {a.name!r} and {b.name!r} are live at the same time "
-                                    f"but overlap in the arena ({a.offset}+{a.slot_bytes}, "
-                                    f"{b.offset}+{b.slot_bytes})")
+        """One sweep over the schedule: each tensor, when it becomes live, is checked against
+        its neighbours in address order among the live ones (live ones never overlap, so the
+        neighbours are the only candidates). O(n log n): a long chain shares few slots among
+        thousands of tensors, and a pairwise check over a slot's occupants is quadratic."""
+        owned = sorted((t for t in self.tensors.values() if t.alias_of is None and t.slot_bytes),
+                       key=lambda t: (t.first_use, t.offset))
+        live: list[tuple[int, int]] = []  # (offset, index into owned), sorted by offset
+        ends: list[tuple[int, int]] = []  # heap of (last_use, index into owned)
+        for i, t in enumerate(owned):
+            while ends and ends[0][0] < t.first_use:
+                _, j = heapq.heappop(ends)
+                del live[bisect.bisect_left(live, (owned[j].offset, j))]
+            k = bisect.bisect_left(live, (t.offset, i))
+            for n in (k - 1, k):
+                other = owned[live[n][1]] if 0 <= n < len(live) else None
+                if other is not None and t.offset < other.offset + other.slot_bytes \
+                        and other.offset < t.offset + t.slot_bytes:
+                    raise PlanError(f"tensors {other.name!r} and {t.name!r} are live at the same "
+                                    f"time but overlap in the arena ({other.offset}+"
+                                    f"{other.slot_bytes}, {t.offset}+{t.slot_bytes})")
+            live.insert(k, (t.offset, i))
+            heapq.heappush(ends, (t.last_use, i))
         for ws in self.workspaces.values():
             spans = sorted((t.offset, t.offset + t.slot_bytes, t.name) for t in ws)
             for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
@@ -154,16 +168,19 @@ class MemoryPlan:
 
         Their padded lanes may hold a previous occupant's data, so whoever writes them must
         zero those lanes first; padded tensors with a slot of their own stay zero from arena
-        creation.
+        creation. One pass in address order: a tensor shares its bytes when one that starts
+        before it ends past its start, or the next one starts before it ends.
         """
         owned = sorted((t for t in self.tensors.values() if t.alias_of is None and t.slot_bytes),
                        key=lambda t: t.offset)
         shared = set()
-        for i, a in enumerate(owned):
-            for b in owned[i + 1:]:
-                if b.offset >= a.offset + a.slot_bytes:
-                    break
-                shared.update(t.name for t in (a, b) if t.layout.is_padded)
+        reach = -1  # the furthest end of the tensors before this one
+        for i, t in enumerate(owned):
+            end = t.offset + t.slot_bytes
+            if t.layout.is_padded and (reach > t.offset or i + 1 < len(owned)
+                                       and owned[i + 1].offset < end):
+                shared.add(t.name)
+            reach = max(reach, end)
         return shared
 
 
@@ -172,37 +189,51 @@ def _slot(nbytes: int) -> int:
 
 
 class _Allocator:
-    """Best-fit reuse of freed blocks inside one region; grows at the top when nothing fits."""
+    """Best-fit reuse of freed blocks inside one region (the smallest block that fits, the lowest
+    offset among equals); grows at the top when nothing fits. Free blocks are kept merged, by
+    size for the fit and by both ends for merging: O(log n) comparisons per call."""
 
     def __init__(self, reuse: bool):
-        self.reuse, self.free, self.top = reuse, [], 0
+        self.reuse, self.top = reuse, 0
+        self.by_size: list[tuple[int, int]] = []  # (size, offset), sorted
+        self.at: dict[int, int] = {}  # start -> size
+        self.ending: dict[int, int] = {}  # end -> start
+
+    def _take(self, offset: int, size: int) -> None:
+        del self.by_size[bisect.bisect_left(self.by_size, (size, offset))]
+        del self.at[offset], self.ending[offset + size]
+
+    def _put(self, offset: int, size: int) -> None:
+        bisect.insort(self.by_size, (size, offset))
+        self.at[offset], self.ending[offset + size] = size, offset
 
     def alloc(self, size: int) -> int:
         if self.reuse:
-            fits = [b for b in self.free if b[1] >= size]
-            if fits:
-                block = min(fits, key=lambda b: b[1])
-                self.free.remove(block)
-                if block[1] > size:
-                    self.free.append((block[0] + size, block[1] - size))
-                return block[0]
+            k = bisect.bisect_left(self.by_size, (size, -1))
+            if k < len(self.by_size):
+                length, offset = self.by_size[k]
+                self._take(offset, length)
+                if length > size:
+                    self._put(offset + size, length - size)
+                return offset
         offset, self.top = self.top, self.top + size
         return offset
 
     def release(self, offset: int, size: int) -> None:
         if not self.reuse or not size:
             return
-        self.free.append((offset, size))
-        self.free.sort()
-        merged = []
-        for start, length in self.free:
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1] = (merged[-1][0], merged[-1][1] + length)
-            else:
-                merged.append((start, length))
-        if merged and merged[-1][0] + merged[-1][1] == self.top:
-            self.top = merged.pop()[0]
-        self.free = merged
+        if offset in self.ending:  # merge with the free block below
+            below = self.ending[offset]
+            self._take(below, offset - below)
+            offset, size = below, size + offset - below
+        if offset + size in self.at:  # and the one above
+            above = self.at[offset + size]
+            self._take(offset + size, above)
+            size += above
+        if offset + size == self.top:
+            self.top = offset
+        else:
+            self._put(offset, size)
 
 
 def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
@@ -286,6 +317,7 @@ def plan_memory(graph: ir.Graph, schedule: list[ir.Node],
 def _lifetimes(graph: ir.Graph, schedule: list[ir.Node], tensors: dict[str, DTensor]) -> None:
     end = len(schedule)
     position = {id(n): i for i, n in enumerate(schedule)}
+    outputs = {id(v) for v in graph.outputs}
 
     def owner(v: ir.Value) -> ir.Value:
         return v.alias_of if v.alias_of is not None else v
@@ -296,7 +328,7 @@ def _lifetimes(graph: ir.Graph, schedule: list[ir.Node], tensors: dict[str, DTen
             else -1
         t.first_use = first if t.first_use < 0 else min(t.first_use, first)
         last = max([position[id(c)] for c in v.consumers if id(c) in position] + [first])
-        if v in graph.outputs or v.kind != ir.ACTIVATION:
+        if id(v) in outputs or v.kind != ir.ACTIVATION:
             last = end
         t.last_use = max(t.last_use, last)
     for v in graph.values.values():
@@ -356,13 +388,13 @@ def _place_span(span: DTensor, members: list[DTensor]) -> None:
 
 def _place_by_lifetime(members: list[DTensor], base: int, reuse: bool) -> int:
     alloc = _Allocator(reuse)
-    live: list[DTensor] = []
-    for t in sorted(members, key=lambda t: (t.first_use, -t.slot_bytes)):
-        for done in [d for d in live if d.last_use < t.first_use]:
+    live: list[tuple[int, int, DTensor]] = []  # heap of (last_use, order, tensor)
+    for order, t in enumerate(sorted(members, key=lambda t: (t.first_use, -t.slot_bytes))):
+        while live and live[0][0] < t.first_use:
+            done = heapq.heappop(live)[2]
             alloc.release(done.offset - base, done.slot_bytes)
-            live.remove(done)
         t.offset = base + alloc.alloc(t.slot_bytes)
-        live.append(t)
+        heapq.heappush(live, (t.last_use, order, t))
     return max([t.offset - base + t.slot_bytes for t in members] + [0])
 
 

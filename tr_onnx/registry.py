@@ -12,6 +12,7 @@ import logging
 import os
 import warnings
 from dataclasses import replace
+from functools import lru_cache
 from typing import NamedTuple
 
 import onnx
@@ -59,6 +60,7 @@ def canonical_domain(domain: str) -> str:
     return "" if domain in ONNX_DOMAINS else domain
 
 
+@lru_cache(maxsize=4096)  # asked per node of every plan; onnx's lookup costs ~20 us
 def schema_for(domain: str, op_type: str, opset: int) -> onnx.defs.OpSchema | None:
     """The ONNX schema in force for ``op_type`` at ``opset`` of ``domain``, or None."""
     try:
@@ -163,14 +165,32 @@ class OpRegistry:
                 self.plugin_manager.unregister(name=name)
             raise RegistryError(f"op-set plugin {name or plugin!r}: {exc}") from None
         origin = origin or getattr(plugin, "__file__", None) or repr(plugin)
-        self._collect(self.plugin_manager.get_plugin(name), name, origin)
+        plugin = self.plugin_manager.get_plugin(name)
+        if origin == "builtin":  # ours: a failure is a bug to see, not to step around
+            return self._collect(plugin, name, origin)
+        saved = dict(self._entries), list(self.overrides), dict(self._overridden)
+        try:
+            self._collect(plugin, name, origin)
+        except RegistryError:  # two sources for one key: the user must choose (see _claim)
+            raise
+        except _BadHook as exc:  # a broken third-party plugin must not stop the rest
+            self._entries, self.overrides, self._overridden = saved
+            self.plugin_manager.unregister(plugin)
+            warnings.warn(f"tr_onnx plugin {name!r} ({origin}): {exc}; none of its op "
+                          "definitions is registered", stacklevel=3)
 
     def _collect(self, plugin, name: str, origin: str) -> None:
         ops = []
         for impl in self.plugin_manager.hook.tr_onnx_op_definitions.get_hookimpls():
             if impl.plugin is plugin:
-                for opdef in impl.function() or []:
-                    self.register(opdef, name)
+                for opdef in _definitions(impl.function):
+                    try:
+                        self.register(opdef, name)
+                    except RegistryError:
+                        raise
+                    except Exception as exc:  # a definition whose fields are not what they
+                        raise _BadHook(f"{type(opdef).__name__} {opdef.op_type!r} it returned "
+                                       f"does not register: {exc!r}") from None  # say
                     kind = ("gradient of " if isinstance(opdef, GradientDef) else
                             f"{opdef.backend} kernel of " if isinstance(opdef, KernelDef)
                             else "")
@@ -233,6 +253,36 @@ class OpRegistry:
 
     def op_types(self, backend: str | None = None) -> set[tuple[str, str]]:
         return {(k.domain, k.op_type) for k in self._entries if backend in (None, k.backend)}
+
+
+class _BadHook(Exception):
+    """A plugin's hook raised or returned something that is not its op definitions."""
+
+
+def _definitions(hook) -> list:
+    """What ``hook`` (a plugin's ``tr_onnx_op_definitions``) returned, checked to be a list of
+    ``OpDef``/``GradientDef``/``KernelDef`` (None: nothing); ``_BadHook`` saying what is wrong
+    otherwise."""
+    try:
+        defs = hook()
+    except Exception as exc:
+        raise _BadHook(f"its tr_onnx_op_definitions() raised {exc!r}") from None
+    if defs is None:
+        return []
+    if not isinstance(defs, (list, tuple)):
+        raise _BadHook(f"its tr_onnx_op_definitions() returned {_short(defs)} "
+                       f"({type(defs).__name__}), not a list of OpDef, GradientDef and KernelDef")
+    for i, d in enumerate(defs):
+        if not isinstance(d, (OpDef, GradientDef, KernelDef)):
+            raise _BadHook(f"item {i} of what its tr_onnx_op_definitions() returned is "
+                           f"{_short(d)} ({type(d).__name__}), not an OpDef, GradientDef or "
+                           "KernelDef")
+    return list(defs)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 _default: OpRegistry | None = None

@@ -9,9 +9,21 @@ import numpy as np
 import onnx
 
 from .backends import DEFAULT_CHANNEL_ALIGN, check_cuda_graphs, resolve_backend
-from .compiler import CompiledPlan, DeviceFactory, compile_plan
+from .compiler import (
+    DEFAULT_MAX_PLANS,
+    CompiledPlan,
+    DeviceFactory,
+    PlanCache,
+    compile_plan,
+)
 from .feeds import check_feed, check_output_names
-from .importer import ImportedModel, InputSpec, import_model
+from .importer import (
+    DEFAULT_FOLD_LIMIT_BYTES,
+    ImportedModel,
+    InputSpec,
+    check_byte_limit,
+    import_model,
+)
 from .registry import build_registry, default_registry
 
 _TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -47,12 +59,20 @@ class InferenceSession:
     eagerly; ``"require"`` raises instead; ``"off"`` never captures. ``external_data_dir``: the
     folder a model given as bytes or a ModelProto keeps its external data in (without it, such a
     model may not reference external data; a path's model reads it beside the file).
+    ``fold_limit_bytes``: constant folding makes no value larger than this (default 64 MiB;
+    None: no limit); a larger one runs as a node. ``max_arena_bytes``: a plan whose arena would
+    be larger is an ``ArenaSizeError`` naming its largest values, before anything is allocated
+    (default None: the machine's physical memory on numpy). ``max_plans``: compiled plans kept
+    (default 8, the most recently used; each holds its arena); an evicted one is compiled again
+    when its shapes come back.
     """
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
                  channel_align: int | None = None, plugins=(), reuse_memory: bool = True,
                  device: DeviceFactory | None = None, cuda_graphs: str = "fallback",
-                 external_data_dir: str | Path | None = None):
+                 external_data_dir: str | Path | None = None,
+                 fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
+                 max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -60,11 +80,13 @@ class InferenceSession:
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
+        self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
+        self._plans = PlanCache(max_plans)
         registry = build_registry(plugins) if plugins else default_registry()
         self.imported: ImportedModel = import_model(model, registry, self.backend,
-                                                    external_data_dir)
+                                                    external_data_dir=external_data_dir,
+                                                    fold_limit_bytes=fold_limit_bytes)
         self.reuse_memory = reuse_memory
-        self._plans: dict[tuple, CompiledPlan] = {}
 
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(s) for s in self.imported.inputs]
@@ -76,17 +98,19 @@ class InferenceSession:
         return [f"tr_onnx:{self.backend}"]
 
     def plan_for(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
-        """The compiled plan for these input shapes (and const-feed values), made once."""
+        """The compiled plan for these input shapes (and const-feed values), made once (and
+        again if ``max_plans`` others were used since)."""
         const_feeds = {k: v for k, v in feed.items() if k in self.imported.const_feeds}
         key = tuple((k, v.shape) for k, v in sorted(feed.items())) + tuple(
             (k, v.dtype.str, v.tobytes()) for k, v in sorted(const_feeds.items()))
-        plan = self._plans.get(key)
+        plan = self._plans.lookup(key)
         if plan is None:
             shapes = {k: v.shape for k, v in feed.items() if k not in const_feeds}
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
                                 self.channel_align, reuse=self.reuse_memory, device=self.device,
-                                cuda_graphs=self.cuda_graphs)
+                                cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)
             self._plans[key] = plan
+            self._plans.evict()
         return plan
 
     def run(self, output_names: list[str] | None, input_feed: dict[str, np.ndarray],

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..errors import TrOnnxError
+from ..errors import ArenaSizeError, TrOnnxError
 from ..layouts import GatherRowsLayout
 from ..memory import ALIGN, MemoryPlan, pad_lanes_are_zero, read_host, write_host
 from . import ExecutorAPI, HostTransfers
@@ -19,7 +19,11 @@ class KernelError(TrOnnxError):
 
 def allocate_arena(nbytes: int) -> np.ndarray:
     """A zeroed arena whose first byte is 256-byte aligned (padded lanes start, and stay, zero)."""
-    raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    try:
+        raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
+    except MemoryError as exc:
+        raise ArenaSizeError(f"the plan's arena of {nbytes} bytes could not be allocated "
+                             f"({exc}); feed smaller inputs") from None
     start = (-raw.ctypes.data) % ALIGN
     return raw[start:start + nbytes]
 

@@ -55,6 +55,7 @@ class _LayoutPass:
         self.absorb_flatten = absorb_flatten
         self.report = LayoutReport(align)
         self.converted: dict[tuple[int, str], Value] = {}
+        self.inserts: dict[Node, list[Node]] = {}  # LayoutTransposes, put in place at the end
 
     def run(self) -> LayoutReport:
         self._graph_inputs()
@@ -63,6 +64,7 @@ class _LayoutPass:
                     and self._absorb_flatten(node)):
                 continue
             self._node(node)
+        self.graph.insert_before_each(self.inserts)
         for v in self.graph.values.values():
             if v.mirror_of is not None:  # gradient accumulators, optimizer state
                 v.layout = v.mirror_of.get_layout()
@@ -137,7 +139,8 @@ class _LayoutPass:
         node = Node(name, "LayoutTranspose", INTERNAL_DOMAIN, 1, [v], [out], {"to": kind},
                     phase=before.phase)
         node.opdef = self.registry.lookup(INTERNAL_DOMAIN, "LayoutTranspose", 1, self.backend)
-        self.graph.insert_before(before, node)
+        self.graph.wire(node)  # put in the schedule at the end of the pass
+        self.inserts.setdefault(before, []).append(node)
         self.report.transposes.append(name)
         return out
 

@@ -11,6 +11,7 @@ import re
 import tempfile
 import time
 import warnings
+import weakref
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -30,7 +31,13 @@ from ..backends import (
     check_cuda_graphs,
     resolve_backend,
 )
-from ..compiler import CompiledPlan, DeviceFactory, compile_plan
+from ..compiler import (
+    DEFAULT_MAX_PLANS,
+    CompiledPlan,
+    DeviceFactory,
+    PlanCache,
+    compile_plan,
+)
 from ..dtypes import np_dtype
 from ..errors import (
     CheckpointError,
@@ -43,7 +50,14 @@ from ..errors import (
 )
 from ..export_advice import export_advice
 from ..feeds import check_class_indices, check_feed, check_labels, check_output_names
-from ..importer import ImportedModel, external_location, external_tensors, import_model
+from ..importer import (
+    DEFAULT_FOLD_LIMIT_BYTES,
+    ImportedModel,
+    check_byte_limit,
+    external_location,
+    external_tensors,
+    import_model,
+)
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..registry import build_registry, default_registry
 from .export import export_model
@@ -274,6 +288,9 @@ class TrainingSession:
     CUDA graph warns naming the node and runs eagerly), ``"require"`` (raise) or ``"off"``.
     ``external_data_dir``: the folder a model (or ONNX loss model) given as bytes or a ModelProto
     keeps its external data in; without it, such a model may not reference external data.
+    ``fold_limit_bytes``, ``max_arena_bytes``: as ``InferenceSession``'s. ``max_plans``: compiled
+    training-step plans kept, and evaluation plans kept (default 8 each, the most recently
+    used); the training state moves with the active plan, so an evicted plan loses nothing.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -285,7 +302,9 @@ class TrainingSession:
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
                  device: DeviceFactory | None = None, precision: str = "fp32",
                  loss_scale=None, cuda_graphs: str = "fallback",
-                 external_data_dir: str | Path | None = None):
+                 external_data_dir: str | Path | None = None,
+                 fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
+                 max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -295,8 +314,13 @@ class TrainingSession:
         self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
         self.registry = build_registry(plugins) if plugins else default_registry()
         self._external_data_dir = external_data_dir
+        self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
+        self.fold_limit_bytes = fold_limit_bytes
+        # training steps (the active one holds the state), evaluation
+        self._plans, self._eval_plans = PlanCache(max_plans), PlanCache(max_plans)
         self.imported: ImportedModel = import_model(model, self.registry, self.backend,
-                                                    external_data_dir)
+                                                    external_data_dir=external_data_dir,
+                                                    fold_limit_bytes=fold_limit_bytes)
         self.optimizer = make_optimizer(optimizer if optimizer is not None else AdamW(), lr)
         self.schedule = make_schedule(lr_schedule)
         if grad_accumulation < 1:
@@ -324,17 +348,17 @@ class TrainingSession:
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
                             tie_shared_initializers=tie_shared_initializers,
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
-                            precision=precision, loss_scale=loss_scale)
+                            precision=precision, loss_scale=loss_scale,
+                            fold_limit_bytes=fold_limit_bytes)
         self.step = 0  # optimizer steps taken
         self.micro_step = 0  # micro-batches accumulated towards the next step
         self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
         self.bad_steps = 0  # non-finite steps in a row
         self._inflight: list[_Launch] = []  # launched, not yet read back (oldest first)
         self._last: _Launch | None = None  # the last step given to the executor
-        self._plans: dict[tuple, CompiledPlan] = {}
-        self._class_labels: dict[int, list[ClassLabels]] = {}  # plan id -> class-index labels
+        # plan id -> (the plan, its class-index labels)
+        self._class_labels: dict[int, tuple[weakref.ref, list[ClassLabels]]] = {}
         self._active: CompiledPlan | None = None
-        self._eval_plans: dict[tuple, CompiledPlan] = {}
         self._pending: dict[str, np.ndarray] = {}  # state to load into the next plan
         self._version = 0  # bumped whenever weights or running statistics change
         self._eval_synced: dict[int, int] = {}  # eval plan id -> version its weights hold
@@ -348,7 +372,9 @@ class TrainingSession:
     def _loss(self, loss):
         if isinstance(loss, (onnx.ModelProto, bytes)) or (
                 isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
-            return import_model(loss, self.registry, self.backend, self._external_data_dir)
+            return import_model(loss, self.registry, self.backend,
+                                external_data_dir=self._external_data_dir,
+                                fold_limit_bytes=self.fold_limit_bytes)
         return make_loss_spec(loss)
 
     def config(self) -> dict:
@@ -372,7 +398,7 @@ class TrainingSession:
 
     def _train_plan(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
-        plan = self._plans.get(key)
+        plan = self._plans.lookup(key)
         if plan is None:
             plan = self._compile(feed)
             self._plans[key] = plan
@@ -388,6 +414,7 @@ class TrainingSession:
             guard = plan.info.step_guard
             if guard is not None:  # the step guard counts applied steps on the device
                 plan.executor.write_scalar(guard.applied, self.step)
+        self._plans.evict()  # after the state moved: the active plan is the most recent
         return plan
 
     def _compile(self, feed) -> CompiledPlan:
@@ -408,7 +435,7 @@ class TrainingSession:
                             transform=partial(build_training_step, registry=self.registry,
                                               backend=self.backend, cfg=cfg),
                             absorb_flatten=False, device=self.device,
-                            cuda_graphs=self.cuda_graphs)
+                            cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)
 
     def _mutable_names(self, plan: CompiledPlan) -> list[str]:
         info: TrainInfo = plan.info
@@ -517,10 +544,11 @@ class TrainingSession:
                                      labels, what)
 
     def _check_class_labels(self, plan: CompiledPlan, labels: np.ndarray, what: str) -> None:
-        found = self._class_labels.get(id(plan))
-        if found is None:
-            found = self._class_labels[id(plan)] = class_labels(plan.graph, self.label_name)
-        for entry in found:
+        cached = self._class_labels.get(id(plan))
+        if cached is None or cached[0]() is not plan:  # an evicted plan's id may be reused
+            cached = self._class_labels[id(plan)] = (weakref.ref(plan),
+                                                     class_labels(plan.graph, self.label_name))
+        for entry in cached[1]:
             scores = (f"model output {self.output_name!r} (class axis {self.loss.class_axis})"
                       if isinstance(self.loss, LossSpec) else
                       f"the loss model's {entry.node}")
@@ -664,7 +692,7 @@ class TrainingSession:
         feed = check_feed(feed, self.imported.inputs)
         self._drain()
         key = tuple((k, v.shape) for k, v in sorted(feed.items()))
-        plan = self._eval_plans.get(key)
+        plan = self._eval_plans.lookup(key)
         if plan is None:
             def eval_graph(graph: ir.Graph) -> None:
                 share_parameters(graph, self.sharing, self.registry, self.backend)
@@ -672,8 +700,11 @@ class TrainingSession:
 
             plan = compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
                                 self.backend, self.channel_align, transform=eval_graph,
-                                device=self.device, cuda_graphs=self.cuda_graphs)
+                                device=self.device, cuda_graphs=self.cuda_graphs,
+                                max_arena_bytes=self.max_arena_bytes)
             self._eval_plans[key] = plan
+            for dropped in self._eval_plans.evict():  # (a later plan may reuse its id)
+                self._eval_synced.pop(id(dropped), None)
         if self._eval_synced.get(id(plan)) != self._version:  # weights changed since last time
             self._sync_eval_weights(plan)
             self._eval_synced[id(plan)] = self._version

@@ -1,0 +1,103 @@
+"""A session keeps at most ``max_plans`` compiled plans (issue 12, item 10: every batch size
+kept its plan and arena forever; 64 sizes held 0.9 GB). The least recently used is dropped and
+compiled again when its shapes come back; a training session's state moves with its active
+plan, so training across evictions ends exactly where training with every plan kept ends."""
+
+import gc
+import tracemalloc
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tr_onnx
+from tr_onnx.optim import AdamW
+
+ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
+
+
+def _images(batch: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 1, 8, 8)).astype(np.float32)
+
+
+def _alive(refs) -> int:
+    gc.collect()
+    return sum(ref() is not None for ref in refs)
+
+
+def test_forty_batch_sizes_keep_eight_plans_and_memory_stays_flat():
+    """Batch sizes 40 down to 1: once the 8 largest plans are made, 32 more (smaller) ones
+    must not add memory."""
+    session = tr_onnx.InferenceSession(ZOO / "lenet.onnx")
+    tracemalloc.start()
+    try:
+        refs = []
+        for batch in range(40, 0, -1):
+            refs.append(weakref.ref(session.plan_for({"input": _images(batch)})))
+            gc.collect()
+            if batch == 40:
+                one_plan = tracemalloc.get_traced_memory()[0]
+            if batch == 33:
+                eight_plans = tracemalloc.get_traced_memory()[0]
+        forty_sizes = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert [ref() is not None for ref in refs] == [False] * 32 + [True] * 8
+    assert forty_sizes - eight_plans < one_plan, (one_plan, eight_plans, forty_sizes)
+
+
+def test_an_evicted_plan_is_made_again_and_runs_the_same():
+    session = tr_onnx.InferenceSession(ZOO / "lenet.onnx", max_plans=2)
+    x = {b: _images(b, seed=b) for b in (2, 3, 4)}
+    first = {b: session.run(None, {"input": x[b]})[0] for b in (2, 3, 4)}  # 2 is evicted
+    refs = [weakref.ref(session.plan_for({"input": x[b]})) for b in (3, 4)]
+    assert _alive(refs) == 2
+    np.testing.assert_array_equal(session.run(None, {"input": x[2]})[0], first[2])
+    assert _alive(refs) == 1  # 2 came back, 3 was the least recently used
+
+
+def test_the_most_recently_used_plan_stays():
+    session = tr_onnx.InferenceSession(ZOO / "lenet.onnx", max_plans=2)
+    kept = session.plan_for({"input": _images(2)})
+    for batch in (3, 2, 4, 2, 5):
+        session.plan_for({"input": _images(batch)})
+    assert session.plan_for({"input": _images(2)}) is kept
+
+
+def _train(max_plans: int):
+    """AdamW on the zoo LeNet over mixed batch sizes, with evaluations in between."""
+    session = tr_onnx.TrainingSession(ZOO / "lenet.onnx", optimizer=AdamW(lr=1e-2),
+                                      backend="numpy", max_plans=max_plans)
+    rng = np.random.default_rng(7)
+    losses, evals, refs = [], [], []
+    for step, batch in enumerate([4, 8, 4, 16, 8, 2, 4, 16, 2, 8, 4]):
+        x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
+        y = rng.integers(0, 10, batch)
+        losses.append(session.train_step({"input": x}, y))
+        refs.append(weakref.ref(session._active))
+        if step % 3 == 2:
+            evals.append(session.run(None, {"input": _images(step + 1, seed=step)})[0])
+    return session, losses, evals, refs
+
+
+def test_training_across_evictions_ends_where_training_with_every_plan_kept_ends():
+    evicting, losses, evals, refs = _train(max_plans=2)
+    keeping, want_losses, want_evals, _ = _train(max_plans=64)
+    assert _alive(refs) <= 2 and len(evicting._eval_plans) <= 2
+    assert losses == want_losses
+    for got, want in zip(evals, want_evals):
+        np.testing.assert_array_equal(got, want)
+    state, want_state = evicting.state_arrays(), keeping.state_arrays()
+    assert state.keys() == want_state.keys()
+    for name in want_state:  # weights, running statistics, Adam's moments
+        np.testing.assert_array_equal(state[name], want_state[name], err_msg=name)
+    assert evicting.step == keeping.step == 11
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, None], ids=["zero", "negative", "float", "none"])
+def test_a_bad_max_plans_is_an_error_naming_it(bad):
+    with pytest.raises(tr_onnx.InputError, match=f"max_plans={bad!r}"):
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", max_plans=bad)
+    with pytest.raises(tr_onnx.InputError, match=f"max_plans={bad!r}"):
+        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="numpy", max_plans=bad)
