@@ -29,7 +29,7 @@ import pytest
 import tr_onnx
 from tr_onnx.cli import main
 from tr_onnx.optim import AdamW
-from tr_onnx.training.session import STALE_TEMP_SECONDS
+from tr_onnx.training.storage import STALE_TEMP_SECONDS
 from tr_onnx.training.trainer import CHECKPOINT_NAME, Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,7 +194,7 @@ def test_unwritable_checkpoint_folder_is_a_named_error(tmp_path, monkeypatch, ki
 
 KILLED_WRITER = """
 import os, sys, time
-from tr_onnx.training import session
+from tr_onnx.training import storage as session
 
 def hang(fd):
     print("ready", flush=True)

@@ -33,7 +33,8 @@ from ..errors import (
 )
 from ..feeds import check_class_indices
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
-from .session import TrainingSession, atomic_write, write_all, write_error
+from .session import TrainingSession
+from .storage import atomic_write, write_all, write_error
 
 CHECKPOINT_NAME = "last.ckpt.npz"
 
