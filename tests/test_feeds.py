@@ -5,7 +5,9 @@
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import tr_onnx
 from tr_onnx.feeds import check_feed, check_labels, check_output_names
@@ -123,3 +125,47 @@ def test_no_output_names_means_every_output():
                InputSpec("z", (1,), np.dtype(np.float32))]
     assert check_output_names(None, outputs) == check_output_names([], outputs) == ["y", "z"]
     assert check_output_names(("z",), outputs) == ["z"]
+
+
+def _two_inputs_sharing_n() -> onnx.ModelProto:
+    """x ['N', 4] + y ['N', 4] -> MatMul with a weight -> logits ['N', 3]."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("MatMul", ["s", "w"],
+                                                                       ["logits"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])],
+        initializer=[numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("session", ["InferenceSession.run", "TrainingSession.train_step"])
+def test_one_symbolic_dimension_given_two_sizes_names_both_inputs(session):
+    feed = {"x": np.ones((2, 4), np.float32), "y": np.ones((3, 4), np.float32)}
+    message = (r"inputs 'x' and 'y' disagree on dimension 'N': 2 \('x' axis 0\) and 3 \('y' "
+               r"axis 0\); every input declaring 'N' must be given the same size")
+    model = _two_inputs_sharing_n()
+    if session == "InferenceSession.run":
+        sess = tr_onnx.InferenceSession(model)
+        with pytest.raises(tr_onnx.InputError, match=message):
+            sess.run(None, feed)
+        assert sess._plans == {}  # refused before a plan was made
+        agreeing = {"x": feed["x"], "y": feed["x"] * 2}
+        (logits,) = sess.run(None, agreeing)
+        np.testing.assert_allclose(logits, (agreeing["x"] + agreeing["y"]) @ np.ones((4, 3)))
+    else:
+        sess = tr_onnx.TrainingSession(model, optimizer=SGD(lr=0.1), backend="numpy")
+        with pytest.raises(tr_onnx.InputError, match=message):
+            sess.train_step(feed, np.zeros(2, np.int64))
+        assert sess.step == 0 and sess._plans == {}
+        assert np.isfinite(sess.train_step({"x": feed["x"], "y": feed["x"]},
+                                           np.zeros(2, np.int64)))
+
+
+def test_unnamed_dimensions_are_free_and_one_input_agrees_with_itself():
+    specs = [InputSpec("a", ("?", "n", "n"), np.dtype(np.float32)),
+             InputSpec("b", ("?",), np.dtype(np.float32))]
+    check_feed({"a": np.zeros((2, 3, 3), np.float32), "b": np.zeros(5, np.float32)}, specs)
+    with pytest.raises(tr_onnx.InputError, match=r"inputs 'a' and 'a' disagree on dimension "
+                                                 r"'n': 3 \('a' axis 1\) and 4 \('a' axis 2\)"):
+        check_feed({"a": np.zeros((2, 3, 4), np.float32), "b": np.zeros(5, np.float32)}, specs)

@@ -36,8 +36,16 @@ def np_dtype(elem_type: int) -> np.dtype:
     try:
         return _ONNX_TO_NP[elem_type]
     except KeyError:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "UNDEFINED"
-        raise TypeError(f"ONNX element type {name} is not supported by tr_onnx") from None
+        raise TypeError(f"ONNX element type {elem_type_name(elem_type)} is not supported by "
+                        "tr_onnx") from None
+
+
+def elem_type_name(elem_type: int) -> str:
+    """``FLOAT``, ``UNDEFINED`` for 0, and a number ONNX does not define named as such."""
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"{elem_type} (not an ONNX element type)"
 
 
 def onnx_elem_type(dtype: np.dtype | type) -> int:

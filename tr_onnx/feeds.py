@@ -4,8 +4,9 @@ the output names asked for.
 
 Every failure is an ``InputError`` that names the input, what the model expects and what was
 given, raised before anything is compiled, uploaded or run. Symbolic dimensions (``'batch'``)
-take any size; the dtype must match exactly (a session never casts a model input), except
-that integer class-index labels of any width are taken as the int64 the loss reads.
+take any size, the same wherever one name appears; the dtype must match exactly (a session
+never casts a model input), except that integer class-index labels of any width are taken as
+the int64 the loss reads.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def check_feed(feed, inputs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
 
     ``inputs``: the model's inputs (``ImportedModel.inputs``). Raises ``InputError`` for a feed
     that is not a mapping, unknown or missing names (all of them in one message), a value that
-    is not an array, or a dtype or shape the input does not take.
+    is not an array, a dtype or shape the input does not take, or two sizes for one symbolic
+    dimension.
     """
     expected = [s.name for s in inputs]
     if not isinstance(feed, Mapping):
@@ -38,7 +40,26 @@ def check_feed(feed, inputs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
             if unknown and missing else ""
         raise InputError(f"{' and '.join(problems)}: expected the model's inputs {expected}, "
                          f"given {list(feed)}{hint}")
-    return {spec.name: _checked("input", spec, feed[spec.name]) for spec in inputs}
+    checked = {spec.name: _checked("input", spec, feed[spec.name]) for spec in inputs}
+    _check_symbols(checked, inputs)
+    return checked
+
+
+def _check_symbols(feed: dict[str, np.ndarray], inputs: Sequence[InputSpec]) -> None:
+    """A symbolic dimension is one size across the feed: ``x ['N', 4]`` and ``y ['N', 4]``
+    given [2, 4] and [3, 4] is an error naming both inputs, the dimension and the two sizes
+    (unnamed dimensions, ``'?'``, are free)."""
+    seen: dict[str, tuple[str, int, int]] = {}
+    for spec in inputs:
+        for axis, (dim, size) in enumerate(zip(spec.shape or (), feed[spec.name].shape)):
+            if not isinstance(dim, str) or dim == "?":
+                continue
+            first = seen.setdefault(dim, (spec.name, axis, size))
+            if first[2] != size:
+                raise InputError(
+                    f"inputs {first[0]!r} and {spec.name!r} disagree on dimension {dim!r}: "
+                    f"{first[2]} ({first[0]!r} axis {first[1]}) and {size} ({spec.name!r} axis "
+                    f"{axis}); every input declaring {dim!r} must be given the same size")
 
 
 def check_labels(labels, name: str, shape: Sequence[int], dtype) -> np.ndarray:

@@ -284,6 +284,9 @@ def graph_from_onnx(model: onnx.ModelProto, schema_of) -> Graph:
             except ShapeError:
                 raise ShapeError(f"node {name!r} ({p.op_type}): output {n!r} has no inferred "
                                  "shape") from None
+            except TypeError as exc:  # no element type (a Cast to=0), or one we cannot hold
+                raise UnsupportedModelError(f"node {name!r} ({p.op_type}): output {n!r}: "
+                                            f"{exc}", []) from None
             outs.append(v)
         version = schema.since_version if schema is not None else opsets.get(p.domain, 1)
         node = Node(name, p.op_type, p.domain, version, ins, outs, node_attributes(p, schema))

@@ -264,6 +264,9 @@ def _kernel_shape(attrs, w_shape) -> tuple[int, ...]:
 
 def conv_numpy(ctx):
     x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    if len(x_info.shape) < 3 or len(w_info.shape) != len(x_info.shape):
+        raise ctx.error(f"weight {list(w_info.shape)} does not fit input {list(x_info.shape)}: "
+                        "both are [N or M, C, spatial...] of one rank, at least 3")
     n, c, *spatial = x_info.shape
     o, cg, *_ = w_info.shape
     group = int(ctx.attrs["group"])

@@ -144,8 +144,8 @@ def _loss_grad(ctx, log_softmax: bool):
         if reduction == "none":
             np.multiply(ins[0], w, out=coef[..., 0])
         else:
-            scale = float(ins[0])
-            if reduction == "mean":
+            scale = np.float64(ins[0])
+            if reduction == "mean":  # no label counted (all ignored): nan, as the loss
                 with np.errstate(invalid="ignore", divide="ignore"):
                     scale = scale / labels.denominator(w)
             np.multiply(w, scale, out=coef[..., 0])

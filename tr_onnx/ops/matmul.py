@@ -27,6 +27,12 @@ def gemm_numpy(ctx):
     """``y = alpha * op(A) @ op(B) + beta * C``; C (optional from v11) broadcasts to ``y``."""
     alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
     trans_a, trans_b = bool(ctx.attrs["transA"]), bool(ctx.attrs["transB"])
+    a_shape, b_shape = ctx.inputs[0].logical_shape, ctx.inputs[1].logical_shape
+    if len(a_shape) != 2 or len(b_shape) != 2 or \
+            a_shape[0 if trans_a else 1] != b_shape[1 if trans_b else 0]:
+        # ONNX's Gemm shape rule checks this only from opset 13
+        raise ctx.error(f"A {list(a_shape)} (transA={int(trans_a)}) and B {list(b_shape)} "
+                        f"(transB={int(trans_b)}) are not matrices whose product is defined")
     has_c = ctx.has_input(2) and beta != 0.0
     dtype = ctx.outputs[0].dtype
     alpha_t, beta_t = dtype.type(alpha), dtype.type(beta)

@@ -437,7 +437,8 @@ def global_average_pool_vjp(b, node, gys, needed):
     if gys[0] is None or not needed[0]:
         return [None]
     spread = b.op("Expand", [gys[0], b.ints(x.shape)])
-    return [b.mul(spread, b.scalar_like(1.0 / math.prod(x.shape[2:]), x))]
+    # no spatial element: gx is empty, and any factor scales nothing
+    return [b.mul(spread, b.scalar_like(1.0 / max(math.prod(x.shape[2:]), 1), x))]
 
 
 def global_max_pool_vjp(b, node, gys, needed):

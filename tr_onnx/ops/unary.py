@@ -591,6 +591,10 @@ def clip_numpy(ctx):
     plan time; runtime bounds are read as 0-d views in ``run``). min(max(x, lo), hi), so a
     lower bound above the upper one gives the upper, as onnxruntime."""
     dtype = ctx.inputs[0].dtype
+    for i in (1, 2):
+        if ctx.has_input(i) and int(np.prod(ctx.inputs[i].shape)) != 1:
+            raise ctx.error(f"bound {i} ({'min' if i == 1 else 'max'}) has shape "
+                            f"{list(ctx.inputs[i].shape)}; a Clip bound is a scalar")
     if ctx.since_version < 11:
         lo = _bound(ctx.attrs["min"], dtype) if "min" in ctx.attrs else None
         hi = _bound(ctx.attrs["max"], dtype) if "max" in ctx.attrs else None

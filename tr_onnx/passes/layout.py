@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import ShapeError
 from ..ir import ACTIVATION, GRAD, INPUT, Graph, Node, Value
 from ..layouts import GatherRowsLayout, StridedLayout
 from ..opdef import CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, FOLLOW, PLAIN
@@ -100,6 +101,11 @@ class _LayoutPass:
                 out.layout = self._output_layout(node, rule, j, out)
         if node.opdef.alias_output and node.outputs and node.outputs[0] is not None:
             x, y = node.inputs[0], node.outputs[0]
+            if math.prod(x.shape) != math.prod(y.shape) or x.dtype != y.dtype:
+                # y would view x's memory: checked here, as its kernel (that would) never runs
+                raise ShapeError(f"{node.label}: output {y.name!r} {list(y.shape)} {y.dtype} "
+                                 f"is not input {x.name!r} {list(x.shape)} {x.dtype} regrouped; "
+                                 "the op keeps every element")
             if x.layout is None:  # fix it now: a later reader must not re-lay what y views
                 x.layout = StridedLayout.plain(x.shape)
             same_bytes = (x.layout.is_plain and y.layout.is_plain) or (

@@ -154,6 +154,12 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
                 raise UnsupportedModelError(f"{node.label}: spatial=0 BatchNormalization cannot "
                                             "be trained", [])
             x, scale, bias, mean, var = node.inputs[:5]
+            stats = (scale, bias, mean, var)
+            if x.rank < 2 or any(v is None or v.shape != (x.shape[1],) for v in stats):
+                raise UnsupportedModelError(
+                    f"{node.label}: training needs scale, bias, mean and var of one value per "
+                    f"channel of x {list(x.shape)}; they are "
+                    f"{[list(v.shape) if v is not None else None for v in stats]}", [])
             c = (scale.shape[0],)
             outs = list(node.outputs) + [None] * (5 - len(node.outputs))
             y = outs[0]
