@@ -311,7 +311,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("tr_onnx.training.session.os.replace", crash)
+    monkeypatch.setattr("tr_onnx.training.storage.os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         session.save_checkpoint(path)
     assert path.read_bytes() == good
