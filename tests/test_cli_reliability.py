@@ -7,11 +7,9 @@ help for every option, a closed pipe, warnings as one line each."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
-import tempfile
 import tomllib
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -21,6 +19,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from paths import unwritable_folder
 
 import tr_onnx
 from tr_onnx.cli import build_parser, main
@@ -65,23 +64,6 @@ def count_steps(monkeypatch) -> list:
     return calls
 
 
-def unwritable_folder(tmp_path: Path) -> Path:
-    """An existing folder in which no file can be created, for whoever runs the tests: a
-    chmod'ed folder (it does not stop root), else a kernel folder that refuses new files even
-    to root. Checked by trying to create a file there."""
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    for folder in (locked, Path("/sys"), Path("/proc/self")):
-        try:
-            fd, probe = tempfile.mkstemp(dir=folder)
-        except OSError:
-            return folder
-        os.close(fd)
-        os.unlink(probe)
-    pytest.skip("no folder here refuses new files to this user (root on a writable /sys)")
-
-
 # ---- item 3: every output path is checked before the first step ------------------------------
 
 def out_paths(tmp_path: Path, **given) -> list[str]:
@@ -101,17 +83,17 @@ BAD_OUTPUTS = [
     pytest.param("--out", lambda p: p, "is a folder", id="out-is-a-folder"),
     pytest.param("--out", lambda p: a_file(p) / "m.onnx", "is a file, not a folder",
                  id="out-under-a-file"),
-    pytest.param("--out", lambda p: unwritable_folder(p) / "m.onnx", "cannot create files in",
+    pytest.param("--out", lambda p: unwritable_folder(p)[0] / "m.onnx", "cannot create files in",
                  id="out-in-an-unwritable-folder"),
     pytest.param("--plot", lambda p: p, "is a folder", id="plot-is-a-folder"),
     pytest.param("--plot", lambda p: a_file(p) / "sub" / "c.png", "is a file, not a folder",
                  id="plot-under-a-file"),
     pytest.param("--metrics", lambda p: p, "is a folder", id="metrics-is-a-folder"),
-    pytest.param("--metrics", lambda p: unwritable_folder(p) / "m.jsonl",
+    pytest.param("--metrics", lambda p: unwritable_folder(p)[0] / "m.jsonl",
                  "cannot create files in", id="metrics-in-an-unwritable-folder"),
     pytest.param("--checkpoint-dir", a_file, "is a file, not a folder",
                  id="checkpoint-dir-is-a-file"),
-    pytest.param("--checkpoint-dir", lambda p: unwritable_folder(p) / "ck",
+    pytest.param("--checkpoint-dir", lambda p: unwritable_folder(p)[0] / "ck",
                  "cannot create files in", id="checkpoint-dir-in-an-unwritable-folder"),
 ]
 
