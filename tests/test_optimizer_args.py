@@ -192,3 +192,14 @@ def test_cli_rejects_a_bad_lr_before_training(tmp_path, monkeypatch, capsys, lr,
     assert err.startswith("tr-onnx: error: ") and err.count("\n") == 1, err
     assert f"Invalid learning rate: {float(lr)}" in err and "lr must be" in err
     assert not (tmp_path / "out.onnx").exists() and not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("option, value", [
+    ("clip_grad_norm", float("nan")), ("clip_grad_norm", float("inf")), ("clip_grad_norm", -1.0),
+    ("clip_grad_norm", 0.0), ("clip_grad_norm", "1"), ("max_bad_steps", 0),
+    ("max_bad_steps", 2.5), ("tie_shared_initializers", "yes")])
+def test_session_options_are_checked_before_anything_runs(option, value):
+    """A negative clip norm would flip every gradient (PyTorch's clip coefficient goes
+    negative), NaN would zero them: both are refused, like the optimizer's arguments."""
+    with pytest.raises(tr_onnx.OptionError, match=option):
+        tr_onnx.TrainingSession(MLP, backend="numpy", **{option: value})

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import math
+import numbers
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from ..errors import (
     ExportAdviceWarning,
     InputError,
     ModelLoadError,
+    OptionError,
     TrainingDiverged,
     TrOnnxError,
 )
@@ -220,8 +223,17 @@ class TrainingSession:
                              f"{[o.name for o in self.imported.outputs]}")
         self.label_name = label_name
         if tie_shared_initializers not in (None, True, False):
-            raise ValueError(f"tie_shared_initializers must be None, True or False, got "
-                             f"{tie_shared_initializers!r}")
+            raise OptionError(f"tie_shared_initializers must be None, True or False, got "
+                              f"{tie_shared_initializers!r}")
+        if clip_grad_norm is not None and (
+                isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real)
+                or not math.isfinite(clip_grad_norm) or clip_grad_norm <= 0):
+            raise OptionError(f"clip_grad_norm={clip_grad_norm!r}: must be a finite number > 0 "
+                              "(the largest global gradient norm; None: no clipping)")
+        if isinstance(max_bad_steps, bool) or not isinstance(max_bad_steps, numbers.Integral) \
+                or max_bad_steps < 1:
+            raise OptionError(f"max_bad_steps={max_bad_steps!r}: must be an integer >= 1 (the "
+                              "non-finite steps in a row that stop training)")
         self.sharing = parameter_sharing(self.imported, tie_shared_initializers)
         self.parameter_roles: dict[str, ParamRole] = parameter_roles(self.imported,
                                                                      self.sharing)
