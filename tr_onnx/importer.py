@@ -513,7 +513,8 @@ def _spec(vi: onnx.ValueInfoProto) -> InputSpec:
     return InputSpec(vi.name, dims, np_dtype(t.elem_type))
 
 
-def _opdef_for(node, opsets, registry, backend):
+def opdef_for(node: onnx.NodeProto, opsets: dict, registry: OpRegistry, backend: str):
+    """The OpDef the registry holds for a proto node at the model's opsets (None: none)."""
     opset = opsets.get(node.domain or "", 1)
     version = registry.resolve_version(node.domain, node.op_type, opset)
     return None if version is None else registry.lookup(node.domain, node.op_type, version, backend)
@@ -528,7 +529,7 @@ def _const_feed_inputs(model, registry, backend) -> set[str]:
     producer = {o: n for n in model.graph.node for o in n.output if o}
     found, seen = set(), set()
     pending = [node.input[i] for node in model.graph.node
-               for i in (getattr(_opdef_for(node, opsets, registry, backend), "const_inputs", ()))
+               for i in (getattr(opdef_for(node, opsets, registry, backend), "const_inputs", ()))
                if i < len(node.input) and node.input[i]]
     while pending:
         name = pending.pop()
@@ -736,7 +737,7 @@ def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
     for node in g.node:
         key = (node.domain, node.op_type)
         if key not in rules:
-            opdef = _opdef_for(node, opsets, imported.registry, "numpy")
+            opdef = opdef_for(node, opsets, imported.registry, "numpy")
             rules[key] = opdef if opdef is not None and opdef.shape is not None else None
     if not any(rules.values()):
         return  # what ONNX inference could not type, nothing here can

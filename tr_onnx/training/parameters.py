@@ -50,6 +50,7 @@ import onnx
 from onnx import numpy_helper
 
 from .. import ir
+from ..importer import opdef_for
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
 
@@ -121,10 +122,9 @@ def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, 
     """Every float initializer (and untied Identity copy) -> whether it trains by default."""
     sharing = sharing or ParamSharing()
     signature = _signature(imported.original)
-    arrays = _param_arrays(imported)
-    ports = _PortWalk(imported, arrays)
+    ports = _PortWalk(imported)
     split = sharing.split_sources()
-    names = list(arrays) + sorted(sharing.untie) + list(split)
+    names = list(ports.params) + sorted(sharing.untie) + list(split)
     roles = {}
     for name in names:
         source = sharing.identity.get(name, split.get(name, name))
@@ -311,9 +311,11 @@ def _signature(model: onnx.ModelProto) -> dict[str, str]:
 class _PortWalk:
     """Classifies an initializer by the op inputs it reaches (``OpDef.param_inputs``)."""
 
-    def __init__(self, imported, arrays: Mapping[str, np.ndarray]):
-        self.registry, self.arrays = imported.registry, arrays
+    def __init__(self, imported):
+        self.registry = imported.registry
         g = imported.proto.graph
+        # values are read only where they decide (an attention mask's), never all at once
+        self.params = {i.name: i for i in g.initializer if i.name in imported.param_names}
         self.opsets = {o.domain or "": o.version for o in imported.proto.opset_import}
         self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
         for node in g.node:
@@ -322,7 +324,7 @@ class _PortWalk:
                     self.consumers.setdefault(name, []).append((node, i))
         self.sizes = {i.name: int(np.prod(i.dims)) for i in g.initializer}
         self.copied = {n.output[0]: n.input[0] for n in g.node
-                       if n.op_type == "Identity" and n.input and n.input[0] in arrays}
+                       if n.op_type == "Identity" and n.input and n.input[0] in self.params}
 
     def role(self, name: str) -> ParamRole:
         source = self.copied.get(name, name)
@@ -341,8 +343,9 @@ class _PortWalk:
                     if size is not None and size < opdef.param_min_size:
                         frozen.append(f"a scalar at {where}: a constant the exporter "
                                       "materialised")
-                    elif node.op_type == "Add" and source in self.arrays \
-                            and _is_mask(self.arrays[source]) and self._feeds_softmax(node):
+                    elif node.op_type == "Add" and source in self.params \
+                            and self._feeds_softmax(node) \
+                            and _is_mask(numpy_helper.to_array(self.params[source])):
                         frozen.append(f"an attention mask (values 0 and <= {MASKED:g}) added "
                                       f"to a Softmax's scores at {where}")
                     else:
@@ -359,15 +362,8 @@ class _PortWalk:
         return ParamRole(False, frozen[0] if frozen else "read by no node")
 
     def _opdef(self, node):
-        version = self.registry.resolve_version(
-            node.domain, node.op_type, self.opsets.get(node.domain or "", 1))
-        if version is None:
-            return None
-        for backend in ("numpy", "cuda"):
-            opdef = self.registry.lookup(node.domain, node.op_type, version, backend)
-            if opdef is not None:
-                return opdef
-        return None
+        return opdef_for(node, self.opsets, self.registry, "numpy") or \
+            opdef_for(node, self.opsets, self.registry, "cuda")
 
     @staticmethod
     def _ports(node, opdef) -> tuple[int, ...] | range:
