@@ -40,8 +40,10 @@ def _elem_types(model: onnx.ModelProto):
     for vi in list(model.graph.input) + list(model.graph.output):
         if vi.type.HasField("tensor_type"):
             yield vi.type.tensor_type.elem_type
+        elif vi.type.sequence_type.elem_type.HasField("tensor_type"):  # a list of tensors: the
+            yield vi.type.sequence_type.elem_type.tensor_type.elem_type  # backend passes lists
         else:
-            yield None  # sequences, optionals, maps
+            yield None  # optionals, maps, sequences of sequences
 
 
 @lru_cache(maxsize=1)
@@ -67,11 +69,7 @@ def classify() -> tuple[list[str], dict[str, str]]:
         reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
         if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
             reason = "element type the numpy backend cannot hold " \
-                     "(bfloat16/float8/int4/string or a " \
-                     "sequence/optional)"
-        if reason is None and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                                  for n, _ in ops for a in n.attribute):
-            reason = "control flow subgraph (If/Loop/Scan) not implemented"
+                     "(bfloat16/float8/int4/string or an optional)"
         if reason is None:
             for node, opset in ops:
                 version = registry.resolve_version(node.domain, node.op_type, opset)

@@ -26,6 +26,7 @@ from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
 from .memory import MemoryPlan, mirror_widening, plan_memory, span_elements
 from .opdef import KernelContext, TensorInfo
+from .passes import control_flow
 from .passes.dispatch import dispatch
 from .passes.layout import LayoutReport, assign_layouts
 
@@ -112,7 +113,7 @@ def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
     ``cuda_graphs``: ``CudaExecutor``'s capture mode (``"fallback"``, ``"require"``, ``"off"``);
     ``max_arena_bytes``: see ``check_arena_size``."""
     registry = imported.registry
-    graph = imported.specialize(shapes, const_values)
+    graph = imported.specialize(shapes, const_values, control_flow.resolve)
     dispatch(graph, registry, backend)
     info = transform(graph) if transform is not None else None
     return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,

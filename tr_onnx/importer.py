@@ -28,7 +28,13 @@ from .errors import (
     UnsupportedModelError,
     unsupported_message,
 )
-from .registry import OpRegistry, canonical_domain, default_registry, schema_for
+from .registry import (
+    ONNX_DOMAINS,
+    OpRegistry,
+    canonical_domain,
+    default_registry,
+    schema_for,
+)
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -63,8 +69,9 @@ class ImportedModel:
     registry: OpRegistry = field(repr=False, default=None)
     fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES  # specialize folds with it too
 
-    def specialize(self, shapes: dict[str, tuple], const_values: dict[str, np.ndarray]) -> ir.Graph:
-        return specialize(self, shapes, const_values)
+    def specialize(self, shapes: dict[str, tuple], const_values: dict[str, np.ndarray],
+                   resolve=None) -> ir.Graph:
+        return specialize(self, shapes, const_values, resolve)
 
 
 def load_model(src: str | Path | onnx.ModelProto | bytes,
@@ -539,13 +546,30 @@ def _const_feed_inputs(model, registry, backend) -> set[str]:
         if name in graph_inputs:
             found.add(name)
         elif name in producer and producer[name].op_type not in _SHAPE_OPS:
-            pending.extend(n for n in producer[name].input if n)
+            pending.extend(ir.proto_reads(producer[name]))
+    return found | _if_condition_inputs(model.graph, graph_inputs)
+
+
+def _if_condition_inputs(graph: onnx.GraphProto, graph_inputs: set[str]) -> set[str]:
+    """Model inputs read directly as an If's condition (in subgraphs too): the plan
+    specialises on their value and inlines the branch taken. A condition computed from data
+    is not one: that If runs as sub-plans."""
+    found = set()
+    for node in graph.node:
+        if node.op_type == "If" and node.domain in ONNX_DOMAINS and node.input[0] in graph_inputs:
+            found.add(node.input[0])
+        for sub in ir.subgraphs(node):
+            found |= _if_condition_inputs(sub, graph_inputs)
     return found
 
 
 def specialize(imported: ImportedModel, shapes: dict[str, tuple],
-               const_values: dict[str, np.ndarray]) -> ir.Graph:
-    """The IR for concrete input shapes; ``const_values`` binds the model's const-feed inputs."""
+               const_values: dict[str, np.ndarray], resolve=None) -> ir.Graph:
+    """The IR for concrete input shapes; ``const_values`` binds the model's const-feed inputs.
+    ``resolve(model, fold, param_names)``: the pass turning static control flow (If, Loop,
+    Scan, sequences) into plain ops once shapes and const feeds are bound
+    (``passes.control_flow.resolve``, given by the compiler: the importer does not import
+    passes); ``fold`` infers and folds again between its rounds."""
     model = onnx.ModelProto()
     model.CopyFrom(imported.proto)
     g = model.graph
@@ -561,8 +585,11 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
         g.input.extend(kept)
         g.initializer.extend(numpy_helper.from_array(np.asarray(v), k)
                              for k, v in const_values.items())
-    model = _fold_to_fixpoint(model, imported.param_names, imported.source,
-                              imported.fold_limit_bytes)
+    fold = partial(_fold_to_fixpoint, param_names=imported.param_names, name=imported.source,
+                   limit_bytes=imported.fold_limit_bytes)
+    model = fold(model)
+    if resolve is not None:
+        model = resolve(model, fold, imported.param_names)
     _check_node_shapes(model, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}

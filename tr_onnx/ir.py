@@ -177,6 +177,25 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def subgraphs(proto: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs in ``proto``'s attributes (If's branches, Loop's and Scan's bodies)."""
+    for a in proto.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def proto_reads(proto: onnx.NodeProto) -> Iterator[str]:
+    """The names a proto node reads: its inputs, then what its subgraphs read from outer
+    scopes (an If's branch may compute from any value of the graph around it)."""
+    yield from (i for i in proto.input if i)
+    for sub in subgraphs(proto):
+        local = {i.name for i in sub.input} | {t.name for t in sub.initializer} | {
+            o for n in sub.node for o in n.output}
+        yield from (i for n in sub.node for i in proto_reads(n) if i not in local)
+
+
 def attribute_value(attr: onnx.AttributeProto) -> Any:
     """An attribute as a Python value: str for strings, np.ndarray for tensors."""
     value = onnx.helper.get_attribute_value(attr)

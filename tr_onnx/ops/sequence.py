@@ -1,0 +1,80 @@
+"""Control flow and sequences: If, Loop, Scan and the Sequence ops, as the registry knows them.
+
+None of them runs as a kernel. A plan is static, so ``passes.control_flow`` resolves them when a
+model is specialised: an If whose condition is known then is replaced by its branch, Loop and
+Scan are unrolled (their bodies inlined once per iteration), and a sequence becomes the list of
+tensors it holds, so SequenceAt picks one, ConcatFromSequence becomes a Concat and so on. What
+is left are ordinary ops, and autodiff differentiates an unrolled Scan (or Loop, or inlined If)
+through its body's own rules: that is what ``differentiable`` means for these ops.
+
+They are registered so that import accepts them, ``tr-onnx ops`` lists them, and the node
+suite counts their cases. A node that reaches a kernel was not resolvable; its factory names it
+and says why. For If that is the hook of the data-dependent If (a condition computed from data
+at run time), which is planned as sub-plans elsewhere.
+"""
+
+from __future__ import annotations
+
+from ..errors import UnsupportedModelError
+from ..hookspecs import hookimpl
+from ..opdef import OpDef
+
+_WHY = {
+    "If": "its condition is computed from data when the model runs, so the branch cannot be "
+          "chosen when the plan is made (a data-dependent If is planned as two sub-plans)",
+    "Loop": "its trip count or condition is not known when the plan is made",
+    "Scan": "its scan length is not static",
+}
+
+
+def unresolved_numpy(ctx):
+    """The kernel factory of every op here: reaching it means specialisation could not resolve
+    the node; a named error says which and why."""
+    why = _WHY.get(ctx.node.op_type, "its sequence positions or lengths are not known when the "
+                   "plan is made")
+    raise ctx.error(f"control flow and sequences are resolved when the plan is made "
+                    f"(passes.control_flow), and this node was not: {why}")
+
+
+def unrolled_vjp(b, node, gys, needed):
+    """Never called: an unrolled node is gone before autodiff, which then differentiates the
+    body's ops with their own rules. Reaching it is a bug; the error names the node."""
+    raise UnsupportedModelError(f"{node.label}: reached autodiff without being resolved at "
+                                "specialisation", [])
+
+
+def _structural(op_type: str, versions: tuple[int, ...], doc: str,
+                differentiable: bool = False, const_inputs: tuple[int, ...] = ()) -> OpDef:
+    return OpDef(op_type, versions, {"numpy": unresolved_numpy}, const_inputs=const_inputs,
+                 differentiable=differentiable, gradient=unrolled_vjp if differentiable else None,
+                 doc=doc)
+
+
+_CONTROL_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
+
+
+@hookimpl
+def tr_onnx_op_definitions():
+    return [
+        _structural("If", _CONTROL_VERSIONS, "a condition known at plan time (a constant after "
+                    "folding, or a bool model input: the plan specialises on its value) inlines "
+                    "the branch taken; differentiable through that branch", True),
+        # M and cond must be known when the plan is made: model inputs reaching them make the
+        # plan specialise on their values (as Reshape's shape does)
+        _structural("Loop", _CONTROL_VERSIONS, "unrolled at plan time: a known trip count and a "
+                    "condition that stays constant (passed through or a constant); "
+                    "differentiable through the unrolled body", True, const_inputs=(0, 1)),
+        _structural("Scan", (8, 9, 11, 16, 19, 21, 23, 24, 25), "unrolled at plan time (Gather "
+                    "per step, body inlined, outputs stacked by Unsqueeze+Concat): input/output "
+                    "axes and directions, opset 8's batch axis; differentiable when its body is",
+                    True),
+        _structural("SequenceConstruct", (11,), "a list of its input tensors"),
+        _structural("SequenceEmpty", (11,), "an empty list"),
+        _structural("SequenceInsert", (11,), "list insert at a constant position"),
+        _structural("SequenceErase", (11,), "list removal at a constant position"),
+        _structural("SequenceAt", (11,), "the tensor at a constant position"),
+        _structural("SequenceLength", (11,), "a constant"),
+        _structural("SplitToSequence", (11, 24), "a Split (and Squeeze) over a static axis"),
+        _structural("ConcatFromSequence", (11,), "a Concat (Unsqueeze first with new_axis)"),
+        _structural("SequenceMap", (17,), "the body inlined per element"),
+    ]

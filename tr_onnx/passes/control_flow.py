@@ -1,0 +1,635 @@
+"""Static control flow, resolved when a model is specialised (before the IR is built).
+
+A plan runs a fixed list of kernels, so control flow becomes straight-line ops here, on the
+ONNX graph, once the input shapes (and the inputs a plan specialises on) are bound and
+constants folded:
+
+- If with a condition known now (a constant, or a bool model input bound as a const feed):
+  the branch taken is inlined, its values renamed uniquely, its outputs copied (Identity) into
+  the If's outputs; names from the outer scope resolve as they are.
+- Scan: unrolled over its static length: a Gather picks each step's slice of every scan input
+  (honouring axes and directions), the body is inlined with the state carried, and the scan
+  outputs are stacked (Unsqueeze + Concat) on their axes and in their directions. Opset 8's
+  batch axis is unrolled too. autodiff then differentiates the unrolled body.
+- Loop: unrolled when its trip count is known and its condition stays constant (passed
+  through from the input, or a constant); the loop-carried values must keep static shapes.
+- Sequences are lists of tensor values while the graph is rewritten: SequenceConstruct makes
+  one, SequenceAt with a constant position picks a tensor, SplitToSequence is a Split,
+  ConcatFromSequence a Concat, SequenceMap inlines its body per element.
+
+One round rewrites every node it can; then constants are folded and shapes inferred again
+(an inlined branch may decide a nested If's condition, an unrolled step a Scan's length), until
+nothing changes. A node still unresolved is a named error, except an If whose condition depends
+on data: it is left for the data-dependent If (planned as sub-plans), whose kernel is the hook.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..errors import UnsupportedModelError
+from ..ir import proto_reads, subgraphs
+
+MAX_UNROLLED_NODES = 100_000  # nodes one specialisation may inline; more is a named error
+CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
+SEQUENCE_OPS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert",
+                          "SequenceErase", "SequenceAt", "SequenceLength", "SplitToSequence",
+                          "ConcatFromSequence", "SequenceMap"})
+_STRUCTURAL = CONTROL_OPS | SEQUENCE_OPS
+
+
+def _is_structural(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in _STRUCTURAL
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return f"node {node.name or node.op_type!r} ({node.op_type}, ai.onnx)"
+
+
+def resolve(model: onnx.ModelProto, fold: Callable[[onnx.ModelProto], onnx.ModelProto],
+            param_names=frozenset(), max_nodes: int = MAX_UNROLLED_NODES) -> onnx.ModelProto:
+    """``model`` (folded, shapes inferred) with its static control flow and sequences resolved
+    into plain ops. ``fold(model)`` infers shapes and folds constants again between rounds;
+    ``param_names`` are trainable initializers, never read as plan-time values."""
+    if not any(_is_structural(n) for n in model.graph.node):
+        return model
+    if model.ir_version < 4:  # the initializers made here are not graph inputs (IR 3 wanted)
+        model.ir_version = 4
+    resolver = _Resolver(model, param_names, max_nodes)
+    previous = None
+    while True:
+        signature = [(n.op_type, tuple(n.output)) for n in model.graph.node]
+        if signature == previous or not any(_is_structural(n) for n in model.graph.node):
+            break
+        previous = signature
+        resolver.round(model)
+        model = fold(model)
+    resolver.check_resolved(model)
+    return model
+
+
+class _Resolver:
+    def __init__(self, model: onnx.ModelProto, param_names, max_nodes: int):
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                          1)
+        self.param_names = param_names
+        self.max_nodes = max_nodes
+        self.emitted = 0
+        self.used: set[str] = set()
+        _collect_names(model.graph, self.used)
+        self.seqs: dict[str, list[str]] = {}  # a resolved sequence value -> its tensors' names
+        self.seq_types: dict[str, int] = {}  # element type of every sequence seen (SequenceEmpty)
+
+    # ---- one round ----------------------------------------------------------------------
+
+    def round(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.graph = g
+        self.inits = {t.name: t for t in g.initializer}
+        self.new_inits: list[onnx.TensorProto] = []
+        self.types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info)
+                      + list(g.output)}
+        for name, tp in self.types.items():
+            if tp.HasField("sequence_type"):
+                self.seq_types[name] = tp.sequence_type.elem_type.tensor_type.elem_type
+        work, out, replaced = deque(g.node), [], set()
+        while work:
+            node = work.popleft()
+            result = self._rewrite(node)
+            if result is None:
+                out.append(node)
+                continue
+            replaced.update(node.output)
+            work.extendleft(reversed(result))
+        out = self._rematerialise(out, [o.name for o in g.output])
+        del g.node[:]
+        g.node.extend(out)
+        g.initializer.extend(self.new_inits)
+        # shapes of replaced values are inferred anew from what replaced them
+        keep = [vi for vi in g.value_info if vi.name not in replaced
+                and vi.type.HasField("tensor_type")]
+        del g.value_info[:]
+        g.value_info.extend(keep)
+
+    def _rewrite(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        """The nodes replacing ``node`` ([] when it becomes a list or a constant), or None
+        when it stays (not structural, or not resolvable yet)."""
+        if node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Identity" and node.input[0] in self.seqs:
+            self.seqs[node.output[0]] = list(self.seqs[node.input[0]])
+            return []
+        handler = _HANDLERS.get(node.op_type)
+        return None if handler is None else handler(self, node)
+
+    def _rematerialise(self, nodes: list, graph_outputs: list[str]) -> list:
+        """A resolved sequence still read by a node that stays (or a graph output) is built
+        again with SequenceConstruct, so the graph stays whole; the blocking node is named by
+        ``check_resolved`` if nothing resolves it later."""
+        produced = {o for n in nodes for o in n.output}
+        wanted = [i for n in nodes for i in proto_reads(n)] + graph_outputs
+        extra, seen = [], set()
+        for name in wanted:
+            if name in self.seqs and name not in produced and name not in seen:
+                seen.add(name)
+                elems = self.seqs.pop(name)
+                extra.append(helper.make_node("SequenceConstruct", elems, [name]) if elems else
+                             helper.make_node("SequenceEmpty", [], [name],
+                                              dtype=self.seq_types.get(name, 1)))
+        return extra + nodes
+
+    def check_resolved(self, model: onnx.ModelProto) -> None:
+        """A named error for the first structural node still in ``model`` (a data-dependent
+        If stays: the sub-plan If takes it)."""
+        self.round_info(model)
+        for node in model.graph.node:
+            if not _is_structural(node) or node.op_type == "If":
+                continue
+            raise UnsupportedModelError(f"{_label(node)}: {self._why(node)}", [])
+        for o in model.graph.output:
+            if not o.type.HasField("tensor_type"):
+                raise UnsupportedModelError(
+                    f"model output {o.name!r} is a {o.type.WhichOneof('value')}: a plan's "
+                    "outputs are tensors (a sequence output is resolved only through the ONNX "
+                    "backend adapter, which lists its tensors)", [])
+
+    def round_info(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.inits = {t.name: t for t in g.initializer}
+        self.types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info)
+                      + list(g.output)}
+
+    def _why(self, node: onnx.NodeProto) -> str:
+        if node.op_type == "Loop":
+            m, cond = (list(node.input) + ["", ""])[:2]
+            if m and self.const(m) is None:
+                return (f"its trip count {m!r} depends on data (not known when the plan is "
+                        "made); tr_onnx unrolls loops of a known trip count")
+            if cond and self.const(cond) is None:
+                return f"its condition {cond!r} depends on data"
+            return ("its condition is computed inside the body from loop-carried values; "
+                    "tr_onnx unrolls loops whose condition stays constant")
+        if node.op_type == "Scan":
+            return "a scan input has no static shape, so its length is unknown"
+        return ("its sequence input or position is not known when the plan is made (a "
+                "sequence model input, or a position computed from data)")
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def const(self, name: str) -> np.ndarray | None:
+        """The plan-time value of ``name`` (a non-trainable initializer), or None."""
+        t = self.inits.get(name)
+        if t is None or name in self.param_names:
+            return None
+        return numpy_helper.to_array(t)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        if name in self.inits:
+            return tuple(self.inits[name].dims)
+        tp = self.types.get(name)
+        if tp is None or not tp.HasField("tensor_type") or \
+                not tp.tensor_type.HasField("shape"):
+            return None
+        dims = tp.tensor_type.shape.dim
+        if not all(d.HasField("dim_value") for d in dims):
+            return None
+        return tuple(int(d.dim_value) for d in dims)
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.used:
+            i += 1
+            name = f"{base}__{i}"
+        self.used.add(name)
+        return name
+
+    def constant(self, value, base: str) -> str:
+        name = self.fresh(base)
+        self.new_inits.append(numpy_helper.from_array(np.asarray(value), name))
+        self.inits[name] = self.new_inits[-1]
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], **attrs) -> onnx.NodeProto:
+        self.emitted += 1
+        if self.emitted > self.max_nodes:
+            raise UnsupportedModelError(
+                f"unrolling control flow makes more than {self.max_nodes} nodes (an unrolled "
+                "Loop or Scan this long is too large to plan; MAX_UNROLLED_NODES)", [])
+        return helper.make_node(op, inputs, outputs, name=self.fresh(f"cf/{op}"), **attrs)
+
+    def unsqueeze(self, x: str, axis: int, out: str) -> onnx.NodeProto:
+        if self.opset >= 13:
+            return self.node("Unsqueeze", [x, self.constant(np.array([axis], np.int64),
+                                                            "cf/axes")], [out])
+        return self.node("Unsqueeze", [x], [out], axes=[axis])
+
+    def squeeze(self, x: str, axis: int, out: str) -> onnx.NodeProto:
+        if self.opset >= 13:
+            return self.node("Squeeze", [x, self.constant(np.array([axis], np.int64),
+                                                          "cf/axes")], [out])
+        return self.node("Squeeze", [x], [out], axes=[axis])
+
+    def stack(self, pieces: list[str], axis: int, out: str) -> list[onnx.NodeProto]:
+        """Unsqueeze each piece at ``axis`` (>= 0) and Concat them into ``out``."""
+        nodes, names = [], []
+        for p in pieces:
+            names.append(self.fresh(f"{out}/piece"))
+            nodes.append(self.unsqueeze(p, axis, names[-1]))
+        return nodes + [self.node("Concat", names, [out], axis=axis)]
+
+    def inline(self, graph: onnx.GraphProto, bindings: dict[str, str],
+               outputs: list[str] | None = None) -> tuple[list[onnx.NodeProto], list[str]]:
+        """``graph``'s nodes with its inputs bound to outer names (``bindings``), every value
+        it defines renamed uniquely, and free names left to the outer scope. Returns the
+        nodes and the outer names of its outputs; with ``outputs``, Identity nodes copy them
+        into those names ('' skips one)."""
+        mapping = dict(bindings)
+        for t in graph.initializer:
+            mapping[t.name] = self.fresh(f"{graph.name}/{t.name}")
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            copy.name = mapping[t.name]
+            self.new_inits.append(copy)
+            self.inits[copy.name] = copy
+        nodes = []
+        for n in graph.node:
+            for o in n.output:
+                if o:
+                    mapping[o] = self.fresh(f"{graph.name}/{o}")
+            new = onnx.NodeProto()
+            new.CopyFrom(n)
+            new.name = self.fresh(f"{graph.name}/{n.name or n.op_type}")
+            del new.input[:]
+            new.input.extend(mapping.get(i, i) if i else "" for i in n.input)
+            del new.output[:]
+            new.output.extend(mapping[o] if o else "" for o in n.output)
+            for sub in subgraphs(new):
+                _rename_free(sub, mapping)
+            nodes.append(new)
+            self.emitted += 1
+        if self.emitted > self.max_nodes:
+            self.node("Identity", [], [])  # raises the named limit error
+        results = [mapping.get(o.name, o.name) for o in graph.output]
+        if outputs is not None:
+            nodes += [self.node("Identity", [r], [o]) for r, o in zip(results, outputs) if o]
+        return nodes, results
+
+
+def _collect_names(graph: onnx.GraphProto, names: set) -> None:
+    names.update(i.name for i in graph.input)
+    names.update(t.name for t in graph.initializer)
+    for n in graph.node:
+        names.update(n.output)
+        names.update(n.input)
+        if n.name:
+            names.add(n.name)
+        for sub in subgraphs(n):
+            _collect_names(sub, names)
+
+
+def _rename_free(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename, in place, the names ``graph`` reads from outer scopes (those it does not define
+    itself), through ``mapping``: a nested body of an inlined graph follows its renaming."""
+    local = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {
+        o for n in graph.node for o in n.output}
+    inner = {k: v for k, v in mapping.items() if k not in local}
+    for n in graph.node:
+        for k, i in enumerate(n.input):
+            if i in inner:
+                n.input[k] = inner[i]
+        for sub in subgraphs(n):
+            _rename_free(sub, inner)
+    for o in graph.output:  # an output that is an outer value, passed through
+        if o.name in inner:
+            o.name = inner[o.name]
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+# ---- If ------------------------------------------------------------------------------------
+
+
+def _if(r: _Resolver, node: onnx.NodeProto):
+    cond = r.const(node.input[0])
+    if cond is None:
+        return None  # decided by data: the sub-plan If's (or a later round's) business
+    branch = _attr(node, "then_branch" if bool(np.asarray(cond).reshape(-1)[0])
+                   else "else_branch")
+    return r.inline(branch, {}, list(node.output))[0]
+
+
+# ---- Scan ----------------------------------------------------------------------------------
+
+
+def _scan(r: _Resolver, node: onnx.NodeProto):
+    body = _attr(node, "body")
+    k = int(_attr(node, "num_scan_inputs"))
+    if r.opset < 9:
+        return _scan8(r, node, body, k)
+    states, scans = list(node.input[:len(node.input) - k]), list(node.input[len(node.input) - k:])
+    shapes = [r.shape(x) for x in scans]
+    if any(s is None for s in shapes):
+        return None
+    in_axes = [a % len(s) for a, s in zip(_attr(node, "scan_input_axes") or [0] * k, shapes)]
+    in_dirs = _attr(node, "scan_input_directions") or [0] * k
+    n_out = len(body.output) - len(states)
+    out_axes = list(_attr(node, "scan_output_axes") or [0] * n_out)
+    out_dirs = _attr(node, "scan_output_directions") or [0] * n_out
+    length = shapes[0][in_axes[0]]
+    nodes, finals, pieces = _unroll_scan(r, node, body, states, scans, in_axes, in_dirs, length)
+    nodes += [r.node("Identity", [f], [o]) for f, o in zip(finals, node.output) if o]
+    for j, out in enumerate(node.output[len(states):]):
+        if not out:
+            continue
+        seq = pieces[j][::-1] if out_dirs[j] else pieces[j]
+        rank = len(body.output[len(states) + j].type.tensor_type.shape.dim)
+        nodes += r.stack(seq, out_axes[j] % (rank + 1), out)
+    return nodes
+
+
+def _unroll_scan(r, node, body, states, scans, in_axes, in_dirs, length):
+    """Body inlined ``length`` times: (nodes, final state names, per scan output the names
+    of its pieces in step order)."""
+    if length == 0:
+        raise UnsupportedModelError(f"{_label(node)}: a scan of length 0 has empty outputs, "
+                                    "which a plan does not hold", [])
+    nodes, pieces = [], [[] for _ in range(len(body.output) - len(states))]
+    for t in range(length):
+        slices = []
+        for x, axis, direction in zip(scans, in_axes, in_dirs):
+            index = r.constant(np.array(length - 1 - t if direction else t, np.int64),
+                               "cf/step")
+            slices.append(r.fresh(f"{x}/step{t}"))
+            nodes.append(r.node("Gather", [x, index], [slices[-1]], axis=axis))
+        bindings = {i.name: v for i, v in zip(body.input, states + slices)}
+        inlined, results = r.inline(body, bindings)
+        nodes += inlined
+        states = results[:len(states)]
+        for j, name in enumerate(results[len(states):]):
+            pieces[j].append(name)
+    return nodes, states, pieces
+
+
+def _scan8(r, node, body, k):
+    """Opset 8: inputs (sequence_lens, states..., scans...), axis 0 a batch axis and axis 1
+    the scan axis; unrolled per batch entry, then restacked on axis 0."""
+    lens, rest = node.input[0], list(node.input[1:])
+    states, scans = rest[:len(rest) - k], rest[len(rest) - k:]
+    shapes = [r.shape(x) for x in scans]
+    if any(s is None for s in shapes):
+        return None
+    batch, length = shapes[0][0], shapes[0][1]
+    if lens:
+        value = r.const(lens)
+        if value is None or np.any(np.asarray(value) != length):
+            raise UnsupportedModelError(
+                f"{_label(node)}: sequence_lens must be a constant equal to the scan length "
+                f"{length} (shorter sequences are not unrolled)", [])
+    dirs = _attr(node, "directions") or [0] * k
+    n_out = len(body.output) - len(states)
+    nodes, finals, outs = [], [[] for _ in states], [[] for _ in range(n_out)]
+    for b in range(batch):
+        index = r.constant(np.array(b, np.int64), "cf/batch")
+        picked = []
+        for x in states + scans:
+            picked.append(r.fresh(f"{x}/batch{b}"))
+            nodes.append(r.node("Gather", [x, index], [picked[-1]], axis=0))
+        more, last, pieces = _unroll_scan(r, node, body, picked[:len(states)],
+                                          picked[len(states):], [0] * k, dirs, length)
+        nodes += more
+        for j, f in enumerate(last):
+            finals[j].append(f)
+        for j, p in enumerate(pieces):
+            stacked = r.fresh(f"{node.output[len(states) + j] or 'scan'}/batch{b}")
+            nodes += r.stack(p, 0, stacked)
+            outs[j].append(stacked)
+    for names, out in zip(finals + outs, node.output):
+        if out:
+            nodes += r.stack(names, 0, out)
+    return nodes
+
+
+# ---- Loop ----------------------------------------------------------------------------------
+
+
+def _static_cond(r: _Resolver, body: onnx.GraphProto):
+    """'pass' when the body's condition output is its condition input (through Identity), a
+    bool when it is a constant, else None (computed from loop values)."""
+    produced = {o: n for n in body.node for o in n.output}
+    name = body.output[0].name
+    while name in produced and produced[name].op_type == "Identity":
+        name = produced[name].input[0]
+    if name == body.input[1].name:
+        return "pass"
+    node = produced.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+        return bool(numpy_helper.to_array(node.attribute[0].t).reshape(-1)[0])
+    for t in body.initializer:
+        if t.name == name:
+            return bool(numpy_helper.to_array(t).reshape(-1)[0])
+    value = r.const(name) if name not in produced else None
+    return None if value is None else bool(np.asarray(value).reshape(-1)[0])
+
+
+def _loop(r: _Resolver, node: onnx.NodeProto):
+    m, cond = (list(node.input) + ["", ""])[:2]
+    trip = r.const(m) if m else None
+    go = r.const(cond) if cond else np.array(True)
+    if (m and trip is None) or go is None:
+        return None
+    body = _attr(node, "body")
+    static = _static_cond(r, body)
+    if static is None:
+        return None
+    go = bool(np.asarray(go).reshape(-1)[0])
+    if trip is None and (static == "pass" or static) and go:
+        raise UnsupportedModelError(f"{_label(node)}: no trip count and a condition that "
+                                    "stays true: the loop never ends", [])
+    count = 0 if not go else int(np.asarray(trip).reshape(-1)[0]) if static in ("pass", True) \
+        else min(1, int(np.asarray(trip).reshape(-1)[0])) if trip is not None else 1
+    states = list(node.input[2:])
+    n_out = len(body.output) - 1 - len(states)
+    if count <= 0 and n_out and any(node.output[len(states):]):
+        raise UnsupportedModelError(f"{_label(node)}: a loop of 0 iterations has empty scan "
+                                    "outputs, which a plan does not hold", [])
+    iter_shape = _shape_of_type(body.input[0].type)
+    nodes, pieces = [], [[] for _ in range(n_out)]
+    for t in range(count):
+        bindings = {body.input[0].name: r.constant(np.full(iter_shape, t, np.int64), "cf/iter"),
+                    body.input[1].name: r.constant(np.full(_shape_of_type(body.input[1].type),
+                                                           True), "cf/cond")}
+        bindings.update({i.name: v for i, v in zip(body.input[2:], states)})
+        inlined, results = r.inline(body, bindings)
+        nodes += inlined
+        states = results[1:1 + len(states)]
+        for j, name in enumerate(results[1 + len(states):]):
+            pieces[j].append(name)
+    nodes += [r.node("Identity", [s], [o]) for s, o in zip(states, node.output) if o]
+    for j, out in enumerate(node.output[len(states):]):
+        if out:
+            nodes += r.stack(pieces[j], 0, out)
+    return nodes
+
+
+def _shape_of_type(tp: onnx.TypeProto) -> tuple[int, ...]:
+    """A body input's declared static shape ((): a scalar where it says nothing)."""
+    t = tp.tensor_type
+    if not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
+        return ()
+    return tuple(int(d.dim_value) for d in t.shape.dim)
+
+
+# ---- sequences -----------------------------------------------------------------------------
+
+
+def _seq(r: _Resolver, name: str) -> list[str] | None:
+    return r.seqs.get(name)
+
+
+def _position(r: _Resolver, node: onnx.NodeProto, index: int, length: int, default: int,
+              insert: bool = False) -> int | None:
+    if len(node.input) <= index or not node.input[index]:
+        return default
+    value = r.const(node.input[index])
+    if value is None:
+        return None
+    pos = int(np.asarray(value).reshape(-1)[0])
+    if not -length <= pos <= (length if insert else length - 1):
+        raise UnsupportedModelError(f"{_label(node)}: position {pos} is outside a sequence of "
+                                    f"{length}", [])
+    return pos + length if pos < 0 else pos
+
+
+def _construct(r, node):
+    r.seqs[node.output[0]] = list(node.input)
+    return []
+
+
+def _empty(r, node):
+    r.seqs[node.output[0]] = []
+    r.seq_types[node.output[0]] = int(_attr(node, "dtype", onnx.TensorProto.FLOAT))
+    return []
+
+
+def _insert(r, node):
+    seq = _seq(r, node.input[0])
+    if seq is None:
+        return None
+    pos = _position(r, node, 2, len(seq), len(seq), insert=True)
+    if pos is None:
+        return None
+    r.seqs[node.output[0]] = seq[:pos] + [node.input[1]] + seq[pos:]
+    return []
+
+
+def _erase(r, node):
+    seq = _seq(r, node.input[0])
+    if seq is None:
+        return None
+    pos = _position(r, node, 1, len(seq), len(seq) - 1)
+    if pos is None:
+        return None
+    r.seqs[node.output[0]] = seq[:pos] + seq[pos + 1:]
+    return []
+
+
+def _at(r, node):
+    seq = _seq(r, node.input[0])
+    if seq is None:
+        return None
+    pos = _position(r, node, 1, len(seq), 0)
+    return None if pos is None else [r.node("Identity", [seq[pos]], [node.output[0]])]
+
+
+def _length(r, node):
+    seq = _seq(r, node.input[0])
+    if seq is None:
+        return None
+    t = numpy_helper.from_array(np.array(len(seq), np.int64), node.output[0])
+    r.new_inits.append(t)
+    r.inits[t.name] = t
+    return []
+
+
+def _split(r, node):
+    shape = r.shape(node.input[0])
+    if shape is None:
+        return None
+    axis = int(_attr(node, "axis", 0)) % len(shape)
+    keepdims = int(_attr(node, "keepdims", 1))
+    total = shape[axis]
+    split = r.const(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if len(node.input) > 1 and node.input[1] and split is None:
+        return None
+    if split is None:
+        sizes = [1] * total
+    elif np.ndim(split) == 0:
+        step = int(split)
+        sizes = [step] * (total // step) + ([total % step] if total % step else [])
+    else:
+        sizes = [int(s) for s in np.asarray(split).reshape(-1)]
+    names = [r.fresh(f"{node.output[0]}/{i}") for i in range(len(sizes))]
+    sizes_name = r.constant(np.array(sizes, np.int64), "cf/split")
+    nodes = [r.node("Split", [node.input[0], sizes_name], names, axis=axis)
+             if r.opset >= 13 else r.node("Split", [node.input[0]], names, axis=axis,
+                                          split=sizes)]
+    if split is None and not keepdims:
+        squeezed = [r.fresh(f"{n}/squeezed") for n in names]
+        nodes += [r.squeeze(n, axis, s) for n, s in zip(names, squeezed)]
+        names = squeezed
+    r.seqs[node.output[0]] = names
+    return nodes
+
+
+def _concat(r, node):
+    seq = _seq(r, node.input[0])
+    if seq is None:
+        return None
+    if not seq:
+        raise UnsupportedModelError(f"{_label(node)}: concatenating an empty sequence", [])
+    axis = int(_attr(node, "axis"))
+    if int(_attr(node, "new_axis", 0)):
+        rank = r.shape(seq[0])
+        if rank is None:
+            return None
+        return r.stack(seq, axis % (len(rank) + 1), node.output[0])
+    return [r.node("Concat", seq, [node.output[0]], axis=axis)]
+
+
+def _map(r, node):
+    body = _attr(node, "body")
+    seqs = [_seq(r, i) for i in node.input]
+    if seqs[0] is None:
+        return None
+    for i, s in zip(node.input[1:], seqs[1:]):
+        if s is None and r.types.get(i, onnx.TypeProto()).HasField("sequence_type"):
+            return None  # a sequence not resolved yet
+    nodes, outs = [], [[] for _ in node.output]
+    for e in range(len(seqs[0])):
+        bindings = {b.name: s[e] if s is not None else i
+                    for b, i, s in zip(body.input, node.input, seqs)}
+        inlined, results = r.inline(body, bindings)
+        nodes += inlined
+        for j, name in enumerate(results):
+            outs[j].append(name)
+    for out, names in zip(node.output, outs):
+        r.seqs[out] = names
+    return nodes
+
+
+_HANDLERS = {
+    "If": _if, "Scan": _scan, "Loop": _loop,
+    "SequenceConstruct": _construct, "SequenceEmpty": _empty, "SequenceInsert": _insert,
+    "SequenceErase": _erase, "SequenceAt": _at, "SequenceLength": _length,
+    "SplitToSequence": _split, "ConcatFromSequence": _concat, "SequenceMap": _map,
+}
