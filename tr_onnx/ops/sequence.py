@@ -5,7 +5,9 @@ model is specialised: an If whose condition is known then is replaced by its bra
 Scan are unrolled (their bodies inlined once per iteration), and a sequence becomes the list of
 tensors it holds, so SequenceAt picks one, ConcatFromSequence becomes a Concat and so on. What
 is left are ordinary ops, and autodiff differentiates an unrolled Scan (or Loop, or inlined If)
-through its body's own rules: that is what ``differentiable`` means for these ops.
+through its body's own rules: that is what ``differentiable`` means for If and Scan (Loop is
+declared forward only, as issue 13 asks: a single-node Loop cannot be typed for the
+finite-difference table, whose model outputs need static shapes).
 
 They are registered so that import accepts them, ``tr-onnx ops`` lists them, and the node
 suite counts their cases. A node that reaches a kernel was not resolvable; its factory names it
@@ -61,9 +63,9 @@ def tr_onnx_op_definitions():
                     "the branch taken; differentiable through that branch", True),
         # M and cond must be known when the plan is made: model inputs reaching them make the
         # plan specialise on their values (as Reshape's shape does)
-        _structural("Loop", _CONTROL_VERSIONS, "unrolled at plan time: a known trip count and a "
-                    "condition that stays constant (passed through or a constant); "
-                    "differentiable through the unrolled body", True, const_inputs=(0, 1)),
+        _structural("Loop", _CONTROL_VERSIONS, "forward: unrolled at plan time, given a known "
+                    "trip count and a condition that stays constant (passed through or a "
+                    "constant)", const_inputs=(0, 1)),
         _structural("Scan", (8, 9, 11, 16, 19, 21, 23, 24, 25), "unrolled at plan time (Gather "
                     "per step, body inlined, outputs stacked by Unsqueeze+Concat): input/output "
                     "axes and directions, opset 8's batch axis; differentiable when its body is",
