@@ -186,6 +186,15 @@ def subgraphs(proto: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield from a.graphs
 
 
+def proto_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph``, then of its subgraphs (a Loop body's MatMul reads a weight of
+    the graph around it: which op inputs a weight reaches is asked of all of them)."""
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from proto_nodes(sub)
+
+
 def proto_reads(proto: onnx.NodeProto) -> Iterator[str]:
     """The names a proto node reads: its inputs, then what its subgraphs read from outer
     scopes (an If's branch may compute from any value of the graph around it)."""

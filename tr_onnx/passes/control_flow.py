@@ -52,15 +52,17 @@ def _label(node: onnx.NodeProto) -> str:
 
 
 def resolve(model: onnx.ModelProto, fold: Callable[[onnx.ModelProto], onnx.ModelProto],
-            param_names=frozenset(), max_nodes: int = MAX_UNROLLED_NODES) -> onnx.ModelProto:
+            param_names=frozenset(), max_nodes: int | None = None) -> onnx.ModelProto:
     """``model`` (folded, shapes inferred) with its static control flow and sequences resolved
     into plain ops. ``fold(model)`` infers shapes and folds constants again between rounds;
-    ``param_names`` are trainable initializers, never read as plan-time values."""
+    ``param_names`` are trainable initializers, never read as plan-time values; ``max_nodes``
+    (default ``MAX_UNROLLED_NODES``) bounds the nodes unrolling may make."""
     if not any(_is_structural(n) for n in model.graph.node):
         return model
     if model.ir_version < 4:  # the initializers made here are not graph inputs (IR 3 wanted)
         model.ir_version = 4
-    resolver = _Resolver(model, param_names, max_nodes)
+    resolver = _Resolver(model, param_names,
+                         MAX_UNROLLED_NODES if max_nodes is None else max_nodes)
     previous = None
     while True:
         signature = [(n.op_type, tuple(n.output)) for n in model.graph.node]

@@ -318,7 +318,7 @@ class _PortWalk:
         self.params = {i.name: i for i in g.initializer if i.name in imported.param_names}
         self.opsets = {o.domain or "": o.version for o in imported.proto.opset_import}
         self.consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-        for node in g.node:
+        for node in ir.proto_nodes(g):  # control-flow bodies read weights too
             for i, name in enumerate(node.input):
                 if name:
                     self.consumers.setdefault(name, []).append((node, i))
