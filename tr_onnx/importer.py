@@ -318,6 +318,9 @@ def fold_constants(model: onnx.ModelProto, param_names: frozenset[str],
             # stays and runs with its kernel, whose errors name it
             kept.append(node)
             continue
+        if any(isinstance(value, list) for value in results):
+            kept.append(node)  # a sequence: control_flow makes it a list of values
+            continue
         results = [np.asarray(value) for value in results]
         if limit_bytes is not None and sum(r.nbytes for r in results) > limit_bytes:
             kept.append(node)  # a size no inference could tell (see _fold_bytes)
@@ -456,9 +459,12 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
             missing.setdefault(key, []).append(node.name or f"{node.op_type}_{i}")
     bad_types = []
     graph_values = {vi.name for vi in list(model.graph.input) + list(model.graph.output)}
+    outputs = {vi.name for vi in model.graph.output}
     for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
         t = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type"):  # a model input or output must be a tensor
+        if vi.name in outputs and _listed_tensors(vi.type):  # a plan lists the tensors of a
+            t = vi.type.sequence_type.elem_type.tensor_type  # sequence output (control_flow)
+        elif not vi.type.HasField("tensor_type"):  # a model input or output must be a tensor
             if vi.name in graph_values:
                 bad_types.append(f"{vi.name!r} ({vi.type.WhichOneof('value') or 'no type'}, "
                                  "not a tensor)")
@@ -513,8 +519,15 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
                          frozenset(const_feeds), original_opset, registry, fold_limit_bytes)
 
 
+def _listed_tensors(tp: onnx.TypeProto) -> bool:
+    """A sequence of tensors: as a model output, the plan lists its tensors."""
+    return tp.HasField("sequence_type") and tp.sequence_type.elem_type.HasField("tensor_type")
+
+
 def _spec(vi: onnx.ValueInfoProto) -> InputSpec:
-    t = vi.type.tensor_type
+    """An input's or output's name, shape and dtype (a sequence output's: its tensors')."""
+    t = vi.type.sequence_type.elem_type.tensor_type if _listed_tensors(vi.type) \
+        else vi.type.tensor_type
     dims = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
                  for d in t.shape.dim) if t.HasField("shape") else None
     return InputSpec(vi.name, dims, np_dtype(t.elem_type))

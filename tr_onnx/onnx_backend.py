@@ -1,12 +1,25 @@
-"""tr_onnx as an ``onnx.backend.base.Backend``, so ONNX's own backend test suite can run it."""
+"""tr_onnx as an ``onnx.backend.base.Backend``, so ONNX's own backend test suite can run it.
+
+Sequence inputs and outputs (lists of tensors) are the adapter's: a plan holds tensors. A list
+given for a sequence input becomes one tensor input per element and a SequenceConstruct of
+them (a model per list length); a sequence output is resolved at specialisation into one plan
+output per element (``passes.control_flow``), read back here as a list.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import helper
 from onnx.backend.base import Backend, BackendRep
 
+from .feeds import check_feed
+from .passes.control_flow import listed_outputs
 from .session import InferenceSession
+
+
+def _is_sequence(vi: onnx.ValueInfoProto) -> bool:
+    return vi.type.HasField("sequence_type")
 
 
 class TrOnnxRep(BackendRep):
@@ -23,12 +36,71 @@ class TrOnnxRep(BackendRep):
         return tuple(self.session.run(None, {k: np.asarray(v) for k, v in feed.items()}))
 
 
+class SequenceRep(BackendRep):
+    """A model with sequence inputs or outputs: one session per list length of its inputs."""
+
+    def __init__(self, model: onnx.ModelProto, **kwargs):
+        self.model = model
+        self.kwargs = kwargs
+        self.input_names = [i.name for i in model.graph.input]
+        self.sessions: dict[tuple, InferenceSession] = {}
+
+    def _session(self, lengths: dict[str, int], feed: dict) -> InferenceSession:
+        key = tuple(sorted(lengths.items()))
+        if key not in self.sessions:
+            model = onnx.ModelProto()
+            model.CopyFrom(self.model)
+            g = model.graph
+            inputs, front = [], []
+            for vi in g.input:
+                if vi.name not in lengths:
+                    inputs.append(vi)
+                    continue
+                elem = vi.type.sequence_type.elem_type.tensor_type.elem_type
+                names = [f"{vi.name}[{i}]" for i in range(lengths[vi.name])]
+                inputs += [helper.make_tensor_value_info(n, elem, feed[n].shape) for n in names]
+                front.append(helper.make_node("SequenceConstruct", names, [vi.name]) if names
+                             else helper.make_node("SequenceEmpty", [], [vi.name], dtype=elem))
+            del g.input[:]
+            g.input.extend(inputs)
+            nodes = front + list(g.node)
+            del g.node[:]
+            g.node.extend(nodes)
+            self.sessions[key] = InferenceSession(model, backend="numpy",
+                                                  channel_align=self.kwargs.get("channel_align"))
+        return self.sessions[key]
+
+    def run(self, inputs, **kwargs):
+        given = inputs if isinstance(inputs, dict) else dict(zip(self.input_names, inputs))
+        lengths, flat = {}, {}
+        for vi in self.model.graph.input:
+            value = given[vi.name]
+            if _is_sequence(vi):
+                lengths[vi.name] = len(value)
+                flat.update({f"{vi.name}[{i}]": np.asarray(x) for i, x in enumerate(value)})
+            else:
+                flat[vi.name] = np.asarray(value)
+        session = self._session(lengths, flat)
+        feed = check_feed(flat, session.imported.inputs)
+        plan = session.plan_for(feed)
+        for name, x in feed.items():
+            if name not in session.imported.const_feeds:
+                plan.executor.write_input(name, x)
+        plan.executor.run()
+        names = [v.name for v in plan.graph.outputs]
+        return tuple([plan.executor.read_output(n) for n in listed_outputs(vi.name, names)]
+                     if _is_sequence(vi) else plan.executor.read_output(vi.name)
+                     for vi in self.model.graph.output)
+
+
 class TrOnnxBackend(Backend):
     """``channel_align`` may be passed to ``prepare`` to run the suite with padded channels."""
 
     @classmethod
-    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> TrOnnxRep:
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> BackendRep:
         super().prepare(model, device, **kwargs)
+        if any(_is_sequence(vi) for vi in list(model.graph.input) + list(model.graph.output)):
+            return SequenceRep(model, **kwargs)
         return TrOnnxRep(InferenceSession(model, backend="numpy",
                                           channel_align=kwargs.get("channel_align")))
 

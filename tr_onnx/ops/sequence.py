@@ -47,6 +47,8 @@ def unrolled_vjp(b, node, gys, needed):
 
 def _structural(op_type: str, versions: tuple[int, ...], doc: str,
                 differentiable: bool = False, const_inputs: tuple[int, ...] = ()) -> OpDef:
+    """``const_inputs``: positions, split sizes, trip counts: model inputs reaching them make
+    the plan specialise on their values."""
     return OpDef(op_type, versions, {"numpy": unresolved_numpy}, const_inputs=const_inputs,
                  differentiable=differentiable, gradient=unrolled_vjp if differentiable else None,
                  doc=doc)
@@ -72,11 +74,15 @@ def tr_onnx_op_definitions():
                     True),
         _structural("SequenceConstruct", (11,), "a list of its input tensors"),
         _structural("SequenceEmpty", (11,), "an empty list"),
-        _structural("SequenceInsert", (11,), "list insert at a constant position"),
-        _structural("SequenceErase", (11,), "list removal at a constant position"),
-        _structural("SequenceAt", (11,), "the tensor at a constant position"),
+        _structural("SequenceInsert", (11,), "list insert at a constant position",
+                    const_inputs=(2,)),
+        _structural("SequenceErase", (11,), "list removal at a constant position",
+                    const_inputs=(1,)),
+        _structural("SequenceAt", (11,), "the tensor at a constant position",
+                    const_inputs=(1,)),
         _structural("SequenceLength", (11,), "a constant"),
-        _structural("SplitToSequence", (11, 24), "a Split (and Squeeze) over a static axis"),
+        _structural("SplitToSequence", (11, 24), "a Split (and Squeeze) over a static axis",
+                    const_inputs=(1,)),
         _structural("ConcatFromSequence", (11,), "a Concat (Unsqueeze first with new_axis)"),
         _structural("SequenceMap", (17,), "the body inlined per element"),
     ]

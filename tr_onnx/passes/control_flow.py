@@ -71,8 +71,19 @@ def resolve(model: onnx.ModelProto, fold: Callable[[onnx.ModelProto], onnx.Model
         previous = signature
         resolver.round(model)
         model = fold(model)
+    if resolver.list_sequence_outputs(model):
+        model = fold(model)
     resolver.check_resolved(model)
     return model
+
+
+def listed_outputs(output: str, names) -> list[str]:
+    """The plan outputs (among ``names``) holding the tensors of the model's sequence output
+    ``output``, in order (``resolve`` names them ``output[i]``)."""
+    prefix = f"{output}["
+    found = [n for n in names if n.startswith(prefix) and n.endswith("]")
+             and n[len(prefix):-1].isdigit()]
+    return sorted(found, key=lambda n: int(n[len(prefix):-1]))
 
 
 class _Resolver:
@@ -145,13 +156,40 @@ class _Resolver:
                                               dtype=self.seq_types.get(name, 1)))
         return extra + nodes
 
+    def list_sequence_outputs(self, model: onnx.ModelProto) -> bool:
+        """A sequence model output made of known tensors becomes one tensor output per element,
+        named ``output[i]`` (``listed_outputs`` finds them); True if any did."""
+        g = model.graph
+        producer = {o: n for n in g.node for o in n.output}
+        read = {i for n in g.node for i in proto_reads(n)}
+        listed, outputs = False, []
+        for vi in g.output:
+            node = producer.get(vi.name)
+            if node is None or node.op_type not in ("SequenceConstruct", "SequenceEmpty") or \
+                    not vi.type.HasField("sequence_type") or vi.name in read:
+                outputs.append(vi)
+                continue
+            listed = True
+            elem = vi.type.sequence_type.elem_type.tensor_type.elem_type
+            g.node.remove(node)
+            for i, x in enumerate(node.input):
+                name = f"{vi.name}[{i}]"
+                g.node.append(helper.make_node("Identity", [x], [name],
+                                               name=self.fresh(f"cf/{name}")))
+                outputs.append(helper.make_tensor_value_info(name, elem, None))
+        if listed:
+            del g.output[:]
+            g.output.extend(outputs)
+        return listed
+
     def check_resolved(self, model: onnx.ModelProto) -> None:
         """A named error for the first structural node still in ``model`` (a data-dependent
         If stays: the sub-plan If takes it)."""
         self.round_info(model)
-        for node in model.graph.node:
-            if not _is_structural(node) or node.op_type == "If":
-                continue
+        left = [n for n in model.graph.node if _is_structural(n) and n.op_type != "If"]
+        # a SequenceConstruct left is one rebuilt for a node that could not take its list
+        for node in sorted(left, key=lambda n: n.op_type in ("SequenceConstruct",
+                                                             "SequenceEmpty")):
             raise UnsupportedModelError(f"{_label(node)}: {self._why(node)}", [])
         for o in model.graph.output:
             if not o.type.HasField("tensor_type"):
