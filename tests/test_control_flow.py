@@ -109,16 +109,17 @@ def test_scan_unrolled_matches_onnxruntime(attrs, shape):
                          "xs": RNG.standard_normal(shape).astype(np.float32)})
 
 
-def _loop(cond_out_node):
+def _loop(*cond_nodes, inits=()):
     body = helper.make_graph(
-        [cond_out_node, helper.make_node("Add", ["y_in", "x"], ["y_out"]),
+        [*cond_nodes, helper.make_node("Add", ["y_in", "x"], ["y_out"]),
          helper.make_node("Cast", ["i"], ["i_f"], to=F),
          helper.make_node("Mul", ["y_out", "i_f"], ["scan"])], "body",
         [_vi("i", I64, []), _vi("cond_in", B, []), _vi("y_in", F, [2])],
         [_vi("cond_out", B, []), _vi("y_out", F, [2]), _vi("scan", F, [2])])
     node = helper.make_node("Loop", ["m", "c", "y0"], ["y", "ys"], body=body)
     return _model([node], [_vi("m", I64, []), _vi("c", B, []), _vi("y0", F, [2]),
-                           _vi("x", F, [2])], [_vi("y", F, [2]), _vi("ys", F, ["m", 2])])
+                           _vi("x", F, [2])], [_vi("y", F, [2]), _vi("ys", F, ["m", 2])],
+                  inits=inits)
 
 
 def test_loop_with_a_trip_count_input_is_unrolled_and_matches_onnxruntime():
@@ -130,11 +131,24 @@ def test_loop_with_a_trip_count_input_is_unrolled_and_matches_onnxruntime():
         assert ys.shape == (m, 2)
 
 
-def test_loop_whose_condition_depends_on_loop_values_is_a_named_error():
-    model = _loop(helper.make_node("Less", ["i", "m"], ["cond_out"]))
+def test_loop_whose_body_computes_its_condition_from_the_iteration_unrolls_step_by_step():
+    """cond_out = i < 2 with M = 5: three iterations, then the condition stops it."""
+    model = _loop(helper.make_node("Less", ["i", "two"], ["cond_out"]),
+                  inits=[helper.make_tensor("two", I64, [], [2])])
+    y0, x = RNG.standard_normal((2, 2)).astype(np.float32)
+    feed = {"m": np.array(5, np.int64), "c": np.array(True), "y0": y0, "x": x}
+    y, ys = _same_as_ort(model, feed)
+    assert ys.shape == (3, 2)
+
+
+def test_loop_whose_condition_depends_on_data_is_a_named_error():
+    """cond_out = max(y) > 0: decided by the values the loop computes."""
+    model = _loop(helper.make_node("ReduceMax", ["y_in"], ["top"], keepdims=0),
+                  helper.make_node("Greater", ["top", "zero"], ["cond_out"]),
+                  inits=[helper.make_tensor("zero", F, [], [0.0])])
     feed = {"m": np.array(3, np.int64), "c": np.array(True),
             "y0": np.zeros(2, np.float32), "x": np.ones(2, np.float32)}
-    with pytest.raises(UnsupportedModelError, match="condition is computed inside the body"):
+    with pytest.raises(UnsupportedModelError, match="condition .* depends on data"):
         tr_onnx.InferenceSession(model).run(None, feed)
 
 

@@ -97,6 +97,9 @@ class _Resolver:
         _collect_names(model.graph, self.used)
         self.seqs: dict[str, list[str]] = {}  # a resolved sequence value -> its tensors' names
         self.seq_types: dict[str, int] = {}  # element type of every sequence seen (SequenceEmpty)
+        # a Loop unrolled a step at a time: its rest's scan output -> (pieces so far, the name
+        # the stacked output takes when the loop ends)
+        self.scan_prefix: dict[str, tuple[list[str], str]] = {}
 
     # ---- one round ----------------------------------------------------------------------
 
@@ -482,6 +485,9 @@ def _static_cond(r: _Resolver, body: onnx.GraphProto):
 
 
 def _loop(r: _Resolver, node: onnx.NodeProto):
+    """Unrolled all at once when the body's condition stays what it is; when the body computes
+    it, one iteration at a time: the step, then a Loop for the rest, whose condition the next
+    round's folding decides (a condition from data stays unresolved: a named error)."""
     m, cond = (list(node.input) + ["", ""])[:2]
     trip = r.const(m) if m else None
     go = r.const(cond) if cond else np.array(True)
@@ -489,21 +495,36 @@ def _loop(r: _Resolver, node: onnx.NodeProto):
         return None
     body = _attr(node, "body")
     static = _static_cond(r, body)
-    if static is None:
-        return None
     go = bool(np.asarray(go).reshape(-1)[0])
-    if trip is None and (static == "pass" or static) and go:
+    trip = None if trip is None else int(np.asarray(trip).reshape(-1)[0])
+    if trip is None and static in ("pass", True) and go:
         raise UnsupportedModelError(f"{_label(node)}: no trip count and a condition that "
                                     "stays true: the loop never ends", [])
-    count = 0 if not go else int(np.asarray(trip).reshape(-1)[0]) if static in ("pass", True) \
-        else min(1, int(np.asarray(trip).reshape(-1)[0])) if trip is not None else 1
+    if not go or trip == 0:
+        count = 0
+    elif static is None:
+        return _loop_step(r, node, body, trip)
+    else:
+        count = trip if static in ("pass", True) else 1
     states = list(node.input[2:])
-    n_out = len(body.output) - 1 - len(states)
-    if count <= 0 and n_out and any(node.output[len(states):]):
-        raise UnsupportedModelError(f"{_label(node)}: a loop of 0 iterations has empty scan "
-                                    "outputs, which a plan does not hold", [])
+    nodes, states, pieces, _ = _loop_iterations(r, body, states, count)
+    nodes += [r.node("Identity", [s], [o]) for s, o in zip(states, node.output) if o]
+    for j, out in enumerate(node.output[len(states):]):
+        before, final = r.scan_prefix.pop(out, ([], out))
+        if not out:
+            continue
+        if not before + pieces[j]:
+            raise UnsupportedModelError(f"{_label(node)}: a loop of 0 iterations has empty "
+                                        "scan outputs, which a plan does not hold", [])
+        nodes += r.stack(before + pieces[j], 0, final)
+    return nodes
+
+
+def _loop_iterations(r: _Resolver, body: onnx.GraphProto, states: list[str], count: int):
+    """``body`` inlined ``count`` times: (nodes, final states, pieces per scan output, the
+    last iteration's condition output)."""
     iter_shape = _shape_of_type(body.input[0].type)
-    nodes, pieces = [], [[] for _ in range(n_out)]
+    nodes, pieces, cond = [], [[] for _ in range(len(body.output) - 1 - len(states))], ""
     for t in range(count):
         bindings = {body.input[0].name: r.constant(np.full(iter_shape, t, np.int64), "cf/iter"),
                     body.input[1].name: r.constant(np.full(_shape_of_type(body.input[1].type),
@@ -511,14 +532,37 @@ def _loop(r: _Resolver, node: onnx.NodeProto):
         bindings.update({i.name: v for i, v in zip(body.input[2:], states)})
         inlined, results = r.inline(body, bindings)
         nodes += inlined
-        states = results[1:1 + len(states)]
+        cond, states = results[0], results[1:1 + len(states)]
         for j, name in enumerate(results[1 + len(states):]):
             pieces[j].append(name)
-    nodes += [r.node("Identity", [s], [o]) for s, o in zip(states, node.output) if o]
+    return nodes, states, pieces, cond
+
+
+def _loop_step(r: _Resolver, node: onnx.NodeProto, body: onnx.GraphProto, trip: int | None):
+    """One iteration of ``node``, then a Loop for the rest: its body counts on from 1 (an Add
+    of the offset to its iteration number), its condition is the step's, and its scan outputs
+    are remembered (``scan_prefix``) to be stacked after this step's pieces when it ends."""
+    states = list(node.input[2:])
+    nodes, after, pieces, cond = _loop_iterations(r, body, states, 1)
+    rest = onnx.GraphProto()
+    rest.CopyFrom(body)
+    counter = r.fresh(f"{body.input[0].name}/counted")
+    offset = numpy_helper.from_array(np.array(1, np.int64), r.fresh("cf/offset"))
+    rest.initializer.append(offset)
+    rest.input[0].name = counter
+    shifted = [helper.make_node("Add", [counter, offset.name], [body.input[0].name])]
+    shifted += list(rest.node)
+    del rest.node[:]
+    rest.node.extend(shifted)
+    m = r.constant(np.array(trip - 1, np.int64), "cf/trip") if trip is not None else ""
+    outs = list(node.output[:len(states)])
     for j, out in enumerate(node.output[len(states):]):
-        if out:
-            nodes += r.stack(pieces[j], 0, out)
-    return nodes
+        before, final = r.scan_prefix.pop(out, ([], out)) if out else ([], "")
+        name = r.fresh(f"{final}/rest") if final else ""
+        if name:
+            r.scan_prefix[name] = (before + pieces[j], final)
+        outs.append(name)
+    return nodes + [r.node("Loop", [m, cond] + after, outs, body=rest)]
 
 
 def _shape_of_type(tp: onnx.TypeProto) -> tuple[int, ...]:
