@@ -25,6 +25,9 @@ EXCLUDED: dict[str, str] = {
     # two differ by 2 float16 ulps at 2 of 192 elements, past the suite's rtol 1e-3.
     "test_attention_4d_causal_fp16_expanded": "expected values are float16 reference arithmetic; "
     "ours is closer to the float64 result yet 2 ulps from theirs at 2 of 192 elements",
+    # the If and the Loop resolve (passes.control_flow); what they carry is an optional
+    "test_if_opt|test_loop16_seq_none": "optional-typed values (Optional, OptionalHasElement, "
+    "OptionalGetElement) are not implemented",
 }
 
 LOADED_FLOOR = 1500  # onnx 1.17+ builds ~1800 node cases; fewer means the loader changed

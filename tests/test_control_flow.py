@@ -221,3 +221,35 @@ def test_a_scripted_loop_and_branch_export_trains_like_pytorch(tmp_path):
     ops = {n.op_type for n in onnx.load(str(result.path)).graph.node}
     assert {"Loop", "If"} <= ops  # what the classic exporter emits for scripted control flow
     assert_parity(result)
+
+
+def test_an_if_on_a_condition_computed_from_data_reaches_its_kernel_as_a_named_error():
+    """Left as an If for the data-dependent If (sub-plans); until then its kernel says why."""
+    cond = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+            helper.make_node("Greater", ["total", "zero"], ["c"])]
+    model = _model(cond + [_branches()], [_vi("c2", B, []), _vi("x", F, [3, 4]),
+                                          _vi("w", F, [3, 4])], [_vi("y", F, [3, 4])],
+                   inits=[helper.make_tensor("zero", F, [], [0.0])])
+    sess = tr_onnx.InferenceSession(model)
+    assert sess.imported.const_feeds == {"c2"}  # x stays data
+    feed = {"c2": np.array(True), "x": np.ones((3, 4), np.float32),
+            "w": np.ones((3, 4), np.float32)}
+    with pytest.raises(UnsupportedModelError, match="condition is computed from data"):
+        sess.run(None, feed)
+
+
+def test_an_if_inside_a_scan_body_on_an_outer_bool_input_is_inlined_every_step():
+    branch = helper.make_node("If", ["flip"], ["scan"], then_branch=helper.make_graph(
+        [helper.make_node("Neg", ["s_out"], ["n"])], "t", [], [_vi("n", F, [3])]),
+        else_branch=helper.make_graph([helper.make_node("Identity", ["s_out"], ["i"])], "e", [],
+                                      [_vi("i", F, [3])]))
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), branch],
+                             "body", [_vi("s_in", F, [3]), _vi("x_t", F, [3])],
+                             [_vi("s_out", F, [3]), _vi("scan", F, [3])])
+    node = helper.make_node("Scan", ["s", "xs"], ["s_final", "ys"], body=body, num_scan_inputs=1)
+    model = _model([node], [_vi("flip", B, []), _vi("s", F, [3]), _vi("xs", F, [5, 3])],
+                   [_vi("s_final", F, [3]), _vi("ys", F, [5, 3])])
+    assert tr_onnx.InferenceSession(model).imported.const_feeds == {"flip"}
+    for flip in (True, False):
+        _same_as_ort(model, {"flip": np.array(flip), "s": np.zeros(3, np.float32),
+                             "xs": RNG.standard_normal((5, 3)).astype(np.float32)})
