@@ -22,6 +22,11 @@ def _is_sequence(vi: onnx.ValueInfoProto) -> bool:
     return vi.type.HasField("sequence_type")
 
 
+def _is_listed(vi: onnx.ValueInfoProto) -> bool:
+    """A sequence or an optional: given as a list, an array or None, not as one tensor."""
+    return vi.type.HasField("sequence_type") or vi.type.HasField("optional_type")
+
+
 class TrOnnxRep(BackendRep):
     def __init__(self, session: InferenceSession):
         self.session = session
@@ -37,7 +42,9 @@ class TrOnnxRep(BackendRep):
 
 
 class SequenceRep(BackendRep):
-    """A model with sequence inputs or outputs: one session per list length of its inputs."""
+    """A model with sequence inputs or outputs, or optional inputs: one session per list
+    length (and per optional given or not) of its inputs. An optional input given becomes an
+    Optional node of what it holds, one given as None an empty Optional node."""
 
     def __init__(self, model: onnx.ModelProto, **kwargs):
         self.model = model
@@ -46,7 +53,7 @@ class SequenceRep(BackendRep):
         self.sessions: dict[tuple, InferenceSession] = {}
 
     def _session(self, lengths: dict[str, int], feed: dict) -> InferenceSession:
-        key = tuple(sorted(lengths.items()))
+        key = tuple(sorted(lengths.items(), key=lambda kv: kv[0]))
         if key not in self.sessions:
             model = onnx.ModelProto()
             model.CopyFrom(self.model)
@@ -56,11 +63,25 @@ class SequenceRep(BackendRep):
                 if vi.name not in lengths:
                     inputs.append(vi)
                     continue
-                elem = vi.type.sequence_type.elem_type.tensor_type.elem_type
-                names = [f"{vi.name}[{i}]" for i in range(lengths[vi.name])]
+                tp, name, wrap = vi.type, vi.name, []
+                if tp.HasField("optional_type"):
+                    if lengths[name] is None:
+                        front.append(helper.make_node("Optional", [], [name],
+                                                      type=tp.optional_type.elem_type))
+                        continue
+                    tp, name = tp.optional_type.elem_type, f"{name}[held]"
+                    wrap = [helper.make_node("Optional", [name], [vi.name])]
+                if tp.HasField("tensor_type"):
+                    inputs.append(helper.make_tensor_value_info(
+                        name, tp.tensor_type.elem_type, feed[name].shape))
+                    front += wrap
+                    continue
+                elem = tp.sequence_type.elem_type.tensor_type.elem_type
+                names = [f"{name}[{i}]" for i in range(lengths[vi.name])]
                 inputs += [helper.make_tensor_value_info(n, elem, feed[n].shape) for n in names]
-                front.append(helper.make_node("SequenceConstruct", names, [vi.name]) if names
-                             else helper.make_node("SequenceEmpty", [], [vi.name], dtype=elem))
+                front.append(helper.make_node("SequenceConstruct", names, [name]) if names
+                             else helper.make_node("SequenceEmpty", [], [name], dtype=elem))
+                front += wrap
             del g.input[:]
             g.input.extend(inputs)
             nodes = front + list(g.node)
@@ -74,12 +95,20 @@ class SequenceRep(BackendRep):
         given = inputs if isinstance(inputs, dict) else dict(zip(self.input_names, inputs))
         lengths, flat = {}, {}
         for vi in self.model.graph.input:
-            value = given[vi.name]
-            if _is_sequence(vi):
+            value, name = given.get(vi.name), vi.name
+            if vi.type.HasField("optional_type"):
+                if value is None:
+                    lengths[name] = None
+                    continue
+                name = f"{name}[held]"
+                if not isinstance(value, list):
+                    lengths[vi.name], flat[name] = -1, np.asarray(value)
+                    continue
+            if isinstance(value, list):
                 lengths[vi.name] = len(value)
-                flat.update({f"{vi.name}[{i}]": np.asarray(x) for i, x in enumerate(value)})
+                flat.update({f"{name}[{i}]": np.asarray(x) for i, x in enumerate(value)})
             else:
-                flat[vi.name] = np.asarray(value)
+                flat[name] = np.asarray(value)
         session = self._session(lengths, flat)
         feed = check_feed(flat, session.imported.inputs)
         plan = session.plan_for(feed)
@@ -99,7 +128,7 @@ class TrOnnxBackend(Backend):
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs) -> BackendRep:
         super().prepare(model, device, **kwargs)
-        if any(_is_sequence(vi) for vi in list(model.graph.input) + list(model.graph.output)):
+        if any(_is_listed(vi) for vi in list(model.graph.input) + list(model.graph.output)):
             return SequenceRep(model, **kwargs)
         return TrOnnxRep(InferenceSession(model, backend="numpy",
                                           channel_align=kwargs.get("channel_align")))

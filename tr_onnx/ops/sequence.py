@@ -85,4 +85,7 @@ def tr_onnx_op_definitions():
                     const_inputs=(1,)),
         _structural("ConcatFromSequence", (11,), "a Concat (Unsqueeze first with new_axis)"),
         _structural("SequenceMap", (17,), "the body inlined per element"),
+        _structural("Optional", (15, 28), "holds its input or nothing, known at plan time"),
+        _structural("OptionalHasElement", (15, 18, 28), "a constant"),
+        _structural("OptionalGetElement", (15, 18, 28), "what the optional holds"),
     ]

@@ -39,7 +39,8 @@ MAX_UNROLLED_NODES = 100_000  # nodes one specialisation may inline; more is a n
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
 SEQUENCE_OPS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert",
                           "SequenceErase", "SequenceAt", "SequenceLength", "SplitToSequence",
-                          "ConcatFromSequence", "SequenceMap"})
+                          "ConcatFromSequence", "SequenceMap", "Optional", "OptionalHasElement",
+                          "OptionalGetElement"})
 _STRUCTURAL = CONTROL_OPS | SEQUENCE_OPS
 
 
@@ -100,6 +101,7 @@ class _Resolver:
         # a Loop unrolled a step at a time: its rest's scan output -> (pieces so far, the name
         # the stacked output takes when the loop ends)
         self.scan_prefix: dict[str, tuple[list[str], str]] = {}
+        self.opts: dict[str, str | None] = {}  # an optional value -> what it holds (None: empty)
 
     # ---- one round ----------------------------------------------------------------------
 
@@ -140,6 +142,9 @@ class _Resolver:
         if node.op_type == "Identity" and node.input[0] in self.seqs:
             self.seqs[node.output[0]] = list(self.seqs[node.input[0]])
             return []
+        if node.op_type == "Identity" and node.input[0] in self.opts:
+            self.opts[node.output[0]] = self.opts[node.input[0]]
+            return []
         handler = _HANDLERS.get(node.op_type)
         return None if handler is None else handler(self, node)
 
@@ -151,6 +156,9 @@ class _Resolver:
         wanted = [i for n in nodes for i in proto_reads(n)] + graph_outputs
         extra, seen = [], set()
         for name in wanted:
+            if name in self.opts and name not in produced and self.opts[name] is not None:
+                wanted.append(self.opts[name])  # rebuilt below if it is a sequence
+                extra.append(helper.make_node("Optional", [self.opts.pop(name)], [name]))
             if name in self.seqs and name not in produced and name not in seen:
                 seen.add(name)
                 elems = self.seqs.pop(name)
@@ -639,10 +647,50 @@ def _length(r, node):
     seq = _seq(r, node.input[0])
     if seq is None:
         return None
-    t = numpy_helper.from_array(np.array(len(seq), np.int64), node.output[0])
-    r.new_inits.append(t)
-    r.inits[t.name] = t
+    # a node, not an initializer: the value may be a model output
+    return [r.node("Identity", [r.constant(np.array(len(seq), np.int64), "cf/length")],
+                   [node.output[0]])]
+
+
+# ---- optionals: what an optional holds (a tensor's or a sequence's name), or None ---------
+
+
+def _optional(r, node):
+    r.opts[node.output[0]] = node.input[0] if node.input and node.input[0] else None
     return []
+
+
+def _holds(r, name: str):
+    """(known, the value ``name`` holds or None); a plain tensor or sequence holds itself."""
+    if not name:
+        return True, None
+    if name in r.opts:
+        return True, r.opts[name]
+    tp = r.types.get(name)
+    if name in r.seqs or name in r.inits or (tp is not None and (
+            tp.HasField("tensor_type") or tp.HasField("sequence_type"))):
+        return True, name
+    return False, None
+
+
+def _has_element(r, node):
+    known, value = _holds(r, node.input[0] if node.input else "")
+    if not known:
+        return None
+    return [r.node("Identity", [r.constant(np.array(value is not None), "cf/has")],
+                   [node.output[0]])]
+
+
+def _get_element(r, node):
+    known, value = _holds(r, node.input[0])
+    if not known:
+        return None
+    if value is None:
+        raise UnsupportedModelError(f"{_label(node)}: the optional is empty", [])
+    if value in r.seqs:
+        r.seqs[node.output[0]] = list(r.seqs[value])
+        return []
+    return [r.node("Identity", [value], [node.output[0]])]
 
 
 def _split(r, node):
@@ -716,4 +764,6 @@ _HANDLERS = {
     "SequenceConstruct": _construct, "SequenceEmpty": _empty, "SequenceInsert": _insert,
     "SequenceErase": _erase, "SequenceAt": _at, "SequenceLength": _length,
     "SplitToSequence": _split, "ConcatFromSequence": _concat, "SequenceMap": _map,
+    "Optional": _optional, "OptionalHasElement": _has_element,
+    "OptionalGetElement": _get_element,
 }
