@@ -106,12 +106,11 @@ class _Resolver:
     # ---- one round ----------------------------------------------------------------------
 
     def round(self, model: onnx.ModelProto) -> None:
+        """Rewrite every node that can be now, in order; nodes an inlined body brings in are
+        rewritten in the same pass (a sequence built in a branch is a list at once)."""
         g = model.graph
-        self.graph = g
-        self.inits = {t.name: t for t in g.initializer}
+        self.round_info(model)
         self.new_inits: list[onnx.TensorProto] = []
-        self.types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info)
-                      + list(g.output)}
         for name, tp in self.types.items():
             if tp.HasField("sequence_type"):
                 self.seq_types[name] = tp.sequence_type.elem_type.tensor_type.elem_type
@@ -210,6 +209,7 @@ class _Resolver:
                     "backend adapter, which lists its tensors)", [])
 
     def round_info(self, model: onnx.ModelProto) -> None:
+        """What a round reads: the initializers (plan-time values) and the inferred types."""
         g = model.graph
         self.inits = {t.name: t for t in g.initializer}
         self.types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info)
