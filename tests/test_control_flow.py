@@ -109,6 +109,16 @@ def test_scan_unrolled_matches_onnxruntime(attrs, shape):
                          "xs": RNG.standard_normal(shape).astype(np.float32)})
 
 
+@pytest.mark.parametrize("directions", [[0], [1]], ids=["forward", "reverse"])
+def test_opset8_scan_unrolls_each_batch_entry_and_matches_onnxruntime(directions):
+    node = helper.make_node("Scan", ["", "s", "xs"], ["s_final", "ys"], body=_cumsum_body(),
+                            num_scan_inputs=1, directions=directions)
+    model = _model([node], [_vi("s", F, [2, 3]), _vi("xs", F, [2, 4, 3])],
+                   [_vi("s_final", F, [2, 3]), _vi("ys", F, [2, 4, 3])], opset=8)
+    _same_as_ort(model, {"s": RNG.standard_normal((2, 3)).astype(np.float32),
+                         "xs": RNG.standard_normal((2, 4, 3)).astype(np.float32)})
+
+
 def _loop(*cond_nodes, inits=()):
     body = helper.make_graph(
         [*cond_nodes, helper.make_node("Add", ["y_in", "x"], ["y_out"]),
