@@ -6,7 +6,9 @@ A model is imported once; a plan is then made per set of concrete input shapes b
 1. import (``importer.import_model``, once per model): load, ``onnx.checker``, opset
    conversion, shape inference, constant folding; every op must have a kernel.
 2. specialise (``ImportedModel.specialize``): the input shapes (and the inputs a plan needs as
-   constants, such as a Reshape's shape) are bound, constants folded again, the IR built.
+   constants, such as a Reshape's shape) are bound, constants folded again, static control
+   flow resolved (``passes.control_flow``: If inlined, Loop/Scan unrolled, sequences made
+   lists of tensors), the IR built.
 3. dispatch (``passes.dispatch``): every node bound to its OpDef for the backend's kernels,
    attribute defaults filled from the schema; one error lists every node without a kernel.
 4. train pass, training plans only (``training.pipeline.build_training_step``, the
