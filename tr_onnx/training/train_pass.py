@@ -34,6 +34,7 @@ from ..ir import Graph, Node, Value
 from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, differentiate
 from ..passes.dispatch import dispatch
+from ..ops.random import RANDOM_OPS, training_draw
 from ..registry import OpRegistry
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
 from .parameters import ParamSharing
@@ -141,11 +142,12 @@ def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str
 
 def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: TrainConfig,
                      counter: Value) -> tuple[list[tuple[Value, Value]], dict[str, int]]:
-    """Rewrite BatchNormalization and Dropout to their training forms.
+    """Rewrite BatchNormalization, Dropout and the random ops to their training forms (random
+    draws driven by the step counter: ``ops/random.py``).
 
     Returns the (running-statistic parameter, its new value) pairs to commit, and counts.
     """
-    commits, counts = [], {"BatchNormalization": 0, "Dropout": 0}
+    commits, counts = [], {"BatchNormalization": 0, "Dropout": 0, "random": 0}
     for index, node in enumerate(list(graph.nodes)):
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -199,6 +201,12 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
                             {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
             graph.replace_node(node, new)
             counts["Dropout"] += 1
+        elif node.op_type in RANDOM_OPS:
+            inputs, attrs = training_draw(node, int(cfg.seed) * 1_000_003 + index, counter)
+            new = internal_node(graph, registry, backend, "RandomDraw", node.name, inputs,
+                                list(node.outputs), attrs)
+            graph.replace_node(node, new)
+            counts["random"] += 1
     return commits, counts
 
 
