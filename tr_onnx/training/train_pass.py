@@ -31,10 +31,10 @@ from .. import ir
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
+from ..ops.random import RANDOM_OPS, training_draw
 from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, differentiate
 from ..passes.dispatch import dispatch
-from ..ops.random import RANDOM_OPS, training_draw
 from ..registry import OpRegistry
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
 from .parameters import ParamSharing
