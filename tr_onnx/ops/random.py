@@ -110,12 +110,6 @@ def random_draw_numpy(ctx):
     return run
 
 
-def _random_draw_shape(node, shapes, dtypes):
-    """The public op's output, which the node keeps (its output value is the original's)."""
-    out = node.outputs[0]
-    return [(tuple(out.shape), out.dtype)]
-
-
 def training_draw(node, key: int, counter) -> tuple[list, dict]:
     """(inputs, attributes) of the RandomDraw that replaces ``node`` in a training graph:
     its own ``seed`` keys it when it has one, else ``key`` (session seed and position)."""
@@ -134,7 +128,7 @@ def tr_onnx_op_definitions():
                       "counter drives them, so a resumed run redraws the same numbers")
             for op in RANDOM_OPS]
     defs.append(OpDef("RandomDraw", (1,), {"numpy": random_draw_numpy}, domain=INTERNAL,
-                      shape=_random_draw_shape, differentiable=False,
+                      differentiable=False,
                       doc="training form of a random op: inputs (like/p if any, step), "
                           "attributes op, key and the op's own"))
     return defs
