@@ -148,7 +148,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
 
     Returns the (running-statistic parameter, its new value) pairs to commit, and counts.
     """
-    commits, counts = [], {"BatchNormalization": 0, "Dropout": 0, "random": 0}
+    commits, counts = [], {"BatchNormalization": 0, "Dropout": 0}
     for index, node in enumerate(list(graph.nodes)):
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -209,7 +209,7 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             new = internal_node(graph, registry, backend, "RandomDraw", node.name, inputs,
                                 list(node.outputs), attrs)
             graph.replace_node(node, new)
-            counts["random"] += 1
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return commits, counts
 
 
