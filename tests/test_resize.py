@@ -154,6 +154,42 @@ def test_legacy_resize_and_upsample_match_onnxruntime(spec):
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
 
 
+def test_opset6_upsample_is_converted_and_runs_as_upsample7():
+    """Upsample 1 (height_scale, width_scale, "bilinear") comes in through the importer's
+    conversion to opset 7; onnxruntime has no Upsample 1, so the oracle is the same model
+    written at opset 7 (and np.repeat for nearest)."""
+    x = _rand(6, 1, 2, 3, 4).astype(np.float32)
+    for mode, new_mode in (("nearest", "nearest"), ("bilinear", "linear")):
+        node = helper.make_node("Upsample", ["x"], ["y"], mode=mode, height_scale=2.0,
+                                width_scale=3.0)
+        graph = helper.make_graph(
+            [node], "u1", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+            [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 6, 12])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+        (ours,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
+        (theirs,) = ort_run(_legacy_model("Upsample", 7, x, new_mode, [1, 1, 2, 3], True),
+                            {"x": x})
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(ours.shape, (1, 2, 6, 12))
+    nearest = tr_onnx.InferenceSession(_legacy_model("Upsample", 7, x, "nearest", [1, 1, 2, 3],
+                                                     True)).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(nearest, x.repeat(2, axis=2).repeat(3, axis=3))
+
+
+def test_resize11_tf_half_pixel_for_nn_matches_onnxruntime():
+    x = _rand(7, 1, 2, 5, 6).astype(np.float32)
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="nearest",
+                            coordinate_transformation_mode="tf_half_pixel_for_nn")
+    graph = helper.make_graph(
+        [node], "r11", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 8, 9])],
+        [onnx.numpy_helper.from_array(np.zeros(0, np.float32), "roi"),
+         onnx.numpy_helper.from_array(np.asarray([1, 1, 1.7, 1.5], np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    (ours,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
+    np.testing.assert_array_equal(ours, ort_run(model, {"x": x})[0])
+
+
 def test_nearest_resize_moves_integers_exactly():
     x = np.random.default_rng(3).integers(0, 255, (1, 2, 3, 4)).astype(np.uint8)
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")

@@ -21,7 +21,8 @@ and padded channel lanes are never written.
 Legacy semantics (Resize 10, Upsample 7/9/10): coordinates are ``asymmetric`` (``x / scale``)
 and nearest rounds the way onnxruntime does for those opsets (down when upsampling, up when
 downsampling); ``output = floor(input * scale)``. Upsample 1 (``height_scale``/``width_scale``)
-is not registered: the importer converts models below opset 7 to opset 7 first.
+needs no kernel: the importer converts models below opset 7 to opset 7 first. Upsample 10 is
+registered as Upsample 9, though onnx.checker refuses it (deprecated at opset 10).
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class ResizeSpec:
 
 @dataclass(frozen=True)
 class AxisGeometry:
+    """One axis of the data: its scale factor, sizes, and roi."""
+
     axis: int
     scale: float
     in_size: int
@@ -266,7 +269,7 @@ def axis_table(spec: ResizeSpec, g: AxisGeometry) -> tuple[Table, np.ndarray | N
     return table, (outside if outside is not None and outside.any() else None)
 
 
-def transpose_table(t: Table, n_out: int) -> Table:
+def transpose_table(t: Table) -> Table:
     """The adjoint map: row ``i`` lists the outputs that read input ``i``, with their weight."""
     rows = np.repeat(np.arange(t.idx.shape[0]), t.idx.shape[1])
     return _pack(t.axis, t.idx.reshape(-1), rows, t.w.reshape(-1), t.n_src, t.idx.shape[0])
@@ -274,6 +277,9 @@ def transpose_table(t: Table, n_out: int) -> Table:
 
 @dataclass(frozen=True)
 class ResizePlan:
+    """A node's forward: the tables of the axes it changes, its output shape, and where
+    tf_crop_and_resize writes ``fill_value`` instead."""
+
     tables: list[Table]  # forward, in the order they run
     out_shape: tuple[int, ...]
     fill_mask: np.ndarray | None  # broadcastable over the output: extrapolated positions
@@ -404,6 +410,8 @@ def _plan_of(ctx, op: str, version: int, in_shape) -> ResizePlan:
 
 
 def resize_numpy(ctx):
+    """Resize/Upsample: the plan's tables applied to input 0, the output shape checked against
+    the one shape inference gave."""
     op = ctx.node.op_type
     plan = _plan_of(ctx, op, ctx.since_version, ctx.inputs[0].shape)
     want = tuple(ctx.outputs[0].shape)
@@ -421,8 +429,7 @@ def resize_grad_numpy(ctx):
     if plan.out_shape != tuple(ctx.inputs[0].shape):
         raise ctx.error(f"gy {list(ctx.inputs[0].shape)} is not the forward's output "
                         f"{list(plan.out_shape)}")
-    return separable_numpy(ctx, [transpose_table(t, t.idx.shape[0])
-                                 for t in reversed(plan.tables)])
+    return separable_numpy(ctx, [transpose_table(t) for t in reversed(plan.tables)])
 
 
 # ---- gradient rule --------------------------------------------------------------------------
