@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -152,6 +154,31 @@ def test_legacy_resize_and_upsample_match_onnxruntime(spec):
     (ours,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
     (theirs,) = ort_run(model, {"x": x})
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+class _Interpolate(nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, x):
+        return F.interpolate(x, **self.kwargs)
+
+
+@pytest.mark.parametrize("opset", [9, 10])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_classic_exports_at_opset_9_and_10_run_as_onnxruntime_runs_them(mode, opset, tmp_path):
+    """torch's classic exporter writes Upsample 9 / Resize 10 (asymmetric coordinates)."""
+    x = _rand(8, 2, 3, 5, 6).astype(np.float32)
+    path = tmp_path / f"{mode}{opset}.onnx"
+    with warnings.catch_warnings():  # the exporter's note that opset < 11 is not PyTorch's
+        warnings.simplefilter("ignore")  # interpolation: true, so onnxruntime is the oracle
+        torch.onnx.export(_Interpolate(scale_factor=1.5, mode=mode), (torch.from_numpy(x),),
+                          str(path), dynamo=False, opset_version=opset, input_names=["x"])
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert ("Upsample" if opset == 9 else "Resize") in ops
+    (ours,) = tr_onnx.InferenceSession(path).run(None, {"x": x})
+    np.testing.assert_allclose(ours, ort_run(str(path), {"x": x})[0], rtol=1e-6, atol=1e-6)
 
 
 def test_opset6_upsample_is_converted_and_runs_as_upsample7():
