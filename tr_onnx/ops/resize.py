@@ -333,8 +333,8 @@ def separable_numpy(ctx, tables: list[Table], fill_mask=None, fill_value: float 
     out_dtype = np.dtype(y_info.dtype)
     work = accumulator_dtype(x_info.dtype)
     if any(not t.unit for t in tables) and work.kind not in "fc":
-        raise ctx.error(f"{ctx.attrs.get('mode')} interpolation of {x_info.dtype} tensors is "
-                        "not implemented (nearest is)")
+        raise ctx.error(f"weighted ({ctx.attrs.get('mode')}) interpolation of {x_info.dtype} "
+                        "tensors is not implemented; integer tensors take plain nearest gathers")
     if not tables:
         def run_copy(ins, outs, ws):
             np.copyto(outs[0], ins[0], casting="unsafe")
@@ -392,16 +392,14 @@ def separable_numpy(ctx, tables: list[Table], fill_mask=None, fill_value: float 
     return run
 
 
-def _inputs_of(ctx, op: str, first: int = 0):
-    """(roi, scales, sizes) of a Resize/Upsample whose data input is ``first``."""
-    const = [ctx.const(first + i) for i in range(1, 4)]
-    if op == "Upsample" or ctx.attrs.get("forward_version", ctx.since_version) < 11:
-        return None, const[0], None  # Upsample 9 / Resize 10: (X, scales)
-    return tuple(const)
-
-
 def _plan_of(ctx, op: str, version: int, in_shape) -> ResizePlan:
-    roi, scales, sizes = _inputs_of(ctx, op)
+    """The plan of a Resize/Upsample (``op`` of ``version``) over ``in_shape``, from the
+    node's attributes and constant inputs 1-3 (ResizeGrad has the forward's)."""
+    const = [ctx.const(i) for i in range(1, 4)]
+    if op == "Upsample" or version < 11:
+        roi, scales, sizes = None, const[0], None  # Upsample 9 / Resize 10: (X, scales)
+    else:
+        roi, scales, sizes = const
     try:
         plan = resize_plan(op, version, ctx.attrs, in_shape, roi, scales, sizes)
     except ValueError as e:
