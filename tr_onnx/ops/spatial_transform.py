@@ -3,9 +3,12 @@
 AffineGrid (the grid of an affine transform: a spatial transformer's two halves), RoiAlign,
 MaxUnpool, Col2Im and CenterCropPad, with the backward ops GridSampleGrad and Col2ImGrad.
 
-GridSample follows ``onnx.reference`` (PyTorch's grid_sampler): a coordinate outside the
-map's bounds is first clamped (border) or reflected (reflection), then each interpolation
-tap reads the map with the padding mode applied to its integer index (zeros: 0 outside).
+GridSample follows PyTorch's grid_sampler, as onnx.reference and onnxruntime do: a coordinate
+outside the map's bounds is first clamped (border) or reflected (reflection), then each
+interpolation tap reads the map with the padding mode applied to its integer index (zeros: 0
+outside). Cubic sampling with border padding clamps only the taps, as PyTorch and
+onnxruntime do (onnx.reference also clamps the coordinate; no node-suite case tells them
+apart, and they differ only for coordinates over half a pixel outside the map).
 Its forward and backward share one computation of the taps (``_grid_taps``): flat indices
 into the map, weights, and the weights' derivatives along each coordinate. The grid's
 gradient is zero for nearest sampling and where a border clamp holds the coordinate.
@@ -91,7 +94,9 @@ def _axis_taps(g, length: int, mode: str, padding: str, align: bool, slopes: boo
     if mode == "nearest":
         u = np.rint(u)  # half to even, as PyTorch and onnx.reference
     outside = (u < lo) | (u > hi)
-    if padding == "border":
+    if padding == "border" and mode != "cubic":
+        # cubic clamps each tap instead (PyTorch and onnxruntime; onnx.reference clamps the
+        # coordinate, which differs once it is half a pixel outside)
         u = np.where(outside, np.clip(u, 0, length - 1), u)
         du = np.where(outside, 0.0, du)
     elif padding == "reflection":
