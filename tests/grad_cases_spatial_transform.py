@@ -79,4 +79,9 @@ CASES = [
     GradCase("col2im_strides_pads_dilations", "Col2Im", [r(1, 3 * 6, 9), i64(5, 6), i64(2, 3)],
              {"strides": [2, 2], "pads": [1, 0, 1, 1], "dilations": [2, 1]}, opset=18),
     GradCase("col2im_3d", "Col2Im", [r(1, 2 * 8, 8), i64(3, 3, 3), i64(2, 2, 2)], opset=18),
+    # ---- CenterCropPad (linear: its gradient is the centred pad/crop back) ----
+    GradCase("center_crop_pad_crop_and_pad", "CenterCropPad", [r(3, 6, 5), i64(4, 3, 8)],
+             opset=18),
+    GradCase("center_crop_pad_axes", "CenterCropPad", [r(2, 5, 4, 3), i64(8, 1)],
+             {"axes": [-3, 2]}, opset=18),
 ]

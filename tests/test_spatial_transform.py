@@ -39,11 +39,6 @@ def single_node(op, inputs, attrs=None, opset=20, inits=None, out_shape=None):
     return onnx.shape_inference.infer_shapes(model) if out_shape is None else model
 
 
-def _ours_and_grads(model, feed, wrt, cot):
-    y, grads = vjp(model, feed, wrt, cot)
-    return y, grads
-
-
 # ---- PyTorch autograd, float64 ------------------------------------------------------------
 
 _TORCH_MODES = {"linear": "bilinear", "nearest": "nearest", "cubic": "bicubic"}
@@ -64,7 +59,7 @@ def test_grid_sample_and_its_gradients_equal_pytorch(mode, padding, align, nd):
     cot = rng.standard_normal((2, 3, *out))
     model = single_node("GridSample", {"x": x, "grid": grid},
                         {"mode": mode, "padding_mode": padding, "align_corners": align})
-    y, grads = _ours_and_grads(model, {"x": x, "grid": grid}, ["x", "grid"], cot)
+    y, grads = vjp(model, {"x": x, "grid": grid}, ["x", "grid"], cot)
     xt, gt = torch.tensor(x, requires_grad=True), torch.tensor(grid, requires_grad=True)
     yt = F.grid_sample(xt, gt, mode=_TORCH_MODES[mode], padding_mode=padding,
                        align_corners=bool(align))
@@ -83,7 +78,7 @@ def test_affine_grid_and_its_gradient_equal_pytorch(nd, align):
     cot = rng.standard_normal((size[0], *size[2:], nd))
     model = single_node("AffineGrid", {"theta": theta}, {"align_corners": align},
                         inits={"size": np.array(size, np.int64)})
-    y, grads = _ours_and_grads(model, {"theta": theta}, ["theta"], cot)
+    y, grads = vjp(model, {"theta": theta}, ["theta"], cot)
     tt = torch.tensor(theta, requires_grad=True)
     yt = F.affine_grid(tt, list(size), align_corners=bool(align))
     (yt * torch.from_numpy(cot)).sum().backward()

@@ -1,7 +1,8 @@
 """Spatial transforms: ops that resample a feature map at computed positions. GridSample
 (linear, nearest and cubic sampling of an N-D map at a grid of normalized coordinates) and
 AffineGrid (the grid of an affine transform: a spatial transformer's two halves), RoiAlign,
-MaxUnpool, Col2Im and CenterCropPad, with the backward ops GridSampleGrad and Col2ImGrad.
+MaxUnpool, Col2Im and CenterCropPad, with the backward ops GridSampleGrad, Col2ImGrad and
+CenterCropPadGrad.
 
 GridSample follows PyTorch's grid_sampler, as onnx.reference and onnxruntime do: a coordinate
 outside the map's bounds is first clamped (border) or reflected (reflection), then each
@@ -478,6 +479,14 @@ def center_crop_pad_numpy(ctx):
     return run
 
 
+def center_crop_pad_vjp(b, node, gys, needed):
+    """The adjoint of a centred crop/pad is the centred pad/crop back to the input's shape
+    (both start at ``(longer - shorter) // 2``): the same kernel, as a backward op (ONNX's
+    CenterCropPad is newer than the opset gradient rules emit)."""
+    x = node.inputs[0]
+    return first_only(node, b.op("CenterCropPadGrad", [gys[0]], domain=INTERNAL, like=x))
+
+
 # ---- gradient rules -------------------------------------------------------------------------
 
 
@@ -524,10 +533,14 @@ def tr_onnx_op_definitions():
               const_inputs=(1, 2), differentiable=True, gradient=col2im_vjp,
               grad_inputs=DATA_INPUT),
         OpDef("CenterCropPad", (18,), {"numpy": center_crop_pad_numpy},
-              layout=STRIDED_TO_PLAIN, const_inputs=(1,), doc="forward only"),
+              layout=STRIDED_TO_PLAIN, const_inputs=(1,), differentiable=True,
+              gradient=center_crop_pad_vjp, grad_inputs=DATA_INPUT),
         # backward-only ops of the rules above
         OpDef("GridSampleGrad", (1,), {"numpy": grid_sample_grad_numpy}, domain=INTERNAL,
               layout=PLAIN_ONLY, doc="gradient of GridSample: (gx, ggrid) from gy, x, grid"),
+        OpDef("CenterCropPadGrad", (1,), {"numpy": center_crop_pad_numpy}, domain=INTERNAL,
+              layout=STRIDED_TO_PLAIN,
+              doc="gradient of CenterCropPad: gy centre-cropped/padded to the input's shape"),
         OpDef("Col2ImGrad", (1,), {"numpy": col2im_grad_numpy}, domain=INTERNAL,
               layout=PLAIN_ONLY, const_inputs=(1, 2),
               doc="gradient of Col2Im: im2col of gy"),
