@@ -86,6 +86,32 @@ def test_affine_grid_and_its_gradient_equal_pytorch(nd, align):
     np.testing.assert_allclose(grads["theta"], tt.grad.numpy(), rtol=0, atol=TORCH_ATOL)
 
 
+def test_grid_sample_between_convs_is_the_same_with_padded_channels_last_maps():
+    """Conv -> GridSample -> Conv: with channel_align 8 the convs' maps are channels-last with
+    padded channels, and the layout pass hands GridSample (and its backward op) compact NCHW
+    arrays; every gradient equals the plain align-1 run."""
+    rng = np.random.default_rng(5)
+    arrays = {"x": rng.standard_normal((2, 3, 6, 5)), "w1": rng.standard_normal((5, 3, 3, 3)),
+              "grid": rng.uniform(-1.2, 1.2, (2, 4, 3, 2)),
+              "w2": rng.standard_normal((4, 5, 2, 2))}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("GridSample", ["a", "grid"], ["s"], mode="cubic",
+                              padding_mode="reflection"),
+             helper.make_node("Conv", ["s", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "conv_gs_conv", [
+        helper.make_tensor_value_info(k, onnx.TensorProto.DOUBLE, v.shape)
+        for k, v in arrays.items()],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)])
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    cot = rng.standard_normal((2, 4, 3, 2))
+    y1, g1 = vjp(model, arrays, list(arrays), cot, channel_align=1)
+    y8, g8 = vjp(model, arrays, list(arrays), cot, channel_align=8)
+    np.testing.assert_allclose(y8, y1, rtol=0, atol=1e-12)
+    for name in arrays:
+        np.testing.assert_allclose(g8[name], g1[name], rtol=0, atol=1e-12, err_msg=name)
+
+
 # ---- onnxruntime, float32 forward -----------------------------------------------------------
 
 _RNG = np.random.default_rng(2026)
