@@ -44,6 +44,8 @@ def _unpool_indices(n, c, h, w, k):
     return Const((plane * oh * ow + rows * ow + cols).astype(np.int64))
 
 
+_BOXES = np.array([[0.5, 0.5, 5.2, 4.9], [-2.0, 1.0, 3.0, 7.5], [2.2, 3.1, 2.4, 3.3]])
+
 CASES = [
     # ---- GridSample (v20 names), every padding, both corner conventions ----
     *[_gs(f"gridsample_linear_{p}_ac{a}", "linear", p, a)
@@ -84,4 +86,14 @@ CASES = [
              opset=18),
     GradCase("center_crop_pad_axes", "CenterCropPad", [r(2, 5, 4, 3), i64(8, 1)],
              {"axes": [-3, 2]}, opset=18),
+    # ---- RoiAlign (avg: linear in the map; boxes get no gradient) ----
+    GradCase("roialign_avg_half_pixel_adaptive", "RoiAlign",
+             [r(2, 3, 6, 7), Const(_BOXES), Const(np.array([1, 0, 1], np.int64))],
+             {"output_height": 2, "output_width": 3, "sampling_ratio": 0}, opset=16),
+    # onnx.reference places RoiAlign-10's samples half a pixel off (it applies v16's default
+    # half_pixel; v10 predates the attribute and onnxruntime, like ours, uses output_half_pixel)
+    GradCase("roialign_v10_scale_ratio2", "RoiAlign",
+             [r(2, 2, 5, 5), Const(_BOXES * 2), Const(np.array([0, 1, 1], np.int64))],
+             {"output_height": 2, "output_width": 2, "sampling_ratio": 2,
+              "spatial_scale": 0.5}, opset=10, fd_oracle="ours"),
 ]

@@ -18,6 +18,7 @@ from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
 from tr_onnx.dtypes import onnx_elem_type
+from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.training.gradients import vjp
 
 TORCH_ATOL = 1e-10  # float64; measured max |diff| ~1e-14 (the issue asks 1e-5)
@@ -198,6 +199,15 @@ def test_max_unpool_with_output_shape_puts_the_unpooled_map_in_the_corner():
     (ref,) = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_array_equal(ours, ref)
     assert np.count_nonzero(ours[:, :, 4, :]) == np.count_nonzero(ours[:, :, :, 4]) == 0
+
+
+def test_max_mode_roi_align_has_no_gradient_and_says_so():
+    x = _f(1, 2, 6, 6).astype(np.float64)
+    model = single_node("RoiAlign", {"x": x}, {"mode": "max", "output_height": 2,
+                                               "output_width": 2}, 16,
+                        {"r": _BOXES[:2].astype(np.float64), "b": _i(0, 0)})
+    with pytest.raises(UnsupportedModelError, match="RoiAlign.*mode 'max'"):
+        vjp(model, {"x": x}, ["x"], np.ones((2, 2, 2, 2)))
 
 
 # ---- must-show: a spatial transformer network -----------------------------------------------

@@ -1,8 +1,8 @@
 """Spatial transforms: ops that resample a feature map at computed positions. GridSample
 (linear, nearest and cubic sampling of an N-D map at a grid of normalized coordinates) and
 AffineGrid (the grid of an affine transform: a spatial transformer's two halves), RoiAlign,
-MaxUnpool, Col2Im and CenterCropPad, with the backward ops GridSampleGrad, Col2ImGrad and
-CenterCropPadGrad.
+MaxUnpool, Col2Im and CenterCropPad, with the backward ops GridSampleGrad, RoiAlignGrad,
+Col2ImGrad and CenterCropPadGrad.
 
 GridSample follows PyTorch's grid_sampler, as onnx.reference and onnxruntime do: a coordinate
 outside the map's bounds is first clamped (border) or reflected (reflection), then each
@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
 from .conv import Window, col2im_nhwc, col2im_slices_nhwc, windows_nhwc
@@ -138,6 +139,9 @@ def _grid_taps(grid: np.ndarray, spatial, mode, padding, align, slopes=False):
     axis ``nd - 1 - j``): a list of (flat index [N, Q], weight [N, Q], per-axis d weight / d
     coordinate or None), and per axis d coordinate / d grid value."""
     nd = len(spatial)
+    # float16 coordinates would misplace samples by up to a pixel on a 2048-wide map:
+    # positions are computed in float32 at least, as onnxruntime does
+    grid = grid.astype(np.promote_types(grid.dtype, np.float32), copy=False)
     strides = [math.prod(spatial[d + 1:]) for d in range(nd)]
     per_axis, dus = [], []
     for d in range(nd):
@@ -287,18 +291,14 @@ def _roi_axis(start, extent, bins: int, samples: int, length: int, dtype):
     return low, high, ((1 - frac) * valid).astype(dtype), (frac * valid).astype(dtype)
 
 
-def roi_align_numpy(ctx):
-    """RoiAlign: each box's bins average (or max) bilinear samples of its batch item's map.
-    The average is separable: ``Ay @ x @ Ax^T`` with per-axis sample weight matrices."""
-    _, c, h, w = ctx.inputs[0].shape
-    r, _, oh, ow = ctx.outputs[0].shape
-    mode = ctx.attrs["mode"]
+def _roi_sampler(ctx, h: int, w: int, oh: int, ow: int, dtype):
+    """``box -> ((y samples), (x samples), count)`` with ``_roi_axis``'s per-axis samples, or
+    None for a box without samples (adaptive sampling of an empty box)."""
     # v10 has no attribute; its boxes behave as output_half_pixel
     half = ctx.attrs.get("coordinate_transformation_mode", "output_half_pixel") == "half_pixel"
     scale, ratio = float(ctx.attrs["spatial_scale"]), int(ctx.attrs["sampling_ratio"])
-    dtype = ctx.outputs[0].dtype
 
-    def one_box(x, box, y):
+    def samples(box):
         x0, y0, x1, y1 = (float(v) * scale - (0.5 if half else 0.0) for v in box)
         bw, bh = x1 - x0, y1 - y0
         if not half:
@@ -306,24 +306,45 @@ def roi_align_numpy(ctx):
         gh = ratio if ratio > 0 else math.ceil(bh / oh)
         gw = ratio if ratio > 0 else math.ceil(bw / ow)
         if gh <= 0 or gw <= 0:
+            return None
+        return _roi_axis(y0, bh, oh, gh, h, dtype), _roi_axis(x0, bw, ow, gw, w, dtype), gh * gw
+
+    return samples
+
+
+def _roi_matrix(axis_samples, bins: int, length: int, dtype) -> np.ndarray:
+    """``[bins, length]``: each bin's summed sample weights per pixel row (or column)."""
+    low, high, wl, wh = axis_samples
+    m, rows = np.zeros((bins, length), dtype), np.arange(bins)[:, None]
+    np.add.at(m, (rows, low), wl)
+    np.add.at(m, (rows, high), wh)
+    return m
+
+
+def roi_align_numpy(ctx):
+    """RoiAlign: each box's bins average (or max) bilinear samples of its batch item's map.
+    The average is separable: ``Ay @ x @ Ax^T / count`` with per-axis weight matrices."""
+    _, c, h, w = ctx.inputs[0].shape
+    r, _, oh, ow = ctx.outputs[0].shape
+    dtype = ctx.outputs[0].dtype
+    samples = _roi_sampler(ctx, h, w, oh, ow, dtype)
+    avg = ctx.attrs["mode"] == "avg"
+
+    def one_box(x, box, y):
+        found = samples(box)
+        if found is None:
             y.fill(0)
             return
-        ylo, yhi, wyl, wyh = _roi_axis(y0, bh, oh, gh, h, dtype)
-        xlo, xhi, wxl, wxh = _roi_axis(x0, bw, ow, gw, w, dtype)
-        if mode == "avg":
-            ay, ax = np.zeros((oh, h), dtype), np.zeros((ow, w), dtype)
-            rows_y, rows_x = np.arange(oh)[:, None], np.arange(ow)[:, None]
-            np.add.at(ay, (rows_y, ylo), wyl)
-            np.add.at(ay, (rows_y, yhi), wyh)
-            np.add.at(ax, (rows_x, xlo), wxl)
-            np.add.at(ax, (rows_x, xhi), wxh)
+        ys, xs, count = found
+        if avg:
+            ay, ax = _roi_matrix(ys, oh, h, dtype), _roi_matrix(xs, ow, w, dtype)
             np.matmul(ay @ x, ax.T, out=y)
-            y /= gh * gw
+            y /= count
             return
         # max: the largest weighted corner of any sample (onnx.reference, onnxruntime)
         best = None
-        for yi, wy in ((ylo, wyl), (yhi, wyh)):
-            for xi, wx in ((xlo, wxl), (xhi, wxh)):
+        for yi, wy in ((ys[0], ys[2]), (ys[1], ys[3])):
+            for xi, wx in ((xs[0], xs[2]), (xs[1], xs[3])):
                 v = x[:, yi[:, :, None, None], xi[None, None]]  # [C, oh, gh, ow, gw]
                 v = v * (wy[:, :, None, None] * wx[None, None])
                 best = v if best is None else np.maximum(best, v)
@@ -335,6 +356,43 @@ def roi_align_numpy(ctx):
             one_box(x[int(batch[k])], boxes[k], outs[0][k])
 
     return run
+
+
+def roi_align_grad_numpy(ctx):
+    """RoiAlignGrad(gy, rois, batch_indices) -> gx of an average-mode RoiAlign (attributes
+    the forward's): ``gx[batch[k]] += Ay^T @ gy[k] @ Ax / count`` per box."""
+    _, c, h, w = ctx.outputs[0].shape
+    r, _, oh, ow = ctx.inputs[0].shape
+    dtype = ctx.outputs[0].dtype
+    samples = _roi_sampler(ctx, h, w, oh, ow, dtype)
+
+    def run(ins, outs, ws):
+        gy, boxes, batch = ins
+        gx = outs[0]
+        gx.fill(0)
+        for k in range(r):
+            found = samples(boxes[k])
+            if found is not None:
+                ys, xs, count = found
+                ay, ax = _roi_matrix(ys, oh, h, dtype), _roi_matrix(xs, ow, w, dtype)
+                gx[int(batch[k])] += (ay.T @ gy[k] @ ax) / count
+
+    return run
+
+
+def roi_align_vjp(b, node, gys, needed):
+    """Average mode: the map's gradient (the boxes get none, as in torchvision)."""
+    if node.attrs["mode"] != "avg":
+        raise UnsupportedModelError(f"{node.label}: no gradient for RoiAlign mode "
+                                    f"{node.attrs['mode']!r} (avg has one); freeze the "
+                                    f"parameters before it", [])
+    x, rois, batch = node.inputs
+    attrs = {k: node.attrs[k] for k in ("mode", "output_height", "output_width",
+                                        "sampling_ratio", "spatial_scale")}
+    attrs["coordinate_transformation_mode"] = node.attrs.get(
+        "coordinate_transformation_mode", "output_half_pixel")
+    return first_only(node, b.op("RoiAlignGrad", [gys[0], rois, batch], attrs,
+                                 domain=INTERNAL, like=x))
 
 
 # ---- MaxUnpool ------------------------------------------------------------------------------
@@ -525,7 +583,9 @@ def tr_onnx_op_definitions():
               const_inputs=(1,), differentiable=True, gradient=affine_grid_vjp,
               grad_inputs=DATA_INPUT),
         OpDef("RoiAlign", (10, 16, 22), {"numpy": roi_align_numpy}, layout=PLAIN_ONLY,
-              doc="forward only (a gradient to the map would scatter the bilinear samples)"),
+              differentiable=True, gradient=roi_align_vjp, grad_inputs=DATA_INPUT,
+              doc="avg/max pooling of bilinear samples in boxes; gradient to the map for "
+                  "avg (the boxes get none)"),
         OpDef("MaxUnpool", (9, 11, 22), {"numpy": max_unpool_numpy}, layout=PLAIN_ONLY,
               const_inputs=(2,), differentiable=True, gradient=max_unpool_vjp,
               grad_inputs=DATA_INPUT),
@@ -541,6 +601,8 @@ def tr_onnx_op_definitions():
         OpDef("CenterCropPadGrad", (1,), {"numpy": center_crop_pad_numpy}, domain=INTERNAL,
               layout=STRIDED_TO_PLAIN,
               doc="gradient of CenterCropPad: gy centre-cropped/padded to the input's shape"),
+        OpDef("RoiAlignGrad", (1,), {"numpy": roi_align_grad_numpy}, domain=INTERNAL,
+              layout=PLAIN_ONLY, doc="gradient of an average RoiAlign to its map"),
         OpDef("Col2ImGrad", (1,), {"numpy": col2im_grad_numpy}, domain=INTERNAL,
               layout=PLAIN_ONLY, const_inputs=(1, 2),
               doc="gradient of Col2Im: im2col of gy"),
