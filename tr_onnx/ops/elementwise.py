@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..dtypes import is_float, onnx_elem_type
+from ..dtypes import cast_into, cast_scratch, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -431,10 +431,20 @@ def where_numpy(ctx):
 
 def cast_numpy(ctx):
     """Cast/CastLike: the output's dtype (from ``to`` or the second input) is already known
-    from shape inference; C-style conversion as onnxruntime (float -> int truncates)."""
+    from shape inference; ONNX's rules (``dtypes.cast_into``): C-style conversion as
+    onnxruntime (float -> int truncates), float8 saturation (``saturate``, 19+) and float8e8m0
+    rounding (``round_mode``, 24+)."""
+    src, dst = ctx.inputs[0].dtype, ctx.outputs[0].dtype
+    saturate = bool(ctx.attrs.get("saturate", 1))
+    round_mode = ctx.attrs.get("round_mode", "up")
+    if isinstance(round_mode, bytes):
+        round_mode = round_mode.decode()
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.error(f"round_mode {round_mode!r} is not up, down or nearest")
+    slots = [ctx.workspace(ctx.inputs[0].shape, d) for d in cast_scratch(src, dst, saturate)]
 
     def run(ins, outs, ws):
-        np.copyto(outs[0], ins[0], casting="unsafe")
+        cast_into(ins[0], outs[0], [ws[k] for k in slots], saturate, round_mode)
 
     return run
 

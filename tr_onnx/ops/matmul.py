@@ -18,6 +18,7 @@ import string
 
 import numpy as np
 
+from ..dtypes import compute_dtype, needs_upcast
 from ..hookspecs import hookimpl
 from ..opdef import MATMUL, OpDef
 from .tensor import reshape_to
@@ -60,12 +61,25 @@ def matmul_numpy(ctx):
 
 
 def einsum_numpy(ctx):
+    """``np.einsum``; NumPy's einsum has no loop for the ml_dtypes types (bfloat16...): those
+    are contracted in ``compute_dtype`` (float32) and rounded once at the output."""
     equation = ctx.attrs["equation"].replace(" ", "")
+    if not needs_upcast(ctx.outputs[0].dtype):
+        def run(ins, outs, ws):
+            np.einsum(equation, *ins, out=outs[0])
 
-    def run(ins, outs, ws):
-        np.einsum(equation, *ins, out=outs[0])
+        return run
+    wide = compute_dtype(ctx.outputs[0].dtype)
+    slots = [ctx.workspace(t.shape, wide) for t in ctx.inputs + ctx.outputs]
 
-    return run
+    def run_wide(ins, outs, ws):
+        wins = [ws[k] for k in slots[:-1]]
+        for x, w in zip(ins, wins):
+            np.copyto(w, x, casting="unsafe")
+        np.einsum(equation, *wins, out=ws[slots[-1]])
+        np.copyto(outs[0], ws[slots[-1]], casting="unsafe")
+
+    return run_wide
 
 
 # ---- gradients ------------------------------------------------------------------------------
