@@ -469,6 +469,38 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
         raise UnsupportedModelError(msg, entries)
 
 
+# Exporters fold a module's ``weight.to(torch.bfloat16)`` into a bfloat16 initializer: such a
+# weight is a float32 parameter (its master copy) read through a Cast, so it trains as PyTorch
+# trains the module's float32 weight, and export rounds it back into the bfloat16 initializer.
+_LOW_PRECISION_MASTER = onnx.TensorProto.BFLOAT16
+
+
+def master_weights(g: onnx.GraphProto) -> list[str]:
+    """Each bfloat16 initializer of ``g`` (not a graph output) becomes a float32 initializer of
+    the same name (exact: float32 holds every bfloat16) and a Cast back to bfloat16 at the head
+    of the graph that its readers read instead. Returns the names changed; edits ``g``."""
+    outputs = {o.name for o in g.output}
+    names = [t.name for t in g.initializer
+             if t.data_type == _LOW_PRECISION_MASTER and t.name not in outputs]
+    if not names:
+        return names
+    cast_of = {n: f"{n}/bfloat16" for n in names}
+    for node in g.node:
+        node.input[:] = [cast_of.get(i, i) for i in node.input]
+    for vi in g.value_info:  # an exporter's bfloat16 type of the initializer is the Cast's
+        vi.name = cast_of.get(vi.name, vi.name)
+    for k, t in enumerate(g.initializer):
+        if t.name in cast_of:
+            g.initializer[k].CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(t).astype(np.float32), t.name))
+    casts = [onnx.helper.make_node("Cast", [n], [c], name=c, to=_LOW_PRECISION_MASTER)
+             for n, c in cast_of.items()]
+    rest = list(g.node)
+    del g.node[:]
+    g.node.extend(casts + rest)
+    return names
+
+
 @ir.collector_paused()
 def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy",
                  external_data_dir: str | Path | None = None,
@@ -497,6 +529,10 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
         model.graph.input.extend(inputs)
         if model.ir_version < 4:
             model.ir_version = 4
+    if model is src and any(i.data_type == _LOW_PRECISION_MASTER for i in model.graph.initializer):
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
+    master_weights(model.graph)
     param_names = frozenset(i.name for i in model.graph.initializer
                             if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                                                onnx.TensorProto.FLOAT16))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
-from ..dtypes import onnx_elem_type
+from ..dtypes import is_float, onnx_elem_type
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
@@ -259,7 +259,7 @@ def contributes_to(graph: Graph, target: Value) -> set[Value]:
             continue
         positions = node.opdef.grad_inputs
         needed.update(v for i, v in enumerate(node.inputs) if v is not None
-                      and v.dtype.kind == "f" and (positions is None or i in positions))
+                      and is_float(v.dtype) and (positions is None or i in positions))
     return needed
 
 
