@@ -69,9 +69,8 @@ def classify() -> tuple[list[str], dict[str, str]]:
             continue
         reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
         if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
-            reason = "element type the numpy backend cannot hold " \
-                     "(bfloat16/float8/int4/string or a " \
-                     "sequence/optional)"
+            reason = "element type the numpy backend cannot hold (string or complex, or a " \
+                     "sequence/optional value)"
         if reason is None and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                   for n, _ in ops for a in n.attribute):
             reason = "control flow subgraph (If/Loop/Scan) not implemented"

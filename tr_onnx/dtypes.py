@@ -13,6 +13,9 @@ computes in ``compute_dtype`` (float32) and rounds once at its output, as GPUs d
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -212,3 +215,44 @@ def _to_e8m0_into(x, out, scratch, saturate: bool, round_mode: str) -> None:
         np.logical_and(up, keep, out=up)
     np.add(e, up, out=e, casting="unsafe")
     np.copyto(out.view(np.uint8), e, casting="unsafe")
+
+
+# ---- the compute rule for kernels ------------------------------------------------------------
+
+def compute_wide(factory):
+    """A numpy kernel factory that computes ``needs_upcast`` values (bfloat16, float8...) in
+    ``compute_dtype`` (float32): its inputs are copied into float32 scratch, the wrapped
+    kernel runs on those, and each output is rounded once as it is written, as GPUs do for bf16
+    (and as PyTorch's CPU bf16 matmul does), instead of NumPy rounding to bfloat16 after every
+    ufunc. Nodes of other dtypes get ``factory``'s kernel unchanged."""
+
+    def wide_factory(ctx):
+        infos = list(ctx.inputs) + list(ctx.outputs)
+        if not any(t is not None and needs_upcast(t.dtype) for t in infos):
+            return factory(ctx)
+        inner = copy.copy(ctx)  # shares workspace_requests: the slots stay one list
+        widen = [t if t is None or not needs_upcast(t.dtype)
+                 else dataclasses.replace(t, dtype=compute_dtype(t.dtype)) for t in infos]
+        inner.inputs, inner.outputs = widen[:len(ctx.inputs)], widen[len(ctx.inputs):]
+        run = factory(inner)
+        slots = [None if t is None or w is t else ctx.workspace(t.shape, w.dtype)
+                 for t, w in zip(infos, widen)]
+        n_in = len(ctx.inputs)
+        in_slots, out_slots = slots[:n_in], slots[n_in:]
+
+        def run_wide(ins, outs, ws):
+            wins = [x if k is None or x is None else ws[k] for x, k in zip(ins, in_slots)]
+            for x, k in zip(ins, in_slots):
+                if k is not None and x is not None:
+                    np.copyto(ws[k], x, casting="unsafe")
+            wouts = [y if k is None or y is None else ws[k] for y, k in zip(outs, out_slots)]
+            run(wins, wouts, ws)
+            for y, k in zip(outs, out_slots):
+                if k is not None and y is not None:
+                    np.copyto(y, ws[k], casting="unsafe")
+
+        return run_wide
+
+    wide_factory.__doc__ = factory.__doc__
+    wide_factory.__name__ = getattr(factory, "__name__", "kernel")
+    return wide_factory

@@ -8,6 +8,10 @@ reads logical views of any layout.
 ``np.matmul`` is a gufunc with optional core dimensions, so 1-D operands, batch broadcasting
 and integer types all go through one ``np.matmul(a, b, out=y)`` with no temporary.
 
+bfloat16 and float8 operands are contracted in float32 and rounded once at the output
+(``dtypes.compute_wide``), as GPUs and PyTorch's CPU bf16 matmul do; NumPy's einsum has no loop
+for them at all.
+
 Gradient rules emit Gemm/MatMul/Transpose nodes, and one Einsum per operand for Einsum.
 Training graphs never absorb flattens (``absorb_flatten=False``), so the operands a rule sees
 are logical matrices.
@@ -18,7 +22,7 @@ import string
 
 import numpy as np
 
-from ..dtypes import compute_dtype, needs_upcast
+from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
 from ..opdef import MATMUL, OpDef
 from .tensor import reshape_to
@@ -61,25 +65,12 @@ def matmul_numpy(ctx):
 
 
 def einsum_numpy(ctx):
-    """``np.einsum``; NumPy's einsum has no loop for the ml_dtypes types (bfloat16...): those
-    are contracted in ``compute_dtype`` (float32) and rounded once at the output."""
     equation = ctx.attrs["equation"].replace(" ", "")
-    if not needs_upcast(ctx.outputs[0].dtype):
-        def run(ins, outs, ws):
-            np.einsum(equation, *ins, out=outs[0])
 
-        return run
-    wide = compute_dtype(ctx.outputs[0].dtype)
-    slots = [ctx.workspace(t.shape, wide) for t in ctx.inputs + ctx.outputs]
+    def run(ins, outs, ws):
+        np.einsum(equation, *ins, out=outs[0])
 
-    def run_wide(ins, outs, ws):
-        wins = [ws[k] for k in slots[:-1]]
-        for x, w in zip(ins, wins):
-            np.copyto(w, x, casting="unsafe")
-        np.einsum(equation, *wins, out=ws[slots[-1]])
-        np.copyto(outs[0], ws[slots[-1]], casting="unsafe")
-
-    return run_wide
+    return run
 
 
 # ---- gradients ------------------------------------------------------------------------------
@@ -218,10 +209,10 @@ def einsum_vjp(b, node, gys, needed):
 @hookimpl
 def tr_onnx_op_definitions():
     return [
-        OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": gemm_numpy}, layout=MATMUL,
+        OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": compute_wide(gemm_numpy)}, layout=MATMUL,
               differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2)),
-        OpDef("MatMul", (1, 9, 13), {"numpy": matmul_numpy}, layout=MATMUL, differentiable=True,
-              gradient=matmul_vjp, param_inputs=(0, 1)),
-        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
+        OpDef("MatMul", (1, 9, 13), {"numpy": compute_wide(matmul_numpy)}, layout=MATMUL,
+              differentiable=True, gradient=matmul_vjp, param_inputs=(0, 1)),
+        OpDef("Einsum", (12, 28), {"numpy": compute_wide(einsum_numpy)}, differentiable=True,
               gradient=einsum_vjp, param_inputs="all"),
     ]
