@@ -328,3 +328,58 @@ def test_a_model_with_bfloat16_casts_trains_like_pytorch_and_exports_back(bf16_e
     after = torch_forward(trained, feed)
     assert np.max(np.abs(after - torch_forward(module, feed))) > 0.1  # training moved it
     np.testing.assert_allclose(exported, after, rtol=0, atol=1e-2)
+
+
+_RNG = np.random.default_rng(0)
+_X = _RNG.standard_normal((2, 3, 5, 5)).astype(np.float32)
+_ONES, _ZEROS = np.ones(3, np.float32), np.zeros(3, np.float32)
+_BF16_OPS = {  # op: (inputs, float ones go in as bfloat16; attributes)
+    "Conv": ([_X, _RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)], {}),
+    "Gemm": ([_X[0, 0], _X[1, 1], _X[0, 2, 0]], {"transB": 1}),
+    "MatMul": ([_X, _X], {}),
+    "Relu": ([_X], {}), "Sigmoid": ([_X], {}), "Tanh": ([_X], {}), "Exp": ([_X], {}),
+    "Erf": ([_X], {}), "Gelu": ([_X], {}), "Sqrt": ([np.abs(_X)], {}),
+    "HardSigmoid": ([_X], {}), "Clip": ([_X], {}),
+    "Softmax": ([_X], {"axis": -1}), "LogSoftmax": ([_X], {"axis": 1}),
+    "ReduceMean": ([_X], {}), "ReduceSum": ([_X, np.array([1], np.int64)], {}),
+    "ReduceMax": ([_X], {}), "ArgMax": ([_X], {}),
+    "CumSum": ([_X, np.array(1, np.int64)], {}),
+    "MaxPool": ([_X], {"kernel_shape": [2, 2]}), "AveragePool": ([_X], {"kernel_shape": [2, 2]}),
+    "GlobalAveragePool": ([_X], {}),
+    "LayerNormalization": ([_X, np.ones(5, np.float32), np.zeros(5, np.float32)], {}),
+    "BatchNormalization": ([_X, _ONES, _ZEROS, _ZEROS, _ONES], {}),
+    "InstanceNormalization": ([_X, _ONES, _ZEROS], {}),
+    "Add": ([_X, _X], {}), "Mul": ([_X, _X], {}), "Div": ([_X, _X + 3], {}),
+    "Pow": ([np.abs(_X), _X], {}), "Max": ([_X, _X * 2], {}), "Where": ([_X > 0, _X, _X], {}),
+    "Transpose": ([_X], {"perm": [0, 2, 3, 1]}), "Concat": ([_X, _X], {"axis": 1}),
+    "Flatten": ([_X], {}), "Pad": ([_X, np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)], {}),
+    "Gather": ([_X, np.array([0, 1], np.int64)], {"axis": 1}),
+}
+
+
+def _single_node(op, feeds, attrs, y_elem, y_shape) -> onnx.ModelProto:
+    names = list(feeds)
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], **attrs)], op,
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for n, v in feeds.items()], [helper.make_tensor_value_info("y", y_elem, y_shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+@pytest.mark.parametrize("op", list(_BF16_OPS))
+def test_an_op_computes_bfloat16_within_two_bfloat16_steps_of_float32(op):
+    """Every kernel of this table takes bfloat16 (its schema allows it): inputs rounded to
+    bfloat16, the output within 2 bfloat16 steps (2 * 2**-8 of the output's scale) of the
+    float32 result on the same rounded inputs. Measured worst: ReduceMean 6.6e-3."""
+    ins, attrs = _BF16_OPS[op]
+    feeds = {f"i{k}": (a.astype(dtypes.BFLOAT16) if a.dtype == np.float32 else a)
+             for k, a in enumerate(ins)}
+    wide = {k: (v.astype(np.float32) if v.dtype == dtypes.BFLOAT16 else v)
+            for k, v in feeds.items()}
+    (ref,) = ReferenceEvaluator(_single_node(op, wide, attrs, 0, None)).run(None, wide)
+    y_elem = T.BFLOAT16 if ref.dtype == np.float32 else helper.np_dtype_to_tensor_dtype(ref.dtype)
+    (ours,) = tr_onnx.InferenceSession(_single_node(op, feeds, attrs, y_elem, ref.shape)).run(
+        None, feeds)
+    assert ours.dtype == dtypes.np_dtype(y_elem)
+    scale = float(np.max(np.abs(ref)))
+    np.testing.assert_allclose(ours.astype(ref.dtype), ref, rtol=0, atol=2 * 2.0 ** -8 * scale)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import ml_dtypes
 import numpy as np
@@ -176,13 +177,19 @@ def cast_into(x: np.ndarray, out: np.ndarray, scratch=(), saturate: bool = True,
     if out.dtype == ML_DTYPES[_T.FLOAT8E8M0]:
         _to_e8m0_into(x, out, scratch, saturate, round_mode)
     elif scratch:  # saturating float8
-        info = finfo(out.dtype)
-        lo, hi = (scratch[0].dtype.type(float(v)) for v in (info.min, info.max))
+        lo, hi = _saturation_bounds(scratch[0].dtype, out.dtype)
         np.copyto(scratch[0], x, casting="unsafe")
         np.clip(scratch[0], lo, hi, out=scratch[0])
         np.copyto(out, scratch[0], casting="unsafe")
     else:
         np.copyto(out, x, casting="unsafe")
+
+
+@functools.cache
+def _saturation_bounds(work: np.dtype, dst: np.dtype):
+    """``dst``'s finite range as scalars of the dtype the clamp runs in (once per pair)."""
+    info = finfo(dst)
+    return work.type(float(info.min)), work.type(float(info.max))
 
 
 def _to_e8m0_into(x, out, scratch, saturate: bool, round_mode: str) -> None:

@@ -485,8 +485,7 @@ def master_weights(g: onnx.GraphProto) -> list[str]:
     if not names:
         return names
     cast_of = {n: f"{n}/bfloat16" for n in names}
-    for node in g.node:
-        node.input[:] = [cast_of.get(i, i) for i in node.input]
+    _rename_inputs(g.node, cast_of)
     for vi in g.value_info:  # an exporter's bfloat16 type of the initializer is the Cast's
         vi.name = cast_of.get(vi.name, vi.name)
     for k, t in enumerate(g.initializer):
@@ -499,6 +498,15 @@ def master_weights(g: onnx.GraphProto) -> list[str]:
     del g.node[:]
     g.node.extend(casts + rest)
     return names
+
+
+def _rename_inputs(nodes, renamed: dict[str, str]) -> None:
+    """Node inputs renamed, in control-flow bodies too (they read outer values by name)."""
+    for node in nodes:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        for a in node.attribute:
+            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _rename_inputs(body.node, renamed)
 
 
 @ir.collector_paused()
