@@ -6,6 +6,8 @@ and round once; a model exported with bfloat16 casts inside trains as PyTorch tr
 from __future__ import annotations
 
 import copy
+import gc
+import tracemalloc
 
 import ml_dtypes
 import numpy as np
@@ -383,3 +385,40 @@ def test_an_op_computes_bfloat16_within_two_bfloat16_steps_of_float32(op):
     assert ours.dtype == dtypes.np_dtype(y_elem)
     scale = float(np.max(np.abs(ref)))
     np.testing.assert_allclose(ours.astype(ref.dtype), ref, rtol=0, atol=2 * 2.0 ** -8 * scale)
+
+
+def test_casts_and_a_bfloat16_matmul_allocate_nothing_per_step():
+    """Their scratch (float32 bits for e8m0, the clamp for float8, the float32 operands of a
+    bf16 MatMul) is plan workspace: ten steps over 1 MB tensors allocate only numpy's bounded
+    ufunc buffers (the bound of test_step_allocation.py), and nothing accumulates."""
+    n = 1 << 18
+    nodes = [helper.make_node("Cast", ["x"], ["e8"], to=T.FLOAT8E8M0, round_mode="nearest"),
+             helper.make_node("Cast", ["x"], ["f8"], to=T.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["x"], ["i4"], to=T.INT4),
+             helper.make_node("Cast", ["x"], ["b"], to=T.BFLOAT16),
+             helper.make_node("Reshape", ["b", "shape"], ["m"]),
+             helper.make_node("MatMul", ["m", "m"], ["mm"])]
+    outs = [helper.make_tensor_value_info(n_, t, s) for n_, t, s in (
+        ("e8", T.FLOAT8E8M0, [n]), ("f8", T.FLOAT8E4M3FN, [n]), ("i4", T.INT4, [n]),
+        ("mm", T.BFLOAT16, [512, 512]))]
+    graph = helper.make_graph(nodes, "casts", [helper.make_tensor_value_info("x", T.FLOAT, [n])],
+                              outs, [numpy_helper.from_array(np.array([512, 512]), "shape")])
+    sess = tr_onnx.InferenceSession(helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 25)]))
+    feed = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32) * 100}
+    sess.run(None, feed)
+    executor = sess.plan_for(feed).executor
+    for _ in range(3):
+        executor.run()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(10):
+            executor.run()
+        peak = tracemalloc.get_traced_memory()[1]
+        gc.collect()
+        current = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert peak - base < 160 * 1024, peak - base
+    assert current - base < 16 * 1024
