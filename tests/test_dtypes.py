@@ -422,3 +422,38 @@ def test_casts_and_a_bfloat16_matmul_allocate_nothing_per_step():
         tracemalloc.stop()
     assert peak - base < 160 * 1024, peak - base
     assert current - base < 16 * 1024
+
+
+_MOVES = {  # op: (int64 constant inputs, or "x" for x again; attributes)
+    "Transpose": ([], {"perm": [2, 0, 1]}), "Reshape": ([[4, 6]], {}),
+    "Concat": (["x"], {"axis": 0}), "Gather": ([[1, 0]], {"axis": 1}),
+    "Slice": ([[0], [2], [2]], {}), "Pad": ([[0, 0, 1, 0, 0, 1]], {}),
+    "Unsqueeze": ([[0]], {}), "Flatten": ([], {}),
+}
+_HELD = [T.INT4, T.UINT4, T.INT2, T.FLOAT4E2M1, T.FLOAT8E4M3FN, T.FLOAT8E5M2FNUZ, T.FLOAT8E8M0]
+
+
+@pytest.mark.parametrize("op", list(_MOVES))
+@pytest.mark.parametrize("elem", _HELD, ids=[dtypes.elem_type_name(e) for e in _HELD])
+def test_data_movement_ops_move_the_sub_byte_and_float8_types_bit_for_bit(elem, op):
+    """The schemas of the data-movement ops allow these types; the arena holds them one byte
+    per element, so the kernels move them as any other dtype (oracle: onnx.reference)."""
+    values = np.arange(24).reshape(2, 3, 4) % (2 if elem == T.INT2 else 4)  # int2: -2..1
+    x = values.astype(np.float32).astype(dtypes.np_dtype(elem))
+    extra, attrs = _MOVES[op]
+    names = ["x"] + [e if e == "x" else f"c{k}" for k, e in enumerate(extra)]
+    inits = [numpy_helper.from_array(np.array(e, np.int64), f"c{k}")
+             for k, e in enumerate(extra) if e != "x"]
+
+    def model(y_type):
+        return helper.make_model(helper.make_graph(
+            [helper.make_node(op, names, ["y"], **attrs)], op,
+            [helper.make_tensor_value_info("x", elem, x.shape)], [y_type], inits),
+            opset_imports=[helper.make_opsetid("", 24)])
+
+    (ref,) = ReferenceEvaluator(model(helper.make_tensor_value_info("y", 0, None))).run(
+        None, {"x": x})
+    (y,) = tr_onnx.InferenceSession(model(helper.make_tensor_value_info(
+        "y", elem, ref.shape))).run(None, {"x": x})
+    assert y.dtype == ref.dtype and y.shape == ref.shape
+    np.testing.assert_array_equal(y.view(np.uint8), ref.view(np.uint8))
