@@ -27,7 +27,7 @@ _ML = {T.BFLOAT16: "bfloat16", T.FLOAT8E4M3FN: "float8_e4m3fn",
        T.FLOAT8E4M3FNUZ: "float8_e4m3fnuz", T.FLOAT8E5M2: "float8_e5m2",
        T.FLOAT8E5M2FNUZ: "float8_e5m2fnuz", T.FLOAT8E8M0: "float8_e8m0fnu",
        T.FLOAT4E2M1: "float4_e2m1fn", T.INT4: "int4", T.UINT4: "uint4", T.INT2: "int2",
-       T.UINT2: "uint2"}
+       T.UINT2: "uint2", T.FLOAT6E2M3: "float6_e2m3fn", T.FLOAT6E3M2: "float6_e3m2fn"}
 
 
 @pytest.mark.parametrize("elem", list(_ML), ids=[dtypes.elem_type_name(e) for e in _ML])
@@ -54,7 +54,8 @@ _VALUES = np.array([0.0, -0.0, 0.5, -1.5, 2.5, 3.0, 7.0, -8.0, 15.5, 17.0, 240.0
                     3.0 * 2.0 ** -126, 1.75e38, np.inf, -np.inf, np.nan, 0.3, -0.7, 1.0],
                    np.float32)
 _FLOAT8 = [T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ]
-_SMALL = [T.FLOAT4E2M1, T.INT4, T.UINT4, T.INT2, T.UINT2, T.BFLOAT16]
+_SMALL = [T.FLOAT4E2M1, T.FLOAT6E2M3, T.FLOAT6E3M2, T.INT4, T.UINT4, T.INT2, T.UINT2,
+          T.BFLOAT16]
 
 
 def _cast_cases():
