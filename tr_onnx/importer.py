@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedModelError,
     unsupported_message,
 )
+from .passes import dynamic_regions
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
@@ -530,7 +531,7 @@ def _const_feed_inputs(model, registry, backend) -> set[str]:
     found, seen = set(), set()
     pending = [node.input[i] for node in model.graph.node
                for i in (getattr(opdef_for(node, opsets, registry, backend), "const_inputs", ()))
-               if i < len(node.input) and node.input[i]]
+               if i < len(node.input) and node.input[i]] + dynamic_regions.output_deciding_names(model)
     while pending:
         name = pending.pop()
         if name in seen:
@@ -575,6 +576,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for v in graph.values.values():
         if v.kind == ir.PARAM and v.name not in imported.param_names:
             v.kind = ir.CONST
+    dynamic_regions.cut(model, graph, imported.registry)  # data-dependent parts -> sub-plans
     for node in graph.nodes:  # the first node whose output shape the data decides
         for v in node.outputs:
             if v is not None and not v.is_static:

@@ -1,0 +1,354 @@
+"""Data-dependent shapes inside a static plan: dynamic regions run through nested sub-plans.
+
+A plan knows every shape before a step runs. A node whose output size depends on data
+(NonZero, Compress with a condition computed at run time, Unique) breaks that; ``cut`` (called
+by ``importer.specialize``) cuts the nodes from such producers down to the first values whose
+shapes are static again (``x[mask].mean(0)``: NonZero -> Transpose -> GatherND -> ReduceMean
+gives a static [D]) out of the graph, and puts ONE ``DynamicRegion`` node (domain ai.tr_onnx)
+in their place: its inputs are the region's static inputs, its outputs the region's static
+outputs, and its ``Region`` (``attrs["region"]``) holds the cut part as a small ONNX model.
+Every node on a path between two region nodes joins the region, so the one node keeps the
+schedule acyclic. A dynamic value that reaches a graph output is not cut: specialize then
+names it (``ShapeError``), except that import makes the model inputs deciding such an output
+plan-time constants (``output_deciding_names``), as Reshape's shape is: the plan is then made
+for their values.
+
+Each step the region's kernel runs its *root producers* (data-dependent nodes reading only the
+region's inputs) eagerly in NumPy (``ops.dynamic.EAGER``; others by ``onnx.reference``), which
+allocates their small index results, then a sub-plan made by the usual pipeline
+(``compiler.compile_plan``) for the sizes they gave: the sub-model's inputs are the region's
+inputs and the producers' results, with concrete shapes. A data-dependent node inside the
+sub-model becomes a region of the sub-plan in turn. Sub-plans are cached by size (least
+recently used beyond ``MAX_SUBPLANS``): a step allocates only when it meets a size it has not
+planned (or one evicted since), and that step compiles the sub-plan.
+
+Gradients: a root Compress is run as ``Gather(x, kept positions)`` in the sub-model, so its data
+gets a gradient. When autodiff reaches a DynamicRegion, its rule (``ops.dynamic``) asks the
+region for gradients of the needed inputs; the region's sub-plans are then compiled with a
+backward pass (cotangent inputs for the region's float outputs, gradient outputs for the
+inputs), as two phases: the DynamicRegion kernel runs ``region_forward``, the
+DynamicRegionGrad kernel later in the same step runs ``region_backward`` of the same sub-plan,
+which still holds the forward's activations.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .. import ir
+from ..dtypes import is_float, onnx_elem_type
+
+MAX_SUBPLANS = 32
+INTERNAL = "ai.tr_onnx"
+# data-dependent producers: (domain, op_type) -> the inputs whose values decide output shapes
+DECIDING_INPUTS = {("", "NonZero"): (0,), ("", "Compress"): (1,), ("", "Unique"): (0,)}
+FORWARD, BACKWARD = "region_forward", "region_backward"
+
+
+# ---- import: inputs that decide the shape of a graph output ----------------------------------
+
+
+def _unknown_dims(vi: onnx.ValueInfoProto | None) -> bool:
+    """No shape, or a dim with neither a value nor a symbol: inference could not tell it."""
+    if vi is None or not vi.type.HasField("tensor_type"):
+        return True
+    t = vi.type.tensor_type
+    return not t.HasField("shape") or any(
+        not d.HasField("dim_value") and not d.HasField("dim_param") for d in t.shape.dim)
+
+
+def output_deciding_names(model: onnx.ModelProto) -> list[str]:
+    """The deciding inputs (names) of data-dependent producers whose outputs reach a graph
+    output while their size is still unknown (a region that never closes): the plan must know
+    those values (``importer._const_feed_inputs`` walks them back to model inputs)."""
+    g = model.graph
+    infos = {vi.name: vi for vi in g.value_info}
+    outputs = {o.name for o in g.output}
+    consumers: dict[str, list] = {}
+    for node in g.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    found = []
+    for node in g.node:
+        deciding = DECIDING_INPUTS.get((node.domain if node.domain != "ai.onnx" else "",
+                                        node.op_type))
+        if deciding is None:
+            continue
+        pending, seen = [o for o in node.output if o], set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if name in outputs:
+                found.extend(node.input[i] for i in deciding if i < len(node.input))
+                break
+            pending.extend(o for c in consumers.get(name, ()) for o in c.output
+                           if o and (o in outputs or _unknown_dims(infos.get(o))))
+    return found
+
+
+# ---- specialize: cut the regions -------------------------------------------------------------
+
+
+def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
+    """Replace the data-dependent part of ``graph`` (made from ``model``'s nodes, one IR node
+    per proto node in order) by one DynamicRegion node. Leaves the graph as it is where the
+    part does not close (a dynamic value is a graph output): the caller names that value."""
+    if all(v.is_static for v in graph.values.values()):
+        return
+    nodes = graph.nodes
+    protos = {id(n): p for n, p in zip(nodes, model.graph.node)}
+    seeds = {id(n) for n in nodes if any(v is not None and not v.is_static
+                                         for v in list(n.inputs) + list(n.outputs))}
+    if not seeds or any(not v.is_static for v in graph.outputs):
+        return
+    down: set[int] = set()
+    for n in nodes:  # reachable from a region node
+        if id(n) in seeds or any(v is not None and v.producer is not None and
+                                 id(v.producer) in down for v in n.inputs):
+            down.add(id(n))
+    up: set[int] = set()
+    for n in reversed(nodes):  # reaching a region node
+        if id(n) in seeds or any(v is not None and any(id(c) in up for c in v.consumers)
+                                 for v in n.outputs):
+            up.add(id(n))
+    members = [n for n in nodes if id(n) in seeds or (id(n) in down and id(n) in up)]
+    inside = {id(n) for n in members}
+    made = {id(v) for n in members for v in n.outputs if v is not None}
+    inputs = list(dict.fromkeys(v for n in members for v in n.inputs
+                                if v is not None and id(v) not in made))
+    graph_outputs = {id(v) for v in graph.outputs}
+    outputs = [v for n in members for v in n.outputs if v is not None and (
+        id(v) in graph_outputs or any(id(c) not in inside for c in v.consumers))]
+    if any(not v.is_static for v in outputs):
+        return
+    region = Region.from_members(model, members, protos, inputs, outputs, registry)
+    fed = [v for v in inputs if v.kind != ir.CONST]
+    node = ir.Node(graph.unique_name(f"DynamicRegion/{members[0].name}"), "DynamicRegion",
+                   INTERNAL, 1, fed, outputs, {"region": region})
+    region.label = node.label
+    last = nodes.index(members[-1]) - (len(members) - 1)
+    for n in members:
+        graph.remove_node(n)
+    kept = {id(v) for v in outputs}
+    for n in members:
+        for v in n.outputs:
+            if v is not None and id(v) not in kept:
+                graph.values.pop(v.name, None)
+    graph.insert(last, node)
+
+
+class _Producer:
+    """A root producer run eagerly: ``run(values by name) -> {output name: array}``."""
+
+    def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets):
+        from ..ops.dynamic import EAGER, compress_indices
+
+        self.inputs = [v.name if v is not None else None for v in node.inputs]
+        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+        self.attrs = node.attrs
+        self.gather = key == ("", "Compress")  # the sub-model gathers; only positions here
+        if self.gather:
+            self.outputs = [keep_name(node.outputs[0].name)]
+            self.fn = lambda attrs, x, condition: [compress_indices(condition)]
+        elif key in EAGER:
+            self.outputs = [v.name if v is not None else "" for v in node.outputs]
+            self.fn = EAGER[key]
+        else:
+            from onnx.reference import ReferenceEvaluator
+
+            self.outputs = [v.name if v is not None else "" for v in node.outputs]
+            names = [n for n in self.inputs if n]
+            single = helper.make_model(helper.make_graph(
+                [proto], "producer", [helper.make_tensor_value_info(n, 0, None) for n in names],
+                [helper.make_tensor_value_info(o, 0, None) for o in self.outputs if o]),
+                opset_imports=opsets)
+            evaluator = ReferenceEvaluator(single)
+            self.fn = lambda attrs, *xs: evaluator.run(None, dict(zip(names, xs)))
+
+    def run(self, values: dict) -> dict:
+        args = [values[n] if n else None for n in self.inputs]
+        while args and args[-1] is None:
+            args.pop()
+        return {o: np.asarray(r) for o, r in zip(self.outputs, self.fn(self.attrs, *args)) if o}
+
+
+def keep_name(output: str) -> str:
+    return f"{output}__kept_positions"
+
+
+def _gather_for_compress(node: ir.Node, initializers: list) -> list[onnx.NodeProto]:
+    """Compress(x, condition) as Gather(x, kept positions) (flattened first without an axis)."""
+    x, y = node.inputs[0].name, node.outputs[0].name
+    keep = keep_name(y)
+    axis = node.attrs.get("axis")
+    if axis is not None:
+        return [helper.make_node("Gather", [x, keep], [y], axis=int(axis))]
+    flat = f"{y}__flat_shape"
+    initializers.append(numpy_helper.from_array(np.array([-1], np.int64), flat))
+    return [helper.make_node("Reshape", [x, flat], [f"{y}__flat"]),
+            helper.make_node("Gather", [f"{y}__flat", keep], [y], axis=0)]
+
+
+def _value_info(v: ir.Value, shape=None) -> onnx.ValueInfoProto:
+    dims = [d if isinstance(d, int) else None for d in (v.shape if shape is None else shape)]
+    return helper.make_tensor_value_info(v.name, onnx_elem_type(v.dtype), dims)
+
+
+class Region:
+    """A cut data-dependent part of a graph: its root producers, the sub-model of the rest,
+    and the sub-plans compiled for the sizes met so far."""
+
+    def __init__(self, sub_model, producers, fed, dynamic, outputs, registry):
+        self.sub_model = sub_model
+        self.producers = producers
+        self.fed = fed  # names of the DynamicRegion node's inputs, in order
+        self.dynamic = dynamic  # sub-model inputs the producers make (their sizes key a plan)
+        self.outputs = outputs  # names of the node's outputs
+        self.registry = registry
+        self.label = "DynamicRegion"
+        self.wrt: tuple[int, ...] = ()  # node input positions a gradient is asked for
+        self.plans: OrderedDict = OrderedDict()
+        self.last = None  # the sub-plan the latest forward ran (its backward follows)
+        self._imported = None
+
+    @classmethod
+    def from_members(cls, model, members, protos, inputs, outputs, registry) -> Region:
+        outside = {id(v) for v in inputs}
+        producers, sub_nodes, initializers = [], [], []
+        for n in members:
+            dynamic_out = any(v is not None and not v.is_static for v in n.outputs)
+            reads_outside = all(v is None or id(v) in outside for v in n.inputs)
+            if dynamic_out and reads_outside and all(v is None or v.is_static
+                                                     for v in n.inputs):
+                producers.append(_Producer(protos[id(n)], n, model.opset_import))
+                if producers[-1].gather:
+                    sub_nodes.extend(_gather_for_compress(n, initializers))
+            else:
+                sub_nodes.append(protos[id(n)])
+        read = {name for p in sub_nodes for name in p.input if name}
+        sub_inputs, dynamic = [], []
+        for v in inputs:
+            if v.name not in read:
+                continue
+            if v.kind == ir.CONST:
+                initializers.append(numpy_helper.from_array(np.asarray(v.data), v.name))
+            else:
+                sub_inputs.append(_value_info(v))
+        by_name = {v.name: v for n in members for v in n.outputs if v is not None}
+        for p in producers:
+            for o in p.outputs:
+                if o not in read:
+                    continue
+                dynamic.append(o)
+                if p.gather:
+                    sub_inputs.append(helper.make_tensor_value_info(o, onnx.TensorProto.INT64,
+                                                                    [None]))
+                else:
+                    sub_inputs.append(_value_info(by_name[o]))
+        graph = helper.make_graph(sub_nodes, "dynamic_region", sub_inputs,
+                                  [_value_info(v) for v in outputs], initializer=initializers)
+        sub_model = helper.make_model(graph, opset_imports=model.opset_import,
+                                      ir_version=model.ir_version, functions=model.functions)
+        fed = [v.name for v in inputs if v.kind != ir.CONST]
+        return cls(sub_model, producers, fed, dynamic, [v.name for v in outputs], registry)
+
+    # -- plan time ----------------------------------------------------------------------------
+
+    def require_gradients(self, positions) -> None:
+        """Compile sub-plans with a backward pass for these DynamicRegion input positions."""
+        self.wrt = tuple(positions)
+        self.plans.clear()
+
+    def _plan(self, shapes: dict[str, tuple]):
+        key = tuple(shapes[n] for n in self.dynamic)
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+            return plan
+        from ..compiler import compile_plan
+        from ..importer import import_model
+
+        if self._imported is None:
+            self._imported = import_model(self.sub_model, self.registry, "numpy")
+        transform = self._backward if self.wrt else None
+        plan = compile_plan(self._imported, shapes, {}, "numpy", 1, transform=transform,
+                            absorb_flatten=False)
+        self.plans[key] = plan
+        while len(self.plans) > MAX_SUBPLANS:
+            self.plans.popitem(last=False)
+        return plan
+
+    def _backward(self, graph: ir.Graph):
+        """The sub-plan's backward: objective sum_i <output_i, cotangent_i> over the float
+        outputs, gradients of the float inputs asked for; forward and backward in two phases."""
+        from .autodiff import GradBuilder, differentiate
+
+        b = GradBuilder(graph, self.registry, "numpy", prefix="region")
+        terms = []
+        for name in self.outputs:
+            y = graph.values[name]
+            if not is_float(y.dtype):
+                continue
+            cot = ir.Value(cotangent_name(name), tuple(y.shape), y.dtype, ir.INPUT)
+            graph.values[cot.name] = cot
+            graph.inputs.append(cot)
+            terms.append(b.op("ReduceSum", [b.mul(y, cot)], {"keepdims": 0}))
+        loss = terms[0] if len(terms) == 1 else b.op("Sum", terms)
+        graph.backward_start = len(graph.nodes)
+        names = [self.fed[i] for i in self.wrt]
+        wrt = [graph.values[n] for n in names if n in graph.values]
+        grads = differentiate(graph, loss, wrt, self.registry, "numpy")
+        for i, node in enumerate(graph.nodes):
+            node.phase = FORWARD if i < graph.backward_start else BACKWARD
+        graph.outputs = [graph.values[n] for n in self.outputs] + list(grads.values())
+        return grads
+
+    # -- step time ----------------------------------------------------------------------------
+
+    def forward(self, ins: list, outs: list) -> None:
+        """The DynamicRegion kernel: producers eagerly, then the sub-plan for their sizes."""
+        values = dict(zip(self.fed, ins))
+        for p in self.producers:
+            values.update(p.run(values))
+        shapes = {n: values[n].shape for n in self.dynamic}
+        shapes.update({n: values[n].shape for n in self.fed})
+        plan = self._plan(shapes)
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        for name, value in values.items():
+            if name in tensors and tensors[name].alias_of is None and \
+                    plan.graph.values[name].kind == ir.INPUT:
+                np.copyto(tensors[name].kernel_view(arena), value)
+        plan.executor.run(phase=FORWARD if self.wrt else None)
+        for name, y in zip(self.outputs, outs):
+            np.copyto(y, tensors[name].kernel_view(arena))
+        self.last = plan
+
+    def backward(self, ins: list, outs: list) -> None:
+        """The DynamicRegionGrad kernel: the backward of the sub-plan the forward ran, from the
+        outputs' cotangents (``ins``) to the asked inputs' gradients (``outs``)."""
+        plan = self.last
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        for name, cot in zip(self.outputs, ins):
+            cname = cotangent_name(name)
+            if cname in tensors:
+                np.copyto(tensors[cname].kernel_view(arena), cot)
+        plan.executor.run(phase=BACKWARD)
+        grads = plan.info
+        for i, g in zip(self.wrt, outs):
+            name = self.fed[i]
+            if name not in grads:  # read only by the eager producers: no gradient flows
+                g.fill(0)
+            else:
+                np.copyto(g, tensors[grads[name].name].kernel_view(arena))
+
+
+def cotangent_name(output: str) -> str:
+    return f"{output}__cotangent"
+
+
