@@ -53,12 +53,14 @@ FORWARD, BACKWARD = "region_forward", "region_backward"
 
 
 def _unknown_dims(vi: onnx.ValueInfoProto | None) -> bool:
-    """No shape, or a dim with neither a value nor a symbol: inference could not tell it."""
+    """No shape, or a dim inference could not tell: neither a value nor a symbol, or a symbol
+    it made up (``unk__N``; a model input's symbols are the user's)."""
     if vi is None or not vi.type.HasField("tensor_type"):
         return True
     t = vi.type.tensor_type
     return not t.HasField("shape") or any(
-        not d.HasField("dim_value") and not d.HasField("dim_param") for d in t.shape.dim)
+        not d.HasField("dim_value") and (not d.HasField("dim_param") or
+                                         d.dim_param.startswith("unk__")) for d in t.shape.dim)
 
 
 def output_deciding_names(model: onnx.ModelProto) -> list[str]:
@@ -103,6 +105,7 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
         return
     nodes = graph.nodes
     protos = {id(n): p for n, p in zip(nodes, model.graph.node)}
+    _size_constant_producers(nodes, protos, model.opset_import)
     seeds = {id(n) for n in nodes if any(v is not None and not v.is_static
                                          for v in list(n.inputs) + list(n.outputs))}
     if not seeds or any(not v.is_static for v in graph.outputs):
@@ -143,16 +146,29 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
     graph.insert(last, node)
 
 
+def _size_constant_producers(nodes, protos, opsets) -> None:
+    """A data-dependent node reading only constants (a graph output import does not fold)
+    has the sizes its one possible result has: computed here, its kernel checks them."""
+    for n in nodes:
+        if any(v is not None and not v.is_static for v in n.outputs) and all(
+                v is None or (v.kind == ir.CONST and v.data is not None) for v in n.inputs):
+            producer = _Producer(protos[id(n)], n, opsets, gather=False)
+            results = producer.run({v.name: v.data for v in n.inputs if v is not None})
+            for v in n.outputs:
+                if v is not None and v.name in results:
+                    v.shape = tuple(int(d) for d in results[v.name].shape)
+
+
 class _Producer:
     """A root producer run eagerly: ``run(values by name) -> {output name: array}``."""
 
-    def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets):
+    def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets, gather: bool = True):
         from ..ops.dynamic import EAGER, compress_indices
 
         self.inputs = [v.name if v is not None else None for v in node.inputs]
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         self.attrs = node.attrs
-        self.gather = key == ("", "Compress")  # the sub-model gathers; only positions here
+        self.gather = gather and key == ("", "Compress")  # the sub-model gathers; only positions here
         if self.gather:
             self.outputs = [keep_name(node.outputs[0].name)]
             self.fn = lambda attrs, x, condition: [compress_indices(condition)]
