@@ -564,6 +564,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
                              for k, v in const_values.items())
     model = _fold_to_fixpoint(model, imported.param_names, imported.source,
                               imported.fold_limit_bytes)
+    model = dynamic_regions.settle(model)  # sizes that constants decide (a kernel checks)
     _check_node_shapes(model, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}

@@ -105,7 +105,6 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
         return
     nodes = graph.nodes
     protos = {id(n): p for n, p in zip(nodes, model.graph.node)}
-    _size_constant_producers(nodes, protos, model.opset_import)
     seeds = {id(n) for n in nodes if any(v is not None and not v.is_static
                                          for v in list(n.inputs) + list(n.outputs))}
     if not seeds or any(not v.is_static for v in graph.outputs):
@@ -146,29 +145,73 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
     graph.insert(last, node)
 
 
-def _size_constant_producers(nodes, protos, opsets) -> None:
-    """A data-dependent node reading only constants (a graph output import does not fold)
-    has the sizes its one possible result has: computed here, its kernel checks them."""
-    for n in nodes:
-        if any(v is not None and not v.is_static for v in n.outputs) and all(
-                v is None or (v.kind == ir.CONST and v.data is not None) for v in n.inputs):
-            producer = _Producer(protos[id(n)], n, opsets, gather=False)
-            results = producer.run({v.name: v.data for v in n.inputs if v is not None})
-            for v in n.outputs:
-                if v is not None and v.name in results:
-                    v.shape = tuple(int(d) for d in results[v.name].shape)
+def settle(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Sizes of data-dependent nodes whose deciding inputs are constants once the plan's inputs
+    are bound (import does not fold a node making a graph output, nor Compress over computed
+    data): Compress's from its condition, NonZero's and Unique's from their one possible
+    result. Written into the model, whose shapes are then inferred again; their kernels check
+    them at run time."""
+    from ..ops.dynamic import EAGER, compress_indices
+
+    g = model.graph
+    consts = {t.name: t for t in g.initializer}
+    infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    known: dict[str, list[int]] = {}
+    for node in g.node:
+        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+        deciding = DECIDING_INPUTS.get(key)
+        if deciding is None or not all(i < len(node.input) and node.input[i] in consts
+                                       for i in deciding):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if key == ("", "Compress"):
+            shape = _static_dims(infos.get(node.input[0]), consts.get(node.input[0]))
+            if shape is None:
+                continue
+            kept = len(compress_indices(numpy_helper.to_array(consts[node.input[1]])))
+            axis = attrs.get("axis")
+            known[node.output[0]] = [kept] if axis is None else [
+                kept if a == axis % len(shape) else d for a, d in enumerate(shape)]
+        elif all(n in consts for n in node.input if n):
+            results = EAGER[key](attrs, *(numpy_helper.to_array(consts[n]) for n in node.input))
+            known.update({o: list(r.shape) for o, r in zip(node.output, results) if o})
+    if not known:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept_infos = [vi for vi in out.graph.value_info if vi.name in known]
+    del out.graph.value_info[:]  # inferred again from the sizes now known
+    out.graph.value_info.extend(kept_infos)
+    for vi in list(out.graph.value_info) + list(out.graph.output):
+        if vi.name in known:
+            elem = vi.type.tensor_type.elem_type
+            vi.type.CopyFrom(helper.make_tensor_type_proto(elem, known.pop(vi.name)))
+    for name, dims in known.items():
+        elem = infos[name].type.tensor_type.elem_type if name in infos else 0
+        out.graph.value_info.append(helper.make_tensor_value_info(name, elem, dims))
+    return onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False,
+                                             data_prop=True)
+
+
+def _static_dims(vi, init) -> list[int] | None:
+    if init is not None:
+        return list(init.dims)
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = vi.type.tensor_type.shape.dim
+    return [d.dim_value for d in dims] if all(d.HasField("dim_value") for d in dims) else None
 
 
 class _Producer:
     """A root producer run eagerly: ``run(values by name) -> {output name: array}``."""
 
-    def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets, gather: bool = True):
+    def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets):
         from ..ops.dynamic import EAGER, compress_indices
 
         self.inputs = [v.name if v is not None else None for v in node.inputs]
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         self.attrs = node.attrs
-        self.gather = gather and key == ("", "Compress")  # the sub-model gathers; only positions here
+        self.gather = key == ("", "Compress")  # the sub-model gathers; only positions here
         if self.gather:
             self.outputs = [keep_name(node.outputs[0].name)]
             self.fn = lambda attrs, x, condition: [compress_indices(condition)]
