@@ -1,5 +1,6 @@
 """Ops whose output size depends on data: NonZero, Compress, Unique, and the nodes that run a
-data-dependent part of a graph: DynamicRegion and its gradient DynamicRegionGrad.
+data-dependent part of a graph: DynamicRegion, If (a condition known only at run time) and
+their gradient DynamicRegionGrad.
 
 NonZero, Compress and Unique have a static plan only where their deciding input is a plan-time
 constant (then import folds them, or, for Compress with a constant condition, the kernel here
@@ -205,6 +206,11 @@ def tr_onnx_op_definitions():
               layout=PLAIN_ONLY,
               doc="unique values/slices, first indices, inverse indices, counts; sizes are "
                   "data-dependent: a DynamicRegion runs it unless its input is constant"),
+        OpDef("If", (1, 11, 13, 16, 19, 21, 23, 24, 25), {"numpy": dynamic_region_numpy},
+              layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
+              doc="a condition computed at run time: both branches planned (their outer "
+                  "values become inputs; equal static output shapes), the selected one runs; "
+                  "its backward gives the gradients, the other branch's inputs get zeros"),
         OpDef("DynamicRegion", (1,), {"numpy": dynamic_region_numpy}, domain=INTERNAL,
               layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
               doc="a data-dependent part of the graph: eager producers, then a sub-plan "

@@ -41,6 +41,7 @@ from onnx import helper, numpy_helper
 
 from .. import ir
 from ..dtypes import is_float, onnx_elem_type
+from ..errors import ShapeError
 
 MAX_SUBPLANS = 32
 INTERNAL = "ai.tr_onnx"
@@ -101,6 +102,9 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
     """Replace the data-dependent part of ``graph`` (made from ``model``'s nodes, one IR node
     per proto node in order) by one DynamicRegion node. Leaves the graph as it is where the
     part does not close (a dynamic value is a graph output): the caller names that value."""
+    for node in graph.nodes:
+        if node.op_type == "If" and node.domain in ("", "ai.onnx") and "region" not in node.attrs:
+            prepare_if(node, graph, model, registry)
     if all(v.is_static for v in graph.values.values()):
         return
     nodes = graph.nodes
@@ -259,22 +263,103 @@ def _value_info(v: ir.Value, shape=None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(v.name, onnx_elem_type(v.dtype), dims)
 
 
+class SubModel:
+    """A part of a graph as a small ONNX model, compiled by the usual pipeline per set of input
+    sizes (cached, least recently used beyond ``MAX_SUBPLANS``), with a backward pass when
+    gradients of some inputs are asked for."""
+
+    def __init__(self, model: onnx.ModelProto, outputs: list[str], registry):
+        self.model, self.outputs, self.registry = model, outputs, registry
+        self.inputs = {vi.name for vi in model.graph.input}
+        self.wrt: list[str] = []  # inputs whose gradients the backward pass gives
+        self.plans: OrderedDict = OrderedDict()
+        self._imported = None
+
+    def require_gradients(self, names) -> None:
+        self.wrt = [n for n in names if n in self.inputs]
+        self.plans.clear()
+
+    def plan(self, shapes: dict[str, tuple], key=()):
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+            return plan
+        from ..compiler import compile_plan
+        from ..importer import import_model
+
+        if self._imported is None:
+            self._imported = import_model(self.model, self.registry, "numpy")
+        transform = self._backward if self.wrt else None
+        plan = compile_plan(self._imported, {n: s for n, s in shapes.items()
+                                             if n in self.inputs}, {}, "numpy", 1,
+                            transform=transform, absorb_flatten=False)
+        self.plans[key] = plan
+        while len(self.plans) > MAX_SUBPLANS:
+            self.plans.popitem(last=False)
+        return plan
+
+    def _backward(self, graph: ir.Graph):
+        """Objective sum_i <output_i, cotangent_i> over the float outputs; gradients of
+        ``wrt``; forward and backward nodes in two phases, run by two kernels of a step."""
+        from .autodiff import GradBuilder, differentiate
+
+        b = GradBuilder(graph, self.registry, "numpy", prefix="region")
+        terms = []
+        for name in self.outputs:
+            y = graph.values[name]
+            if not is_float(y.dtype):
+                continue
+            cot = ir.Value(cotangent_name(name), tuple(y.shape), y.dtype, ir.INPUT)
+            graph.values[cot.name] = cot
+            graph.inputs.append(cot)
+            terms.append(b.op("ReduceSum", [b.mul(y, cot)], {"keepdims": 0}))
+        loss = terms[0] if len(terms) == 1 else b.op("Sum", terms)
+        graph.backward_start = len(graph.nodes)
+        grads = differentiate(graph, loss, [graph.values[n] for n in self.wrt], self.registry,
+                              "numpy")
+        for i, node in enumerate(graph.nodes):
+            node.phase = FORWARD if i < graph.backward_start else BACKWARD
+        graph.outputs = [graph.values[n] for n in self.outputs] + list(grads.values())
+        return grads
+
+    def forward(self, plan, values: dict, outs: list) -> None:
+        """Write ``values`` (by input name) into ``plan``, run its forward, copy its outputs
+        into ``outs``."""
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        for name, value in values.items():
+            if name in tensors and plan.graph.values[name].kind == ir.INPUT:
+                np.copyto(tensors[name].kernel_view(arena), value)
+        plan.executor.run(phase=FORWARD if self.wrt else None)
+        for name, y in zip(self.outputs, outs):
+            np.copyto(y, tensors[name].kernel_view(arena))
+
+    def backward(self, plan, cots: list, grads: dict) -> None:
+        """The backward of the forward ``plan`` ran last: ``cots`` per output in, ``grads``
+        ({input name: array to write}) out; an input this part does not read gets zeros."""
+        tensors, arena = plan.memory.tensors, plan.executor.arena
+        for name, cot in zip(self.outputs, cots):
+            if cotangent_name(name) in tensors:
+                np.copyto(tensors[cotangent_name(name)].kernel_view(arena), cot)
+        plan.executor.run(phase=BACKWARD)
+        for name, g in grads.items():
+            if name in plan.info:
+                np.copyto(g, tensors[plan.info[name].name].kernel_view(arena))
+            else:
+                g.fill(0)
+
+
 class Region:
-    """A cut data-dependent part of a graph: its root producers, the sub-model of the rest,
-    and the sub-plans compiled for the sizes met so far."""
+    """A cut data-dependent part of a graph: its root producers, run eagerly, and the
+    ``SubModel`` of the rest, planned per size of what they made."""
 
     def __init__(self, sub_model, producers, fed, dynamic, outputs, registry):
-        self.sub_model = sub_model
+        self.sub = SubModel(sub_model, outputs, registry)
         self.producers = producers
         self.fed = fed  # names of the DynamicRegion node's inputs, in order
         self.dynamic = dynamic  # sub-model inputs the producers make (their sizes key a plan)
-        self.outputs = outputs  # names of the node's outputs
-        self.registry = registry
         self.label = "DynamicRegion"
         self.wrt: tuple[int, ...] = ()  # node input positions a gradient is asked for
-        self.plans: OrderedDict = OrderedDict()
         self.last = None  # the sub-plan the latest forward ran (its backward follows)
-        self._imported = None
 
     @classmethod
     def from_members(cls, model, members, protos, inputs, outputs, registry) -> Region:
@@ -317,94 +402,106 @@ class Region:
         fed = [v.name for v in inputs if v.kind != ir.CONST]
         return cls(sub_model, producers, fed, dynamic, [v.name for v in outputs], registry)
 
-    # -- plan time ----------------------------------------------------------------------------
-
     def require_gradients(self, positions) -> None:
         """Compile sub-plans with a backward pass for these DynamicRegion input positions."""
         self.wrt = tuple(positions)
-        self.plans.clear()
-
-    def _plan(self, shapes: dict[str, tuple]):
-        key = tuple(shapes[n] for n in self.dynamic)
-        plan = self.plans.get(key)
-        if plan is not None:
-            self.plans.move_to_end(key)
-            return plan
-        from ..compiler import compile_plan
-        from ..importer import import_model
-
-        if self._imported is None:
-            self._imported = import_model(self.sub_model, self.registry, "numpy")
-        transform = self._backward if self.wrt else None
-        plan = compile_plan(self._imported, shapes, {}, "numpy", 1, transform=transform,
-                            absorb_flatten=False)
-        self.plans[key] = plan
-        while len(self.plans) > MAX_SUBPLANS:
-            self.plans.popitem(last=False)
-        return plan
-
-    def _backward(self, graph: ir.Graph):
-        """The sub-plan's backward: objective sum_i <output_i, cotangent_i> over the float
-        outputs, gradients of the float inputs asked for; forward and backward in two phases."""
-        from .autodiff import GradBuilder, differentiate
-
-        b = GradBuilder(graph, self.registry, "numpy", prefix="region")
-        terms = []
-        for name in self.outputs:
-            y = graph.values[name]
-            if not is_float(y.dtype):
-                continue
-            cot = ir.Value(cotangent_name(name), tuple(y.shape), y.dtype, ir.INPUT)
-            graph.values[cot.name] = cot
-            graph.inputs.append(cot)
-            terms.append(b.op("ReduceSum", [b.mul(y, cot)], {"keepdims": 0}))
-        loss = terms[0] if len(terms) == 1 else b.op("Sum", terms)
-        graph.backward_start = len(graph.nodes)
-        names = [self.fed[i] for i in self.wrt]
-        wrt = [graph.values[n] for n in names if n in graph.values]
-        grads = differentiate(graph, loss, wrt, self.registry, "numpy")
-        for i, node in enumerate(graph.nodes):
-            node.phase = FORWARD if i < graph.backward_start else BACKWARD
-        graph.outputs = [graph.values[n] for n in self.outputs] + list(grads.values())
-        return grads
-
-    # -- step time ----------------------------------------------------------------------------
+        self.sub.require_gradients(self.fed[i] for i in self.wrt)
 
     def forward(self, ins: list, outs: list) -> None:
         """The DynamicRegion kernel: producers eagerly, then the sub-plan for their sizes."""
         values = dict(zip(self.fed, ins))
         for p in self.producers:
             values.update(p.run(values))
-        shapes = {n: values[n].shape for n in self.dynamic}
-        shapes.update({n: values[n].shape for n in self.fed})
-        plan = self._plan(shapes)
-        tensors, arena = plan.memory.tensors, plan.executor.arena
-        for name, value in values.items():
-            if name in tensors and tensors[name].alias_of is None and \
-                    plan.graph.values[name].kind == ir.INPUT:
-                np.copyto(tensors[name].kernel_view(arena), value)
-        plan.executor.run(phase=FORWARD if self.wrt else None)
-        for name, y in zip(self.outputs, outs):
-            np.copyto(y, tensors[name].kernel_view(arena))
-        self.last = plan
+        shapes = {n: values[n].shape for n in self.fed}
+        shapes.update({n: values[n].shape for n in self.dynamic})
+        self.last = self.sub.plan(shapes, key=tuple(shapes[n] for n in self.dynamic))
+        self.sub.forward(self.last, values, outs)
 
     def backward(self, ins: list, outs: list) -> None:
-        """The DynamicRegionGrad kernel: the backward of the sub-plan the forward ran, from the
-        outputs' cotangents (``ins``) to the asked inputs' gradients (``outs``)."""
-        plan = self.last
-        tensors, arena = plan.memory.tensors, plan.executor.arena
-        for name, cot in zip(self.outputs, ins):
-            cname = cotangent_name(name)
-            if cname in tensors:
-                np.copyto(tensors[cname].kernel_view(arena), cot)
-        plan.executor.run(phase=BACKWARD)
-        grads = plan.info
-        for i, g in zip(self.wrt, outs):
-            name = self.fed[i]
-            if name not in grads:  # read only by the eager producers: no gradient flows
-                g.fill(0)
-            else:
-                np.copyto(g, tensors[grads[name].name].kernel_view(arena))
+        """The DynamicRegionGrad kernel: cotangents of the outputs (``ins``) to gradients of
+        the asked inputs (``outs``), through the sub-plan the forward ran this step."""
+        self.sub.backward(self.last, ins, {self.fed[i]: g for i, g in zip(self.wrt, outs)})
+
+
+class Branches:
+    """A data-dependent If: each branch a ``SubModel`` (the outer values it reads by name are
+    its inputs; the If node reads them all after its condition), one planned per branch, the
+    one the condition selects run."""
+
+    def __init__(self, node: ir.Node, model: onnx.ModelProto, registry):
+        self.fed = [v.name for v in node.inputs[1:]]
+        values = {v.name: v for v in node.inputs[1:]}
+        self.subs = [self._sub(node.attrs[key], values, node.outputs, model, registry)
+                     for key in ("else_branch", "then_branch")]  # indexed by the condition
+        self.shapes = {v.name: tuple(v.shape) for v in node.inputs[1:]}
+        self.wrt: tuple[int, ...] = ()
+        self.last = None
+
+    @staticmethod
+    def _sub(branch: onnx.GraphProto, values: dict, results: list, model, registry
+             ) -> SubModel:
+        reads = free_names(branch)
+        outputs = [f"{o.name}__branch_out" for o in branch.output]
+        nodes = list(branch.node) + [helper.make_node("Identity", [o.name], [name])
+                                     for o, name in zip(branch.output, outputs)]
+        graph = helper.make_graph(nodes, branch.name or "branch",
+                                  [_value_info(values[n]) for n in reads],
+                                  [helper.make_tensor_value_info(
+                                      n, onnx_elem_type(v.dtype), list(v.shape))
+                                   for v, n in zip(results, outputs)],
+                                  initializer=branch.initializer,
+                                  sparse_initializer=branch.sparse_initializer)
+        sub = helper.make_model(graph, opset_imports=model.opset_import,
+                                ir_version=model.ir_version, functions=model.functions)
+        return SubModel(sub, outputs, registry)
+
+    def require_gradients(self, positions) -> None:
+        self.wrt = tuple(positions)
+        for sub in self.subs:
+            sub.require_gradients([self.fed[i - 1] for i in self.wrt])
+
+    def forward(self, ins: list, outs: list) -> None:
+        sub = self.subs[int(bool(np.asarray(ins[0]).reshape(-1)[0]))]
+        self.last = sub, sub.plan(self.shapes)
+        sub.forward(self.last[1], dict(zip(self.fed, ins[1:])), outs)
+
+    def backward(self, ins: list, outs: list) -> None:
+        sub, plan = self.last
+        sub.backward(plan, ins, {self.fed[i - 1]: g for i, g in zip(self.wrt, outs)})
+
+
+def free_names(graph: onnx.GraphProto) -> list[str]:
+    """The outer-scope values a (sub)graph reads by name, nested subgraphs included."""
+    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {
+        t.values.name for t in graph.sparse_initializer}
+    free = []
+    for node in graph.node:
+        free.extend(n for n in node.input if n and n not in defined)
+        for a in node.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                free.extend(n for n in free_names(sub) if n not in defined)
+        defined.update(node.output)
+    free.extend(o.name for o in graph.output if o.name not in defined)
+    return list(dict.fromkeys(free))
+
+
+def prepare_if(node: ir.Node, graph: ir.Graph, model: onnx.ModelProto, registry) -> None:
+    """An If whose condition is computed at run time: the outer values its branches read
+    become its inputs (so they are planned, kept and differentiated), and its ``Branches``
+    ride in ``attrs["region"]``. Its outputs must have static shapes, equal in both branches."""
+    for v in node.outputs:
+        if v is not None and not v.is_static:
+            raise ShapeError(f"{node.label}: output {v.name!r} has shape {list(v.shape)}: the "
+                             "branches give it different or data-dependent shapes; a "
+                             "condition known only at run time needs both branches to give "
+                             "the same static shapes")
+    names = free_names(node.attrs["then_branch"]) + free_names(node.attrs["else_branch"])
+    for name in dict.fromkeys(names):
+        if name not in graph.values:
+            raise ShapeError(f"{node.label}: a branch reads {name!r}, which nothing defines")
+        node.inputs.append(graph.values[name])
+    graph.wire(node)
+    node.attrs["region"] = Branches(node, model, registry)
 
 
 def cotangent_name(output: str) -> str:
