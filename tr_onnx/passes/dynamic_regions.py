@@ -69,7 +69,7 @@ def output_deciding_names(model: onnx.ModelProto) -> list[str]:
     output while their size is still unknown (a region that never closes): the plan must know
     those values (``importer._const_feed_inputs`` walks them back to model inputs)."""
     g = model.graph
-    infos = {vi.name: vi for vi in g.value_info}
+    infos = {vi.name: vi for vi in list(g.value_info) + list(g.output)}
     outputs = {o.name for o in g.output}
     consumers: dict[str, list] = {}
     for node in g.node:
@@ -81,7 +81,7 @@ def output_deciding_names(model: onnx.ModelProto) -> list[str]:
                                         node.op_type))
         if deciding is None:
             continue
-        pending, seen = [o for o in node.output if o], set()
+        pending, seen = [o for o in node.output if o and _unknown_dims(infos.get(o))], set()
         while pending:
             name = pending.pop()
             if name in seen:
@@ -91,7 +91,7 @@ def output_deciding_names(model: onnx.ModelProto) -> list[str]:
                 found.extend(node.input[i] for i in deciding if i < len(node.input))
                 break
             pending.extend(o for c in consumers.get(name, ()) for o in c.output
-                           if o and (o in outputs or _unknown_dims(infos.get(o))))
+                           if o and _unknown_dims(infos.get(o)))
     return found
 
 
