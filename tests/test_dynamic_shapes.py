@@ -1,4 +1,4 @@
-"""Data-dependent shapes and branches inside static plans (tr_onnx.passes.dynamic_regions,
+"""Data-dependent shapes and branches inside static plans (tr_onnx.subplan,
 tr_onnx.ops.dynamic): forward against onnxruntime, gradients against float64 finite
 differences of onnx.reference, PyTorch exports that pool over a boolean mask (NonZero) and take
 a data-dependent branch (If) trained against PyTorch, the sub-plan cache, and the named errors.

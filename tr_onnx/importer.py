@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from . import ir
+from . import ir, subplan
 from .dtypes import elem_type_name, is_supported, np_dtype, onnx_elem_type
 from .errors import (
     InputError,
@@ -28,7 +28,6 @@ from .errors import (
     UnsupportedModelError,
     unsupported_message,
 )
-from .passes import dynamic_regions
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
@@ -531,7 +530,8 @@ def _const_feed_inputs(model, registry, backend) -> set[str]:
     found, seen = set(), set()
     pending = [node.input[i] for node in model.graph.node
                for i in (getattr(opdef_for(node, opsets, registry, backend), "const_inputs", ()))
-               if i < len(node.input) and node.input[i]] + dynamic_regions.output_deciding_names(model)
+               if i < len(node.input) and node.input[i]]
+    pending += subplan.output_deciding_names(model)  # a data-dependent size in an output
     while pending:
         name = pending.pop()
         if name in seen:
@@ -564,7 +564,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
                              for k, v in const_values.items())
     model = _fold_to_fixpoint(model, imported.param_names, imported.source,
                               imported.fold_limit_bytes)
-    model = dynamic_regions.settle(model)  # sizes that constants decide (a kernel checks)
+    model = subplan.settle(model)  # sizes that constants decide (a kernel checks)
     _check_node_shapes(model, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}
@@ -577,7 +577,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for v in graph.values.values():
         if v.kind == ir.PARAM and v.name not in imported.param_names:
             v.kind = ir.CONST
-    dynamic_regions.cut(model, graph, imported.registry)  # data-dependent parts -> sub-plans
+    subplan.cut(model, graph, imported.registry)  # data-dependent parts -> sub-plans
     for node in graph.nodes:  # the first node whose output shape the data decides
         for v in node.outputs:
             if v is not None and not v.is_static:

@@ -4,7 +4,7 @@ their gradient DynamicRegionGrad.
 
 NonZero, Compress and Unique have a static plan only where their deciding input is a plan-time
 constant (then import folds them, or, for Compress with a constant condition, the kernel here
-gathers). Otherwise ``passes.dynamic_regions`` cuts the nodes from such a producer down to the
+gathers). Otherwise ``subplan`` cuts the nodes from such a producer down to the
 first values whose shapes are static again into one DynamicRegion node: its kernel runs the
 producers eagerly (``EAGER``, NumPy, allocating their small results), then a sub-plan
 specialised to the sizes they gave; DynamicRegionGrad runs that sub-plan's backward. Both kernels
@@ -214,7 +214,7 @@ def tr_onnx_op_definitions():
         OpDef("DynamicRegion", (1,), {"numpy": dynamic_region_numpy}, domain=INTERNAL,
               layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
               doc="a data-dependent part of the graph: eager producers, then a sub-plan "
-                  "specialised to their sizes (passes.dynamic_regions)"),
+                  "specialised to their sizes (subplan)"),
         OpDef("DynamicRegionGrad", (1,), {"numpy": dynamic_region_grad_numpy},
               domain=INTERNAL, layout=PLAIN_ONLY,
               doc="gradient of DynamicRegion: the backward of the sub-plan its forward ran"),

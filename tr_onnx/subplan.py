@@ -1,5 +1,8 @@
 """Data-dependent shapes inside a static plan: dynamic regions run through nested sub-plans.
 
+A module of its own, beside the importer it serves and the compiler it calls (a sub-plan is
+a plan): ``importer.specialize`` cuts regions, their kernels (``ops.dynamic``) delegate here.
+
 A plan knows every shape before a step runs. A node whose output size depends on data
 (NonZero, Compress with a condition computed at run time, Unique) breaks that; ``cut`` (called
 by ``importer.specialize``) cuts the nodes from such producers down to the first values whose
@@ -39,9 +42,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .. import ir
-from ..dtypes import is_float, onnx_elem_type
-from ..errors import ShapeError
+from . import ir
+from .dtypes import is_float, onnx_elem_type
+from .errors import ShapeError
 
 MAX_SUBPLANS = 32
 INTERNAL = "ai.tr_onnx"
@@ -155,7 +158,7 @@ def settle(model: onnx.ModelProto) -> onnx.ModelProto:
     data): Compress's from its condition, NonZero's and Unique's from their one possible
     result. Written into the model, whose shapes are then inferred again; their kernels check
     them at run time."""
-    from ..ops.dynamic import EAGER, compress_indices
+    from .ops.dynamic import EAGER, compress_indices
 
     g = model.graph
     consts = {t.name: t for t in g.initializer}
@@ -210,7 +213,7 @@ class _Producer:
     """A root producer run eagerly: ``run(values by name) -> {output name: array}``."""
 
     def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets):
-        from ..ops.dynamic import EAGER, compress_indices
+        from .ops.dynamic import EAGER, compress_indices
 
         self.inputs = [v.name if v is not None else None for v in node.inputs]
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
@@ -284,8 +287,8 @@ class SubModel:
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
-        from ..compiler import compile_plan
-        from ..importer import import_model
+        from .compiler import compile_plan
+        from .importer import import_model
 
         if self._imported is None:
             self._imported = import_model(self.model, self.registry, "numpy")
@@ -301,7 +304,7 @@ class SubModel:
     def _backward(self, graph: ir.Graph):
         """Objective sum_i <output_i, cotangent_i> over the float outputs; gradients of
         ``wrt``; forward and backward nodes in two phases, run by two kernels of a step."""
-        from .autodiff import GradBuilder, differentiate
+        from .passes.autodiff import GradBuilder, differentiate
 
         b = GradBuilder(graph, self.registry, "numpy", prefix="region")
         terms = []
