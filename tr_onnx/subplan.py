@@ -140,7 +140,6 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
     fed = [v for v in inputs if v.kind != ir.CONST]
     node = ir.Node(graph.unique_name(f"DynamicRegion/{members[0].name}"), "DynamicRegion",
                    INTERNAL, 1, fed, outputs, {"region": region})
-    region.label = node.label
     last = nodes.index(members[-1]) - (len(members) - 1)
     for n in members:
         graph.remove_node(n)
@@ -360,7 +359,6 @@ class Region:
         self.producers = producers
         self.fed = fed  # names of the DynamicRegion node's inputs, in order
         self.dynamic = dynamic  # sub-model inputs the producers make (their sizes key a plan)
-        self.label = "DynamicRegion"
         self.wrt: tuple[int, ...] = ()  # node input positions a gradient is asked for
         self.last = None  # the sub-plan the latest forward ran (its backward follows)
 
