@@ -727,8 +727,8 @@ def _data_dependent_message(imported: ImportedModel, node: ir.Node, value) -> st
     where = f" (from the values of input(s) {sorted(inputs)})" if inputs else ""
     return (f"{imported.source}: {node.label} gives value {value.name!r} a shape "
             f"{list(value.shape)} that depends on data{where}, even with concrete input "
-            "shapes; tr_onnx plans every shape before a step runs (data-dependent shapes are "
-            "not supported)")
+            "shapes; tr_onnx plans every shape before a step runs (a data-dependent size must "
+            "become static again before a model output, or be decided by model inputs)")
 
 
 def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:

@@ -32,6 +32,13 @@ backward pass (cotangent inputs for the region's float outputs, gradient outputs
 inputs), as two phases: the DynamicRegion kernel runs ``region_forward``, the
 DynamicRegionGrad kernel later in the same step runs ``region_backward`` of the same sub-plan,
 which still holds the forward's activations.
+
+If with a condition computed at run time (``prepare_if``): the outer values its branches read by
+name become the node's inputs, each branch is a ``SubModel`` planned once (both branches must
+give the same static output shapes, else a named error), the kernel runs the branch the
+condition selects, and the same gradient node runs that branch's backward (the inputs only the
+other branch reads get zero gradients). An If whose condition is known when the plan is made is
+the static control-flow pass's to inline; one that reaches this kernel still runs correctly.
 """
 
 from __future__ import annotations
@@ -170,17 +177,21 @@ def settle(model: onnx.ModelProto) -> onnx.ModelProto:
                                        for i in deciding):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if key == ("", "Compress"):
-            shape = _static_dims(infos.get(node.input[0]), consts.get(node.input[0]))
-            if shape is None:
-                continue
-            kept = len(compress_indices(numpy_helper.to_array(consts[node.input[1]])))
-            axis = attrs.get("axis")
-            known[node.output[0]] = [kept] if axis is None else [
-                kept if a == axis % len(shape) else d for a, d in enumerate(shape)]
-        elif all(n in consts for n in node.input if n):
-            results = EAGER[key](attrs, *(numpy_helper.to_array(consts[n]) for n in node.input))
-            known.update({o: list(r.shape) for o, r in zip(node.output, results) if o})
+        try:
+            if key == ("", "Compress"):
+                shape = _static_dims(infos.get(node.input[0]), consts.get(node.input[0]))
+                if shape is None:
+                    continue
+                kept = len(compress_indices(numpy_helper.to_array(consts[node.input[1]])))
+                axis = attrs.get("axis")
+                known[node.output[0]] = [kept] if axis is None else [
+                    kept if a == axis % len(shape) else d for a, d in enumerate(shape)]
+            elif all(n in consts for n in node.input if n):
+                results = EAGER[key](attrs, *(numpy_helper.to_array(consts[n])
+                                              for n in node.input if n))
+                known.update({o: list(r.shape) for o, r in zip(node.output, results) if o})
+        except Exception:  # a node its inputs do not fit (an axis out of range...): leaving
+            continue  # its sizes unknown is always correct; specialize or its kernel names it
     if not known:
         return model
     out = onnx.ModelProto()
@@ -195,8 +206,11 @@ def settle(model: onnx.ModelProto) -> onnx.ModelProto:
     for name, dims in known.items():
         elem = infos[name].type.tensor_type.elem_type if name in infos else 0
         out.graph.value_info.append(helper.make_tensor_value_info(name, elem, dims))
-    return onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False,
-                                             data_prop=True)
+    try:
+        return onnx.shape_inference.infer_shapes(out, check_type=False, strict_mode=False,
+                                                 data_prop=True)
+    except (onnx.shape_inference.InferenceError, ValueError):
+        return model  # as it was: specialize's own checks name what does not fit
 
 
 def _static_dims(vi, init) -> list[int] | None:
