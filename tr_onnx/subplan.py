@@ -295,20 +295,27 @@ class SubModel:
         self.wrt = [n for n in names if n in self.inputs]
         self.plans.clear()
 
-    def plan(self, shapes: dict[str, tuple], key=()):
-        plan = self.plans.get(key)
-        if plan is not None:
-            self.plans.move_to_end(key)
-            return plan
+    def plan(self, values: dict, key=()):
+        """The sub-plan for the sizes of ``values`` (by input name), with ``key`` naming them;
+        inputs the sub-model needs at plan time (a Reshape's shape) are bound by value and
+        join the key."""
         from .compiler import compile_plan
         from .importer import import_model
 
         if self._imported is None:
             self._imported = import_model(self.model, self.registry, "numpy")
+        consts = {n: np.asarray(values[n]) for n in self._imported.const_feeds}
+        if consts:  # rare: an int input of the region deciding a shape inside it
+            key = (key, tuple((n, v.tobytes()) for n, v in sorted(consts.items())))
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+            return plan
         transform = self._backward if self.wrt else None
-        plan = compile_plan(self._imported, {n: s for n, s in shapes.items()
-                                             if n in self.inputs}, {}, "numpy", 1,
-                            transform=transform, absorb_flatten=False)
+        shapes = {n: np.shape(v) for n, v in values.items() if n in self.inputs and
+                  n not in consts}
+        plan = compile_plan(self._imported, shapes, consts, "numpy", 1, transform=transform,
+                            absorb_flatten=False)
         self.plans[key] = plan
         while len(self.plans) > MAX_SUBPLANS:
             self.plans.popitem(last=False)
@@ -427,9 +434,7 @@ class Region:
         values = dict(zip(self.fed, ins))
         for p in self.producers:
             values.update(p.run(values))
-        shapes = {n: values[n].shape for n in self.fed}
-        shapes.update({n: values[n].shape for n in self.dynamic})
-        self.last = self.sub.plan(shapes, key=tuple(shapes[n] for n in self.dynamic))
+        self.last = self.sub.plan(values, key=tuple(values[n].shape for n in self.dynamic))
         self.sub.forward(self.last, values, outs)
 
     def backward(self, ins: list, outs: list) -> None:
@@ -448,7 +453,6 @@ class Branches:
         values = {v.name: v for v in node.inputs[1:]}
         self.subs = [self._sub(node.attrs[key], values, node.outputs, model, registry)
                      for key in ("else_branch", "then_branch")]  # indexed by the condition
-        self.shapes = {v.name: tuple(v.shape) for v in node.inputs[1:]}
         self.wrt: tuple[int, ...] = ()
         self.last = None
 
@@ -477,8 +481,9 @@ class Branches:
 
     def forward(self, ins: list, outs: list) -> None:
         sub = self.subs[int(bool(np.asarray(ins[0]).reshape(-1)[0]))]
-        self.last = sub, sub.plan(self.shapes)
-        sub.forward(self.last[1], dict(zip(self.fed, ins[1:])), outs)
+        values = dict(zip(self.fed, ins[1:]))
+        self.last = sub, sub.plan(values)
+        sub.forward(self.last[1], values, outs)
 
     def backward(self, ins: list, outs: list) -> None:
         sub, plan = self.last
