@@ -79,6 +79,17 @@ def reshape_by_count(t=F32):
                   [_ints("ax1", [1]), _ints("three", [3])])
 
 
+def tile_by_count(t=F32):
+    """Tile by a count computed from data (no NonZero): the sub-plan binds the repeats by
+    value, and x's gradient flows through the Tile."""
+    return _model([helper.make_node("Cast", ["c"], ["ci"], to=I64),
+                   helper.make_node("ReduceSum", ["ci"], ["k"], keepdims=1),
+                   helper.make_node("Tile", ["x", "k"], ["tiled"]),
+                   helper.make_node("Mul", ["tiled", "tiled"], ["sq"]),
+                   helper.make_node("ReduceSum", ["sq"], ["y"], keepdims=1)],
+                  [("x", t, [3]), ("c", BOOL, [4])], [("y", t, [1])])
+
+
 def unique_stats():
     """Unique's values and counts reduced to static scalars."""
     return _model([helper.make_node("Unique", ["x"], ["u", "first", "inv", "counts"]),
@@ -118,6 +129,9 @@ def _feeds(case: str, dtype=np.float32) -> list[dict]:
     if case in ("compress_sum", "reshape_by_count"):
         return [{"x": rng.standard_normal((4, 3)).astype(dtype),
                  "c": np.array(c, bool)} for c in ([1, 0, 1, 1], [0, 1, 0, 0], [1, 0, 1, 0])]
+    if case == "tile_by_count":
+        return [{"x": rng.standard_normal(3).astype(dtype), "c": np.array(c, bool)}
+                for c in ([1, 0, 1, 1], [0, 1, 0, 0], [1, 0, 1, 0])]
     if case == "nested_compress":
         return [{"x": rng.standard_normal((2, 4)).astype(dtype),
                  "c": rng.random(8) > p} for p in (0.2, 0.5, 0.7)]
@@ -131,7 +145,7 @@ def _feeds(case: str, dtype=np.float32) -> list[dict]:
 
 MODELS = {"masked_mean": masked_mean, "compress_sum": compress_sum,
           "nested_compress": nested_compress, "unique_stats": unique_stats,
-          "reshape_by_count": reshape_by_count,
+          "reshape_by_count": reshape_by_count, "tile_by_count": tile_by_count,
           "runtime_if": runtime_if}
 
 
@@ -163,7 +177,8 @@ def _finite_differences(model, feed, cot, h=1e-6) -> np.ndarray:
 
 @pytest.mark.parametrize("align", [1, 8], ids=["align1", "align8"])
 @pytest.mark.parametrize("case", ["masked_mean", "compress_sum", "nested_compress",
-                                  "runtime_if", "reshape_by_count", "masked_mean_4d"])
+                                  "runtime_if", "reshape_by_count", "tile_by_count",
+                                  "masked_mean_4d"])
 def test_gradients_through_a_data_dependent_part_match_finite_differences(case, align):
     if case == "masked_mean_4d":  # NCHW data: the layout pass pads its channels at align 8
         model, feeds = masked_mean(F64, (1, 3, 2, 2)), []

@@ -144,6 +144,8 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
     if any(not v.is_static for v in outputs):
         return
     region = Region.from_members(model, members, protos, inputs, outputs, registry)
+    if not region.producers and not region.sub.imported().const_feeds:
+        return  # nothing would make the sub-plan's sizes known: the caller names the value
     fed = [v for v in inputs if v.kind != ir.CONST]
     node = ir.Node(graph.unique_name(f"DynamicRegion/{members[0].name}"), "DynamicRegion",
                    INTERNAL, 1, fed, outputs, {"region": region})
@@ -279,6 +281,17 @@ def _value_info(v: ir.Value, shape=None) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(v.name, onnx_elem_type(v.dtype), dims)
 
 
+def _eager(node: ir.Node) -> bool:
+    """Whether a data-dependent node reading only the region's inputs runs eagerly: the
+    producers ``ops.dynamic`` knows (Compress as positions for a Gather), and any node with no
+    float input (no gradient to lose). Others (Tile by a computed count, a Reshape to a computed
+    shape) stay in the sub-model, whose plan binds their plan-time inputs by value."""
+    key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+    return all(v is None or v.is_static for v in node.inputs) and (
+        key in DECIDING_INPUTS or not any(v is not None and is_float(v.dtype)
+                                          for v in node.inputs))
+
+
 class SubModel:
     """A part of a graph as a small ONNX model, compiled by the usual pipeline per set of input
     sizes (cached, least recently used beyond ``MAX_SUBPLANS``), with a backward pass when
@@ -291,6 +304,14 @@ class SubModel:
         self.plans: OrderedDict = OrderedDict()
         self._imported = None
 
+    def imported(self):
+        """The sub-model imported (checked, inferred, folded), once."""
+        if self._imported is None:
+            from .importer import import_model
+
+            self._imported = import_model(self.model, self.registry, "numpy")
+        return self._imported
+
     def require_gradients(self, names) -> None:
         self.wrt = [n for n in names if n in self.inputs]
         self.plans.clear()
@@ -300,11 +321,8 @@ class SubModel:
         inputs the sub-model needs at plan time (a Reshape's shape) are bound by value and
         join the key."""
         from .compiler import compile_plan
-        from .importer import import_model
 
-        if self._imported is None:
-            self._imported = import_model(self.model, self.registry, "numpy")
-        consts = {n: np.asarray(values[n]) for n in self._imported.const_feeds}
+        consts = {n: np.asarray(values[n]) for n in self.imported().const_feeds}
         if consts:  # rare: an int input of the region deciding a shape inside it
             key = (key, tuple((n, v.tobytes()) for n, v in sorted(consts.items())))
         plan = self.plans.get(key)
@@ -390,8 +408,7 @@ class Region:
         for n in members:
             dynamic_out = any(v is not None and not v.is_static for v in n.outputs)
             reads_outside = all(v is None or id(v) in outside for v in n.inputs)
-            if dynamic_out and reads_outside and all(v is None or v.is_static
-                                                     for v in n.inputs):
+            if dynamic_out and reads_outside and _eager(n):
                 producers.append(_Producer(protos[id(n)], n, model.opset_import))
                 if producers[-1].gather:
                     sub_nodes.extend(_gather_for_compress(n, initializers))
