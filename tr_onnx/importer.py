@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from . import ir
+from . import ir, subplan
 from .dtypes import elem_type_name, is_supported, np_dtype, onnx_elem_type
 from .errors import (
     InputError,
@@ -578,6 +578,7 @@ def _const_feed_inputs(model, registry, backend) -> set[str]:
     pending = [node.input[i] for node in model.graph.node
                for i in (getattr(opdef_for(node, opsets, registry, backend), "const_inputs", ()))
                if i < len(node.input) and node.input[i]]
+    pending += subplan.output_deciding_names(model)  # a data-dependent size in an output
     while pending:
         name = pending.pop()
         if name in seen:
@@ -610,6 +611,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
                              for k, v in const_values.items())
     model = _fold_to_fixpoint(model, imported.param_names, imported.source,
                               imported.fold_limit_bytes)
+    model = subplan.settle(model)  # sizes that constants decide (a kernel checks)
     _check_node_shapes(model, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}
@@ -622,6 +624,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for v in graph.values.values():
         if v.kind == ir.PARAM and v.name not in imported.param_names:
             v.kind = ir.CONST
+    subplan.cut(model, graph, imported.registry)  # data-dependent parts -> sub-plans
     for node in graph.nodes:  # the first node whose output shape the data decides
         for v in node.outputs:
             if v is not None and not v.is_static:
@@ -771,8 +774,8 @@ def _data_dependent_message(imported: ImportedModel, node: ir.Node, value) -> st
     where = f" (from the values of input(s) {sorted(inputs)})" if inputs else ""
     return (f"{imported.source}: {node.label} gives value {value.name!r} a shape "
             f"{list(value.shape)} that depends on data{where}, even with concrete input "
-            "shapes; tr_onnx plans every shape before a step runs (data-dependent shapes are "
-            "not supported)")
+            "shapes; tr_onnx plans every shape before a step runs (a data-dependent size must "
+            "become static again before a model output, or be decided by model inputs)")
 
 
 def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:
