@@ -9,7 +9,7 @@ import numpy as np
 from gradcheck import Const, GradCase
 
 RNG = np.random.default_rng(13)
-T, N, I, H = 4, 3, 2, 3  # steps, batch, input size, hidden size
+T, N, C, H = 4, 3, 2, 3  # steps, batch, input size (channels), hidden size
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 LENS = Const(np.array([4, 2, 3], np.int32))  # one full row, two shorter
 
@@ -22,8 +22,8 @@ def layer(op, dirs=1, *, bias=True, lens=None, init=False, peep=False, layout=0)
     """Inputs of one layer: X, W, R, B, sequence_lens, initial_h[, initial_c, P]."""
     g = GATES[op]
     state = (dirs, N, H) if layout == 0 else (N, dirs, H)
-    ins = [r(T, N, I, scale=1.0) if layout == 0 else r(N, T, I, scale=1.0),
-           r(dirs, g * H, I), r(dirs, g * H, H), r(dirs, 2 * g * H) if bias else None, lens,
+    ins = [r(T, N, C, scale=1.0) if layout == 0 else r(N, T, C, scale=1.0),
+           r(dirs, g * H, C), r(dirs, g * H, H), r(dirs, 2 * g * H) if bias else None, lens,
            r(*state) if init else None]
     if op == "LSTM":
         ins += [r(*state) if init else None, r(dirs, 3 * H) if peep else None]

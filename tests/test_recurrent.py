@@ -21,7 +21,7 @@ import tr_onnx
 from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.training.gradients import vjp
 
-T, N, I, H = 5, 3, 4, 3
+T, N, C, H = 5, 3, 4, 3
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
@@ -31,8 +31,8 @@ def _layer_model(op, dirs=1, *, attrs=None, lens=False, init=False, peep=False, 
     rng = np.random.default_rng(seed)
     g = GATES[op]
     state = (dirs, N, H) if layout == 0 else (N, dirs, H)
-    feed = {"X": rng.standard_normal((T, N, I) if layout == 0 else (N, T, I)),
-            "W": rng.standard_normal((dirs, g * H, I)) * 0.5,
+    feed = {"X": rng.standard_normal((T, N, C) if layout == 0 else (N, T, C)),
+            "W": rng.standard_normal((dirs, g * H, C)) * 0.5,
             "R": rng.standard_normal((dirs, g * H, H)) * 0.5,
             "B": rng.standard_normal((dirs, 2 * g * H)) * 0.5}
     feed = {k: v.astype(dtype) for k, v in feed.items()}
@@ -176,9 +176,9 @@ def test_gradients_equal_pytorch_autograd(op, dirs, batch_first, output):
     """d sum(out * cot) / d (X, W, R, B, h0[, c0]) against torch.nn.LSTM/GRU/RNN's autograd,
     float64, within 1e-5; batch_first maps to layout 1."""
     torch.manual_seed(0)
-    module = TORCH[op](I, H, bidirectional=dirs == 2, batch_first=batch_first).double()
+    module = TORCH[op](C, H, bidirectional=dirs == 2, batch_first=batch_first).double()
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((N, T, I) if batch_first else (T, N, I))
+    x = rng.standard_normal((N, T, C) if batch_first else (T, N, C))
     h0 = rng.standard_normal((dirs, N, H))
     c0 = rng.standard_normal((dirs, N, H))
     tx, th0, tc0 = (torch.tensor(a, requires_grad=True) for a in (x, h0, c0))

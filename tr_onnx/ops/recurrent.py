@@ -13,9 +13,10 @@ rule therefore swaps the forward node for its training variant (``ai.tr_onnx`` `
 ``RNNGrad``) whose kernel runs the whole layer, both directions, backwards through time: the
 training graph of a layer is two nodes, never an unrolled loop.
 
-Saved row per step and direction (``S`` wide): LSTM ``[pre-activations i,o,f,c | C_t | H_t]``,
-GRU ``[pre-activations z,r,h | H_{t-1} Rh^T + Rbh | H_t]``, RNN ``[pre-activation | H_t]``.
-Pre-activations are stored after ``clip`` (so the clip's derivative is ``|a| < clip``).
+Saved per step and direction (``N * S`` values, three contiguous blocks, see ``_rows``): LSTM
+``[pre-activations i,o,f,c | C_t | H_t]``, GRU ``[pre-activations z,r,h | H_{t-1} Rh^T + Rbh |
+H_t]``, RNN ``[pre-activation | H_t]``. Pre-activations are stored after ``clip`` (so the
+clip's derivative is ``|a| < clip``).
 
 ``sequence_lens``. Steps run in *processing order* ``s``: batch row ``n`` reads time
 ``tidx[s, n]`` (``s`` forwards; ``len_n - 1 - s`` backwards while ``s < len_n``). Past a row's
@@ -321,7 +322,7 @@ def _clip_mask_(d, a, clip: float):
 
 
 # ---- cells: one step forwards, one step backwards ----------------------------------------------
-# Forward steps write the saved row ``sv`` [N, S] of step s from ``xp`` (X W^T + biases folded
+# Forward steps write step s's saved blocks (gates, mid, h) from ``xp`` (X W^T + biases folded
 # in) and the previous state; backward steps read it and turn dh (and dc) into the gradients of
 # the gate pre-activations (``gx`` for the input side, ``gr`` for the recurrent side, ``q``
 # the recurrent matmul's left operand) and the previous state's dh (and dc), in place.
@@ -335,9 +336,21 @@ class _Buffers:
             setattr(self, k, ws[i])
 
 
-def _lstm_forward(sp, acts, sv, xp, hp, cp, r, p, b: _Buffers):
+def _rows(sp: _Spec, saved_d, n: int):
+    """Views of one direction's saved rows ``[T, N, S]`` as (gates [T, N, G*H], mid
+    [T, N, H] (LSTM's C_t, GRU's H Rh^T + Rbh; None for RNN), h [T, N, H]). A step's row is
+    stored as three contiguous blocks, so the step's matmuls read and write them directly
+    (NumPy's matmul on strided operands is several times slower)."""
+    t, gh, h = saved_d.shape[0], sp.gates * sp.hidden, sp.hidden
+    if not saved_d.flags.c_contiguous:  # a reshape would copy, and the writes be lost
+        raise ValueError("the saved rows must be one contiguous buffer")
+    flat = saved_d.reshape(t, -1)
+    mid = flat[:, n * gh:n * (gh + h)].reshape(t, n, h) if sp.cell != "RNN" else None
+    return flat[:, :n * gh].reshape(t, n, gh), mid, flat[:, -n * h:].reshape(t, n, h)
+
+
+def _lstm_forward(sp, acts, gates, c, hs, xp, hp, cp, r, p, b: _Buffers):
     h, f, g, hact = sp.hidden, acts[0], acts[1], acts[2]
-    gates = sv[:, :4 * h]
     gi, go, gf, gc = (gates[:, k * h:(k + 1) * h] for k in range(4))
     ai, ao, af, ac = (b.act[:, k * h:(k + 1) * h] for k in range(4))
     np.matmul(hp, r.T, out=gates)
@@ -354,7 +367,6 @@ def _lstm_forward(sp, acts, sv, xp, hp, cp, r, p, b: _Buffers):
         np.subtract(1, ai, out=af)
     else:
         f(gf, af)
-    c = sv[:, 4 * h:5 * h]
     np.multiply(af, cp, out=c)
     np.multiply(ai, ac, out=b.t0)
     np.add(c, b.t0, out=c)
@@ -364,12 +376,11 @@ def _lstm_forward(sp, acts, sv, xp, hp, cp, r, p, b: _Buffers):
     _clip_(go, sp.clip)
     f(go, ao)
     hact(c, b.t0)
-    np.multiply(ao, b.t0, out=sv[:, 5 * h:])
+    np.multiply(ao, b.t0, out=hs)
 
 
-def _lstm_backward(sp, acts, sv, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: int):
+def _lstm_backward(sp, acts, gates, c, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: int):
     h, f, g, hact = sp.hidden, acts[0], acts[1], acts[2]
-    gates, c = sv[:, :4 * h], sv[:, 4 * h:5 * h]
     gi, go, gf, gc = (gates[:, k * h:(k + 1) * h] for k in range(4))
     ai, ao, af, ac = (b.act[:, k * h:(k + 1) * h] for k in range(4))
     di, do, df, dg = (b.der[:, k * h:(k + 1) * h] for k in range(4))
@@ -419,32 +430,33 @@ def _lstm_backward(sp, acts, sv, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: i
     np.matmul(gx, r, out=dh)
 
 
-def _gru_forward(sp, acts, sv, xp, hp, cp, r, p, b: _Buffers):
+def _gru_forward(sp, acts, gates, hr, hs, xp, hp, cp, r, p, b: _Buffers):
     h, f, g = sp.hidden, acts[0], acts[1]
-    gzr, gh, hr = sv[:, :2 * h], sv[:, 2 * h:3 * h], sv[:, 3 * h:4 * h]
+    gzr, gh = gates[:, :2 * h], gates[:, 2 * h:]
     azr, az, ar, ah = b.act[:, :2 * h], b.act[:, :h], b.act[:, h:2 * h], b.act[:, 2 * h:]
-    np.matmul(hp, r[:2 * h].T, out=gzr)
-    np.add(gzr, xp[:, :2 * h], out=gzr)
+    np.matmul(hp, r.T, out=b.act)  # H R^T of the three gates (scratch in act)
+    np.add(b.act, xp, out=gates)
     _clip_(gzr, sp.clip)
-    f(gzr, azr)
     if sp.linear_before_reset:  # g(Xh + r * (H Rh^T + Rbh))
-        np.matmul(hp, r[2 * h:].T, out=hr)
-        np.add(hr, b.rbh, out=hr)
-        np.multiply(ar, hr, out=gh)
+        np.add(b.act[:, 2 * h:], b.rbh, out=hr)  # before act's candidate block is written
+        f(gzr, azr)
+        np.multiply(ar, hr, out=b.t1)
     else:  # g(Xh + (r * H) Rh^T + Rbh)
+        f(gzr, azr)
         np.multiply(ar, hp, out=b.t0)
-        np.matmul(b.t0, r[2 * h:].T, out=gh)
-    np.add(gh, xp[:, 2 * h:], out=gh)
+        np.matmul(b.t0, r[2 * h:].T, out=b.t1)
+        hr.fill(0)  # unused: no stale values in the saved rows
+    np.add(b.t1, xp[:, 2 * h:], out=gh)
     _clip_(gh, sp.clip)
     g(gh, ah)
     np.subtract(hp, ah, out=b.t0)  # H = h~ + z (H_prev - h~)
     np.multiply(b.t0, az, out=b.t0)
-    np.add(ah, b.t0, out=sv[:, 4 * h:])
+    np.add(ah, b.t0, out=hs)
 
 
-def _gru_backward(sp, acts, sv, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: int):
+def _gru_backward(sp, acts, gates, hr, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: int):
     h, f, g = sp.hidden, acts[0], acts[1]
-    gzr, gh, hr = sv[:, :2 * h], sv[:, 2 * h:3 * h], sv[:, 3 * h:4 * h]
+    gzr, gh = gates[:, :2 * h], gates[:, 2 * h:]
     azr, az, ar, ah = b.act[:, :2 * h], b.act[:, :h], b.act[:, h:2 * h], b.act[:, 2 * h:]
     dzr, dhd = b.der[:, :2 * h], b.der[:, 2 * h:]
     daz, dar, dah = gx[:, :h], gx[:, h:2 * h], gx[:, 2 * h:]
@@ -459,36 +471,36 @@ def _gru_backward(sp, acts, sv, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: in
     np.multiply(dah, dhd, out=dah)
     np.multiply(dh, az, out=b.t1)  # the previous state's gradient, through z
     grh, q = b.grh[s], b.q[s]
+    # the recurrent side's gradients [dz, dr, candidate's] (contiguous, for one matmul by R)
+    grz, gr_h = b.gr3[:, :2 * h], b.gr3[:, 2 * h:]
     if sp.linear_before_reset:
         np.multiply(dah, hr, out=dar)
         np.multiply(dah, ar, out=grh)
         np.copyto(q, hp)
-        np.matmul(grh, r[2 * h:], out=b.t0)
-        np.add(b.t1, b.t0, out=b.t1)
+        np.copyto(gr_h, grh)
     else:
         np.copyto(grh, dah)
         np.multiply(ar, hp, out=q)
-        np.matmul(dah, r[2 * h:], out=b.t0)  # d(r * H)
+        np.matmul(grh, r[2 * h:], out=b.t0)  # d(r * H)
         np.multiply(b.t0, hp, out=dar)
         np.multiply(b.t0, ar, out=b.t0)
         np.add(b.t1, b.t0, out=b.t1)
+        gr_h.fill(0)
     np.multiply(gx[:, :2 * h], dzr, out=gx[:, :2 * h])
-    np.matmul(gx[:, :2 * h], r[:2 * h], out=dh)
+    np.copyto(grz, gx[:, :2 * h])
+    np.matmul(b.gr3, r, out=dh)
     np.add(dh, b.t1, out=dh)
 
 
-def _rnn_forward(sp, acts, sv, xp, hp, cp, r, p, b: _Buffers):
-    h = sp.hidden
-    a = sv[:, :h]
+def _rnn_forward(sp, acts, a, mid, hs, xp, hp, cp, r, p, b: _Buffers):
     np.matmul(hp, r.T, out=a)
     np.add(a, xp, out=a)
     _clip_(a, sp.clip)
-    acts[0](a, sv[:, h:])
+    acts[0](a, hs)
 
 
-def _rnn_backward(sp, acts, sv, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: int):
-    h, f = sp.hidden, acts[0]
-    a = sv[:, :h]
+def _rnn_backward(sp, acts, a, mid, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers, s: int):
+    f = acts[0]
     f(a, b.t0)
     f.derivative(a, b.t0, gx)
     _clip_mask_(gx, a, sp.clip)
@@ -541,8 +553,8 @@ def recurrent_numpy(ctx):
     training = ctx.node.domain == INTERNAL
     saved_ws = None if training else ctx.workspace((dirs, t, n, sp.width), ctx.inputs[0].dtype)
     order = _Order(ctx, t, n)
-    ids = _workspaces(ctx, {"xp": (t, n, gh), "act": (n, gh), "t0": (n, h), "zero": (n, h),
-                            "y": (t, n, h)})
+    ids = _workspaces(ctx, {"xp": (t, n, gh), "act": (n, gh), "t0": (n, h), "t1": (n, h),
+                            "zero": (n, h), "y": (t, n, h)})
     step = _CELLS[sp.cell][0]
     has = [ctx.has_input(i) for i in range(_N_IN[sp.cell])]
     out = [ctx.has_output(i) for i in range(n_out)]
@@ -558,22 +570,24 @@ def recurrent_numpy(ctx):
         with np.errstate(over="ignore"):  # exp overflow in a sigmoid is its limit, 0 or 1
             for d, reverse in enumerate(sp.reverse):
                 tidx, inv = order.make(lens, reverse, ws)
-                np.matmul(x[tidx, order.rows], ins[1][d].T, out=b.xp)  # X in processing order
+                xs = x[tidx, order.rows]  # X in processing order
+                np.matmul(xs.reshape(t * n, -1), ins[1][d].T, out=b.xp.reshape(t * n, gh))
                 _fold_biases(sp, ins[3][d] if has[3] else None, b.xp, b)
                 r, p = ins[2][d], ins[7][d] if lstm and has[7] else None
                 hp = h0[d] if h0 is not None else b.zero
                 cp = (c0[d] if c0 is not None else b.zero) if lstm else None
+                gates, mid, hall = _rows(sp, saved[d], n)
                 for s in range(t):
-                    sv = saved[d, s]
-                    step(sp, sp.acts[d], sv, b.xp[s], hp, cp, r, p, b)
-                    hs, cs = sv[:, -h:], sv[:, 4 * h:5 * h] if lstm else None
+                    hs, cs = hall[s], mid[s] if lstm else None
+                    step(sp, sp.acts[d], gates[s], mid[s] if mid is not None else None, hs,
+                         b.xp[s], hp, cp, r, p, b)
                     if inv is not None:  # past the sequence's end: the state carries over
                         np.copyto(hs, hp, where=inv[s])
                         if lstm:
                             np.copyto(cs, cp, where=inv[s])
                     hp, cp = hs, cs
                 if out[0]:
-                    np.copyto(b.y, saved[d, :, :, -h:])
+                    np.copyto(b.y, hall)
                     if inv is not None:
                         np.copyto(b.y, 0, where=inv)
                     _y_view(outs[0], sp.layout)[d][tidx, order.rows] = b.y
@@ -605,7 +619,7 @@ def recurrent_grad_numpy(ctx):
     if lstm:
         shapes["cprev"] = (t, n, h)
     if gru:
-        shapes.update(grh=(t, n, h), q=(t, n, h))
+        shapes.update(grh=(t, n, h), q=(t, n, h), gr3=(n, gh))
     ids = _workspaces(ctx, shapes)
     order = _Order(ctx, t, n)
     step = _CELLS[cell][1]
@@ -624,12 +638,12 @@ def recurrent_grad_numpy(ctx):
             gx_out.fill(0)
         for d, reverse in enumerate(sp.reverse):
             tidx, inv = order.make(lens, reverse, ws)
-            sv_all = saved[d]
+            gates, mid, hall = _rows(sp, saved[d], n)
             # the state before each step: the initial one, then each step's output
-            for buf, state, sl in ((b.hprev, states[0], np.s_[-h:]),
-                                   *(((b.cprev, states[1], np.s_[4 * h:5 * h]),) if lstm else ())):
+            for buf, state, steps in ((b.hprev, states[0], hall),
+                                      *(((b.cprev, states[1], mid),) if lstm else ())):
                 np.copyto(buf[0], state[d] if state is not None else b.zero)
-                np.copyto(buf[1:], sv_all[:-1, :, sl])
+                np.copyto(buf[1:], steps[:-1])
             gy = None
             if has[g_y]:
                 gy = b.gy
@@ -649,8 +663,9 @@ def recurrent_grad_numpy(ctx):
                         for g_, keep in ((b.dh, b.keep_h), (b.dc, b.keep_c)):
                             np.multiply(g_, inv[s], out=keep)
                             np.copyto(g_, 0, where=inv[s])
-                    step(sp, sp.acts[d], sv_all[s], b.hprev[s], b.cprev[s] if lstm else None,
-                         b.dh, b.dc, b.gx[s], r, p, b.dp, b, s)
+                    step(sp, sp.acts[d], gates[s], mid[s] if mid is not None else None,
+                         b.hprev[s], b.cprev[s] if lstm else None, b.dh, b.dc, b.gx[s], r, p,
+                         b.dp, b, s)
                     if inv is not None:
                         np.add(b.dh, b.keep_h, out=b.dh)
                         np.add(b.dc, b.keep_c, out=b.dc)
@@ -672,7 +687,7 @@ def _weight_grads(sp: _Spec, ins, outs, out, d: int, xs, tidx, order, gx_out, b)
     h = sp.hidden
     gx2, hprev2 = b.gx.reshape(t * n, gh), b.hprev.reshape(t * n, h)
     if gx_out is not None:
-        np.matmul(b.gx, ins[1][d], out=b.gxs)
+        np.matmul(gx2, ins[1][d], out=b.gxs.reshape(t * n, -1))
         gx_out[tidx, order.rows] += b.gxs
     if out[1]:
         np.matmul(gx2.T, xs.reshape(t * n, -1), out=outs[1][d])
