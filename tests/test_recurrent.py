@@ -19,6 +19,8 @@ from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
 from tr_onnx.errors import UnsupportedModelError
+from tr_onnx.ir import attribute_value
+from tr_onnx.ops.recurrent import _spec
 from tr_onnx.training.gradients import vjp
 
 T, N, C, H = 5, 3, 4, 3
@@ -135,6 +137,29 @@ def test_layout1_with_seq_lens_equals_layout0_transposed(op):
         np.testing.assert_array_equal(a, b.swapaxes(0, 1))
 
 
+def test_the_training_variant_equals_the_op_and_types_its_saved_rows():
+    """ai.tr_onnx GRUTraining as a node of its own (its shape rule types the outputs the
+    model leaves symbolic): Y and Y_h equal GRU's, the saved rows are [D, T, N, 5H]."""
+    model, feed = _layer_model("GRU", BI, lens=True, init=True, dtype=np.float64,
+                               attrs={"linear_before_reset": 1})
+    expected = tr_onnx.InferenceSession(model).run(None, feed)
+    node = model.graph.node[0]
+    attrs = _spec("GRU", {a.name: attribute_value(a) for a in node.attribute},
+                  feed["R"].shape, node.name).attrs()
+    outs = [("Y", 4), ("Y_h", 3), ("saved", 4)]
+    graph = helper.make_graph(
+        [helper.make_node("GRUTraining", list(node.input), [o for o, _ in outs],
+                          domain="ai.tr_onnx", **attrs)], "g", list(model.graph.input),
+        [helper.make_tensor_value_info(o, onnx.TensorProto.DOUBLE, [f"{o}{i}" for i in range(r)])
+         for o, r in outs])
+    training = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                       helper.make_opsetid("ai.tr_onnx", 1)])
+    y, y_h, saved = tr_onnx.InferenceSession(training).run(None, feed)
+    np.testing.assert_array_equal(y, expected[0])
+    np.testing.assert_array_equal(y_h, expected[1])
+    assert saved.shape == (2, T, N, 5 * H)
+
+
 def test_an_unknown_activation_is_an_error_naming_the_node():
     model, feed = _layer_model("RNN", attrs={"activations": ["Gelu"]})
     with pytest.raises(UnsupportedModelError, match=r"'RNN_0'.*unknown activation 'Gelu'"):
@@ -174,7 +199,8 @@ TORCH_CASES = [(op, dirs, bf, out) for op in ("LSTM", "GRU", "RNN") for dirs, bf
                               for o, d, b, y in TORCH_CASES])
 def test_gradients_equal_pytorch_autograd(op, dirs, batch_first, output):
     """d sum(out * cot) / d (X, W, R, B, h0[, c0]) against torch.nn.LSTM/GRU/RNN's autograd,
-    float64, within 1e-5; batch_first maps to layout 1."""
+    float64; batch_first maps to layout 1. The issue asks 1e-5; both compute the same sums in
+    float64 (measured: 1.3e-15 of the gradients' scale), so 1e-9 is asserted."""
     torch.manual_seed(0)
     module = TORCH[op](C, H, bidirectional=dirs == 2, batch_first=batch_first).double()
     rng = np.random.default_rng(1)
@@ -210,7 +236,7 @@ def test_gradients_equal_pytorch_autograd(op, dirs, batch_first, output):
     if op == "LSTM":
         expected["c0"] = as_layout(tc0.grad.numpy())
     for name, g in expected.items():
-        np.testing.assert_allclose(grads[name], g, rtol=1e-5, atol=1e-5 * np.abs(g).max(),
+        np.testing.assert_allclose(grads[name], g, rtol=1e-9, atol=1e-9 * np.abs(g).max(),
                                    err_msg=name)
 
 

@@ -769,8 +769,10 @@ def recurrent_vjp(b, node, gys, needed):
 
 
 def _training_shape(node, shapes, dtypes):
-    """The standard outputs (as ONNX infers them) and the saved rows [D, T, N, S]."""
-    sp = _node_spec_from(node, shapes)
+    """Shape rule of the training variants (a NodeProto of a model holding one): the standard
+    outputs and the saved rows [D, T, N, S]."""
+    attrs = {a.name: attribute_value(a) for a in node.attribute}
+    sp = _spec(_cell_of(node.op_type), attrs, shapes[2], node.name)
     x = shapes[0]
     t, n = (x[0], x[1]) if sp.layout == 0 else (x[1], x[0])
     dirs, h = len(sp.reverse), sp.hidden
@@ -778,14 +780,6 @@ def _training_shape(node, shapes, dtypes):
     y = (t, dirs, n, h) if sp.layout == 0 else (n, t, dirs, h)
     outs = [y, state] + ([state] if sp.cell == "LSTM" else [])
     return [(s, dtypes[0]) for s in outs] + [((dirs, t, n, sp.width), dtypes[0])]
-
-
-def _node_spec_from(node, shapes) -> _Spec:
-    attrs = {a.name: a for a in getattr(node, "attribute", [])}
-    if attrs:  # an onnx NodeProto (the shape rule's caller)
-        attrs = {k: attribute_value(v) for k, v in attrs.items()}
-        return _spec(_cell_of(node.op_type), attrs, shapes[2], node.name)
-    return _spec(_cell_of(node.op_type), node.attrs, shapes[2], node.label)
 
 
 # ---- registration -------------------------------------------------------------------------------
