@@ -6,6 +6,8 @@ layer rather than an unrolled loop. Finite differences are in grad_cases_recurre
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from collections import Counter
 
 import numpy as np
@@ -28,12 +30,12 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
 def _layer_model(op, dirs=1, *, attrs=None, lens=False, init=False, peep=False, layout=0,
-                 opset=17, dtype=np.float32, seed=0, outputs=None):
+                 opset=17, dtype=np.float32, seed=0, outputs=None, t=T, n=N):
     """A one-node model with every input a graph input, and its feed."""
     rng = np.random.default_rng(seed)
     g = GATES[op]
-    state = (dirs, N, H) if layout == 0 else (N, dirs, H)
-    feed = {"X": rng.standard_normal((T, N, C) if layout == 0 else (N, T, C)),
+    state = (dirs, n, H) if layout == 0 else (n, dirs, H)
+    feed = {"X": rng.standard_normal((t, n, C) if layout == 0 else (n, t, C)),
             "W": rng.standard_normal((dirs, g * H, C)) * 0.5,
             "R": rng.standard_normal((dirs, g * H, H)) * 0.5,
             "B": rng.standard_normal((dirs, 2 * g * H)) * 0.5}
@@ -41,7 +43,7 @@ def _layer_model(op, dirs=1, *, attrs=None, lens=False, init=False, peep=False, 
     names = ["X", "W", "R", "B", "", ""]
     if lens:
         names[4] = "L"
-        feed["L"] = np.array([T, 2, 4][:N], np.int32)
+        feed["L"] = np.array([t, 2, 4] + [t // 2] * (n - 3), np.int32)[:n]
     if init:
         names[5] = "h0"
         feed["h0"] = rng.standard_normal(state).astype(dtype)
@@ -312,3 +314,36 @@ def test_training_graph_has_two_nodes_per_layer_and_trains_pytorchs_weights(trai
     for node in model.graph.node:
         if node.op_type == kind:
             assert set(node.input[1:4]) <= trainable, (list(node.input), sorted(trainable))
+
+
+def _peak_of_ten_runs(executor) -> int:
+    for _ in range(3):
+        executor.run()  # warm numpy's dispatch caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(10):
+            executor.run()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+# numpy's own ufunc buffers (tests/test_step_allocation.py's bound); X alone is larger below
+PEAK_BOUND = 160 * 1024
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_a_run_allocates_only_numpy_buffers(op):
+    """Gathers and scatters go through np.take(out=) and index workspaces: X (T*N*C of 20000
+    doubles here, 160 KB) is never copied per run."""
+    model, feed = _layer_model(op, BI, lens=True, init=True, peep=True, layout=1,
+                               dtype=np.float64, t=50, n=100)
+    sess = tr_onnx.InferenceSession(model)
+    sess.run(None, feed)
+    assert _peak_of_ten_runs(sess.plan_for(feed).executor) < PEAK_BOUND
+
+
+def test_a_training_step_allocates_only_numpy_buffers(trained):
+    assert _peak_of_ten_runs(trained[2].session._active.executor) < PEAK_BOUND

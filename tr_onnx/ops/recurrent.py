@@ -24,9 +24,10 @@ length its state is carried unchanged (so ``Y_h``/``Y_c`` hold the last valid st
 ``Y`` is zero. ``tidx[:, n]`` is a permutation of the time axis, so one gather brings ``X`` into
 processing order and one scatter takes ``Y`` and ``gX`` back.
 
-Kernels compute in the input's dtype and write outputs in place. Allocations per run: the
-gather of ``X`` into processing order (advanced indexing has no ``out=``) and, for the rarely
-used activations (LeakyRelu, Elu, HardSigmoid...), small temporaries.
+Kernels compute in the input's dtype and write outputs in place; gathers and scatters use
+index workspaces (``np.take(out=)``, assignment into views). What still allocates per run is
+small, one step's size at most: ``clip``'s mask and the rarely used activations' temporaries
+(LeakyRelu, ThresholdedRelu's product, Elu, HardSigmoid's derivative).
 """
 
 from __future__ import annotations
@@ -269,45 +270,65 @@ def _ctx_spec(ctx) -> _Spec:
     return _spec(_cell_of(ctx.node.op_type), ctx.attrs, ctx.inputs[2].shape, ctx.node.label)
 
 
-def _seq_view(a, layout: int):
-    """``[T, N, ...]`` view of X (or gX) stored in ``layout``."""
-    return a if layout == 0 else a.swapaxes(0, 1)
-
-
-def _y_view(y, layout: int):
-    """``[D, T, N, H]`` view of Y (layout 0: ``[T, D, N, H]``; 1: ``[N, T, D, H]``)."""
-    return y.transpose(1, 0, 2, 3) if layout == 0 else y.transpose(2, 1, 0, 3)
-
-
 def _state_view(h, layout: int):
     """``[D, N, H]`` view of initial_h/Y_h/initial_c/Y_c (layout 1: ``[N, D, H]``)."""
     return h if h is None or layout == 0 else h.swapaxes(0, 1)
 
 
 class _Order:
-    """Processing order of one direction: ``tidx`` [T, N] (time read at step s), and the rows
-    past their sequence's end (``inv`` [T, N, 1], ``None`` without sequence_lens)."""
+    """Processing order of one direction. ``make`` returns ``inv`` (rows past their sequence's
+    end, [T, N, 1]; None without sequence_lens) and, flattened in step-major order, the row
+    each (step, batch) reads or writes in X/gX and in Y/gY seen as 2-D ``[rows, last axis]``
+    arrays (``_as_rows``), for ``np.take(..., out=)`` gathers and in-place scatters. The rows
+    are in range by construction: gathers take ``mode="clip"``, as ``"raise"`` buffers the
+    whole output (a copy of X per run)."""
 
-    def __init__(self, ctx, t: int, n: int):
+    def __init__(self, ctx, sp: _Spec, t: int, n: int):
+        self.t, self.n, self.layout, self.dirs = t, n, sp.layout, len(sp.reverse)
         self.steps = np.arange(t).reshape(t, 1)
         self.ends = self.steps + 1
         self.rows = np.arange(n).reshape(1, n)
-        self.tidx_ws = ctx.workspace((t, n), np.int64)
+        self.tidx_ws, self.ix_ws, self.iy_ws = (ctx.workspace((t, n), np.int64)
+                                                for _ in range(3))
         self.inv_ws = ctx.workspace((t, n, 1), np.bool_)
         self.masked = ctx.has_input(_SEQ_LENS)
 
-    def make(self, lens, reverse: bool, ws):
-        """(tidx, inv) for this run's sequence lengths."""
+    def make(self, lens, reverse: bool, d: int, ws):
+        """(inv, X rows, Y rows of direction ``d``) for this run's sequence lengths."""
         tidx, inv = ws[self.tidx_ws], ws[self.inv_ws]
         if not self.masked:
             np.copyto(tidx, self.steps[::-1] if reverse else self.steps)
-            return tidx, None
-        np.greater_equal(self.steps, lens.reshape(1, -1), out=inv[..., 0])
-        np.copyto(tidx, self.steps)
-        if reverse:  # len - 1 - s inside the sequence, s past it (a permutation per row)
-            np.subtract(lens.reshape(1, -1), self.ends, out=tidx, casting="unsafe")
-            np.copyto(tidx, self.steps, where=inv[..., 0])
-        return tidx, inv
+            inv = None
+        else:
+            np.greater_equal(self.steps, lens.reshape(1, -1), out=inv[..., 0])
+            np.copyto(tidx, self.steps)
+            if reverse:  # len - 1 - s inside the sequence, s past it (a permutation per row)
+                np.subtract(lens.reshape(1, -1), self.ends, out=tidx, casting="unsafe")
+                np.copyto(tidx, self.steps, where=inv[..., 0])
+        return (inv, self._flat(tidx, 1, 0, ws[self.ix_ws]),
+                self._flat(tidx, self.dirs, d, ws[self.iy_ws]))
+
+    def _flat(self, tidx, dirs: int, d: int, out):
+        """Row of (time tidx, batch n, direction d) in [T, D, N, ...] (layout 0) or
+        [N, T, D, ...] (layout 1); X is the case D = 1."""
+        if self.layout == 0:  # (t * D + d) * N + n
+            np.multiply(tidx, dirs, out=out)
+            np.add(out, d, out=out)
+            np.multiply(out, self.n, out=out)
+            np.add(out, self.rows, out=out)
+        else:  # (n * T + t) * D + d
+            np.multiply(self.rows, self.t, out=out)
+            np.add(out, tidx, out=out)
+            np.multiply(out, dirs, out=out)
+            np.add(out, d, out=out)
+        return out.reshape(-1)
+
+
+def _as_rows(a):
+    """``a`` as a 2-D ``[rows, last axis]`` view (a reshape that copied would lose writes)."""
+    if not a.flags.c_contiguous:
+        raise ValueError("recurrent kernels need compact inputs and outputs")
+    return a.reshape(-1, a.shape[-1])
 
 
 def _clip_(a, clip: float):
@@ -423,7 +444,8 @@ def _lstm_backward(sp, acts, gates, c, hp, cp, dh, dc, gx, r, p, dp, b: _Buffers
         for dak, pk, slot, state in ((dai, p[:h], 0, cp), (dao, None, 1, c),
                                      (daf, p[2 * h:], 2, cp)):
             np.multiply(dak, state, out=b.t1)
-            dp[slot * h:(slot + 1) * h] += b.t1.sum(axis=0)
+            np.sum(b.t1, axis=0, out=b.hsum)
+            np.add(dp[slot * h:(slot + 1) * h], b.hsum, out=dp[slot * h:(slot + 1) * h])
             if pk is not None:
                 np.multiply(dak, pk, out=b.t1)
                 np.add(dc, b.t1, out=dc)
@@ -552,9 +574,10 @@ def recurrent_numpy(ctx):
     n_out, lstm = _N_OUT[sp.cell], sp.cell == "LSTM"
     training = ctx.node.domain == INTERNAL
     saved_ws = None if training else ctx.workspace((dirs, t, n, sp.width), ctx.inputs[0].dtype)
-    order = _Order(ctx, t, n)
+    order = _Order(ctx, sp, t, n)
+    x_size = ctx.inputs[0].shape[2]
     ids = _workspaces(ctx, {"xp": (t, n, gh), "act": (n, gh), "t0": (n, h), "t1": (n, h),
-                            "zero": (n, h), "y": (t, n, h)})
+                            "zero": (n, h), "y": (t, n, h), "xs": (t * n, x_size)})
     step = _CELLS[sp.cell][0]
     has = [ctx.has_input(i) for i in range(_N_IN[sp.cell])]
     out = [ctx.has_output(i) for i in range(n_out)]
@@ -562,16 +585,16 @@ def recurrent_numpy(ctx):
     def run(ins, outs, ws):
         b = _Buffers(ids, ws)
         b.zero.fill(0)
-        x = _seq_view(ins[0], sp.layout)
+        x = _as_rows(ins[0])
         saved = outs[n_out] if training else ws[saved_ws]
         h0 = _state_view(ins[5], sp.layout) if has[5] else None
         c0 = _state_view(ins[6], sp.layout) if lstm and has[6] else None
         lens = ins[_SEQ_LENS] if has[_SEQ_LENS] else None
         with np.errstate(over="ignore"):  # exp overflow in a sigmoid is its limit, 0 or 1
             for d, reverse in enumerate(sp.reverse):
-                tidx, inv = order.make(lens, reverse, ws)
-                xs = x[tidx, order.rows]  # X in processing order
-                np.matmul(xs.reshape(t * n, -1), ins[1][d].T, out=b.xp.reshape(t * n, gh))
+                inv, ix, iy = order.make(lens, reverse, d, ws)
+                np.take(x, ix, axis=0, out=b.xs, mode="clip")  # X in processing order
+                np.matmul(b.xs, ins[1][d].T, out=b.xp.reshape(t * n, gh))
                 _fold_biases(sp, ins[3][d] if has[3] else None, b.xp, b)
                 r, p = ins[2][d], ins[7][d] if lstm and has[7] else None
                 hp = h0[d] if h0 is not None else b.zero
@@ -590,7 +613,7 @@ def recurrent_numpy(ctx):
                     np.copyto(b.y, hall)
                     if inv is not None:
                         np.copyto(b.y, 0, where=inv)
-                    _y_view(outs[0], sp.layout)[d][tidx, order.rows] = b.y
+                    _as_rows(outs[0])[iy] = b.y.reshape(t * n, h)
                 if n_out > 1 and out[1]:
                     np.copyto(_state_view(outs[1], sp.layout)[d], hp)
                 if lstm and out[2]:
@@ -614,14 +637,15 @@ def recurrent_grad_numpy(ctx):
     x_size = ctx.inputs[0].shape[2]
     shapes = {"gx": (t, n, gh), "hprev": (t, n, h), "act": (n, gh), "der": (n, gh),
               "t0": (n, h), "t1": (n, h), "dh": (n, h), "dc": (n, h), "keep_h": (n, h),
-              "keep_c": (n, h), "gy": (t, n, h), "gxs": (t, n, x_size), "zero": (n, h),
-              "dp": (3 * h,)}
+              "keep_c": (n, h), "gy": (t, n, h), "gxs": (t * n, x_size), "zero": (n, h),
+              "xs": (t * n, x_size), "gxt": (t * n, x_size),
+              "dp": (3 * h,), "hsum": (h,)}
     if lstm:
         shapes["cprev"] = (t, n, h)
     if gru:
         shapes.update(grh=(t, n, h), q=(t, n, h), gr3=(n, gh))
     ids = _workspaces(ctx, shapes)
-    order = _Order(ctx, t, n)
+    order = _Order(ctx, sp, t, n)
     step = _CELLS[cell][1]
     has = [ctx.has_input(i) for i in range(n_in + 1 + _N_OUT[cell])]
     out = [ctx.has_output(i) for i in range(len(ctx.outputs))]
@@ -630,14 +654,12 @@ def recurrent_grad_numpy(ctx):
     def run(ins, outs, ws):
         b = _Buffers(ids, ws)
         b.zero.fill(0)
-        x, saved = _seq_view(ins[0], sp.layout), ins[n_in]
+        x, saved = _as_rows(ins[0]), ins[n_in]
         lens = ins[_SEQ_LENS] if has[_SEQ_LENS] else None
         states = [_state_view(ins[i], sp.layout) if has[i] else None for i in (5, 6)[:1 + lstm]]
-        gx_out = _seq_view(outs[0], sp.layout) if out[0] else None
-        if gx_out is not None:
-            gx_out.fill(0)
+        gx_out = _as_rows(outs[0]) if out[0] else None
         for d, reverse in enumerate(sp.reverse):
-            tidx, inv = order.make(lens, reverse, ws)
+            inv, ix, iy = order.make(lens, reverse, d, ws)
             gates, mid, hall = _rows(sp, saved[d], n)
             # the state before each step: the initial one, then each step's output
             for buf, state, steps in ((b.hprev, states[0], hall),
@@ -647,7 +669,8 @@ def recurrent_grad_numpy(ctx):
             gy = None
             if has[g_y]:
                 gy = b.gy
-                np.copyto(gy, _y_view(ins[g_y], sp.layout)[d][tidx, order.rows])
+                np.take(_as_rows(ins[g_y]), iy, axis=0, out=gy.reshape(t * n, h),
+                        mode="clip")
                 if inv is not None:  # Y is zero there: no gradient flows back
                     np.copyto(gy, 0, where=inv)
             for buf, i in ((b.dh, g_yh), (b.dc, g_yc)):
@@ -669,7 +692,8 @@ def recurrent_grad_numpy(ctx):
                     if inv is not None:
                         np.add(b.dh, b.keep_h, out=b.dh)
                         np.add(b.dc, b.keep_c, out=b.dc)
-            _weight_grads(sp, ins, outs, out, d, x[tidx, order.rows], tidx, order, gx_out, b)
+            np.take(x, ix, axis=0, out=b.xs, mode="clip")
+            _weight_grads(sp, ins, outs, out, d, ix, gx_out, b)
             if out[4]:
                 np.copyto(_state_view(outs[4], sp.layout)[d], b.dh)
             if lstm and out[5]:
@@ -680,17 +704,21 @@ def recurrent_grad_numpy(ctx):
     return run
 
 
-def _weight_grads(sp: _Spec, ins, outs, out, d: int, xs, tidx, order, gx_out, b) -> None:
+def _weight_grads(sp: _Spec, ins, outs, out, d: int, ix, gx_out, b) -> None:
     """gX (scattered back to time order), gW, gR and gB of direction ``d`` from the gate
     gradients of every step (``b.gx``), each one matmul or sum over all steps."""
     t, n, gh = b.gx.shape
     h = sp.hidden
     gx2, hprev2 = b.gx.reshape(t * n, gh), b.hprev.reshape(t * n, h)
-    if gx_out is not None:
-        np.matmul(gx2, ins[1][d], out=b.gxs.reshape(t * n, -1))
-        gx_out[tidx, order.rows] += b.gxs
+    if gx_out is not None:  # each direction's rows cover gX once: set, or add the second
+        np.matmul(gx2, ins[1][d], out=b.gxs)
+        if d == 0:
+            gx_out[ix] = b.gxs
+        else:
+            b.gxt[ix] = b.gxs
+            np.add(gx_out, b.gxt, out=gx_out)
     if out[1]:
-        np.matmul(gx2.T, xs.reshape(t * n, -1), out=outs[1][d])
+        np.matmul(gx2.T, b.xs, out=outs[1][d])
     gru = sp.cell == "GRU"
     if out[2]:
         if gru:  # the candidate's recurrent product has its own operands (grh, q)
