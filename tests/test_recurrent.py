@@ -162,6 +162,13 @@ def test_the_training_variant_equals_the_op_and_types_its_saved_rows():
     assert saved.shape == (2, T, N, 5 * H)
 
 
+def test_a_sequence_length_past_the_input_is_an_error_naming_the_node():
+    model, feed = _layer_model("LSTM", BI, lens=True)
+    feed["L"][1] = T + 1
+    with pytest.raises(Exception, match=r"LSTM_0.*sequence_lens \[5, 6, 4\] outside \[0, 5\]"):
+        tr_onnx.InferenceSession(model).run(None, feed)
+
+
 def test_an_unknown_activation_is_an_error_naming_the_node():
     model, feed = _layer_model("RNN", attrs={"activations": ["Gelu"]})
     with pytest.raises(UnsupportedModelError, match=r"'RNN_0'.*unknown activation 'Gelu'"):

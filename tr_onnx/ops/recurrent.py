@@ -300,6 +300,9 @@ class _Order:
             np.copyto(tidx, self.steps[::-1] if reverse else self.steps)
             inv = None
         else:
+            if lens.min() < 0 or lens.max() > self.t:  # the executor's error names the node
+                raise ValueError(f"sequence_lens {lens.tolist()} outside [0, {self.t}] (the "
+                                 f"sequence length of X)")
             np.greater_equal(self.steps, lens.reshape(1, -1), out=inv[..., 0])
             np.copyto(tidx, self.steps)
             if reverse:  # len - 1 - s inside the sequence, s past it (a permutation per row)
