@@ -347,9 +347,11 @@ def _clip_mask_(d, a, clip: float):
 
 # ---- cells: one step forwards, one step backwards ----------------------------------------------
 # Forward steps write step s's saved blocks (gates, mid, h) from ``xp`` (X W^T + biases folded
-# in) and the previous state; backward steps read it and turn dh (and dc) into the gradients of
-# the gate pre-activations (``gx`` for the input side, ``gr`` for the recurrent side, ``q``
-# the recurrent matmul's left operand) and the previous state's dh (and dc), in place.
+# in) and the previous state. Backward steps read them and turn dh (and dc) into the gradients
+# of the gate pre-activations (``gx``, one row of ``[T, N, G*H]``) and, in place, the previous
+# state's dh (and dc). The input and recurrent sides share ``gx`` except GRU's candidate under
+# its reset gate: its recurrent-side gradient (``b.grh``) and the matmul's left operand
+# (``b.q``: r * H_prev, or H_prev with linear_before_reset) are kept per step for gR.
 
 
 class _Buffers:
