@@ -35,6 +35,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.losses",
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
+    "tr_onnx.ops.quantize",
 )
 # each backend's bindings of the builtin ops, one module per op family (importable without the
 # backend's libraries: CuPy is imported only when a device is made)

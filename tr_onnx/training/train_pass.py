@@ -32,7 +32,7 @@ from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
 from ..optim import Optimizer
-from ..passes.autodiff import GradBuilder, differentiate
+from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
@@ -234,7 +234,8 @@ def contributes_to(graph: Graph, target: Value) -> set[Value]:
             continue
         positions = node.opdef.grad_inputs
         needed.update(v for i, v in enumerate(node.inputs) if v is not None
-                      and v.dtype.kind == "f" and (positions is None or i in positions))
+                      and (v.dtype.kind == "f" or carries_grad(v))
+                      and (positions is None or i in positions))
     return needed
 
 
