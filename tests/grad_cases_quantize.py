@@ -14,8 +14,8 @@ importer nor onnx.reference insists, and float64 is what makes 1e-6 finite diffe
 from __future__ import annotations
 
 import numpy as np
-from gradcheck import Const, GradCase
 from grad_cases_plugins import off_half_steps
+from gradcheck import Const, GradCase
 from onnx.reference.op_run import OpRun
 
 RNG = np.random.default_rng(20261201)
