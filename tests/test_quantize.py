@@ -8,15 +8,21 @@ official cases."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 from oracles import ort_run
 from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
+from tr_onnx import ir
+from tr_onnx.layouts import StridedLayout
+from tr_onnx.opdef import KernelContext, TensorInfo
+from tr_onnx.registry import default_registry
 from tr_onnx.training.gradients import vjp
 
 RNG = np.random.default_rng(20261201)
@@ -268,3 +274,68 @@ def test_dynamic_quantize_linear_equals_onnxruntime():
     ours = tr_onnx.InferenceSession(model, backend="numpy").run(None, {"x": x})
     for a, b in zip(ours, ort_run(model, {"x": x})):
         np.testing.assert_array_equal(a, b)
+
+
+# ---- kernels over the ml_dtypes quantized types, before dtypes.py maps them --------------------
+# The importer cannot hold int4/uint4/float8 values yet (tr_onnx.dtypes), so these run the
+# numpy kernels directly on hand-made plan contexts, against onnx.reference.
+
+
+def _kernel_outputs(op, version, attrs, arrays, out_dtype):
+    """Run ``op``'s numpy kernel on ``arrays`` (one output shaped like input 0)."""
+    registry = default_registry()
+    opdef = registry.lookup("", op, version, "numpy")
+    node = ir.Node("n", op, "", version, [], [], dict(attrs))
+
+    def info(i, a):
+        return TensorInfo(f"in{i}", a.shape, a.dtype, StridedLayout.plain(a.shape), a.shape)
+
+    y = np.zeros(arrays[0].shape, out_dtype)
+    ctx = KernelContext(node, [info(i, a) for i, a in enumerate(arrays)], [info(0, y)],
+                        [None] * len(arrays), "numpy")
+    run = opdef.kernels["numpy"](ctx)
+    run(arrays, [y], [np.zeros(s, d) for s, d in ctx.workspace_requests])
+    return y
+
+
+def _reference(op, version, attrs, arrays, out_dtype):
+    names = [f"in{i}" for i in range(len(arrays))]
+    inits = [numpy_helper.from_array(a, n) for n, a in zip(names[1:], arrays[1:])]
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], **attrs)], op,
+        [helper.make_tensor_value_info("in0", helper.np_dtype_to_tensor_dtype(arrays[0].dtype),
+                                       arrays[0].shape)],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(
+            np.dtype(out_dtype)), arrays[0].shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)])
+    return ReferenceEvaluator(model).run(None, {"in0": arrays[0]})[0]
+
+
+X_WIDE = np.random.default_rng(3).standard_normal((2, 4, 6)).astype(np.float32) * 40
+ML_DTYPES = [  # id, op, attrs, inputs after x, output dtype
+    ("Q_int4_per_axis", "QuantizeLinear", {"axis": 1},
+     [np.float32([0.5, 2, 4, 8]), np.array([1, -2, 0, 7], ml_dtypes.int4)], ml_dtypes.int4),
+    ("Q_uint4_blocked", "QuantizeLinear", {"axis": 2, "block_size": 4},
+     [np.full((2, 4, 2), 3.0, np.float32), np.full((2, 4, 2), 8, ml_dtypes.uint4)],
+     ml_dtypes.uint4),
+    ("Q_float8e4m3fn_saturate", "QuantizeLinear", {},
+     [np.float32(0.05), np.zeros((), ml_dtypes.float8_e4m3fn)], ml_dtypes.float8_e4m3fn),
+    ("Q_float8e5m2_no_saturate", "QuantizeLinear", {"saturate": 0},
+     [np.float32(1e-3), np.zeros((), ml_dtypes.float8_e5m2)], ml_dtypes.float8_e5m2),
+]
+
+
+@pytest.mark.parametrize("case", ML_DTYPES, ids=[c[0] for c in ML_DTYPES])
+def test_quantize_kernels_are_generic_over_the_ml_dtypes_types(case):
+    """QuantizeLinear to int4/uint4 (saturated, half to even) and float8 (clipped to its
+    largest finite value unless saturate=0), then DequantizeLinear back, equal
+    onnx.reference bit for bit."""
+    _, op, attrs, params, qtype = case
+    arrays = [X_WIDE, *params]
+    q = _kernel_outputs(op, 25, attrs, arrays, qtype)
+    expected = _reference(op, 25, attrs, arrays, qtype)
+    np.testing.assert_array_equal(q.astype(np.float32), expected.astype(np.float32))
+    back, dq_attrs = [q, *params], {k: v for k, v in attrs.items() if k != "saturate"}
+    y = _kernel_outputs("DequantizeLinear", 25, dq_attrs, back, np.float32)
+    np.testing.assert_array_equal(y, _reference("DequantizeLinear", 25, dq_attrs, back,
+                                                np.float32))
