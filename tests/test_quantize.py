@@ -91,8 +91,9 @@ def test_a_qdq_pair_has_pytorchs_fake_quantize_forward_and_gradient(pair, align)
 
 def test_a_trained_scale_gets_pytorchs_learnable_fake_quantize_gradient():
     """The two rules composed give _fake_quantize_learnable_per_tensor_affine's scale gradient
-    (round(x/s) - x/s inside the range, qmin - zp / qmax - zp outside): measured max error
-    2e-6 relative to its largest term (float32 cancellation of x/s against round(x/s))."""
+    (round(x/s) - x/s inside the range, qmin - zp / qmax - zp outside): measured 1.0e-6
+    relative (9.2e-5 on 91.6; the pair adds (q - zp) and -x/s in float32 where PyTorch
+    forms round(x/s) - x/s)."""
     shape, scale, zp = (8, 16), np.float32(0.05), np.uint8(100)
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(shape) * 6).astype(np.float32)
@@ -105,8 +106,7 @@ def test_a_trained_scale_gets_pytorchs_learnable_fake_quantize_gradient():
         xt, st, torch.tensor([float(zp)]), 0, 255, 1.0)
     (yt * torch.from_numpy(cot)).sum().backward()
     np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-6, atol=0)
-    terms = np.abs(cot).sum() * 0.5
-    assert abs(float(grads["scale"]) - float(st.grad)) <= 1e-5 * terms
+    assert abs(float(grads["scale"]) - float(st.grad)) <= 1e-5 * abs(float(st.grad))
 
 
 # ---- the must-show: a QAT CNN from PyTorch ------------------------------------------------------
@@ -123,7 +123,8 @@ class QatNet(torch.nn.Module):
         self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
         self.fc = torch.nn.Linear(4 * 4 * 4, 5)
         self.register_buffer("conv_scale", torch.tensor([0.02, 0.03, 0.025, 0.04]))
-        self.register_buffer("fc_scale", torch.full((5,), 0.004))
+        # small enough that some fc weights (|w| <= 1/8) clip: the STE's zero region trains too
+        self.register_buffer("fc_scale", torch.tensor([0.0008, 0.001, 0.0009, 0.0012, 0.0011]))
         self.register_buffer("zp4", torch.zeros(4, dtype=torch.int32))
         self.register_buffer("zp5", torch.zeros(5, dtype=torch.int32))
 
@@ -147,7 +148,7 @@ def _qat_batch(k):
 
 # onnxruntime's graph optimizations would run the Q/DQ-wrapped Conv as QLinearConv with its
 # bias quantized: 2.5e-3 from the graph's own semantics, which tr_onnx and PyTorch compute
-QAT = ParityCase("qat_cnn", QatNet, _qat_batch, dynamic_axes={"x": {0: "batch"}}, lr=0.2,
+QAT = ParityCase("qat_cnn", QatNet, _qat_batch, dynamic_axes={"x": {0: "batch"}}, lr=0.05,
                  ort_optimize=False)
 
 
