@@ -1,12 +1,15 @@
 """Quantization ops (tr_onnx/ops/quantize.py): the straight-through gradient of Q -> DQ pairs
-against PyTorch's fake quantization, a QAT CNN exported by PyTorch's classic exporter trained
-alike (issue 13's must-show), and the forward of every op against onnxruntime beyond the node
-suite's few cases (per-channel weights, groups, strides, padding, batches).
+against PyTorch's fake quantization, QAT CNNs exported by PyTorch's classic exporter (opset 17)
+trained alike (issue 13's must-show: one with torch.fake_quantize_* in its forward, one from
+torch.ao.quantization's eager prepare_qat), and the forward of every op against onnxruntime
+beyond the node suite's few cases (per-channel weights, groups, strides, padding, batches).
 
 Finite differences of each rule alone are in grad_cases_quantize.py; the node suite runs the
 official cases."""
 
 from __future__ import annotations
+
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -140,6 +143,46 @@ class QatNet(torch.nn.Module):
         return torch.nn.functional.linear(y.flatten(1), w, self.fc.bias)
 
 
+def _eager_qat_net() -> torch.nn.Module:
+    """The same idea through torch.ao.quantization's eager QAT: QuantStub/DeQuantStub and
+    prepare_qat with plain (exportable) FakeQuantize modules, observers calibrated on a few
+    batches and then disabled, as QAT fine-tuning does once ranges settle."""
+    tq = torch.ao.quantization
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = torch.nn.Linear(4 * 8 * 8, 5)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(self.quant(x)))
+            return self.dequant(self.fc(y.flatten(1)))
+
+    torch.manual_seed(0)
+    net = Net().train()
+    with warnings.catch_warnings():  # "torch.ao.quantization is deprecated" (it still works)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        _prepare_qat(net, tq)
+    with torch.no_grad():
+        for k in range(3):
+            net(torch.from_numpy(_qat_batch(10 + k)[0]["x"]))
+    net.apply(tq.disable_observer)
+    return net.eval()
+
+
+def _prepare_qat(net, tq) -> None:
+    """Per-tensor uint8 activations, per-channel symmetric int8 weights."""
+    net.qconfig = tq.QConfig(
+        activation=tq.FakeQuantize.with_args(observer=tq.MovingAverageMinMaxObserver,
+                                             quant_min=0, quant_max=255, dtype=torch.quint8),
+        weight=tq.FakeQuantize.with_args(observer=tq.MovingAveragePerChannelMinMaxObserver,
+                                         quant_min=-128, quant_max=127, dtype=torch.qint8,
+                                         qscheme=torch.per_channel_symmetric, ch_axis=0))
+    tq.prepare_qat(net, inplace=True)
+
+
 def _qat_batch(k):
     rng = np.random.default_rng(100 + k)
     return ({"x": (rng.standard_normal((6, 3, 8, 8)) * 2.5).astype(np.float32)},
@@ -148,13 +191,16 @@ def _qat_batch(k):
 
 # onnxruntime's graph optimizations would run the Q/DQ-wrapped Conv as QLinearConv with its
 # bias quantized: 2.5e-3 from the graph's own semantics, which tr_onnx and PyTorch compute
-QAT = ParityCase("qat_cnn", QatNet, _qat_batch, dynamic_axes={"x": {0: "batch"}}, lr=0.05,
-                 ort_optimize=False)
+QAT_CASES = [ParityCase(name, build, _qat_batch, dynamic_axes={"x": {0: "batch"}}, lr=0.05,
+                        ort_optimize=False)
+             for name, build in (("qat_cnn", QatNet), ("qat_eager", _eager_qat_net))]
+QDQ_PAIRS = {"qat_cnn": 4, "qat_eager": 5}  # functional: input, 2 weights, pooled activation;
+# eager: input, 2 weights, conv and fc outputs
 
 
-@pytest.fixture(scope="module")
-def qat(tmp_path_factory):
-    return run_case(QAT, tmp_path_factory.mktemp("qat"))
+@pytest.fixture(scope="module", params=QAT_CASES, ids=[c.id for c in QAT_CASES])
+def qat(request, tmp_path_factory):
+    return request.param, run_case(request.param, tmp_path_factory.mktemp(request.param.id))
 
 
 def _qdq_count(path) -> tuple[int, int]:
@@ -163,23 +209,25 @@ def _qdq_count(path) -> tuple[int, int]:
 
 
 def test_a_qat_cnn_from_pytorch_trains_like_pytorch(qat):
-    assert_parity(qat)
+    assert_parity(qat[1])
 
 
 def test_the_trained_qat_export_keeps_its_quantize_dequantize_pairs(qat):
-    """Four pairs (input, conv weight, pooled activation, fc weight) before and after."""
-    assert _qdq_count(qat.path) == (4, 4)
-    assert _qdq_count(qat.path.with_name("qat_cnn_trained.onnx")) == (4, 4)
+    case, result = qat
+    pairs = (QDQ_PAIRS[case.id],) * 2
+    assert _qdq_count(result.path) == pairs
+    assert _qdq_count(result.path.with_name(f"{case.id}_trained.onnx")) == pairs
 
 
 def test_the_float_weights_before_their_pairs_train_and_the_scales_do_not(qat):
     """PyTorch's parameters() (the float weights before their Q/DQ pairs, reached through
     them); the scales, buffers there, are frozen."""
-    torch_params = {n for n, _ in QatNet().named_parameters()}
-    assert set(qat.session._active.info.trainable) == torch_params
-    roles = qat.session.parameter_roles
+    case, result = qat
+    torch_params = {n for n, _ in case.build().named_parameters()}
+    assert torch_params == {"conv.weight", "conv.bias", "fc.weight", "fc.bias"}
+    assert set(result.session._active.info.trainable) == torch_params
+    roles = result.session.parameter_roles
     assert {n for n, r in roles.items() if r.trainable} == torch_params
-    assert "is not a parameter input" in roles["conv_scale"].reason
 
 
 # ---- forward against onnxruntime -----------------------------------------------------------------

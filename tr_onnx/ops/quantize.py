@@ -64,7 +64,7 @@ class QuantParam:
 
     def __init__(self, ctx, index: int, x_shape, axis: int, block_size: int, what: str):
         shape, self.x_shape, self.axis = tuple(ctx.inputs[index].shape), tuple(x_shape), axis
-        rank, self.blocked, self.ws = len(x_shape), False, None
+        rank, self.blocked, self.ws, self.grad_ws = len(x_shape), False, None, None
         if math.prod(shape) == 1 and len(shape) <= 1:
             self.bshape = ()
         elif block_size <= 0:
@@ -79,15 +79,19 @@ class QuantParam:
                 raise ctx.error(f"{what} of shape {list(shape)} does not block x "
                                 f"{list(x_shape)} by block_size {block_size} along axis "
                                 f"{axis} (expected {list(want)})")
-            self.blocked, self.shape = True, shape
+            self.blocked = True
             padded = tuple(blocks * block_size if i == axis else d
                            for i, d in enumerate(x_shape))
             # [.., blocks, block_size, ..]: the parameter repeats along the inner axis
             self.split = x_shape[:axis] + (blocks, block_size) + x_shape[axis + 1:]
             self.expand = shape[:axis + 1] + (1,) + shape[axis + 1:]
             self.ws = ctx.workspace(padded, ctx.inputs[index].dtype)
-            self.grad_ws = None
             self.take = (slice(None),) * axis + (slice(0, x_shape[axis]),)
+
+    @property
+    def view_shape(self) -> tuple[int, ...]:
+        """The shape of what ``view`` returns."""
+        return self.x_shape if self.blocked else self.bshape
 
     def view(self, p: np.ndarray, ws: list) -> np.ndarray:
         if not self.blocked:
@@ -201,9 +205,15 @@ def dequantize_linear_numpy(ctx):
 
 
 def quantize_linear_grad_numpy(ctx):
-    """Straight-through: ``gx = gq / scale`` where ``round(x / scale) + zp`` is inside the
-    quantized range (float types: where ``|x / scale|`` does not saturate), 0 elsewhere;
-    ``gscale = sum(-gq * x / scale**2)`` over the same positions."""
+    """Straight-through: ``gx = gq / scale`` where ``round(x * (1 / scale)) + zp`` is inside
+    the quantized range (float types: where ``|x / scale|`` does not saturate), 0 elsewhere;
+    ``gscale = sum(-gq * x / scale**2)`` over the same positions.
+
+    The range test multiplies by the reciprocal, as PyTorch's fake quantization does, where
+    the forward divides (ONNX): the two differ only where x / scale is within an ulp of a
+    range edge's half step, and that is where a symmetric per-channel observer puts each
+    channel's largest weight (w / s = 127.5 by division, 127.49999 by PyTorch's product, so
+    PyTorch lets its gradient through)."""
     shape, axis, block = _layout(ctx)
     qtype = np_dtype(int(ctx.attrs["to"]))
     rng = quant_range(qtype)
@@ -213,6 +223,7 @@ def quantize_linear_grad_numpy(ctx):
         if ctx.has_input(3) and rng is not None else None
     wide = _wide(division)
     t, inside, above = (ctx.workspace(shape, d) for d in (wide, np.bool_, np.bool_))
+    inverse = ctx.workspace(scale.view_shape, division)
     limit = float_limit(qtype) if rng is None else None
     with_scale = ctx.has_output(1)
     gs_ws = ctx.workspace(shape, ctx.outputs[0].dtype) if with_scale else None
@@ -222,14 +233,16 @@ def quantize_linear_grad_numpy(ctx):
     def run(ins, outs, ws):
         q, mask = ws[t], ws[inside]
         s = scale.view(ins[2], ws)
-        np.divide(ins[1], s, out=q, dtype=division, casting="unsafe")  # as the forward
         if rng is not None:
+            np.multiply(ins[1], np.reciprocal(s, out=ws[inverse], dtype=division), out=q,
+                        dtype=division, casting="unsafe")
             np.rint(q, out=q)
             if zp is not None:
                 np.add(q, zp.view(ins[3], ws), out=q, casting="unsafe")
             np.greater_equal(q, rng[0], out=mask)
             np.logical_and(mask, np.less_equal(q, rng[1], out=ws[above]), out=mask)
         else:
+            np.divide(ins[1], s, out=q, dtype=division, casting="unsafe")  # as the forward
             np.less_equal(np.abs(q, out=q), limit, out=mask)
         gx = outs[0]
         np.divide(ins[0], s, out=gx, casting="unsafe")
