@@ -92,6 +92,23 @@ def test_a_qdq_pair_has_pytorchs_fake_quantize_forward_and_gradient(pair, align)
     assert 0.2 < inside.mean() < 0.95  # both the pass-through and the clipped region are seen
 
 
+def test_a_weight_on_the_range_edge_tie_gets_its_gradient_as_in_pytorch():
+    """w / s is 127.5 by division (ONNX's forward: rounds to 128, clipped) and 127.49999 by
+    PyTorch's x * (1/s) (inside): a symmetric per-channel observer makes exactly such a pair
+    (s = max|w| / 127.5; these two are from the eager QAT case). The gradient follows PyTorch;
+    the forward value is 127 * s either way."""
+    w, scale = np.float32(0.06247977), np.float32(0.00049003743)
+    assert w / scale == np.float32(127.5)
+    x = np.array([[w, -w, w / 2]], np.float32)
+    model = _qdq_model(x.shape, scale, np.int8(0))
+    y, grads = vjp(model, {"x": x}, ["x"], np.ones_like(x))
+    xt = torch.from_numpy(x).requires_grad_()
+    _torch_fake_quant(xt, scale, 0, -128, 127).sum().backward()
+    np.testing.assert_array_equal(grads["x"], xt.grad.numpy())
+    assert grads["x"][0, 0] == 1.0
+    np.testing.assert_array_equal(y[0, :2], [127 * scale, -128 * scale])
+
+
 def test_a_trained_scale_gets_pytorchs_learnable_fake_quantize_gradient():
     """The two rules composed give _fake_quantize_learnable_per_tensor_affine's scale gradient
     (round(x/s) - x/s inside the range, qmin - zp / qmax - zp outside): measured 1.0e-6
