@@ -250,6 +250,18 @@ def test_the_float_weights_before_their_pairs_train_and_the_scales_do_not(qat):
     assert {n for n, r in roles.items() if r.trainable} == torch_params
 
 
+def test_qat_training_with_padded_channels_equals_compact(qat):
+    """Channel padding 8 (the cuda layout, on the numpy backend): the pairs read logical views
+    of NHWC activations and leave padded lanes zero; the losses equal the compact run's
+    (measured: bit for bit)."""
+    case, result = qat
+    session = tr_onnx.TrainingSession(result.path, loss=tr_onnx.LossSpec("cross_entropy"),
+                                      optimizer=tr_onnx.optim.SGD(lr=case.lr),
+                                      backend="numpy", channel_align=8)
+    losses = [float(session.train_step(*case.batches(k))) for k in range(case.steps)]
+    np.testing.assert_allclose(losses, result.losses, rtol=1e-6)
+
+
 def test_a_qat_training_step_allocates_only_numpy_buffers(qat):
     """As tests/test_step_allocation.py holds the zoo's inference: the pairs' forward and
     backward ops take their scratch from the plan (measured peaks ~27 KB per step)."""
