@@ -440,3 +440,27 @@ def test_quantize_kernels_are_generic_over_the_ml_dtypes_types(case):
     y = _kernel_outputs("DequantizeLinear", 25, dq_attrs, back, np.float32)
     np.testing.assert_array_equal(y, _reference("DequantizeLinear", 25, dq_attrs, back,
                                                 np.float32))
+
+
+REFERENCE_ONLY = [  # attributes onnxruntime's opsets here do not reach: against onnx.reference
+    ("QuantizeLinear_precision_float16", "QuantizeLinear",
+     {"x": RNG.standard_normal((6, 40)).astype(np.float32) * 7,  # float32 division: 14 differ
+      "c_s": np.float32(0.037), "c_z": np.uint8(17)}, {"precision": TensorProto.FLOAT16}, 25),
+    ("QuantizeLinear_output_dtype_int16", "QuantizeLinear",
+     {"x": RNG.standard_normal((3, 8)).astype(np.float32) * 700,
+      "c_s": np.float32(0.01)}, {"output_dtype": TensorProto.INT16}, 24),
+    ("DequantizeLinear_output_dtype_float16", "DequantizeLinear",
+     {"x": _i8((2, 6)), "c_s": np.array([0.5, 0.25], np.float32),
+      "c_z": np.int8([3, -3])}, {"axis": 0, "output_dtype": TensorProto.FLOAT16}, 25),
+]
+
+
+@pytest.mark.parametrize("case", REFERENCE_ONLY, ids=[c[0] for c in REFERENCE_ONLY])
+def test_precision_and_output_dtype_equal_onnx_reference(case):
+    """``precision`` (v25: the division's type) and ``output_dtype`` (v21 Q, v23 DQ)."""
+    _, op, inputs, attrs, opset = case
+    model, feed = _single(op, inputs, attrs, opset=opset)
+    expected = ReferenceEvaluator(model).run(None, feed)[0]
+    ours = _ours(model, feed)
+    assert ours.dtype == expected.dtype
+    np.testing.assert_array_equal(ours, expected)
