@@ -20,6 +20,9 @@ _TRAINING_DROPOUT = ("training-mode Dropout draws a random mask; it belongs to t
                      "session (seeded generator), not to inference")
 EXCLUDED: dict[str, str] = {
     "test_training_dropout(_default)?(_mask)?": _TRAINING_DROPOUT,
+    "test_bernoulli(_double|_seed)?(_expanded)?": "expected values are draws of NumPy's global "
+    "generator, which no other implementation reproduces (the suite's own comment says so); "
+    "tests/test_random_ops.py checks the rates",
     # Measured: max |error| against a float64 evaluation of the same attention is 3.96e-4 for
     # tr_onnx and 4.91e-4 for the suite's expected values (themselves float16 arithmetic); the
     # two differ by 2 float16 ulps at 2 of 192 elements, past the suite's rtol 1e-3.

@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedModelError,
     unsupported_message,
 )
+from .legacy_opsets import prepare_for_conversion
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
@@ -230,6 +231,8 @@ def _convert(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     if target is None:
         return model
     try:
+        if opset < MIN_OPSET:
+            model = prepare_for_conversion(model, opset)
         return onnx.version_converter.convert_version(model, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors for missing adapters
         raise ModelLoadError(f"{name}: cannot convert opset {opset} to {target}: {exc}") from None

@@ -35,6 +35,9 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.losses",
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
+    "tr_onnx.ops.random",
+    "tr_onnx.ops.resize",
+    "tr_onnx.ops.spatial_transform",
     "tr_onnx.ops.quantize",
 )
 # each backend's bindings of the builtin ops, one module per op family (importable without the

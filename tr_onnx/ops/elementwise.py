@@ -466,6 +466,12 @@ def dropout_numpy(ctx):
     return run
 
 
+def _dropout_shape(node, shapes, dtypes):
+    """What ONNX inference leaves untyped: opset 7-9's mask output, of x's shape and type
+    (from opset 10 a bool, which inference types)."""
+    return [(shapes[0], dtypes[0])] * len(node.output)
+
+
 _CAST_LIKE = (15, 19, 21, 23, 24, 25)
 _CAST = (1, 6, 9, 13, 19, 21, 23, 24, 25, 28)
 _IDENTITY = (1, 13, 14, 16, 19, 21, 23, 24, 25)
@@ -550,7 +556,7 @@ def tr_onnx_op_definitions():
               differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
               const_inputs=(1, 2), differentiable=True, gradient=_identity_vjp,
-              grad_inputs=(0,), forwards_params=True),
+              grad_inputs=(0,), forwards_params=True, shape=_dropout_shape),
         OpDef("DropoutTraining", (1,), {"numpy": dropout_training_numpy},
               domain=INTERNAL_DOMAIN,
               shape=_dropout_training_shape, differentiable=True,
