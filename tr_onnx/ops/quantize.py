@@ -370,9 +370,17 @@ def _requantize(acc: np.ndarray, multiplier: np.ndarray, zp, y: np.ndarray) -> N
     np.copyto(y, acc, casting="unsafe")
 
 
-def _multiplier(sa, sb, sy, out: np.ndarray) -> np.ndarray:
+def _multiplier_workspaces(ctx, shape) -> tuple[int, int]:
+    """The requantization multiplier's workspaces: in the scales' type, and in float64."""
+    return ctx.workspace(shape, ctx.inputs[1].dtype), ctx.workspace(shape, np.float64)
+
+
+def _multiplier(sa, sb, sy, ws: list, spaces: tuple[int, int]) -> np.ndarray:
     """``sa * sb / sy`` in the scales' own type, as onnx.reference forms it, then float64."""
-    np.copyto(out, np.divide(np.multiply(sa, sb), sy), casting="unsafe")  # a few scalars
+    m, out = ws[spaces[0]], ws[spaces[1]]
+    np.multiply(sa, sb, out=m, casting="unsafe")
+    np.divide(m, sy, out=m, casting="unsafe")
+    np.copyto(out, m, casting="unsafe")
     return out
 
 
@@ -408,12 +416,12 @@ def qlinear_matmul_numpy(ctx):
     centred operands, requantized by ``a_scale * b_scale / y_scale`` (b's per column allowed)
     to y_zp's type."""
     product = _matmul_integer(ctx, 0, 3)
-    m = ctx.workspace(np.broadcast_shapes(*(ctx.inputs[i].shape for i in (1, 4, 6))),
-                      np.float64)
+    m = _multiplier_workspaces(ctx, np.broadcast_shapes(*(ctx.inputs[i].shape
+                                                          for i in (1, 4, 6))))
 
     def run(ins, outs, ws):
         acc = product(ws, ins[0], ins[3], ins[2], ins[5])
-        _requantize(acc, _multiplier(ins[1], ins[4], ins[6], ws[m]), ins[7], outs[0])
+        _requantize(acc, _multiplier(ins[1], ins[4], ins[6], ws, m), ins[7], outs[0])
 
     return run
 
@@ -491,7 +499,7 @@ def qlinear_conv_numpy(ctx):
     conv, win = _conv_integer(ctx, 3, 2, 5)
     _check_out(ctx, win)
     o = ctx.inputs[3].shape[0]
-    m = ctx.workspace((o,), np.float64)
+    m = _multiplier_workspaces(ctx, (o,))
     rank = len(ctx.outputs[0].shape)
     has_bias = ctx.has_input(8)
 
@@ -499,7 +507,7 @@ def qlinear_conv_numpy(ctx):
         acc = conv(ins, ws)
         if has_bias:
             np.add(acc, ins[8], out=acc, casting="unsafe")
-        multiplier = _multiplier(ins[1], ins[4].reshape(-1), ins[6], ws[m])
+        multiplier = _multiplier(ins[1], ins[4].reshape(-1), ins[6], ws, m)
         y = outs[0].transpose((0, *range(2, rank), 1))
         _requantize(acc, multiplier, ins[7].reshape(()), y)
 
