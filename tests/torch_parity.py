@@ -39,7 +39,10 @@ class ParityCase:
     ``dynamic_axes``: {input name: {axis: name}} for the classic exporter; the dynamo export
     uses the same axes as ``torch.export.Dim``s. ``session_kwargs`` go to TrainingSession;
     ``export_kwargs`` to ``torch.onnx.export`` (a BatchNorm model keeps its BatchNorm with
-    ``do_constant_folding=False``, as the README tells users)."""
+    ``do_constant_folding=False``, as the README tells users). ``ort_optimize=False`` runs
+    onnxruntime without its graph optimizations (``ort_run``): a QDQ model's must, or
+    onnxruntime computes its fused integer kernels instead of the graph (2.5e-3 from PyTorch
+    on tests/test_quantize.py's QAT CNN, 3.6e-7 without them)."""
 
     id: str
     build: Callable[[], torch.nn.Module]
@@ -52,6 +55,7 @@ class ParityCase:
     dynamic_axes: dict[str, dict[int, str]] | None = None
     session_kwargs: dict = field(default_factory=dict)
     export_kwargs: dict = field(default_factory=dict)
+    ort_optimize: bool = True
 
 
 @dataclass
@@ -131,13 +135,13 @@ def run_case(case: ParityCase, folder: Path) -> ParityResult:
                                       backend="numpy", **case.session_kwargs)
     feed, _ = case.batches(0)
     (ours,) = session.run(["logits"], feed)
-    (theirs,) = ort_run(str(path), feed)
+    (theirs,) = ort_run(str(path), feed, optimize=case.ort_optimize)
     forward_err = float(np.max(np.abs(ours - theirs)))
     losses = [float(session.train_step(*case.batches(k))) for k in range(case.steps)]
     trained = copy.deepcopy(module)
     torch_losses = torch_sgd(trained, case)
     out = session.export(folder / f"{case.id}_trained.onnx")
-    (exported,) = ort_run(str(out), feed)
+    (exported,) = ort_run(str(out), feed, optimize=case.ort_optimize)
     after = torch_forward(trained, feed)
     export_err = float(np.max(np.abs(exported - after)))
     moved = float(np.max(np.abs(after - torch_forward(module, feed))))

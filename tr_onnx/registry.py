@@ -40,6 +40,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.spatial_transform",
     "tr_onnx.ops.dynamic",
     "tr_onnx.ops.recurrent",
+    "tr_onnx.ops.quantize",
 )
 # each backend's bindings of the builtin ops, one module per op family (importable without the
 # backend's libraries: CuPy is imported only when a device is made)

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
-from ..dtypes import is_float, onnx_elem_type
+from ..dtypes import onnx_elem_type
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
 from ..ops.random import RANDOM_OPS, training_draw
 from ..optim import Optimizer
-from ..passes.autodiff import GradBuilder, differentiate
+from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
@@ -259,7 +259,7 @@ def contributes_to(graph: Graph, target: Value) -> set[Value]:
             continue
         positions = node.opdef.grad_inputs
         needed.update(v for i, v in enumerate(node.inputs) if v is not None
-                      and is_float(v.dtype) and (positions is None or i in positions))
+                      and carries_grad(v) and (positions is None or i in positions))
     return needed
 
 
