@@ -3,6 +3,7 @@
 
 import numpy as np
 from gradcheck import Const, GradCase
+from onnx.reference.ops.op_scatter_elements import ScatterElements
 
 RNG = np.random.default_rng(7)
 
@@ -26,6 +27,19 @@ def distinct(*shape):
 
 
 IDX = np.array([[2, 0, -1], [1, 1, -3]], np.int64)  # negative and repeated indices
+
+class Scatter(ScatterElements):
+    """onnx.reference has no opset 9-10 Scatter; ONNX defines it as ScatterElements."""
+
+    op_domain = ""
+
+
+def _with_zeros(x, at):
+    """``x`` with exact zeros at ``at``: CumProd's gradient must not divide by them."""
+    for index in at:
+        x[index] = 0.0
+    return x
+
 
 CASES = [
     # ---- Gemm ----
@@ -154,6 +168,23 @@ CASES = [
     GradCase("cumsum_reverse", "CumSum", [r(3, 4), axis(-1)], {"reverse": 1}),
     GradCase("cumsum_reverse_exclusive", "CumSum", [r(2, 3, 4), axis(1)],
              {"reverse": 1, "exclusive": 1}),
+    GradCase("cumprod", "CumProd", [r(3, 4), axis(1)], opset=26),
+    GradCase("cumprod_with_zeros", "CumProd", [_with_zeros(r(3, 5), [(0, 1), (1, 0), (1, 3),
+                                                                      (2, 4)]), axis(1)],
+             opset=26),
+    GradCase("cumprod_exclusive", "CumProd", [_with_zeros(r(4, 3), [(1, 2)]), axis(0)],
+             {"exclusive": 1}, opset=26),
+    GradCase("cumprod_reverse", "CumProd", [_with_zeros(r(3, 4), [(2, 1)]), axis(-1)],
+             {"reverse": 1}, opset=26),
+    GradCase("cumprod_reverse_exclusive", "CumProd", [r(2, 4, 3), axis(1)],
+             {"reverse": 1, "exclusive": 1}, opset=26),
+    GradCase("reverse_sequence_time0", "ReverseSequence", [r(4, 3, 2), i64(4, 1, 2)],
+             {"time_axis": 0, "batch_axis": 1}, opset=10),
+    GradCase("reverse_sequence_batch0", "ReverseSequence", [r(3, 5, 2), i64(0, 5, 3)],
+             {"time_axis": 1, "batch_axis": 0}, opset=10),
+    GradCase("scatter_legacy", "Scatter",
+             [r(3, 4), Const(np.array([[1, 3], [0, -1]], np.int64)), r(2, 2)], {"axis": 1},
+             opset=10, reference_ops=(Scatter,)),
     GradCase("topk_largest", "TopK", [distinct(3, 5), i64(2)], n_outputs=2),
     GradCase("topk_smallest_axis0", "TopK", [distinct(5, 3), i64(3)],
              {"axis": 0, "largest": 0}, n_outputs=2),

@@ -53,6 +53,9 @@ class GradCase:
     output_shapes: list[tuple[int, ...]] | None = None  # where ONNX inference cannot type them
     reference_ops: tuple = ()  # OpRun classes: plugin ops for onnx.reference
     fd_reference_ops: tuple = ()  # OpRun classes replacing ops for the finite differences only
+    # graph inputs the node does not list, read by name from its subgraphs (If's branches):
+    # named o0, o1...; differentiated like the node's float inputs
+    outer: list = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +79,9 @@ def build_model(case: GradCase, registry=None) -> onnx.ModelProto:
         else:
             x = np.asarray(x)
             ins.append(helper.make_tensor_value_info(_name(i), onnx_elem_type(x.dtype), x.shape))
+    for i, x in enumerate(case.outer):
+        x = np.asarray(x)
+        ins.append(helper.make_tensor_value_info(f"o{i}", onnx_elem_type(x.dtype), x.shape))
     outs = [f"y{k}" for k in range(case.n_outputs)]
     node = helper.make_node(case.op, names, outs, domain=case.domain, **case.attrs)
     opsets = [helper.make_opsetid("", case.opset)]
@@ -109,14 +115,16 @@ def build_model(case: GradCase, registry=None) -> onnx.ModelProto:
 
 def _feed(case: GradCase) -> dict[str, np.ndarray]:
     return {_name(i): np.asarray(x) for i, x in enumerate(case.inputs)
-            if x is not None and not isinstance(x, Const)}
+            if x is not None and not isinstance(x, Const)} | {
+        f"o{i}": np.asarray(x) for i, x in enumerate(case.outer)}
 
 
 def wrt_names(case: GradCase) -> list[str]:
     if case.wrt is not None:
         return [_name(i) for i in case.wrt]
     return [_name(i) for i, x in enumerate(case.inputs) if x is not None
-            and not isinstance(x, Const) and np.asarray(x).dtype.kind == "f"]
+            and not isinstance(x, Const) and np.asarray(x).dtype.kind == "f"] + [
+        f"o{i}" for i, x in enumerate(case.outer) if np.asarray(x).dtype.kind == "f"]
 
 
 def check_case(case: GradCase, channel_align: int | None = None, directions: int = 3,

@@ -20,6 +20,9 @@ _TRAINING_DROPOUT = ("training-mode Dropout draws a random mask; it belongs to t
                      "session (seeded generator), not to inference")
 EXCLUDED: dict[str, str] = {
     "test_training_dropout(_default)?(_mask)?": _TRAINING_DROPOUT,
+    "test_bernoulli(_double|_seed)?(_expanded)?": "expected values are draws of NumPy's global "
+    "generator, which no other implementation reproduces (the suite's own comment says so); "
+    "tests/test_random_ops.py checks the rates",
     # Measured: max |error| against a float64 evaluation of the same attention is 3.96e-4 for
     # tr_onnx and 4.91e-4 for the suite's expected values (themselves float16 arithmetic); the
     # two differ by 2 float16 ulps at 2 of 192 elements, past the suite's rtol 1e-3.
@@ -75,8 +78,8 @@ def classify() -> tuple[list[str], dict[str, str]]:
             continue
         reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
         if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
-            reason = "element type the numpy backend cannot hold " \
-                     "(bfloat16/float8/int4/string), or an optional model output"
+            reason = "element type the numpy backend cannot hold (string or complex), or an " \
+                     "optional model output"
         if reason is None:
             for node, opset in ops:
                 version = registry.resolve_version(node.domain, node.op_type, opset)

@@ -7,11 +7,16 @@ import onnx
 import onnxruntime as ort
 
 
-def ort_run(model: onnx.ModelProto | str, feed: dict) -> list[np.ndarray]:
+def ort_run(model: onnx.ModelProto | str, feed: dict, optimize: bool = True) -> list[np.ndarray]:
+    """onnxruntime's outputs on CPU. ``optimize=False`` turns its graph optimizations off: they
+    fuse QuantizeLinear/DequantizeLinear around Conv/MatMul into integer kernels (QLinearConv
+    with a bias quantized to int32), which is not the graph's ONNX semantics."""
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     return sess.run(None, feed)
 

@@ -233,19 +233,19 @@ def test_a_scripted_loop_and_branch_export_trains_like_pytorch(tmp_path):
     assert_parity(result)
 
 
-def test_an_if_on_a_condition_computed_from_data_reaches_its_kernel_as_a_named_error():
-    """Left as an If for the data-dependent If (sub-plans); until then its kernel says why."""
+def test_an_if_on_a_condition_computed_from_data_is_left_to_the_run_time_if():
+    """Not inlined (x stays data, no const feed): ops/dynamic.py plans both branches and runs
+    the one the data selects; the two passes agree on who takes which If."""
     cond = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
             helper.make_node("Greater", ["total", "zero"], ["c"])]
     model = _model(cond + [_branches()], [_vi("c2", B, []), _vi("x", F, [3, 4]),
                                           _vi("w", F, [3, 4])], [_vi("y", F, [3, 4])],
                    inits=[helper.make_tensor("zero", F, [], [0.0])])
-    sess = tr_onnx.InferenceSession(model)
-    assert sess.imported.const_feeds == {"c2"}  # x stays data
-    feed = {"c2": np.array(True), "x": np.ones((3, 4), np.float32),
-            "w": np.ones((3, 4), np.float32)}
-    with pytest.raises(UnsupportedModelError, match="condition is computed from data"):
-        sess.run(None, feed)
+    assert tr_onnx.InferenceSession(model).imported.const_feeds == {"c2"}
+    w = RNG.standard_normal((3, 4)).astype(np.float32)
+    for sign in (1, -1):
+        _same_as_ort(model, {"c2": np.array(True), "x": sign * np.ones((3, 4), np.float32),
+                             "w": w})
 
 
 def test_an_if_inside_a_scan_body_on_an_outer_bool_input_is_inlined_every_step():

@@ -1,7 +1,8 @@
 """PyTorch autograd parity (float64) for the heavier tensor/matmul gradient rules: Gather's and
 GatherND's scatter-add with repeated and negative indices, ScatterND's (index_put) with
 negative and, for reduction add, repeated index tuples, Slice with steps, Pad's reflect/
-edge/wrap accumulation, Einsum's diagonal and broadcast, MatMul's batch broadcasting."""
+edge/wrap accumulation, Einsum's diagonal and broadcast, MatMul's batch broadcasting, CumProd
+with zeros (torch's cumprod backward), ReverseSequence."""
 
 import numpy as np
 import pytest
@@ -26,6 +27,12 @@ def _index_put(idx, accumulate=False):
     """torch's ScatterND: ``x.index_put(idx.T, u)``, one index tensor per addressed axis."""
     index = tuple(torch.tensor(idx[..., j]) for j in range(idx.shape[-1]))
     return lambda x, u: x.index_put(index, u, accumulate=accumulate)
+
+
+def _zeros_at(x, *at):
+    for index in at:
+        x[index] = 0.0
+    return x
 
 
 # distinct tuples, negative entries; [2, 3, k] with k < rank (slices along the last axis)
@@ -90,6 +97,19 @@ PARITY = [
      GradCase("t_einsum", "Einsum", [r(3, 3, 1, 2), r(2, 4, 2)],
               {"equation": "ii...j,...kj->i...k"}),
      lambda a, b: torch.einsum("ii...j,...kj->i...k", a, b)),
+    ("cumprod_with_zeros",
+     GradCase("t_cumprod", "CumProd", [_zeros_at(r(3, 6), (0, 2), (1, 0), (1, 4), (2, 5)),
+                                       Const(i64(1))], opset=26),
+     lambda x: torch.cumprod(x, 1)),
+    ("cumprod_reverse_two_zeros",
+     GradCase("t_cumprod_rev", "CumProd", [_zeros_at(r(5, 2), (1, 0), (3, 0), (2, 1)),
+                                           Const(i64(0))], {"reverse": 1}, opset=26),
+     lambda x: torch.flip(torch.cumprod(torch.flip(x, [0]), 0), [0])),
+    ("reverse_sequence",
+     GradCase("t_revseq", "ReverseSequence", [r(5, 3, 2), Const(i64(5, 2, 0))],
+              {"time_axis": 0, "batch_axis": 1}, opset=10),
+     lambda x: torch.stack([torch.flip(x[:, 0], [0]),
+                            torch.cat([torch.flip(x[:2, 1], [0]), x[2:, 1]]), x[:, 2]], 1)),
     ("matmul_broadcast",
      GradCase("t_matmul", "MatMul", [r(2, 1, 3, 4), r(3, 4, 5)]),
      torch.matmul),

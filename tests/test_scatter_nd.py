@@ -13,6 +13,7 @@ import torch
 from gradcheck import Const, GradCase, build_model
 from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_run
+from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
 from tr_onnx.backends.numpy_backend import KernelError
@@ -124,3 +125,37 @@ def test_dynamo_slice_scatter_runs_like_onnxruntime_and_trains_like_pytorch(tmp_
     with torch.no_grad():
         np.testing.assert_allclose(session.run(None, {"input": x})[0],
                                    model(torch.from_numpy(x)).numpy(), rtol=0, atol=1e-5)
+
+
+class SliceAssign(torch.nn.Module):
+    """Features written into a slice of a buffer and a column gated in place: what users write
+    as ``h[:, 2:5] = ...`` (exporters emit ScatterND / index_put)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.inp = torch.nn.Linear(6, 8)
+        self.gate = torch.nn.Linear(6, 3)
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.inp(x)
+        h[:, 2:5] = torch.tanh(h[:, 2:5]) * torch.sigmoid(self.gate(x))
+        h[:, 0] = h[:, 7] * 0.5
+        return self.out(torch.relu(h))
+
+
+def _slice_batch(k):
+    rng = np.random.default_rng(40 + k)
+    return ({"x": rng.standard_normal((5, 6)).astype(np.float32)},
+            rng.integers(0, 4, 5).astype(np.int64))
+
+
+@pytest.mark.parametrize("exporter", ["classic", "dynamo"])
+def test_a_slice_assigning_model_trains_like_pytorch(exporter, tmp_path):
+    case = ParityCase(f"slice_assign-{exporter}", SliceAssign, _slice_batch, exporter=exporter,
+                      lr=0.2, dynamic_axes={"x": {0: "batch"}})
+    result = run_case(case, tmp_path)
+    ops = {n.op_type for n in onnx.load(str(result.path)).graph.node}
+    assert ops & {"ScatterND", "ScatterElements"}, ops  # the assignment stays a scatter
+    assert_parity(result)

@@ -37,7 +37,12 @@ class ParityCase:
     """``build()`` returns a fresh module (eval mode, seeded weights); ``batches(k)`` the k-th
     (inputs, labels) batch. ``exporter``: "classic" (``dynamo=False``) or "dynamo".
     ``dynamic_axes``: {input name: {axis: name}} for the classic exporter; the dynamo export
-    uses the same axes as ``torch.export.Dim``s. ``session_kwargs`` go to TrainingSession."""
+    uses the same axes as ``torch.export.Dim``s. ``session_kwargs`` go to TrainingSession;
+    ``export_kwargs`` to ``torch.onnx.export`` (a BatchNorm model keeps its BatchNorm with
+    ``do_constant_folding=False``, as the README tells users). ``ort_optimize=False`` runs
+    onnxruntime without its graph optimizations (``ort_run``): a QDQ model's must, or
+    onnxruntime computes its fused integer kernels instead of the graph (2.5e-3 from PyTorch
+    on tests/test_quantize.py's QAT CNN, 3.6e-7 without them)."""
 
     id: str
     build: Callable[[], torch.nn.Module]
@@ -49,6 +54,8 @@ class ParityCase:
     class_axis: int = 1
     dynamic_axes: dict[str, dict[int, str]] | None = None
     session_kwargs: dict = field(default_factory=dict)
+    export_kwargs: dict = field(default_factory=dict)
+    ort_optimize: bool = True
 
 
 @dataclass
@@ -78,7 +85,7 @@ def export(case: ParityCase, module: torch.nn.Module, path: Path) -> Path:
         if case.exporter == "classic":
             torch.onnx.export(module, args, str(path), dynamo=False, input_names=names,
                               output_names=["logits"], opset_version=case.opset,
-                              dynamic_axes=axes or None)
+                              dynamic_axes=axes or None, **case.export_kwargs)
         elif case.exporter == "dynamo":
             # positional (the module's argument names need not be the ONNX input names)
             # one Dim per axis name, so inputs sharing "batch" share the symbol
@@ -88,7 +95,8 @@ def export(case: ParityCase, module: torch.nn.Module, path: Path) -> Path:
                            for n in names)
             torch.onnx.export(module, args, str(path), dynamo=True, input_names=names,
                               output_names=["logits"], opset_version=case.opset,
-                              dynamic_shapes=shapes if axes else None, external_data=False)
+                              dynamic_shapes=shapes if axes else None, external_data=False,
+                              **case.export_kwargs)
         else:
             raise ValueError(f"unknown exporter {case.exporter!r}; valid: classic, dynamo")
     return path
@@ -127,13 +135,13 @@ def run_case(case: ParityCase, folder: Path) -> ParityResult:
                                       backend="numpy", **case.session_kwargs)
     feed, _ = case.batches(0)
     (ours,) = session.run(["logits"], feed)
-    (theirs,) = ort_run(str(path), feed)
+    (theirs,) = ort_run(str(path), feed, optimize=case.ort_optimize)
     forward_err = float(np.max(np.abs(ours - theirs)))
     losses = [float(session.train_step(*case.batches(k))) for k in range(case.steps)]
     trained = copy.deepcopy(module)
     torch_losses = torch_sgd(trained, case)
     out = session.export(folder / f"{case.id}_trained.onnx")
-    (exported,) = ort_run(str(out), feed)
+    (exported,) = ort_run(str(out), feed, optimize=case.ort_optimize)
     after = torch_forward(trained, feed)
     export_err = float(np.max(np.abs(exported - after)))
     moved = float(np.max(np.abs(after - torch_forward(module, feed))))

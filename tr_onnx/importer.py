@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from . import ir
+from . import ir, subplan
 from .dtypes import elem_type_name, is_supported, np_dtype, onnx_elem_type
 from .errors import (
     InputError,
@@ -28,6 +28,7 @@ from .errors import (
     UnsupportedModelError,
     unsupported_message,
 )
+from .legacy_opsets import prepare_for_conversion
 from .registry import (
     ONNX_DOMAINS,
     OpRegistry,
@@ -237,6 +238,8 @@ def _convert(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     if target is None:
         return model
     try:
+        if opset < MIN_OPSET:
+            model = prepare_for_conversion(model, opset)
         return onnx.version_converter.convert_version(model, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors for missing adapters
         raise ModelLoadError(f"{name}: cannot convert opset {opset} to {target}: {exc}") from None
@@ -479,6 +482,46 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
         raise UnsupportedModelError(msg, entries)
 
 
+# Exporters fold a module's ``weight.to(torch.bfloat16)`` into a bfloat16 initializer: such a
+# weight is a float32 parameter (its master copy) read through a Cast, so it trains as PyTorch
+# trains the module's float32 weight, and export rounds it back into the bfloat16 initializer.
+_LOW_PRECISION_MASTER = onnx.TensorProto.BFLOAT16
+
+
+def master_weights(g: onnx.GraphProto) -> list[str]:
+    """Each bfloat16 initializer of ``g`` (not a graph output) becomes a float32 initializer of
+    the same name (exact: float32 holds every bfloat16) and a Cast back to bfloat16 at the head
+    of the graph that its readers read instead. Returns the names changed; edits ``g``."""
+    outputs = {o.name for o in g.output}
+    names = [t.name for t in g.initializer
+             if t.data_type == _LOW_PRECISION_MASTER and t.name not in outputs]
+    if not names:
+        return names
+    cast_of = {n: f"{n}/bfloat16" for n in names}
+    _rename_inputs(g.node, cast_of)
+    for vi in g.value_info:  # an exporter's bfloat16 type of the initializer is the Cast's
+        vi.name = cast_of.get(vi.name, vi.name)
+    for k, t in enumerate(g.initializer):
+        if t.name in cast_of:
+            g.initializer[k].CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(t).astype(np.float32), t.name))
+    casts = [onnx.helper.make_node("Cast", [n], [c], name=c, to=_LOW_PRECISION_MASTER)
+             for n, c in cast_of.items()]
+    rest = list(g.node)
+    del g.node[:]
+    g.node.extend(casts + rest)
+    return names
+
+
+def _rename_inputs(nodes, renamed: dict[str, str]) -> None:
+    """Node inputs renamed, in control-flow bodies too (they read outer values by name)."""
+    for node in nodes:
+        node.input[:] = [renamed.get(i, i) for i in node.input]
+        for a in node.attribute:
+            for body in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _rename_inputs(body.node, renamed)
+
+
 @ir.collector_paused()
 def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy",
                  external_data_dir: str | Path | None = None,
@@ -507,6 +550,10 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
         model.graph.input.extend(inputs)
         if model.ir_version < 4:
             model.ir_version = 4
+    if model is src and any(i.data_type == _LOW_PRECISION_MASTER for i in model.graph.initializer):
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
+    master_weights(model.graph)
     param_names = frozenset(i.name for i in model.graph.initializer
                             if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                                                onnx.TensorProto.FLOAT16))
@@ -551,6 +598,7 @@ def _const_feed_inputs(model, registry, backend) -> set[str]:
     pending = [node.input[i] for node in model.graph.node
                for i in (getattr(opdef_for(node, opsets, registry, backend), "const_inputs", ()))
                if i < len(node.input) and node.input[i]]
+    pending += subplan.output_deciding_names(model)  # a data-dependent size in an output
     while pending:
         name = pending.pop()
         if name in seen:
@@ -603,6 +651,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     model = fold(model)
     if resolve is not None:
         model = resolve(model, fold, imported.param_names)
+    model = subplan.settle(model)  # sizes that constants decide (a kernel checks)
     _check_node_shapes(model, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}
@@ -615,6 +664,7 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for v in graph.values.values():
         if v.kind == ir.PARAM and v.name not in imported.param_names:
             v.kind = ir.CONST
+    subplan.cut(model, graph, imported.registry)  # data-dependent parts -> sub-plans
     for node in graph.nodes:  # the first node whose output shape the data decides
         for v in node.outputs:
             if v is not None and not v.is_static:
@@ -764,8 +814,8 @@ def _data_dependent_message(imported: ImportedModel, node: ir.Node, value) -> st
     where = f" (from the values of input(s) {sorted(inputs)})" if inputs else ""
     return (f"{imported.source}: {node.label} gives value {value.name!r} a shape "
             f"{list(value.shape)} that depends on data{where}, even with concrete input "
-            "shapes; tr_onnx plans every shape before a step runs (data-dependent shapes are "
-            "not supported)")
+            "shapes; tr_onnx plans every shape before a step runs (a data-dependent size must "
+            "become static again before a model output, or be decided by model inputs)")
 
 
 def _custom_shapes(model: onnx.ModelProto, imported: ImportedModel) -> None:

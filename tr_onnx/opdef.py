@@ -98,6 +98,9 @@ class OpDef:
     is an exporter's multiplier or epsilon).
     ``forwards_params``: input 0 reaches the outputs unchanged in value (Reshape, Transpose,
     Cast...): an initializer there is a parameter where those outputs go.
+    ``straight_through``: the op's non-float outputs carry a gradient, a float tensor shaped
+    like them (a straight-through estimator counts QuantizeLinear's rounding as the identity);
+    autodiff passes it to their consumers' rules instead of stopping at integer values.
     ``updates_inputs``: inputs the kernel writes in place (optimizer and assignment ops); such
     nodes run after everything that reads the old values.
     """
@@ -117,6 +120,7 @@ class OpDef:
     param_inputs: tuple[int, ...] | str | None = None
     param_min_size: int = 1
     forwards_params: bool = False
+    straight_through: bool = False
     updates_inputs: tuple[int, ...] = ()
     overrides: bool = False  # replace an op already registered (e.g. a builtin) on purpose
     # Defaults of attributes for ops without an ONNX schema (custom domains), filled into

@@ -35,6 +35,12 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.losses",
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
+    "tr_onnx.ops.random",
+    "tr_onnx.ops.resize",
+    "tr_onnx.ops.spatial_transform",
+    "tr_onnx.ops.dynamic",
+    "tr_onnx.ops.recurrent",
+    "tr_onnx.ops.quantize",
     "tr_onnx.ops.sequence",
 )
 # each backend's bindings of the builtin ops, one module per op family (importable without the

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..dtypes import is_float, onnx_elem_type
+from ..dtypes import cast_into, cast_scratch, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -431,10 +431,20 @@ def where_numpy(ctx):
 
 def cast_numpy(ctx):
     """Cast/CastLike: the output's dtype (from ``to`` or the second input) is already known
-    from shape inference; C-style conversion as onnxruntime (float -> int truncates)."""
+    from shape inference; ONNX's rules (``dtypes.cast_into``): C-style conversion as
+    onnxruntime (float -> int truncates), float8 saturation (``saturate``, 19+) and float8e8m0
+    rounding (``round_mode``, 24+)."""
+    src, dst = ctx.inputs[0].dtype, ctx.outputs[0].dtype
+    saturate = bool(ctx.attrs.get("saturate", 1))
+    round_mode = ctx.attrs.get("round_mode", "up")
+    if isinstance(round_mode, bytes):
+        round_mode = round_mode.decode()
+    if round_mode not in ("up", "down", "nearest"):
+        raise ctx.error(f"round_mode {round_mode!r} is not up, down or nearest")
+    slots = [ctx.workspace(ctx.inputs[0].shape, d) for d in cast_scratch(src, dst, saturate)]
 
     def run(ins, outs, ws):
-        np.copyto(outs[0], ins[0], casting="unsafe")
+        cast_into(ins[0], outs[0], [ws[k] for k in slots], saturate, round_mode)
 
     return run
 
@@ -464,6 +474,12 @@ def dropout_numpy(ctx):
             outs[1].fill(1)
 
     return run
+
+
+def _dropout_shape(node, shapes, dtypes):
+    """What ONNX inference leaves untyped: opset 7-9's mask output, of x's shape and type
+    (from opset 10 a bool, which inference types)."""
+    return [(shapes[0], dtypes[0])] * len(node.output)
 
 
 _CAST_LIKE = (15, 19, 21, 23, 24, 25)
@@ -550,7 +566,7 @@ def tr_onnx_op_definitions():
               differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
               const_inputs=(1, 2), differentiable=True, gradient=_identity_vjp,
-              grad_inputs=(0,), forwards_params=True),
+              grad_inputs=(0,), forwards_params=True, shape=_dropout_shape),
         OpDef("DropoutTraining", (1,), {"numpy": dropout_training_numpy},
               domain=INTERNAL_DOMAIN,
               shape=_dropout_training_shape, differentiable=True,

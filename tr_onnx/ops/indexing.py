@@ -1,6 +1,7 @@
 """Indexing: ops that move data by index values rather than by shape. Gather, GatherElements,
-GatherND, ScatterElements and ScatterND, OneHot and TopK, with the backward ops GatherGrad and
-GatherNDGrad (scatter-adds of gy at the gathered positions).
+GatherND, ScatterElements (and its opset 9-10 name Scatter) and ScatterND, OneHot, TopK and
+ReverseSequence, with the backward ops GatherGrad and GatherNDGrad (scatter-adds of gy at the
+gathered positions).
 
 They are one family because their gradients are the same few moves run the other way: what
 a gather reads, its gradient scatter-adds back (GatherGrad, GatherNDGrad, ScatterElements with
@@ -176,6 +177,41 @@ def top_k_numpy(ctx):
     return run
 
 
+def reverse_sequence_numpy(ctx):
+    """Each batch entry's first ``sequence_lens[b]`` steps along ``time_axis`` reversed, the
+    rest copied. The gather index is built once when the lengths are plan-time constants, else
+    per step (one small int64 array [T, B])."""
+    shape = ctx.inputs[0].shape
+    t_axis, b_axis = int(ctx.attrs["time_axis"]), int(ctx.attrs["batch_axis"])
+    steps = np.arange(shape[t_axis]).reshape(-1, 1)  # [T, 1]
+    view = [1] * len(shape)
+    view[t_axis], view[b_axis] = shape[t_axis], shape[b_axis]
+    swap = t_axis > b_axis  # the [T, B] index laid along the input's axes in their order
+
+    def index_of(lens: np.ndarray) -> np.ndarray:
+        if ((lens < 0) | (lens > shape[t_axis])).any():
+            raise IndexError(f"sequence_lens {lens.tolist()} outside [0, {shape[t_axis]}] "
+                             f"(the time axis' length)")
+        lens = lens.reshape(1, -1).astype(np.int64)
+        idx = np.where(steps < lens, lens - 1 - steps, steps)  # [T, B]
+        return (idx.T if swap else idx).reshape(view)
+
+    const_lens = ctx.const(1)
+    fixed = None
+    if const_lens is not None:
+        try:
+            fixed = index_of(np.asarray(const_lens))
+        except IndexError as exc:
+            raise ctx.error(str(exc)) from None
+
+    def run(ins, outs, ws):
+        idx = fixed if fixed is not None else index_of(ins[1])
+        # take_along_axis has no out=: one temporary the size of the output
+        np.copyto(outs[0], np.take_along_axis(ins[0], idx, t_axis))
+
+    return run
+
+
 # ---- backward ops (domain ai.tr_onnx) -------------------------------------------------------
 # Each writes a gradient shaped like the forward data input (``ctx.outputs[0]``) from ``gy``
 # (input 0) and the indices (input 1).
@@ -273,6 +309,14 @@ def scatter_nd_vjp(b, node, gys, needed):
     return [gx, None, gu]
 
 
+def reverse_sequence_vjp(b, node, gys, needed):
+    """The reversal is its own inverse: the same reversal of gy."""
+    return first_only(node, b.op("ReverseSequence", [gys[0], node.inputs[1]],
+                                 {"time_axis": int(node.attrs["time_axis"]),
+                                  "batch_axis": int(node.attrs["batch_axis"])},
+                                 like=node.inputs[0]))
+
+
 def top_k_vjp(b, node, gys, needed):
     """The values' gradient scattered back to where they came from (the indices output)."""
     x = node.inputs[0]
@@ -297,6 +341,9 @@ def tr_onnx_op_definitions():
               gradient=gather_nd_vjp, grad_inputs=DATA_INPUT),
         OpDef("ScatterElements", (11, 13, 16, 18), {"numpy": scatter_elements_numpy},
               differentiable=True, gradient=scatter_elements_vjp, grad_inputs=(0, 2)),
+        OpDef("Scatter", (9, 11), {"numpy": scatter_elements_numpy}, differentiable=True,
+              gradient=scatter_elements_vjp, grad_inputs=(0, 2),
+              doc="opset 9-10's name of ScatterElements (no reduction); deprecated at 11"),
         OpDef("ScatterND", (11, 13, 16, 18), {"numpy": scatter_nd_numpy},
               differentiable=True, gradient=scatter_nd_vjp, grad_inputs=(0, 2),
               doc="y = data with the slice at each index tuple (indices' last axis, k <= "
@@ -305,6 +352,9 @@ def tr_onnx_op_definitions():
                   "out-of-range one is an error naming the node. With repeated index tuples "
                   "and reduction none ONNX leaves the winner undefined (NumPy keeps the last, "
                   "as onnx.reference does). Gradients for none and add; indices get none"),
+        OpDef("ReverseSequence", (10, 28), {"numpy": reverse_sequence_numpy},
+              differentiable=True, gradient=reverse_sequence_vjp, grad_inputs=DATA_INPUT,
+              doc="per batch entry, the first sequence_lens[b] steps along time_axis reversed"),
         OpDef("OneHot", (9, 11, 28), {"numpy": one_hot_numpy}, const_inputs=(1,),
               differentiable=False),
         OpDef("TopK", (1, 10, 11, 24), {"numpy": top_k_numpy}, const_inputs=(1,),

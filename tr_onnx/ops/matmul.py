@@ -8,6 +8,10 @@ reads logical views of any layout.
 ``np.matmul`` is a gufunc with optional core dimensions, so 1-D operands, batch broadcasting
 and integer types all go through one ``np.matmul(a, b, out=y)`` with no temporary.
 
+bfloat16 and float8 operands are contracted in float32 and rounded once at the output
+(``dtypes.compute_wide``), as GPUs and PyTorch's CPU bf16 matmul do; NumPy's einsum has no loop
+for them at all.
+
 Gradient rules emit Gemm/MatMul/Transpose nodes, and one Einsum per operand for Einsum.
 Training graphs never absorb flattens (``absorb_flatten=False``), so the operands a rule sees
 are logical matrices.
@@ -18,6 +22,7 @@ import string
 
 import numpy as np
 
+from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
 from ..opdef import MATMUL, OpDef
 from .tensor import reshape_to
@@ -204,10 +209,10 @@ def einsum_vjp(b, node, gys, needed):
 @hookimpl
 def tr_onnx_op_definitions():
     return [
-        OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": gemm_numpy}, layout=MATMUL,
+        OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": compute_wide(gemm_numpy)}, layout=MATMUL,
               differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2)),
-        OpDef("MatMul", (1, 9, 13), {"numpy": matmul_numpy}, layout=MATMUL, differentiable=True,
-              gradient=matmul_vjp, param_inputs=(0, 1)),
-        OpDef("Einsum", (12, 28), {"numpy": einsum_numpy}, differentiable=True,
+        OpDef("MatMul", (1, 9, 13), {"numpy": compute_wide(matmul_numpy)}, layout=MATMUL,
+              differentiable=True, gradient=matmul_vjp, param_inputs=(0, 1)),
+        OpDef("Einsum", (12, 28), {"numpy": compute_wide(einsum_numpy)}, differentiable=True,
               gradient=einsum_vjp, param_inputs="all"),
     ]

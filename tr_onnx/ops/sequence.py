@@ -1,18 +1,18 @@
-"""Control flow and sequences: If, Loop, Scan and the Sequence ops, as the registry knows them.
+"""Control flow and sequences: Loop, Scan, the Sequence and Optional ops, as the registry knows
+them (If is ops/dynamic.py's: what reaches a kernel there is an If decided by data).
 
 None of them runs as a kernel. A plan is static, so ``passes.control_flow`` resolves them when a
 model is specialised: an If whose condition is known then is replaced by its branch, Loop and
 Scan are unrolled (their bodies inlined once per iteration), and a sequence becomes the list of
 tensors it holds, so SequenceAt picks one, ConcatFromSequence becomes a Concat and so on. What
 is left are ordinary ops, and autodiff differentiates an unrolled Scan (or Loop, or inlined If)
-through its body's own rules: that is what ``differentiable`` means for If and Scan (Loop is
-declared forward only, as issue 13 asks: a single-node Loop cannot be typed for the
-finite-difference table, whose model outputs need static shapes).
+through its body's own rules: that is what ``differentiable`` means for Scan (Loop is declared
+forward only, as issue 13 asks: a single-node Loop cannot be typed for the finite-difference
+table, whose model outputs need static shapes).
 
 They are registered so that import accepts them, ``tr-onnx ops`` lists them, and the node
 suite counts their cases. A node that reaches a kernel was not resolvable; its factory names it
-and says why. For If that is the hook of the data-dependent If (a condition computed from data
-at run time), which is planned as sub-plans elsewhere.
+and says why.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
 _WHY = {
-    "If": "its condition is computed from data when the model runs, so the branch cannot be "
-          "chosen when the plan is made (a data-dependent If is planned as two sub-plans)",
     "Loop": "its trip count or condition is not known when the plan is made",
     "Scan": "its scan length is not static",
 }
@@ -60,9 +58,6 @@ _CONTROL_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
 @hookimpl
 def tr_onnx_op_definitions():
     return [
-        _structural("If", _CONTROL_VERSIONS, "a condition known at plan time (a constant after "
-                    "folding, or a bool model input: the plan specialises on its value) inlines "
-                    "the branch taken; differentiable through that branch", True),
         # M and cond must be known when the plan is made: model inputs reaching them make the
         # plan specialise on their values (as Reshape's shape does)
         _structural("Loop", _CONTROL_VERSIONS, "forward: unrolled at plan time, given a known "

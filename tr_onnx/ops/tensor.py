@@ -1,9 +1,9 @@
 """Tensor manipulation: data movement by shape, not by index values. Reshaping (Reshape, Flatten,
 Squeeze, Unsqueeze), Transpose, joining and splitting, Slice, padding, tiling and broadcasting
-(Pad, Tile, Expand), block rearrangements, Trilu, CumSum and the small generators (Constant,
-Shape, Range, EyeLike...), with the backward ops SliceGrad and PadGrad. What moves
-data by index values (Gather*, ScatterElements, OneHot, TopK) is ops/indexing.py, which uses
-the axis and gradient helpers defined here.
+(Pad, Tile, Expand), block rearrangements, Trilu, CumSum, CumProd and the small generators
+(Constant, Shape, Range, EyeLike...), with the backward ops SliceGrad, PadGrad and
+CumProdGrad. What moves data by index values (Gather*, ScatterElements, OneHot, TopK) is
+ops/indexing.py, which uses the axis and gradient helpers defined here.
 
 Output shapes come from ONNX shape inference (``ctx.outputs[i].shape``); factories read the
 shape-determining inputs (``const_inputs``) only where the kernel needs more than the output
@@ -451,7 +451,9 @@ def trilu_numpy(ctx):
     return run
 
 
-def cumsum_numpy(ctx):
+def _cumulative(ctx, accumulate, identity):
+    """CumSum / CumProd: ``accumulate`` (np.cumsum, np.cumprod) along the axis input, the
+    exclusive form starting from ``identity``, the reverse form on reversed views."""
     rank = len(ctx.inputs[0].shape)
     axis = positive_axis(int(np.asarray(ctx.const(1)).reshape(-1)[0]), rank)
     head = (slice(None),) * axis
@@ -462,13 +464,21 @@ def cumsum_numpy(ctx):
         x, y = ins[0][order], outs[0][order]
         if exclusive:
             if y.shape[axis]:
-                y[head + (0,)] = 0
-                np.cumsum(x[head + (slice(None, -1),)], axis=axis,
-                          out=y[head + (slice(1, None),)])
+                y[head + (0,)] = identity
+                accumulate(x[head + (slice(None, -1),)], axis=axis,
+                           out=y[head + (slice(1, None),)])
         else:
-            np.cumsum(x, axis=axis, out=y)
+            accumulate(x, axis=axis, out=y)
 
     return run
+
+
+def cumsum_numpy(ctx):
+    return _cumulative(ctx, np.cumsum, 0)
+
+
+def cumprod_numpy(ctx):
+    return _cumulative(ctx, np.cumprod, 1)
 
 
 # ---- backward ops (domain ai.tr_onnx) -------------------------------------------------------
@@ -485,6 +495,36 @@ def slice_grad_numpy(ctx):
     def run(ins, outs, ws):
         outs[0].fill(0)
         outs[0][index] = ins[0]
+
+    return run
+
+
+def cumprod_grad_numpy(ctx):
+    """CumProd's gradient (inputs gy, x, axis; attrs exclusive, reverse), exact where x has
+    zeros (no division by x): ``gx_i = P_i * sum_{j >= i+e} gy_j * prod_{i < k <= j-e} x_k``
+    with ``P_i`` the product of the elements before i and e = 1 when exclusive, on views
+    reversed when ``reverse``. O(n^2) along the axis (n numpy calls over the other axes), and
+    a few temporaries per call: a backward step, where exactness with zeros matters more."""
+    rank = len(ctx.inputs[1].shape)
+    axis = positive_axis(int(np.asarray(ctx.const(2)).reshape(-1)[0]), rank)
+    flip = slice(None, None, -1) if ctx.attrs["reverse"] else slice(None)
+    e = int(ctx.attrs["exclusive"])
+
+    def run(ins, outs, ws):
+        gy, x, gx = (np.moveaxis(a, axis, 0)[flip] for a in (ins[0], ins[1], outs[0]))
+        n = x.shape[0]
+        before = np.ones_like(x)  # P_i, the product of x_0 .. x_{i-1}
+        if n > 1:
+            np.cumprod(x[:-1], axis=0, out=before[1:])
+        for i in range(n):
+            span = n - i - e  # j = i+e .. n-1
+            if span <= 0:
+                gx[i] = 0
+                continue
+            q = np.ones_like(x[:span])
+            if span > 1:
+                np.cumprod(x[i + 1:i + span], axis=0, out=q[1:])
+            np.multiply(before[i], np.sum(gy[i + e:] * q, axis=0), out=gx[i])
 
     return run
 
@@ -685,6 +725,13 @@ def cumsum_vjp(b, node, gys, needed):
                                  like=node.inputs[0]))
 
 
+def cumprod_vjp(b, node, gys, needed):
+    x = node.inputs[0]
+    attrs = {"exclusive": int(node.attrs["exclusive"]), "reverse": int(node.attrs["reverse"])}
+    return first_only(node, b.op("CumProdGrad", [gys[0], x, node.inputs[1]], attrs,
+                                 domain=INTERNAL, like=x))
+
+
 # ---- registration ---------------------------------------------------------------------------
 
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
@@ -738,7 +785,11 @@ def tr_onnx_op_definitions():
         OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
         OpDef("CumSum", (11, 14), {"numpy": cumsum_numpy}, const_inputs=(1,),
               differentiable=True, gradient=cumsum_vjp, grad_inputs=DATA_INPUT),
+        OpDef("CumProd", (26,), {"numpy": cumprod_numpy}, const_inputs=(1,),
+              differentiable=True, gradient=cumprod_vjp, grad_inputs=DATA_INPUT),
         # backward-only ops of the rules above
+        OpDef("CumProdGrad", (1,), {"numpy": cumprod_grad_numpy}, domain=INTERNAL,
+              const_inputs=(2,), doc="gradient of CumProd (inputs gy, x, axis), exact at zeros"),
         OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,
               doc="gradient of Slice: gy written into zeros at the slice"),
         OpDef("PadGrad", (1,), {"numpy": pad_grad_numpy}, domain=INTERNAL,

@@ -32,6 +32,13 @@ def _is_float(v: Value | None) -> bool:
     return v is not None and (is_float(v.dtype) or v.dtype.kind == "c")
 
 
+def carries_grad(v: Value | None) -> bool:
+    """A value a gradient can flow through: a float, or an output of a ``straight_through``
+    op (QuantizeLinear's integers, whose gradient is a float tensor of their shape)."""
+    return _is_float(v) or (v is not None and v.producer is not None and
+                            getattr(v.producer.opdef, "straight_through", False))
+
+
 def _type_proto(v: Value) -> onnx.TypeProto:
     return onnx.helper.make_tensor_type_proto(onnx_elem_type(v.dtype), list(v.shape))
 
@@ -160,7 +167,7 @@ def requires_grad(graph: Graph, wrt: Sequence[Value]) -> set[Value]:
                for i, v in enumerate(node.inputs)):
             if node.opdef.differentiable is False:
                 continue  # declared non-differentiable: gradient stops here
-            reached.update(o for o in node.outputs if _is_float(o))
+            reached.update(o for o in node.outputs if carries_grad(o))
     return reached
 
 
@@ -191,7 +198,7 @@ def differentiate(graph: Graph, loss: Value, wrt: Sequence[Value], registry: OpR
         if not any(o in pending for o in node.outputs if o is not None):
             continue
         positions = node.opdef.grad_inputs
-        needed = [v is not None and v in reached and _is_float(v)
+        needed = [v is not None and v in reached and carries_grad(v)
                   and (positions is None or i in positions) for i, v in enumerate(node.inputs)]
         b.anchor = node
         gys = [total(o) if o is not None else None for o in node.outputs]

@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import ir
+from ..dtypes import onnx_elem_type
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
+from ..ops.random import RANDOM_OPS, training_draw
 from ..optim import Optimizer
-from ..passes.autodiff import GradBuilder, differentiate
+from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
@@ -141,7 +143,8 @@ def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str
 
 def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: TrainConfig,
                      counter: Value) -> tuple[list[tuple[Value, Value]], dict[str, int]]:
-    """Rewrite BatchNormalization and Dropout to their training forms.
+    """Rewrite BatchNormalization, Dropout and the random ops to their training forms (random
+    draws driven by the step counter: ``ops/random.py``).
 
     Returns the (running-statistic parameter, its new value) pairs to commit, and counts.
     """
@@ -189,8 +192,8 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             if ratio == 0.0:
                 continue
             y = node.outputs[0]
-            mask = node.outputs[1] if len(node.outputs) > 1 and node.outputs[1] is not None \
-                and node.outputs[1].dtype == np.bool_ else None
+            old_mask = node.outputs[1] if len(node.outputs) > 1 else None
+            mask = old_mask if old_mask is not None and old_mask.dtype == np.bool_ else None
             if mask is None:
                 mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
                 graph.values[mask.name] = mask
@@ -198,8 +201,30 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
                             [node.inputs[0], counter], [y, mask],
                             {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
             graph.replace_node(node, new)
+            if old_mask is not None and old_mask is not mask:
+                _legacy_mask(graph, registry, backend, new, old_mask)
             counts["Dropout"] += 1
+        elif node.op_type in RANDOM_OPS:
+            inputs, attrs = training_draw(node, int(cfg.seed) * 1_000_003 + index, counter)
+            new = internal_node(graph, registry, backend, "RandomDraw", node.name, inputs,
+                                list(node.outputs), attrs)
+            graph.replace_node(node, new)
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return commits, counts
+
+
+def _legacy_mask(graph: Graph, registry: OpRegistry, backend: str, dropout: Node,
+                 old_mask: Value) -> None:
+    """Opset 7-9 Dropout gave its mask in x's type: where something reads it, a Cast of the
+    training mask makes it; otherwise it goes."""
+    if not old_mask.consumers and old_mask not in graph.outputs:
+        del graph.values[old_mask.name]
+        old_mask.producer = None
+        return
+    cast = Node(graph.unique_name(f"{dropout.name}/mask_cast"), "Cast", "", 13,
+                [dropout.outputs[1]], [old_mask], {"to": onnx_elem_type(old_mask.dtype)},
+                registry.lookup("", "Cast", 13, backend))
+    graph.insert(graph.nodes.index(dropout) + 1, cast)
 
 
 def to_inference_mode(graph: Graph) -> int:
@@ -234,7 +259,7 @@ def contributes_to(graph: Graph, target: Value) -> set[Value]:
             continue
         positions = node.opdef.grad_inputs
         needed.update(v for i, v in enumerate(node.inputs) if v is not None
-                      and v.dtype.kind == "f" and (positions is None or i in positions))
+                      and carries_grad(v) and (positions is None or i in positions))
     return needed
 
 

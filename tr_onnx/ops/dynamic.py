@@ -1,0 +1,221 @@
+"""Ops whose output size depends on data: NonZero, Compress, Unique, and the nodes that run a
+data-dependent part of a graph: DynamicRegion, If (a condition known only at run time) and
+their gradient DynamicRegionGrad.
+
+NonZero, Compress and Unique have a static plan only where their deciding input is a plan-time
+constant (then import folds them, or, for Compress with a constant condition, the kernel here
+gathers). Otherwise ``subplan`` cuts the nodes from such a producer down to the
+first values whose shapes are static again into one DynamicRegion node: its kernel runs the
+producers eagerly (``EAGER``, NumPy, allocating their small results), then a sub-plan
+specialised to the sizes they gave; DynamicRegionGrad runs that sub-plan's backward. Both kernels
+only delegate to the ``Region`` object the node carries in ``attrs["region"]``.
+
+NonZero and Unique are not differentiable; Compress is w.r.t. its data (a scatter back of the
+selected slices, GatherGrad).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..hookspecs import hookimpl
+from ..opdef import PLAIN_ONLY, OpDef
+from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis
+
+# ---- eager forms: inputs -> outputs, for the producers a DynamicRegion runs each step ------
+
+
+def nonzero_eager(attrs: dict, x: np.ndarray) -> list[np.ndarray]:
+    """Indices of the non-zero elements, one row per axis ([rank, count], int64)."""
+    x = np.asarray(x)
+    if x.ndim == 0:  # ONNX: a scalar has rank 0, so [0, count] rows
+        return [np.zeros((0, int(bool(x))), np.int64)]
+    return [np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)]
+
+
+def compress_indices(condition: np.ndarray) -> np.ndarray:
+    """The positions Compress keeps (a condition shorter than the axis keeps none past it)."""
+    return np.flatnonzero(np.asarray(condition)).astype(np.int64)
+
+
+def compress_eager(attrs: dict, x: np.ndarray, condition: np.ndarray) -> list[np.ndarray]:
+    axis = attrs.get("axis")
+    keep = compress_indices(condition)
+    if axis is None:
+        return [np.asarray(x).reshape(-1)[keep]]
+    return [np.take(x, keep, axis=positive_axis(axis, np.ndim(x)))]
+
+
+def unique_eager(attrs: dict, x: np.ndarray) -> list[np.ndarray]:
+    """Y, indices (first occurrence), inverse_indices, counts, as ONNX defines them: sorted
+    ascending (``sorted=1``), else in order of first occurrence; along ``axis`` or flattened."""
+    x = np.asarray(x)
+    axis = attrs.get("axis")
+    if axis is None:
+        x, ax = x.reshape(-1), 0
+    else:
+        ax = positive_axis(axis, x.ndim)
+    y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True,
+                                          return_counts=True, axis=ax)
+    inverse = inverse.reshape(-1)
+    if not int(attrs.get("sorted", 1)):
+        order = np.argsort(first, kind="stable")  # unique values by first occurrence
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        y, first, counts, inverse = np.take(y, order, axis=ax), first[order], counts[order], \
+            rank[inverse]
+    return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
+
+
+# (domain, op_type) -> eager form; other producers are evaluated by onnx.reference
+EAGER = {("", "NonZero"): nonzero_eager, ("", "Compress"): compress_eager,
+         ("", "Unique"): unique_eager}
+
+
+# ---- kernels of a static plan (the deciding input known when the plan is made) --------------
+
+
+def _static_kernel(eager, ctx):
+    """Run the eager form and check the sizes the plan was made for: used when the deciding
+    input is a plan-time value that was not folded (too large to fold). One temporary per
+    output (the eager form's result)."""
+    attrs, want = ctx.attrs, [o.shape if o is not None else None for o in ctx.outputs]
+
+    def run(ins, outs, ws):
+        for i, (y, value) in enumerate(zip(outs, eager(attrs, *ins))):
+            if y is None:
+                continue
+            if value.shape != want[i]:
+                raise ValueError(f"output {i} has shape {list(value.shape)} at run time but "
+                                 f"{list(want[i])} was planned (its deciding input changed)")
+            np.copyto(y, value)
+
+    return run
+
+
+def nonzero_numpy(ctx):
+    return _static_kernel(nonzero_eager, ctx)
+
+
+def unique_numpy(ctx):
+    return _static_kernel(unique_eager, ctx)
+
+
+def compress_numpy(ctx):
+    """With a plan-time condition the kept positions are known: a take along the axis (the
+    flattened data for ``axis`` absent; a strided input is copied to flatten it)."""
+    condition = ctx.const(1)
+    if condition is None:
+        return _static_kernel(compress_eager, ctx)
+    keep = compress_indices(condition)
+    axis = ctx.attrs.get("axis")
+    if keep.size and keep[-1] >= (int(np.prod(ctx.inputs[0].shape)) if axis is None else
+                                  ctx.inputs[0].shape[positive_axis(axis, len(
+                                      ctx.inputs[0].shape))]):
+        raise ctx.error("the condition selects past the end of the data (ONNX: condition "
+                        "length must not exceed the selected axis)")
+    if axis is None:
+        def run(ins, outs, ws):
+            np.take(ins[0].reshape(-1), keep, out=outs[0])
+        return run
+    ax = positive_axis(axis, len(ctx.inputs[0].shape))
+
+    def run_axis(ins, outs, ws):
+        np.take(ins[0], keep, axis=ax, out=outs[0])
+
+    return run_axis
+
+
+def compress_vjp(b, node, gys, needed):
+    """gx = 0 with gy scattered back at the kept positions (GatherGrad); needs a plan-time
+    condition -- a data-dependent one is a DynamicRegion's, which gathers instead."""
+    from ..errors import UnsupportedModelError
+
+    x, condition = node.inputs[0], node.inputs[1]
+    if condition.data is None:
+        raise UnsupportedModelError(f"{node.label}: gradient needs the condition at plan time "
+                                    "(a data-dependent one runs inside a DynamicRegion)", [])
+    keep = b.const(compress_indices(condition.data))
+    axis = node.attrs.get("axis")
+    if axis is not None:
+        return first_only(node, b.op("GatherGrad", [gys[0], keep],
+                                     {"axis": positive_axis(axis, x.rank)},
+                                     domain=INTERNAL, like=x))
+    size = int(np.prod(x.shape))
+    flat = b.op("GatherGrad", [gys[0], keep], {"axis": 0}, domain=INTERNAL,
+                shapes=[((size,), x.dtype)])
+    return first_only(node, b.op("Reshape", [flat, b.ints(x.shape)]))
+
+
+# ---- DynamicRegion ---------------------------------------------------------------------------
+
+
+def dynamic_region_numpy(ctx):
+    region = ctx.attrs["region"]
+
+    def run(ins, outs, ws):
+        region.forward(ins, outs)
+
+    return run
+
+
+def dynamic_region_grad_numpy(ctx):
+    region = ctx.attrs["region"]
+
+    def run(ins, outs, ws):
+        region.backward(ins, outs)
+
+    return run
+
+
+def dynamic_region_vjp(b, node, gys, needed):
+    """One DynamicRegionGrad node: cotangents of the region's outputs (zeros where none flows)
+    in, gradients of the needed inputs out. It runs the backward of the sub-plan the forward
+    ran in the same step."""
+    from .tensor import zeros_like
+
+    region = node.attrs["region"]
+    wanted = [i for i, need in enumerate(needed) if need]
+    region.require_gradients(wanted)
+    cots = [gy if gy is not None else zeros_like(b, y) for gy, y in zip(gys, node.outputs)]
+    outs = b.op("DynamicRegionGrad", cots, {}, domain=INTERNAL,
+                like=[node.inputs[i] for i in wanted])
+    outs = [outs] if len(wanted) == 1 else outs
+    outs[0].producer.attrs["region"] = region  # a Python object: no ONNX attribute holds it
+    grads = [None] * len(node.inputs)
+    for i, g in zip(wanted, outs):
+        grads[i] = g
+    return grads
+
+
+# ---- registration ----------------------------------------------------------------------------
+
+
+@hookimpl
+def tr_onnx_op_definitions():
+    return [
+        OpDef("NonZero", (9, 13), {"numpy": nonzero_numpy}, differentiable=False,
+              layout=PLAIN_ONLY,
+              doc="indices of non-zero elements [rank, count]; count is data-dependent: a "
+                  "DynamicRegion runs it unless its input is a plan-time constant"),
+        OpDef("Compress", (9, 11, 28), {"numpy": compress_numpy}, layout=PLAIN_ONLY,
+              differentiable=True, gradient=compress_vjp, grad_inputs=DATA_INPUT,
+              doc="slices where condition is true along axis (flattened without one); a "
+                  "data-dependent condition runs in a DynamicRegion as a Gather"),
+        OpDef("Unique", (11, 28), {"numpy": unique_numpy}, differentiable=False,
+              layout=PLAIN_ONLY,
+              doc="unique values/slices, first indices, inverse indices, counts; sizes are "
+                  "data-dependent: a DynamicRegion runs it unless its input is constant"),
+        OpDef("If", (1, 11, 13, 16, 19, 21, 23, 24, 25), {"numpy": dynamic_region_numpy},
+              layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
+              doc="a condition computed at run time: both branches planned (their outer "
+                  "values become inputs; equal static output shapes), the selected one runs; "
+                  "its backward gives the gradients, the other branch's inputs get zeros"),
+        OpDef("DynamicRegion", (1,), {"numpy": dynamic_region_numpy}, domain=INTERNAL,
+              layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
+              doc="a data-dependent part of the graph: eager producers, then a sub-plan "
+                  "specialised to their sizes (subplan)"),
+        OpDef("DynamicRegionGrad", (1,), {"numpy": dynamic_region_grad_numpy},
+              domain=INTERNAL, layout=PLAIN_ONLY,
+              doc="gradient of DynamicRegion: the backward of the sub-plan its forward ran"),
+    ]
