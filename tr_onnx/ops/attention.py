@@ -98,8 +98,11 @@ def _spec(attrs, shapes, dtype, error) -> _Spec:
     soft = acc if precision is None else np.promote_types(
         acc, helper.tensor_dtype_to_np_dtype(int(precision)))
     scale = attrs.get("scale")
-    return _Spec(rank3, b, hq, hkv, sq, past, past + skv, d, dv,
-                 float(scale) if scale is not None else 1.0 / float(np.sqrt(d)),
+    # Q and K are each scaled by sqrt(scale); the definition takes that root of the float
+    # attribute in float32 (the reference's and the function body's Sqrt), so its square is
+    # the scale the scores get, not the attribute itself (they differ by ~1e-7 relative).
+    root = float(np.sqrt(np.float32(scale))) if scale is not None else float(d) ** -0.25
+    return _Spec(rank3, b, hq, hkv, sq, past, past + skv, d, dv, root * root,
                  float(attrs.get("softcap", 0.0)), bool(attrs.get("is_causal", 0)),
                  int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1)),
                  int(attrs.get("qk_matmul_output_mode", 0)), acc, soft)
