@@ -192,6 +192,49 @@ def test_swish_gradient_matches_pytorch(alpha):
              lambda x: x * torch.sigmoid(torch.tensor(np.float32(alpha), dtype=x.dtype) * x))
 
 
+# ---- forward against onnxruntime (float32) ---------------------------------------------------
+
+
+def _f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _forward_cases():
+    rng = np.random.default_rng(6)
+    pos = np.array([[0, 2, 1]], np.int64)
+    return [
+        # mode 0 is the scores before softcap, as the schema says and onnxruntime computes;
+        # onnx.reference returns them softcapped (so does no node-suite case check mode 0
+        # with a softcap)
+        ("attention_qk_mode0_softcap", "Attention", 23,
+         [_f32(rng, 1, 2, 3, 4, scale=3), _f32(rng, 1, 2, 3, 4, scale=3), _f32(rng, 1, 2, 3, 4)],
+         {"softcap": 2.0, "qk_matmul_output_mode": 0}, [(1, 2, 3, 4)] * 3 + [(1, 2, 3, 3)]),
+        ("attention_3d_gqa_causal_past", "Attention", 23,
+         [_f32(rng, 2, 3, 8), _f32(rng, 2, 3, 4), _f32(rng, 2, 3, 4), _f32(rng, 3, 5),
+          _f32(rng, 2, 2, 2, 2), _f32(rng, 2, 2, 2, 2)],
+         {"q_num_heads": 4, "kv_num_heads": 2, "is_causal": 1}, 3),
+        ("rms_norm_axis1", "RMSNormalization", 23, [_f32(rng, 2, 3, 4), _f32(rng, 3, 4)],
+         {"axis": 1}, 1),
+        ("rotary_3d_interleaved_positions", "RotaryEmbedding", 23,
+         [_f32(rng, 1, 3, 8), _f32(rng, 4, 2), _f32(rng, 4, 2), pos],
+         {"num_heads": 2, "interleaved": 1}, 1),
+        ("swish", "Swish", 24, [_f32(rng, 3, 5, scale=4)], {"alpha": 0.7}, 1),
+    ]
+
+
+@pytest.mark.parametrize("case", _forward_cases(), ids=lambda c: c[0])
+def test_forward_matches_onnxruntime(case):
+    _, op, opset, arrays, attrs, outs = case
+    shapes = outs if isinstance(outs, list) else None  # where inference leaves outputs untyped
+    model = build_model(GradCase(op, op, arrays, attrs, opset=opset,
+                                 n_outputs=len(shapes) if shapes else outs, output_shapes=shapes))
+    feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    ours = tr_onnx.InferenceSession(model).run(None, feed)
+    for got, want in zip(ours, ort_run(model, feed)):
+        np.testing.assert_allclose(got, want, rtol=0,
+                                   atol=tp.FORWARD_ATOL * max(1.0, float(np.abs(want).max())))
+
+
 # ---- Llama and Qwen2 exported at opset 23 ---------------------------------------------------
 
 DECODERS = ("llama", "qwen2")

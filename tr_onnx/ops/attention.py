@@ -187,6 +187,7 @@ class _Scores:
                 self.not_mask = ctx.workspace(mask.shape, np.bool_) \
                     if mask.dtype == np.bool_ else None
             if nonpad:
+                self.key = np.arange(sp.t)  # key positions, against each batch's valid length
                 self.hidden = ctx.workspace((sp.b, 1, sp.sq, sp.t), np.bool_)
                 self.hidden_tmp = ctx.workspace((sp.b, 1, sp.sq, sp.t), np.bool_)
         else:
@@ -223,7 +224,7 @@ class _Scores:
             lengths = _at(ins, f + 6).reshape(sp.b, 1, 1, 1)
             hidden, tmp = ws[self.hidden], ws[self.hidden_tmp]
             _blocked(self.dj, lengths - sp.sq, sp, hidden, tmp)
-            np.greater_equal(self.dj + np.arange(sp.sq)[:, None], lengths, out=tmp)
+            np.greater_equal(self.key, lengths, out=tmp)
             hidden |= tmp  # padding: keys at or past the valid length
             np.copyto(bias, -np.inf, where=hidden)
         return bias
@@ -287,6 +288,8 @@ def _attention_spec(ctx, first: int) -> _Spec:
 
 
 def attention_numpy(ctx):
+    """Attention(Q, K, V[, attn_mask, past_key, past_value, nonpad_kv_seqlen]) -> (Y[,
+    present_key, present_value, qk_matmul_output]); Y = P V with P from ``_Scores``."""
     sp = _attention_spec(ctx, 0)
     scores = _Scores(ctx, sp, 0, keep_tanh=False)
     y_ws = ctx.workspace((sp.b, sp.hq, sp.sq, sp.dv), sp.acc)
@@ -488,6 +491,7 @@ def rms_norm_grad_numpy(ctx):
 
 
 def rms_norm_vjp(b, node, gys, needed):
+    """One RMSNormalizationGrad node for x and the scale (summed to the scale's shape)."""
     x, scale = node.inputs[0], node.inputs[1]
     gx, gscale = b.op("RMSNormalizationGrad", [gys[0], x, scale],
                       {"axis": int(node.attrs["axis"]), "epsilon": float(node.attrs["epsilon"])},
