@@ -12,6 +12,8 @@ The finite-difference cases are ``grad_cases_attention.py``; the node suite cove
 from __future__ import annotations
 
 import copy
+import gc
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,8 @@ from oracles import ort_run
 from test_real_exports import _pytorch_parameter_of, _trainable
 
 import tr_onnx
+from tr_onnx.errors import TrOnnxError
+from tr_onnx.training import gradients
 from tr_onnx.training.gradients import vjp
 
 TORCH_ATOL = 1e-10  # float64 both sides: the issue asks 1e-5
@@ -235,6 +239,29 @@ def test_forward_matches_onnxruntime(case):
                                    atol=tp.FORWARD_ATOL * max(1.0, float(np.abs(want).max())))
 
 
+def _named_error_cases():
+    rng = np.random.default_rng(9)
+    return [
+        ("attention_heads", "Attention", 23,
+         [_f32(rng, 1, 3, 2, 4), _f32(rng, 1, 2, 2, 4), _f32(rng, 1, 2, 2, 4)], {},
+         "3 query heads are not a multiple of 2 key/value heads"),
+        ("rotary_dim", "RotaryEmbedding", 23,
+         [_f32(rng, 1, 2, 3, 8), _f32(rng, 4, 3), _f32(rng, 4, 3),
+          np.zeros((1, 3), np.int64)], {"rotary_embedding_dim": 4},
+         "cos_cache's last axis 3 is not rotary_embedding_dim / 2 = 2"),
+    ]
+
+
+@pytest.mark.parametrize("case", _named_error_cases(), ids=lambda c: c[0])
+def test_errors_name_the_node(case):
+    _, op, opset, arrays, attrs, words = case
+    model = build_model(GradCase(op, op, arrays, attrs, opset=opset))
+    model.graph.node[0].name = "block3"
+    with pytest.raises(TrOnnxError) as info:
+        tr_onnx.InferenceSession(model).run(None, {f"x{i}": a for i, a in enumerate(arrays)})
+    assert "'block3'" in str(info.value) and words in str(info.value), str(info.value)
+
+
 # ---- Llama and Qwen2 exported at opset 23 ---------------------------------------------------
 
 DECODERS = ("llama", "qwen2")
@@ -329,3 +356,62 @@ def test_opset23_trainable_set_is_pytorchs_parameters(decoders, name):
     assert None not in held.values(), held
     assert len(set(held.values())) == len(held)
     assert set(held.values()) == set(params)
+
+
+# ---- no allocation per step -------------------------------------------------------------------
+
+
+def _alloc_cases():
+    rng = np.random.default_rng(8)
+    mask = rng.random((1, 1, 64, 64)) < 0.8
+    mask[..., 0] = True
+    return [  # scores of 4 x 8 x 64 x 64 float32: 512 KB, past test_step_allocation's bound
+        ("attention", "Attention", 23, [_f32(rng, 4, 8, 64, 16), _f32(rng, 4, 2, 64, 16),
+                                        _f32(rng, 4, 2, 64, 16), mask], {"is_causal": 1}),
+        ("rms_norm", "RMSNormalization", 23, [_f32(rng, 4, 64, 512), _f32(rng, 512)], {}),
+        ("rotary", "RotaryEmbedding", 23, [_f32(rng, 4, 8, 64, 64), _f32(rng, 64, 32),
+                                           _f32(rng, 64, 32),
+                                           np.tile(np.arange(64), (4, 1))], {}),
+        ("swish", "Swish", 24, [_f32(rng, 4, 64, 512)], {}),
+    ]
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("case", _alloc_cases(), ids=lambda c: c[0])
+def test_steps_allocate_only_numpy_buffers(case, backward, monkeypatch):
+    """As test_step_allocation.py holds the model zoo to: numpy's own bounded buffers only.
+    ``backward``: the plan of the op's forward and gradient nodes (AttentionGrad...), taken
+    from ``vjp`` as it compiles it."""
+    _, op, opset, arrays, attrs = case
+    model = build_model(GradCase(op, op, arrays, attrs, opset=opset))
+    feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    if backward:
+        plans = []
+
+        compile_plan = gradients.compile_plan
+
+        def recording(*args, **kwargs):
+            plans.append(compile_plan(*args, **kwargs))
+            return plans[-1]
+
+        monkeypatch.setattr(gradients, "compile_plan", recording)
+        vjp(model, feed, ["x0"], np.ones(arrays[0].shape, np.float32))
+        executor = plans[0].executor
+    else:
+        sess = tr_onnx.InferenceSession(model)
+        sess.run(None, feed)
+        executor = sess.plan_for(feed).executor
+    for _ in range(2):
+        executor.run()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            executor.run()
+        peak = tracemalloc.get_traced_memory()[1]
+        gc.collect()
+        current = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert peak - base < 160 * 1024
+    assert current - base < 16 * 1024
