@@ -167,7 +167,6 @@ class _Scores:
         self.dead = ctx.workspace(s_shape[:3] + (1,), np.bool_)
         self.soft = ctx.workspace(s_shape, sp.soft) if sp.soft != acc else None
         mask = _at(ctx.inputs, first + 3)
-        self.mask = mask
         nonpad = ctx.has_input(first + 6)
         if nonpad and ctx.has_input(first + 4):
             raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key/past_value")
@@ -205,6 +204,9 @@ class _Scores:
             np.copyto(v[:, :, :sp.past], ins[f + 5])
 
     def _fill_bias(self, ins, ws) -> np.ndarray:
+        """The additive bias [batch, q_heads, q, total]: the mask, -inf where a frontier or
+        the padding hides a key. With nonpad_kv_seqlen the per-batch offsets are computed
+        each step ([batch]-sized temporaries: the lengths are an input)."""
         sp, f = self.sp, self.first
         bias = ws[self.bias]
         bias.fill(0)
@@ -368,7 +370,7 @@ def attention_grad_numpy(ctx):
         np.matmul(gp5.swapaxes(-1, -2), _grouped(q, sp), out=tmp_k)
         np.sum(tmp_k, axis=2, out=ws[gk_ws])
         for i, total, g_present, g_past in ((1, ws[gk_ws], _at(ins, 8), 3),
-                                                (2, ws[gv_ws], _at(ins, 9), 4)):
+                                            (2, ws[gv_ws], _at(ins, 9), 4)):
             if g_present is not None:
                 total += g_present
             np.copyto(_heads(outs[i], sp.rank3, sp.hkv), total[:, :, sp.past:],
@@ -406,8 +408,7 @@ def attention_vjp(b, node, gys, needed):
         grads[4], grads[5] = outs[3], outs[4]
     if mask_grad:
         grads[3] = outs[-1]
-    return [gx if need else None for gx, need in zip(grads, needed)] + \
-        [None] * (len(node.inputs) - len(needed))
+    return [gx if need else None for gx, need in zip(grads, needed)]
 
 
 # ---- RMSNormalization -----------------------------------------------------------------------
