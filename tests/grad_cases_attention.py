@@ -63,6 +63,14 @@ CASES = [
                opset=24, is_causal=1),
     _attention("attention_4d_local_window", [_x(1, 2, 4, 4), _x(1, 2, 4, 4), _x(1, 2, 4, 4)],
                opset=25, is_causal=1, left_window_size=1),
+    # qk_matmul_output's gradient at each mode's stage (mode 0 without softcap: with one,
+    # onnx.reference softcaps the mode-0 output, against the schema and onnxruntime)
+    *(GradCase(f"attention_qk_output_mode{mode}", "Attention",
+               [_x(1, 2, 3, 4), _x(1, 2, 4, 4), _x(1, 2, 4, 3), _x(3, 4)],
+               {"qk_matmul_output_mode": mode, "softcap": softcap}, opset=23, output=3,
+               n_outputs=4, output_shapes=[(1, 2, 3, 3), (1, 2, 4, 4), (1, 2, 4, 3),
+                                           (1, 2, 3, 4)])
+      for mode, softcap in ((0, 0.0), (1, 2.0), (2, 2.0), (3, 2.0))),
     GradCase("rms_norm_last_axis", "RMSNormalization", [_x(2, 3, 4), _x(4)], opset=23),
     GradCase("rms_norm_axis1_eps", "RMSNormalization", [_x(2, 3, 4), _x(3, 4)],
              {"axis": 1, "epsilon": 0.1}, opset=23),

@@ -263,18 +263,6 @@ def test_errors_name_the_node(case):
     assert "'block3'" in str(info.value) and words in str(info.value), str(info.value)
 
 
-def test_no_gradient_through_qk_matmul_output_is_a_named_error():
-    rng = np.random.default_rng(10)
-    arrays = [_x(rng, 1, 2, 3, 4) for _ in range(3)]
-    model = build_model(GradCase("qk", "Attention", arrays, {"qk_matmul_output_mode": 3},
-                                 opset=23, output_shapes=[(1, 2, 3, 4)] * 3 + [(1, 2, 3, 3)],
-                                 n_outputs=4))
-    model.graph.node[0].name = "attn_debug"
-    with pytest.raises(TrOnnxError, match="'attn_debug'.*no gradient through qk_matmul_output"):
-        vjp(model, {f"x{i}": a for i, a in enumerate(arrays)}, ["x0"],
-            np.ones((1, 2, 3, 3)), output="y3")
-
-
 # ---- Llama and Qwen2 exported at opset 23 ---------------------------------------------------
 
 DECODERS = ("llama", "qwen2")

@@ -18,7 +18,8 @@ matmul broadcasts the keys over the group axis. The softmax runs in the wider of
 
 The gradient of Attention is one named op, AttentionGrad, which recomputes the probabilities
 from the forward inputs (nothing of the forward is saved but its inputs) and writes the
-gradients of Q, K, V, the past key/value and a float mask. RotaryEmbedding's gradient is the
+gradients of Q, K, V, the past key/value and a float mask, from the gradients of Y, the
+present key/value and qk_matmul_output. RotaryEmbedding's gradient is the
 inverse rotation (RotaryEmbeddingGrad: the same kernel with the sine negated; the cos/sin
 caches get none). Swish's is built from standard ops.
 """
@@ -31,7 +32,6 @@ from typing import NamedTuple
 import numpy as np
 from onnx import helper
 
-from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, OpDef
 from .elementwise import const_like
@@ -311,11 +311,13 @@ def attention_numpy(ctx):
 
 def attention_grad_numpy(ctx):
     """ai.tr_onnx AttentionGrad(gY, Q, K, V, attn_mask, past_key, past_value,
-    nonpad_kv_seqlen, g_present_key, g_present_value) -> (gQ, gK, gV[, g_past_key,
-    g_past_value][, g_attn_mask]) (attributes ``past`` and ``mask_grad`` say which optional
-    outputs exist). With P the probabilities and Z the biased scores: gV = P^T gY, gP = gY V^T,
-    gZ = P (gP - rowsum(gP P)), the softcap's tanh t gives gS = gZ (1 - t^2), and gQ = scale
-    gS K, gK = scale gS^T Q, summed over each key/value head's query group."""
+    nonpad_kv_seqlen, g_present_key, g_present_value, g_qk_matmul_output) -> (gQ, gK, gV[,
+    g_past_key, g_past_value][, g_attn_mask]) (attributes ``past`` and ``mask_grad`` say which
+    optional outputs exist). With P the probabilities and Z the biased scores: gV = P^T gY,
+    gP = gY V^T, gZ = P (gP - rowsum(gP P)), the softcap's tanh t gives gS = gZ (1 - t^2), and
+    gQ = scale gS K, gK = scale gS^T Q, summed over each key/value head's query group. The
+    qk_matmul_output's gradient joins at the stage its mode taps (P, Z, the softcapped or the
+    raw scores)."""
     sp = _attention_spec(ctx, 1)
     scores = _Scores(ctx, sp, 1, keep_tanh=True)
     acc = sp.acc
@@ -349,20 +351,29 @@ def attention_grad_numpy(ctx):
         np.matmul(p5.swapaxes(-1, -2), gy5, out=tmp_v)
         np.sum(tmp_v, axis=2, out=ws[gv_ws])
         np.matmul(gy5, v[:, :, None].swapaxes(-1, -2), out=gp5)
+        g_qk = _at(ins, 10)
+        if g_qk is not None and sp.mode == 3:
+            gp += g_qk
         dot = ws[dot_ws]
         np.einsum("...i,...i->...", gp, p, out=dot[..., 0])
         gp -= dot
         gp *= p  # gZ
+        if g_qk is not None and sp.mode == 2:
+            gp += g_qk
         if mask_grad:
             n = ins[4].shape[-1]
             np.sum(gp[..., :n], axis=mask_axes, keepdims=True, out=ws[gm_ws])
             np.copyto(outs[mask_out], ws[gm_ws].reshape(outs[mask_out].shape),
                       casting="same_kind")
+        if g_qk is not None and sp.mode == 1:
+            gp += g_qk
         if scores.th is not None:
             th = ws[scores.th]
             np.multiply(th, th, out=th)
             np.subtract(1, th, out=th)
             gp *= th
+        if g_qk is not None and sp.mode == 0:
+            gp += g_qk
         gp *= sp.scale
         np.matmul(gp5, k[:, :, None], out=_grouped(ws[gq_ws], sp))
         np.copyto(_heads(outs[0], sp.rank3, sp.hq), ws[gq_ws], casting="same_kind")
@@ -387,11 +398,8 @@ _ATTENTION_ATTRS = ("scale", "softcap", "is_causal", "q_num_heads", "kv_num_head
 
 
 def attention_vjp(b, node, gys, needed):
-    """One AttentionGrad node for Q, K, V, past key/value and a float mask (from Y's and the
-    present key/value's gradients); a boolean mask and nonpad_kv_seqlen get none."""
-    if len(gys) > 3 and gys[3] is not None:
-        raise UnsupportedModelError(f"{node.label}: no gradient through qk_matmul_output (a "
-                                    f"debugging output); use Y", [])
+    """One AttentionGrad node for Q, K, V, past key/value and a float mask (from the
+    gradients of all four outputs); a boolean mask and nonpad_kv_seqlen get none."""
     ins = list(node.inputs) + [None] * (7 - len(node.inputs))
     q, k, v, mask, past_key, past_value = ins[:6]
     past = past_key is not None and past_value is not None
@@ -399,9 +407,9 @@ def attention_vjp(b, node, gys, needed):
     attrs = {a: node.attrs[a] for a in _ATTENTION_ATTRS if node.attrs.get(a) is not None}
     attrs.update(past=int(past), mask_grad=int(mask_grad))
     gy = gys[0] if gys[0] is not None else zeros_like(b, node.outputs[0])
-    g_present = [gys[i] if len(gys) > i else None for i in (1, 2)]
+    g_outs = [gys[i] if len(gys) > i else None for i in (1, 2, 3)]  # present k/v, qk
     likes = [q, k, v] + ([past_key, past_value] if past else []) + ([mask] if mask_grad else [])
-    outs = b.op("AttentionGrad", [gy, q, k, v, mask, past_key, past_value, ins[6], *g_present],
+    outs = b.op("AttentionGrad", [gy, q, k, v, mask, past_key, past_value, ins[6], *g_outs],
                 attrs, domain=INTERNAL, like=likes)
     grads = [outs[0], outs[1], outs[2], None, None, None, None]
     if past:
@@ -603,7 +611,7 @@ def tr_onnx_op_definitions():
                   "float or boolean masks, causal (offset by the past or per batch by "
                   "nonpad_kv_seqlen), softcap, past/present key and value, qk_matmul_output "
                   "modes 0-3, windows (v25). Gradients for Q, K, V, past key/value and a "
-                  "float mask"),
+                  "float mask, from every output"),
         OpDef("RMSNormalization", (23,), {"numpy": rms_norm_numpy}, layout=PLAIN_ONLY,
               differentiable=True, gradient=rms_norm_vjp, grad_inputs=(0, 1), param_inputs=(1,)),
         OpDef("RotaryEmbedding", (23,), {"numpy": rotary_numpy}, layout=PLAIN_ONLY,
