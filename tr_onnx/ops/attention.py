@@ -14,7 +14,9 @@ bias is -inf everywhere gives zeros. Kernels work on ``[batch, heads, seq, size]
 the accumulation precision (float32 for 16-bit inputs, else the input's); grouped key/value
 heads are never repeated: queries are viewed ``[batch, kv_heads, group, seq, size]`` and
 matmul broadcasts the keys over the group axis. The softmax runs in the wider of
-``softmax_precision`` and that precision.
+``softmax_precision`` and that precision. One departure from the reference: the mode-0
+qk_matmul_output is the scores before softcap, as the schema says and onnxruntime computes
+(the reference returns them softcapped; no node-suite case has both).
 
 The gradient of Attention is one named op, AttentionGrad, which recomputes the probabilities
 from the forward inputs (nothing of the forward is saved but its inputs) and writes the
