@@ -33,7 +33,7 @@ WINDOW = 2  # smaller than both stages' resolutions, so every odd block shifts i
 CHANNELS = 3
 EXPORTERS = ("classic", "dynamo")
 MODELS = ("bert", "distilbert", "gpt2", "llama", "swin")
-LANGUAGE_MODELS = ("gpt2", "llama")  # logits [N, T, V], labels [N, T]: class_axis=-1
+LANGUAGE_MODELS = ("gpt2", "llama", "qwen2")  # logits [N, T, V], labels [N, T]: class_axis=-1
 
 
 class TextLogits(torch.nn.Module):
@@ -82,6 +82,11 @@ def _config(name: str, exporter: str) -> transformers.PretrainedConfig:
             vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
             num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=1,
             max_position_embeddings=16, bos_token_id=0, eos_token_id=0)
+    if name == "qwen2":  # the Qwen2 block: biased q/k/v projections, grouped key/value heads
+        return transformers.Qwen2Config(
+            vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+            num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=16, bos_token_id=0, eos_token_id=0)
     if name == "swin":
         return transformers.SwinConfig(
             image_size=IMAGE, patch_size=PATCH, num_channels=CHANNELS, embed_dim=16,
@@ -99,6 +104,7 @@ _CLASSES = {"bert": transformers.BertForSequenceClassification,
             "distilbert": transformers.DistilBertForSequenceClassification,
             "gpt2": transformers.GPT2LMHeadModel,
             "llama": transformers.LlamaForCausalLM,
+            "qwen2": transformers.Qwen2ForCausalLM,
             "swin": transformers.SwinForImageClassification}
 
 

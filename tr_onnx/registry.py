@@ -33,6 +33,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.normalization",
     "tr_onnx.ops.reduce",
     "tr_onnx.ops.losses",
+    "tr_onnx.ops.attention",
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
     "tr_onnx.ops.random",
