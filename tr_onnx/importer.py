@@ -29,13 +29,7 @@ from .errors import (
     unsupported_message,
 )
 from .legacy_opsets import prepare_for_conversion
-from .registry import (
-    ONNX_DOMAINS,
-    OpRegistry,
-    canonical_domain,
-    default_registry,
-    schema_for,
-)
+from .registry import ONNX_DOMAINS, OpRegistry, canonical_domain, default_registry, schema_for
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
 MAX_OPSET = onnx.defs.onnx_opset_version()
