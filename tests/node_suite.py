@@ -46,14 +46,14 @@ def _model_ops(model: onnx.ModelProto):
 def _elem_types(model: onnx.ModelProto):
     for vi in list(model.graph.input) + list(model.graph.output):
         tp = vi.type
-        if tp.HasField("optional_type") and vi in model.graph.input:  # given or None: the
-            tp = tp.optional_type.elem_type  # backend passes either
+        if tp.HasField("optional_type"):  # given or None: the backend passes either, and
+            tp = tp.optional_type.elem_type  # reads an optional output as a value or None
         if tp.HasField("tensor_type"):
             yield tp.tensor_type.elem_type
         elif tp.sequence_type.elem_type.HasField("tensor_type"):  # a list of tensors: the
             yield tp.sequence_type.elem_type.tensor_type.elem_type  # backend passes lists
         else:
-            yield None  # optional outputs, maps, sequences of sequences
+            yield None  # maps, sequences of sequences
 
 
 @lru_cache(maxsize=1)
@@ -78,8 +78,8 @@ def classify() -> tuple[list[str], dict[str, str]]:
             continue
         reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
         if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
-            reason = "element type the numpy backend cannot hold (string or complex), or an " \
-                     "optional model output"
+            reason = "element type the numpy backend cannot hold (string or complex, or a " \
+                     "map or a sequence of sequences)"
         if reason is None:
             for node, opset in ops:
                 version = registry.resolve_version(node.domain, node.op_type, opset)

@@ -459,8 +459,9 @@ def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, b
     outputs = {vi.name for vi in model.graph.output}
     for vi in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
         t = vi.type.tensor_type
-        if vi.name in outputs and _listed_tensors(vi.type):  # a plan lists the tensors of a
-            t = vi.type.sequence_type.elem_type.tensor_type  # sequence output (control_flow)
+        if vi.name in outputs and not vi.type.HasField("tensor_type") and \
+                _held(vi.type).elem_type:  # a plan lists the tensors of a sequence or optional
+            t = _held(vi.type)  # output (passes.control_flow)
         elif not vi.type.HasField("tensor_type"):  # a model input or output must be a tensor
             if vi.name in graph_values:
                 bad_types.append(f"{vi.name!r} ({vi.type.WhichOneof('value') or 'no type'}, "
@@ -560,15 +561,17 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
                          frozenset(const_feeds), original_opset, registry, fold_limit_bytes)
 
 
-def _listed_tensors(tp: onnx.TypeProto) -> bool:
-    """A sequence of tensors: as a model output, the plan lists its tensors."""
-    return tp.HasField("sequence_type") and tp.sequence_type.elem_type.HasField("tensor_type")
+def _held(tp: onnx.TypeProto):
+    """The tensor type of a tensor, or of what a sequence or optional holds."""
+    if tp.HasField("optional_type"):
+        tp = tp.optional_type.elem_type
+    return tp.sequence_type.elem_type.tensor_type if tp.HasField("sequence_type") \
+        else tp.tensor_type
 
 
 def _spec(vi: onnx.ValueInfoProto) -> InputSpec:
     """An input's or output's name, shape and dtype (a sequence output's: its tensors')."""
-    t = vi.type.sequence_type.elem_type.tensor_type if _listed_tensors(vi.type) \
-        else vi.type.tensor_type
+    t = _held(vi.type)
     dims = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
                  for d in t.shape.dim) if t.HasField("shape") else None
     return InputSpec(vi.name, dims, np_dtype(t.elem_type))

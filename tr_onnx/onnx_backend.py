@@ -117,9 +117,20 @@ class SequenceRep(BackendRep):
                 plan.executor.write_input(name, x)
         plan.executor.run()
         names = [v.name for v in plan.graph.outputs]
-        return tuple([plan.executor.read_output(n) for n in listed_outputs(vi.name, names)]
-                     if _is_sequence(vi) else plan.executor.read_output(vi.name)
+        return tuple(self._output(plan, vi.name, vi.type, names)
                      for vi in self.model.graph.output)
+
+    def _output(self, plan, name: str, tp: onnx.TypeProto, names: list[str]):
+        """A model output as ONNX gives it: a tensor, a list (a sequence), or an optional's
+        value or None (control_flow names what an optional holds ``name[held]``)."""
+        if tp.HasField("optional_type"):
+            held = f"{name}[held]"
+            if held not in names and not listed_outputs(held, names):
+                return None
+            name, tp = held, tp.optional_type.elem_type
+        if tp.HasField("sequence_type"):
+            return [plan.executor.read_output(n) for n in listed_outputs(name, names)]
+        return plan.executor.read_output(name)
 
 
 class TrOnnxBackend(Backend):

@@ -72,7 +72,8 @@ def resolve(model: onnx.ModelProto, fold: Callable[[onnx.ModelProto], onnx.Model
         previous = signature
         resolver.round(model)
         model = fold(model)
-    if resolver.list_sequence_outputs(model):
+    listed = resolver.list_optional_outputs(model)
+    if resolver.list_sequence_outputs(model) or listed:
         model = fold(model)
     resolver.check_resolved(model)
     return model
@@ -153,18 +154,57 @@ class _Resolver:
         ``check_resolved`` if nothing resolves it later."""
         produced = {o for n in nodes for o in n.output}
         wanted = [i for n in nodes for i in proto_reads(n)] + graph_outputs
-        extra, seen = [], set()
+        extra, wraps, seen = [], [], set()
         for name in wanted:
-            if name in self.opts and name not in produced and self.opts[name] is not None:
-                wanted.append(self.opts[name])  # rebuilt below if it is a sequence
-                extra.append(helper.make_node("Optional", [self.opts.pop(name)], [name]))
+            if name in self.opts and name not in produced:
+                held = self.opts.pop(name)
+                if held is not None:
+                    wanted.append(held)  # rebuilt below if it is a sequence
+                    wraps.append(helper.make_node("Optional", [held], [name]))
+                elif name in self.types and self.types[name].HasField("optional_type"):
+                    wraps.append(helper.make_node(
+                        "Optional", [], [name], type=self.types[name].optional_type.elem_type))
             if name in self.seqs and name not in produced and name not in seen:
                 seen.add(name)
                 elems = self.seqs.pop(name)
                 extra.append(helper.make_node("SequenceConstruct", elems, [name]) if elems else
                              helper.make_node("SequenceEmpty", [], [name],
                                               dtype=self.seq_types.get(name, 1)))
-        return extra + nodes
+        return extra + wraps + nodes
+
+    def list_optional_outputs(self, model: onnx.ModelProto) -> bool:
+        """An optional model output known to hold a value becomes an output of that value,
+        named ``output[held]`` (a sequence then listed as ``output[held][i]``); one known to be
+        empty is dropped. True if any was."""
+        g = model.graph
+        producer = {o: n for n in g.node for o in n.output}
+        read = {i for n in g.node for i in proto_reads(n)}
+        changed, outputs = False, []
+        for vi in g.output:
+            node = producer.get(vi.name)
+            if node is None or node.op_type != "Optional" or vi.name in read or \
+                    not vi.type.HasField("optional_type"):
+                outputs.append(vi)
+                continue
+            changed = True
+            g.node.remove(node)
+            if not node.input or not node.input[0]:
+                continue  # empty: the adapter reads None
+            held = onnx.ValueInfoProto()
+            held.name = f"{vi.name}[held]"
+            held.type.CopyFrom(vi.type.optional_type.elem_type)
+            source = producer.get(node.input[0])
+            if source is not None and source.op_type in ("SequenceConstruct", "SequenceEmpty") \
+                    and not any(node.input[0] in proto_reads(n) for n in g.node):
+                source.output[0] = held.name  # listed by list_sequence_outputs
+            else:
+                g.node.append(helper.make_node("Identity", [node.input[0]], [held.name],
+                                               name=self.fresh(f"cf/{held.name}")))
+            outputs.append(held)
+        if changed:
+            del g.output[:]
+            g.output.extend(outputs)
+        return changed
 
     def list_sequence_outputs(self, model: onnx.ModelProto) -> bool:
         """A sequence model output made of known tensors becomes one tensor output per element,
