@@ -253,13 +253,14 @@ def _stn_batch(k):
     ("dynamo", {"GridSample"}),
 ])
 def test_spatial_transformer_trains_as_in_pytorch(exporter, emits, tmp_path):
-    # trainable: PyTorch's parameters. The dynamo export stores affine_grid's base grid as a
-    # [H*W, 3, 1] initializer multiplied into theta, which the default trainable set
-    # (training/parameters.py: a tensor at a Mul) would train; PyTorch does not.
-    params = [name for name, _ in _build_stn().named_parameters()]
+    # The default trainable set is PyTorch's parameters: the dynamo export stores
+    # affine_grid's base grid as a [H*W, 3, 1] initializer multiplied into theta, folded from
+    # constants (its folded_from metadata), so it stays frozen.
+    params = {name for name, _ in _build_stn().named_parameters()}
     case = ParityCase(f"stn-{exporter}", _build_stn, _stn_batch, exporter=exporter, opset=20,
-                      dynamic_axes={"x": {0: "batch"}}, session_kwargs={"trainable": params})
+                      dynamic_axes={"x": {0: "batch"}})
     result = run_case(case, tmp_path)
     ops = {n.op_type for n in onnx.load(str(result.path)).graph.node}
     assert emits <= ops, sorted(ops)
+    assert {n for n, r in result.session.parameter_roles.items() if r.trainable} == params
     assert_parity(result)

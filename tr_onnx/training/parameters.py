@@ -9,15 +9,19 @@ default trainable set is the parameters, decided per initializer (``parameter_ro
 1. The torch dynamo exporter records torch.export's signature on each initializer it lifted
    from the module (value_info metadata ``pkg.torch.export.graph_signature.InputSpec.kind``):
    a PARAMETER trains, a BUFFER does not.
-2. Otherwise (other exporters, and initializers an exporter's optimizer made, such as a folded
-   Transpose of a weight) the inputs it reaches decide: an op declares those at which a constant
-   is a learned parameter (``OpDef.param_inputs``: Conv's weight and bias, a normalization's
-   scale and bias, Gather's table, MatMul's operand, a tensor added or multiplied...), reached
-   through ops that forward a value unchanged (``OpDef.forwards_params``: Reshape, Transpose,
-   Cast...). A tensor added to the scores of a Softmax whose values are all 0 or <= -100 is an
-   attention mask (a causal mask, Swin's shifted-window mask), not a parameter; other values
-   there are a bias the exporter folded from a trained table (Swin's relative position bias)
-   and train.
+   An initializer its optimizer folded (value_info metadata
+   ``pkg.onnxscript.optimizer.folded_from``) trains iff one of the values it was folded from is
+   a parameter (named in the signature the exporter writes into the model's metadata, or by a
+   submodule's dotted target): a weight stored transposed trains; affine_grid's base grid,
+   folded from arange and friends, does not.
+2. Otherwise (other exporters, and folds without that metadata) the inputs it reaches decide: an
+   op declares those at which a constant is a learned parameter (``OpDef.param_inputs``: Conv's
+   weight and bias, a normalization's scale and bias, Gather's table, MatMul's operand, a tensor
+   added or multiplied...), reached through ops that forward a value unchanged
+   (``OpDef.forwards_params``: Reshape, Transpose, Cast...). A tensor added to the scores of a
+   Softmax whose values are all 0 or <= -100 is an attention mask (a causal mask, Swin's
+   shifted-window mask), not a parameter; other values there are a bias the exporter folded from
+   a trained table (Swin's relative position bias) and train.
 
 ``trainable=`` / ``frozen=`` override both; ``tr-onnx inspect`` lists every initializer with
 its reason.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -55,6 +60,8 @@ from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
 
 SIGNATURE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+GRAPH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a node's module path, outermost first
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
@@ -122,6 +129,8 @@ def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, 
     """Every float initializer (and untied Identity copy) -> whether it trains by default."""
     sharing = sharing or ParamSharing()
     signature = _signature(imported.original)
+    folded = _folded_from(imported.original)
+    exported_params = _exported_parameters(imported.original)
     ports = _PortWalk(imported)
     split = sharing.split_sources()
     names = list(ports.params) + sorted(sharing.untie) + list(split)
@@ -134,6 +143,8 @@ def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, 
         elif kind is not None:
             roles[name] = ParamRole(False, f"a {kind.lower()} in torch.export's signature, "
                                            "not a parameter")
+        elif source in folded:
+            roles[name] = _folded_role(folded[source], exported_params)
         else:
             roles[name] = ports.role(source)
         if name in split:
@@ -306,6 +317,44 @@ def _signature(model: onnx.ModelProto) -> dict[str, str]:
             if prop.key == SIGNATURE_KIND:
                 kinds[init.name] = prop.value
     return kinds
+
+
+def _folded_from(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """What the dynamo exporter's optimizer folded each initializer from (value_info metadata
+    ``pkg.onnxscript.optimizer.folded_from``: the names of the values it replaced)."""
+    found = {}
+    for vi in list(model.graph.value_info) + list(model.graph.initializer):
+        for prop in vi.metadata_props:
+            if prop.key == FOLDED_FROM:
+                try:
+                    names = ast.literal_eval(prop.value)
+                except (ValueError, SyntaxError):
+                    continue  # not the list this version writes: the port walk decides
+                if isinstance(names, list):
+                    found[vi.name] = [str(n) for n in names]
+    return found
+
+
+def _exported_parameters(model: onnx.ModelProto) -> frozenset[str]:
+    """The targets of every PARAMETER in torch.export's signature, which the dynamo exporter
+    writes whole into the model's metadata (also those its optimizer folded away)."""
+    text = next((p.value for p in model.metadata_props if p.key == GRAPH_SIGNATURE), "")
+    return frozenset(re.findall(r": PARAMETER target='([^']+)'", text))
+
+
+def _folded_role(sources: list[str], exported_params: frozenset[str]) -> ParamRole:
+    """An initializer the exporter folded trains iff it was folded from a parameter (a weight
+    stored transposed); one folded from constants alone (affine_grid's base grid, a causal
+    mask) is a constant, whatever op reads it. A parameter is a name in the signature the
+    exporter wrote into the metadata, where it wrote one, or a dotted name: torch.export names
+    a submodule's parameter by its target (``blocks.0.qkv.weight``) and every intermediate
+    value by an identifier (``val_12``, ``linspace``). (A top-level parameter folded without
+    that metadata is the one case this misses; ``trainable=`` names it.)"""
+    params = [n for n in sources if n in exported_params or "." in n]
+    if params:
+        return ParamRole(True, f"folded by the exporter from the parameter(s) {params}")
+    return ParamRole(False, "a constant the exporter folded from values that are not "
+                            "parameters")
 
 
 class _PortWalk:
