@@ -423,6 +423,16 @@ def test_merged_initializers_are_found_but_identity_sharing_is_not():
     assert export_advice(_model(shared, [ones, zeros], "y", [2, 8])) == []
 
 
+def test_a_per_channel_scale_shared_by_a_quantize_dequantize_pair_is_no_advice():
+    """A QAT export's Q and DQ read one scale (and zero point) by design: equal values there
+    are a symmetric observer's, not the dynamo exporter's merge."""
+    scale = _init("scale", (8,), 0.05)
+    zero = numpy_helper.from_array(np.zeros(8, np.int8), "zp")
+    qdq = [helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"], axis=1),
+           helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"], axis=1)]
+    assert export_advice(_model(qdq, [scale, zero], "y", [2, 8])) == []
+
+
 def test_advice_names_the_first_nodes_and_counts_the_rest():
     (advice,) = export_advice(_model(*_gemms([False] * 5)))
     assert advice.names == ("fc0", "fc1", "fc2", "fc3", "fc4")

@@ -238,6 +238,9 @@ def untied_weights(g: _Graph) -> list[ExportAdvice]:
     return out
 
 
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
 def merged_initializers(g: _Graph, split: Collection[str] = ()) -> list[ExportAdvice]:
     """A parameter whose elements are all equal (a fresh model's ones and zeros), read
     directly by several nodes: the dynamo exporter's optimizer merges equal-valued
@@ -248,6 +251,8 @@ def merged_initializers(g: _Graph, split: Collection[str] = ()) -> list[ExportAd
         users = [n for n in g.consumers.get(name, ()) if n.op_type != "Identity"]
         if len(users) < 2 or int(np.prod(g.inits[name].dims)) < 2:
             continue
+        if all(n.op_type in _QDQ and name not in n.input[:1] for n in users):
+            continue  # a Q/DQ pair's scale or zero point: one tensor read by both, by design
         x = g.array(name)
         if np.all(x == x.flat[0]):
             merged.append((name, users))
