@@ -281,3 +281,21 @@ def test_node_suite_loop16_seq_none_gives_the_expected_list():
     for a, b in zip(ours, expected[0]):
         assert a.shape == b.shape and a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("make", [lambda m: tr_onnx.InferenceSession(m, backend="numpy"),
+                                  lambda m: tr_onnx.TrainingSession(m, loss="mse",
+                                                                    backend="numpy")],
+                         ids=["inference", "training"])
+def test_a_sequence_output_comes_back_from_run_as_a_list(make):
+    node = helper.make_node("SplitToSequence", ["x"], ["parts"], axis=1, keepdims=0)
+    graph = helper.make_graph(
+        [node], "split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    (parts,) = make(model).run(["parts"], {"x": x})
+    (expected,) = ort_run(model, {"x": x})
+    assert len(parts) == len(expected) == 3
+    for got, want in zip(parts, expected):
+        np.testing.assert_array_equal(got, want)

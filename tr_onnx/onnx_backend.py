@@ -14,7 +14,7 @@ from onnx import helper
 from onnx.backend.base import Backend, BackendRep
 
 from .feeds import check_feed
-from .passes.control_flow import listed_outputs
+from .passes.control_flow import output_value
 from .session import InferenceSession
 
 
@@ -117,20 +117,9 @@ class SequenceRep(BackendRep):
                 plan.executor.write_input(name, x)
         plan.executor.run()
         names = [v.name for v in plan.graph.outputs]
-        return tuple(self._output(plan, vi.name, vi.type, names)
+        return tuple(output_value(plan.executor.read_output, vi.name, vi.type, names)
                      for vi in self.model.graph.output)
 
-    def _output(self, plan, name: str, tp: onnx.TypeProto, names: list[str]):
-        """A model output as ONNX gives it: a tensor, a list (a sequence), or an optional's
-        value or None (control_flow names what an optional holds ``name[held]``)."""
-        if tp.HasField("optional_type"):
-            held = f"{name}[held]"
-            if held not in names and not listed_outputs(held, names):
-                return None
-            name, tp = held, tp.optional_type.elem_type
-        if tp.HasField("sequence_type"):
-            return [plan.executor.read_output(n) for n in listed_outputs(name, names)]
-        return plan.executor.read_output(name)
 
 
 class TrOnnxBackend(Backend):

@@ -24,6 +24,7 @@ from .importer import (
     check_byte_limit,
     import_model,
 )
+from .passes.control_flow import output_value
 from .registry import build_registry, default_registry
 
 _TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -125,4 +126,6 @@ class InferenceSession:
             if name not in self.imported.const_feeds:
                 executor.write_input(name, x)
         executor.run()
-        return [executor.read_output(n) for n in names]
+        types = {vi.name: vi.type for vi in self.imported.proto.graph.output}
+        listed = [v.name for v in plan.graph.outputs]
+        return [output_value(executor.read_output, n, types[n], listed) for n in names]

@@ -88,6 +88,20 @@ def listed_outputs(output: str, names) -> list[str]:
     return sorted(found, key=lambda n: int(n[len(prefix):-1]))
 
 
+def output_value(read, name: str, tp: onnx.TypeProto, names):
+    """A model output as ONNX gives it, from a plan whose outputs are ``names`` (``read(name)``
+    reads one): a tensor, a list (a sequence, ``listed_outputs``), or an optional's value or
+    None (``resolve`` names what an optional holds ``name[held]``)."""
+    if tp.HasField("optional_type"):
+        held = f"{name}[held]"
+        if held not in names and not listed_outputs(held, names):
+            return None
+        name, tp = held, tp.optional_type.elem_type
+    if tp.HasField("sequence_type"):
+        return [read(n) for n in listed_outputs(name, names)]
+    return read(name)
+
+
 class _Resolver:
     def __init__(self, model: onnx.ModelProto, param_names, max_nodes: int):
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),

@@ -51,6 +51,7 @@ from ..importer import (
     import_model,
 )
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
+from ..passes.control_flow import output_value
 from ..registry import build_registry, default_registry
 from .export import export_model
 from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
@@ -609,7 +610,9 @@ class TrainingSession:
         for name, x in feed.items():
             plan.executor.write_input(name, x)
         plan.executor.run()
-        return [plan.executor.read_output(n) for n in names]
+        types = {vi.name: vi.type for vi in self.imported.proto.graph.output}
+        listed = [v.name for v in plan.graph.outputs]
+        return [output_value(plan.executor.read_output, n, types[n], listed) for n in names]
 
     def _sync_eval_weights(self, plan: CompiledPlan) -> None:
         """Copy parameters and running statistics into an eval plan's arena (view to view on
