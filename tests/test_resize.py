@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gradcheck import Const, GradCase, build_model
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_run
 from torch import nn
 from torch_parity import ParityCase, assert_parity, run_case
@@ -371,3 +371,42 @@ def test_unet_resizes_run_channels_last_with_padded_channels(unet):
     assert len(resizes) == 2 and plan.layout.transposes == []
     assert all(n.outputs[0].layout.is_channels_last for n in resizes)
     np.testing.assert_allclose(ours, ort_run(str(unet.path), feed)[0], rtol=1e-5, atol=1e-5)
+
+
+def _upsample_net(scales=None):
+    """Resize by ``scales`` (a graph input when None: fed with each batch), then a 1x1 conv
+    and a global mean: a model whose shapes the fed scales decide."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array(rng.standard_normal((3, 2, 1, 1)).astype(np.float32), "w")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 4, 4])]
+    if scales is None:
+        inputs.append(helper.make_tensor_value_info("scales", TensorProto.FLOAT, [4]))
+    else:
+        inits.append(numpy_helper.from_array(np.asarray(scales, np.float32), "scales"))
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="linear"),
+             helper.make_node("Conv", ["up", "w"], ["c"]),
+             helper.make_node("ReduceMean", ["c"], ["out"], axes=[2, 3], keepdims=0)]
+    graph = helper.make_graph(nodes, "up", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                             ["n", 3])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_scales_fed_with_each_batch_train_as_the_same_scales_stored():
+    """A fed scales input decides shapes: each value gets its plan (training and eval), and
+    each step trains exactly as a model with those scales stored, from the same weights."""
+    rng = np.random.default_rng(9)
+    fed = tr_onnx.TrainingSession(_upsample_net(), optimizer=tr_onnx.optim.SGD(lr=0.1),
+                                  backend="numpy")
+    for scales in ([1, 1, 2, 2], [1, 1, 1.5, 1.5], [1, 1, 2, 2]):
+        x, y = rng.standard_normal((2, 2, 4, 4)).astype(np.float32), np.array([0, 2])
+        stored = tr_onnx.TrainingSession(_upsample_net(scales), backend="numpy",
+                                         optimizer=tr_onnx.optim.SGD(lr=0.1))
+        stored.load_parameters({"w": fed.parameters()["w"]})
+        s = np.asarray(scales, np.float32)
+        assert float(fed.train_step({"x": x, "scales": s}, y)) == \
+            float(stored.train_step({"x": x}, y))
+        np.testing.assert_array_equal(fed.parameters()["w"], stored.parameters()["w"])
+        (got,) = fed.run(["out"], {"x": x, "scales": s})
+        (want,) = ort_run(fed.export_proto(), {"x": x, "scales": s})
+        np.testing.assert_allclose(got, want, atol=1e-6)

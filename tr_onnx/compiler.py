@@ -48,6 +48,16 @@ class CompiledPlan:
 DEFAULT_MAX_PLANS = 8
 
 
+def plan_key(feed: dict[str, np.ndarray], const_feed_names) -> tuple[tuple, dict, dict]:
+    """(cache key, input shapes, const-feed values) of a feed: a plan is made for the shapes
+    of the data inputs and the values of the inputs that decide shapes (``const_feeds``:
+    Reshape's shape, Resize's scales fed at run time), so those values are part of its key."""
+    const = {k: v for k, v in feed.items() if k in const_feed_names}
+    key = tuple((k, v.shape) for k, v in sorted(feed.items())) + tuple(
+        (k, v.dtype.str, v.tobytes()) for k, v in sorted(const.items()))
+    return key, {k: v.shape for k, v in feed.items() if k not in const}, const
+
+
 class PlanCache(OrderedDict):
     """A session's compiled plans by key (input shapes), least recently used first. Each plan
     holds its whole arena and bound calls (64 batch sizes held 0.9 GB), so ``evict()`` keeps

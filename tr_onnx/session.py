@@ -15,6 +15,7 @@ from .compiler import (
     DeviceFactory,
     PlanCache,
     compile_plan,
+    plan_key,
 )
 from .feeds import check_feed, check_output_names
 from .importer import (
@@ -101,12 +102,9 @@ class InferenceSession:
     def plan_for(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
         """The compiled plan for these input shapes (and const-feed values), made once (and
         again if ``max_plans`` others were used since)."""
-        const_feeds = {k: v for k, v in feed.items() if k in self.imported.const_feeds}
-        key = tuple((k, v.shape) for k, v in sorted(feed.items())) + tuple(
-            (k, v.dtype.str, v.tobytes()) for k, v in sorted(const_feeds.items()))
+        key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
         plan = self._plans.lookup(key)
         if plan is None:
-            shapes = {k: v.shape for k, v in feed.items() if k not in const_feeds}
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
                                 self.channel_align, reuse=self.reuse_memory, device=self.device,
                                 cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)

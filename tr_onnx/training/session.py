@@ -31,6 +31,7 @@ from ..compiler import (
     DeviceFactory,
     PlanCache,
     compile_plan,
+    plan_key,
 )
 from ..dtypes import np_dtype
 from ..errors import (
@@ -296,10 +297,10 @@ class TrainingSession:
     # ---- plans ---------------------------------------------------------------------------
 
     def _train_plan(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
-        key = tuple((k, v.shape) for k, v in sorted(feed.items()))
+        key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
         plan = self._plans.lookup(key)
         if plan is None:
-            plan = self._compile(feed)
+            plan = self._compile(shapes, const_feeds)
             self._plans[key] = plan
         if plan is not self._active:
             self._drain()
@@ -316,7 +317,8 @@ class TrainingSession:
         self._plans.evict()  # after the state moved: the active plan is the most recent
         return plan
 
-    def _compile(self, feed) -> CompiledPlan:
+    def _compile(self, shapes: dict[str, tuple], const_feeds: dict[str, np.ndarray]
+                 ) -> CompiledPlan:
         opts = self.options
         cfg = TrainConfig(
             self.loss, self.optimizer, self.output_name, self.label_name,
@@ -329,7 +331,7 @@ class TrainingSession:
             precision=opts["precision"], loss_scale=opts["loss_scale"],
             step_guard=self.backend == "cuda",
             data_inputs=tuple(i.name for i in self.imported.inputs))
-        return compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
+        return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
                                               backend=self.backend, cfg=cfg),
@@ -406,7 +408,8 @@ class TrainingSession:
         self._check_class_labels(plan, labels, f"labels {self.label_name!r}")
         executor = plan.executor
         for name, x in feed.items():
-            executor.write_input(name, x)
+            if name not in self.imported.const_feeds:  # a plan-time constant of this plan
+                executor.write_input(name, x)
         executor.write_input(self.label_name, labels)
         launch = _Launch(plan, self.rng_counter, self.micro_step + 1 ==
                          self.options["grad_accumulation"])
@@ -590,14 +593,14 @@ class TrainingSession:
         names = check_output_names(output_names, self.imported.outputs)
         feed = check_feed(feed, self.imported.inputs)
         self._drain()
-        key = tuple((k, v.shape) for k, v in sorted(feed.items()))
+        key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
         plan = self._eval_plans.lookup(key)
         if plan is None:
             def eval_graph(graph: ir.Graph) -> None:
                 share_parameters(graph, self.sharing, self.registry, self.backend)
                 to_inference_mode(graph)
 
-            plan = compile_plan(self.imported, {k: v.shape for k, v in feed.items()}, {},
+            plan = compile_plan(self.imported, shapes, const_feeds,
                                 self.backend, self.channel_align, transform=eval_graph,
                                 device=self.device, cuda_graphs=self.cuda_graphs,
                                 max_arena_bytes=self.max_arena_bytes)
@@ -608,7 +611,8 @@ class TrainingSession:
             self._sync_eval_weights(plan)
             self._eval_synced[id(plan)] = self._version
         for name, x in feed.items():
-            plan.executor.write_input(name, x)
+            if name not in self.imported.const_feeds:
+                plan.executor.write_input(name, x)
         plan.executor.run()
         types = {vi.name: vi.type for vi in self.imported.proto.graph.output}
         listed = [v.name for v in plan.graph.outputs]
