@@ -13,8 +13,6 @@ The finite-difference cases are ``grad_cases_attention.py``; the node suite cove
 from __future__ import annotations
 
 import copy
-import gc
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +22,7 @@ import real_exports as rx
 import torch
 import torch.nn.functional as F
 import torch_parity as tp
+from allocation import LEFT_BOUND, PEAK_BOUND, step_allocation
 from gradcheck import GradCase, build_model
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -402,17 +401,6 @@ def test_steps_allocate_only_numpy_buffers(case, backward, monkeypatch):
         sess = tr_onnx.InferenceSession(model)
         sess.run(None, feed)
         executor = sess.plan_for(feed).executor
-    for _ in range(2):
-        executor.run()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for _ in range(3):
-            executor.run()
-        peak = tracemalloc.get_traced_memory()[1]
-        gc.collect()
-        current = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < 160 * 1024
-    assert current - base < 16 * 1024
+    peak, left = step_allocation(executor.run, steps=3, warm=2)
+    assert peak < PEAK_BOUND
+    assert left < LEFT_BOUND

@@ -6,14 +6,13 @@ and round once; a model exported with bfloat16 casts inside trains as PyTorch tr
 from __future__ import annotations
 
 import copy
-import gc
-import tracemalloc
 
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
 import torch
+from allocation import LEFT_BOUND, PEAK_BOUND, step_allocation
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -408,21 +407,9 @@ def test_casts_and_a_bfloat16_matmul_allocate_nothing_per_step():
         graph, opset_imports=[helper.make_opsetid("", 25)]))
     feed = {"x": np.random.default_rng(0).standard_normal(n).astype(np.float32) * 100}
     sess.run(None, feed)
-    executor = sess.plan_for(feed).executor
-    for _ in range(3):
-        executor.run()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for _ in range(10):
-            executor.run()
-        peak = tracemalloc.get_traced_memory()[1]
-        gc.collect()
-        current = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < 160 * 1024, peak - base
-    assert current - base < 16 * 1024
+    peak, left = step_allocation(sess.plan_for(feed).executor.run)
+    assert peak < PEAK_BOUND, peak
+    assert left < LEFT_BOUND
 
 
 _MOVES = {  # op: (int64 constant inputs, or "x" for x again; attributes)

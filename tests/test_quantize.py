@@ -9,8 +9,6 @@ official cases."""
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
 import warnings
 
 import ml_dtypes
@@ -18,10 +16,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from allocation import LEFT_BOUND, PEAK_BOUND, step_allocation
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from oracles import ort_run
-from test_step_allocation import PEAK_BOUND
 from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
@@ -265,21 +263,9 @@ def test_qat_training_with_padded_channels_equals_compact(qat):
 def test_a_qat_training_step_allocates_only_numpy_buffers(qat):
     """As tests/test_step_allocation.py holds the zoo's inference: the pairs' forward and
     backward ops take their scratch from the plan (measured peaks ~27 KB per step)."""
-    executor = qat[1].session._active.executor
-    for _ in range(3):
-        executor.run()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for _ in range(10):
-            executor.run()
-        peak = tracemalloc.get_traced_memory()[1]
-        gc.collect()
-        current = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert peak - base < PEAK_BOUND
-    assert current - base < 16 * 1024
+    peak, left = step_allocation(qat[1].session._active.executor.run)
+    assert peak < PEAK_BOUND
+    assert left < LEFT_BOUND
 
 
 # ---- forward against onnxruntime -----------------------------------------------------------------

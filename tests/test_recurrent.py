@@ -6,14 +6,13 @@ layer rather than an unrolled loop. Finite differences are in grad_cases_recurre
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
 from collections import Counter
 
 import numpy as np
 import onnx
 import pytest
 import torch
+from allocation import PEAK_BOUND, step_allocation
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from oracles import ort_run
@@ -324,24 +323,6 @@ def test_training_graph_has_two_nodes_per_layer_and_trains_pytorchs_weights(trai
             assert set(node.input[1:4]) <= trainable, (list(node.input), sorted(trainable))
 
 
-def _peak_of_ten_runs(executor) -> int:
-    for _ in range(3):
-        executor.run()  # warm numpy's dispatch caches
-    gc.collect()
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        for _ in range(10):
-            executor.run()
-        return tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
-
-
-# numpy's own ufunc buffers (tests/test_step_allocation.py's bound); X alone is larger below
-PEAK_BOUND = 160 * 1024
-
-
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 def test_a_run_allocates_only_numpy_buffers(op):
     """Gathers and scatters go through np.take(out=) and index workspaces: X (24000 doubles
@@ -350,8 +331,8 @@ def test_a_run_allocates_only_numpy_buffers(op):
                                dtype=np.float64, t=10, n=600)
     sess = tr_onnx.InferenceSession(model)
     sess.run(None, feed)
-    assert _peak_of_ten_runs(sess.plan_for(feed).executor) < PEAK_BOUND
+    assert step_allocation(sess.plan_for(feed).executor.run)[0] < PEAK_BOUND
 
 
 def test_a_training_step_allocates_only_numpy_buffers(trained):
-    assert _peak_of_ten_runs(trained[2].session._active.executor) < PEAK_BOUND
+    assert step_allocation(trained[2].session._active.executor.run)[0] < PEAK_BOUND
