@@ -1,0 +1,93 @@
+"""Data parallelism (tr_onnx.distributed): a single process is a world of 1 without MPI, and
+under ``mpiexec -n 2`` every collective gives the known sums, means and broadcasts, and a
+collective that a rank joins too late raises DistributedError naming the waiting rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tr_onnx import distributed
+from tr_onnx.errors import DistributedError
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+LAUNCH_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "PMIX_SIZE",
+              "SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_NTASKS")
+
+
+def mpiexec(script: str, *args, ranks: int = 2, timeout: float = 120) -> None:
+    """Run ``tests/<script>`` on ``ranks`` ranks with this checkout's tr_onnx; fail with both
+    ranks' output when the job fails."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, str(TESTS / script),
+                           *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_a_single_process_is_a_world_of_one_without_importing_mpi(monkeypatch):
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    code = ("import sys, numpy as np; from tr_onnx import distributed as d; w = d.init(); "
+            "a = np.ones(3); w.allreduce_mean_(a); w.bcast_(a); w.barrier(); "
+            "print(w.rank, w.size, w.local_rank, w.comm, w.is_root, a.tolist(), "
+            "w.allreduce_scalars([2.0]), w.bcast_object('x'), 'mpi4py' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+    assert out.stdout.split() == ["0", "1", "0", "None", "True", "[1.0,", "1.0,", "1.0]",
+                                  "[2.0]", "x", "False"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(rank=2, size=2, comm=object()), "rank 2 is outside 0..1"),
+    (dict(rank=0, size=2), "no communicator"),
+    (dict(rank=0, size=1, timeout_s=0), "timeout_s must be > 0"),
+], ids=["rank-out-of-range", "no-comm", "zero-timeout"])
+def test_a_world_that_cannot_be_is_refused(kwargs, match):
+    with pytest.raises(DistributedError, match=match):
+        distributed.World(**kwargs)
+
+
+def test_a_launcher_environment_says_how_many_ranks(monkeypatch):
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.launched_size() == 1
+    monkeypatch.setenv("SLURM_NTASKS", "4")  # inside sbatch without srun: one process
+    assert distributed.launched_size() == 1
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert distributed.launched_size() == 4
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert distributed.launched_size() == 2
+
+
+def test_a_kernel_finds_its_world_by_id_and_an_unknown_id_is_named():
+    world = distributed.World()
+    assert distributed.lookup(distributed.register(world)) is world
+    with pytest.raises(DistributedError, match="no World registered under id 12345"):
+        distributed.lookup(12345)
+
+
+def test_each_collective_on_two_ranks_and_the_deadline(tmp_path):
+    mpiexec("dist_collectives.py", tmp_path)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, s in enumerate(seen):
+        assert (s["rank"], s["size"], s["local_rank"], s["is_root"]) == (r, 2, r, r == 0)
+        np.testing.assert_array_equal(s["sum"], 2 * np.arange(5) + 10)
+        assert s["sum_in_place"]
+        np.testing.assert_array_equal(s["mean"], [1.5] * 3)
+        np.testing.assert_array_equal(s["bcast_from_1"], [8] * 4)
+        assert s["scalars"] == [1.0, 5.0, -1.0]
+        assert s["object"] == {"from": 0, "list": [0, 0, 0]}
+    error = seen[0]["deadline_error"]
+    assert error.startswith("rank 0 of 2: allreduce_sum_ of 2 float64 (16 bytes) did not "
+                            "complete within 1 s"), error
+    assert seen[0]["deadline_rank"] == 0
+    assert 1.0 <= seen[0]["deadline_after_s"] < 2.5
