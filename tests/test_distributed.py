@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tr_onnx import distributed
+from tr_onnx import TrainingSession, distributed
 from tr_onnx.errors import DistributedError
+from tr_onnx.optim import SGD
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -73,6 +74,23 @@ def test_a_kernel_finds_its_world_by_id_and_an_unknown_id_is_named():
     assert distributed.lookup(distributed.register(world)) is world
     with pytest.raises(DistributedError, match="no World registered under id 12345"):
         distributed.lookup(12345)
+
+
+def test_a_world_of_one_trains_exactly_as_no_world():
+    """``distributed=World()`` (one process) adds no collective to the plan: the same curve
+    and weights, bitwise."""
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((4, 64)).astype(np.float32), rng.integers(0, 10, 4))
+            for _ in range(3)]
+    sessions = [TrainingSession(ROOT / "model_zoo" / "mlp.onnx", optimizer=SGD(lr=0.1),
+                                backend="numpy", **kw)
+                for kw in ({}, {"distributed": distributed.World()})]
+    curves = [[s.train_step({"input": x}, y) for x, y in data] for s in sessions]
+    assert curves[0] == curves[1]
+    assert not {"GradAllReduce", "BroadcastStats"} & {
+        n.op_type for n in sessions[1]._active.graph.nodes}
+    for name, value in sessions[0].parameters().items():
+        np.testing.assert_array_equal(value, sessions[1].parameters()[name])
 
 
 def test_each_collective_on_two_ranks_and_the_deadline(tmp_path):
