@@ -102,6 +102,7 @@ def test_each_collective_on_two_ranks_and_the_deadline(tmp_path):
         assert s["sum_in_place"]
         np.testing.assert_array_equal(s["mean"], [1.5] * 3)
         np.testing.assert_array_equal(s["bcast_from_1"], [8] * 4)
+        assert s["started"] == [[3.0] * 3, [0.0, 3.0, 6.0, 9.0]]
         assert s["scalars"] == [1.0, 5.0, -1.0]
         assert s["object"] == {"from": 0, "list": [0, 0, 0]}
     error = seen[0]["deadline_error"]
@@ -159,6 +160,15 @@ def test_the_ranks_end_with_the_same_weights(trained, case):
         if case == "resnet-ddp" and name.endswith(("running_mean", "running_var")):
             continue
         np.testing.assert_array_equal(got[f"got/{name}"], got[f"rank1/{name}"], err_msg=name)
+
+
+@pytest.mark.parametrize("case, buckets", [("lenet-SGD", 3), ("resnet-ddp", 4)])
+def test_buckets_start_while_the_backward_pass_still_runs(trained, case, buckets):
+    """With small buckets (grad_bucket_mb=1/64) the gradients travel in several all-reduces,
+    the first started before the backward pass of the early layers."""
+    got = trained[case]
+    assert got["buckets"] == buckets
+    assert got["computed_after_first_start"] > 0
 
 
 @pytest.mark.parametrize("case, skipped", [("mlp-inf-on-rank1", 1),
