@@ -107,9 +107,20 @@ def test_each_collective_on_two_ranks_and_the_deadline(tmp_path):
         assert s["object"] == {"from": 0, "list": [0, 0, 0]}
     error = seen[0]["deadline_error"]
     assert error.startswith("rank 0 of 2: allreduce_sum_ of 2 float64 (16 bytes) did not "
-                            "complete within 1 s"), error
+                            "complete within 0.5 s"), error
     assert seen[0]["deadline_rank"] == 0
-    assert 1.0 <= seen[0]["deadline_after_s"] < 2.5
+    assert 0.5 <= seen[0]["deadline_after_s"] < 1.5
+
+
+def test_a_rank_that_stops_makes_the_other_fail_within_the_deadline(tmp_path):
+    """Rank 1 exits after one step; rank 0's next step raises DistributedError (not wrapped
+    as a kernel failure) naming rank 0 and the gradient all-reduce, after the 1 s deadline."""
+    mpiexec("dist_failure.py", tmp_path)
+    seen = json.loads((tmp_path / "failure.json").read_text())
+    assert seen["type"] == "DistributedError" and seen["rank"] == 0
+    assert seen["message"].startswith("rank 0 of 2: allreduce_sum_ of 17280 float32"), seen
+    assert "did not complete within 1 s" in seen["message"]
+    assert 1.0 <= seen["after_s"] < 3.0 and seen["step"] == 1
 
 
 # ---- training on two ranks (tests/dist_train.py) --------------------------------------------
