@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tr_onnx import TrainingSession, distributed
-from tr_onnx.errors import DistributedError
+from tr_onnx.errors import DistributedError, OptionError
 from tr_onnx.optim import SGD
 
 TESTS = Path(__file__).resolve().parent
@@ -99,6 +99,26 @@ def collectives(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist_collectives")
     mpiexec("dist_collectives.py", out)
     return out
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), "25", True],
+                         ids=["zero", "negative", "inf", "string", "bool"])
+def test_a_bucket_size_that_cannot_be_is_refused(value):
+    with pytest.raises(OptionError, match=r"grad_bucket_mb=.*finite number > 0"):
+        TrainingSession(ROOT / "model_zoo" / "mlp.onnx", backend="numpy",
+                        grad_bucket_mb=value)
+
+
+def test_a_checkpoint_resumes_into_a_world_with_its_data_parallel_options(tmp_path):
+    session = TrainingSession(ROOT / "model_zoo" / "mlp.onnx", optimizer=SGD(lr=0.1),
+                              backend="numpy", grad_bucket_mb=2.0)
+    x = np.ones((2, 64), np.float32)
+    session.train_step({"input": x}, np.array([1, 2]))
+    path = session.save_checkpoint(tmp_path / "ck.npz")
+    resumed = TrainingSession.from_checkpoint(path, distributed=distributed.World())
+    assert resumed.options["grad_bucket_mb"] == 2.0 and resumed.step == 1
+    assert resumed.train_step({"input": x}, np.array([1, 2])) == \
+        session.train_step({"input": x}, np.array([1, 2]))
 
 
 def test_each_collective_on_two_ranks_and_the_deadline(collectives):
