@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,9 @@ def mpiexec(script: str, *args, ranks: int = 2, timeout: float = 120) -> None:
     ranks' output when the job fails."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(["mpiexec", "-n", str(ranks), sys.executable, str(TESTS / script),
+    # the mpich wheel installs mpiexec beside the interpreter, which need not be on PATH
+    launcher = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+    proc = subprocess.run([launcher, "-n", str(ranks), sys.executable, str(TESTS / script),
                            *map(str, args)], env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout}\n{proc.stderr}"
