@@ -7,6 +7,7 @@ from . import optim
 from .errors import (
                      ArenaSizeError,
                      CheckpointError,
+                     DistributedError,
                      ExportAdviceWarning,
                      InputError,
                      InternalError,
@@ -31,4 +32,4 @@ __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
            "OptionError", "InternalError", "PlanError", "TrainingDiverged", "NoStepApplied",
            "ExportAdviceWarning", "CheckpointError", "WriteError", "ArenaSizeError",
-           "__version__"]
+           "DistributedError", "__version__"]

@@ -122,3 +122,17 @@ class ExportAdviceWarning(UserWarning):
     it trains exactly as written, but not as the PyTorch model would have. Emitted by
     ``TrainingSession`` once per finding of ``tr_onnx.export_advice.export_advice``; silence it
     with ``warnings.filterwarnings("ignore", category=tr_onnx.ExportAdviceWarning)``."""
+
+
+class DistributedError(TrOnnxError):
+    """A collective across ranks failed: another rank did not join it within the world's
+    ``timeout_s`` (it died, hung or took another path), or it was called wrongly. ``rank`` is
+    this rank, ``waited_for`` the collective, ``failed_rank`` the rank at fault where it can
+    be known (else None)."""
+
+    def __init__(self, message: str, rank: int | None = None, waited_for: str | None = None,
+                 failed_rank: int | None = None):
+        super().__init__(message)
+        self.rank = rank
+        self.waited_for = waited_for
+        self.failed_rank = failed_rank

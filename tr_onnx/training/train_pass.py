@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,11 @@ class TrainConfig:
     loss_scale: dict | None = None  # dynamic loss scaling (check_loss_scale); None: off
     step_guard: bool = False  # the cuda executor's on-device step guard (add_step_guard)
     data_inputs: tuple[str, ...] = ()  # the model's own inputs (precision: stored half)
+    # data parallelism: the id ``distributed.register`` gave the session's world (size > 1;
+    # None: one process), and whether BatchNorm's batch statistics span every rank
+    world: int | None = None
+    sync_batchnorm: bool = False
+    grad_bucket_bytes: int = 25 << 20  # all-reduce buckets (``training.data_parallel``)
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,9 @@ class TrainInfo:
     weight_copy: str | None = None
     loss_scaling: LossScaling | None = None
     step_guard: StepGuard | None = None
+    # data parallelism: the world (size > 1) whose ranks must agree on every step's fate; the
+    # plan then has a ``reduce`` phase (GradAllReduceWait) that runs before the apply phase
+    world: Any = None
 
 
 def _matches(name: str, patterns) -> bool:
@@ -179,6 +188,8 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             attrs = {"epsilon": float(node.attrs.get("epsilon", 1e-5)),
                      "momentum": float(node.attrs.get("momentum", 0.9)),
                      "unbiased_running_var": int(cfg.bn_unbiased_running_var)}
+            if cfg.sync_batchnorm and cfg.world is not None:  # statistics over every rank
+                attrs["world"] = cfg.world
             new = internal_node(graph, registry, backend, "BatchNormTraining", node.name,
                             [x, scale, bias, mean, var], [y, *saved, *new_stats], attrs)
             graph.replace_node(node, new)
