@@ -10,6 +10,8 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
+import traceback
 from pathlib import Path
 
 from .errors import InputError, TrOnnxError
@@ -140,16 +142,21 @@ def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
         raise TrOnnxError(f"--plot {plot}: not written ({why}){kept}") from None
 
 
-def train_model(args, log=print, on_trainer=None) -> dict:
+def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     """``tr-onnx train``: check every output path, load the data, train (or resume), export the
     model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
-    the Trainer exists."""
+    the Trainer exists. ``world``: the ranks training together (default: ``init()``'s, from
+    the launcher); every rank calls this, rank 0 alone logs, writes files and exports."""
     from .data import load_dataset, split
+    from .distributed import init
     from .errors import TrainingDiverged
     from .optim import make_optimizer
     from .training.session import TrainingSession
     from .training.trainer import CHECKPOINT_NAME, Trainer, label_kind
 
+    world = init(args.dist_timeout) if world is None else world
+    if not world.is_root:
+        log = None
     if args.resume and not args.checkpoint_dir:
         raise TrOnnxError("--resume needs --checkpoint-dir (where last.ckpt.npz is)")
     ckpt = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
@@ -161,11 +168,14 @@ def train_model(args, log=print, on_trainer=None) -> dict:
         # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
         overrides = {k: getattr(args, k) for k in ("backend", "precision")
                      if getattr(args, k) is not None}  # another machine may resume it
-        session = _user_error(TrainingSession.from_checkpoint, ckpt, **overrides)
+        session = _user_error(TrainingSession.from_checkpoint, ckpt, distributed=world,
+                              **overrides)
         _check_same_model(args.model, session, ckpt)
         extra = session.checkpoint_extra
         seed = extra.get("seed", 0) if args.seed is None else args.seed
-        batch_size = extra.get("batch_size", 32) if args.batch_size is None else args.batch_size
+        # the checkpoint's global batch, split over this run's ranks
+        batch_size = _user_error(Trainer.resumed_batch_size, ckpt,
+                                 {"batch_size": 32, **extra}, world, args.batch_size)
     else:
         seed = 0 if args.seed is None else args.seed
         batch_size = 32 if args.batch_size is None else args.batch_size
@@ -173,7 +183,8 @@ def train_model(args, log=print, on_trainer=None) -> dict:
             TrainingSession, args.model, loss=args.loss,
             optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
             grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
-            seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32")
+            seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32",
+            distributed=world)
     kind, dtype = label_kind(session)
     arrays, labels = load_dataset(args.data, session.imported.inputs, kind, dtype)
     # every label, at its position in the file, before the split and the first step
@@ -191,29 +202,31 @@ def train_model(args, log=print, on_trainer=None) -> dict:
         trainer = _user_error(Trainer.resume, options.pop("checkpoint_dir"), train, val,
                               session=session, **options)
     else:
-        batches = -(-len(train[1]) // batch_size) * args.epochs
-        session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
         trainer = _user_error(Trainer, session, train, val, **options)
+        batches = trainer.batches_per_epoch * args.epochs  # global batches
+        session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
     if on_trainer is not None:
         on_trainer(trainer)
     try:
         history = trainer.fit()
     except TrainingDiverged as exc:
-        if trainer.history and args.plot:  # the epochs completed
+        if trainer.history and args.plot and world.is_root:  # the epochs completed
             try:
                 _write_plot(trainer.history, args.plot, None)
             except TrOnnxError as failed:
                 exc.add_note(str(failed))
         raise
-    session.export(out)  # before the plot: whatever fails after it, the model is kept
-    if history and args.plot:
-        _write_plot(history, args.plot, out)
+    if world.is_root:
+        session.export(out)  # before the plot: whatever fails after it, the model is kept
+        if history and args.plot:
+            _write_plot(history, args.plot, out)
     final = history[-1] if history else {}
     return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"),
             "epochs": trainer.epoch, "steps": session.step, "model": str(out),
             "checkpoint": str(ckpt) if ckpt else None,
-            "metrics": args.metrics, "plot": args.plot if history and args.plot else None}
+            "metrics": args.metrics, "plot": args.plot if history and args.plot else None,
+            "rank": world.rank, "world_size": world.size}
 
 
 def count_type(minimum: int):
@@ -264,7 +277,8 @@ def add_train_parser(sub) -> None:
     t.add_argument("--epochs", type=count_type(0), default=5,
                    help="total epochs (default 5; a resumed run continues to it)")
     t.add_argument("--batch-size", type=count_type(1), default=None,
-                   help="default 32; on --resume the checkpoint's")
+                   help="per rank under mpiexec (default 32; on --resume the checkpoint's "
+                   "global batch over this run's ranks)")
     t.add_argument("--val-split", type=_fraction, default=0.2, metavar="F",
                    help="hold out this fraction of the samples (of the .npz or the digits) "
                    "for validation (default 0.2; 0: no validation)")
@@ -299,6 +313,9 @@ def add_train_parser(sub) -> None:
                    "over the run, step multiplies the lr by 0.1 after each third of it, warmup "
                    "rises linearly over the first tenth")
     t.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    t.add_argument("--dist-timeout", type=float, default=300.0, metavar="S",
+                   help="under mpiexec/srun: a rank that waits this many seconds for the others "
+                   "in one exchange fails the run (default 300)")
 
 
 def _epochs(n: int) -> str:
@@ -330,24 +347,55 @@ def _position(trainer) -> str | None:
 
 def run_train(args, shown) -> int:
     """``tr-onnx train`` with the parsed ``args``; ``shown`` (the command line's warning
-    format) learns where training is. Exit codes: 0 trained; 2 bad input (one line on stderr); 1 training diverged (the last
-    good checkpoint stays on disk); 130 interrupted."""
-    from .errors import TrainingDiverged
+    format) learns where training is. Exit codes: 0 trained; 2 bad input (one line on stderr);
+    1 training diverged (the last good checkpoint stays on disk); 3 the ranks lost each other
+    (a collective waited ``--dist-timeout`` seconds: the last complete checkpoint resumes, on
+    any number of ranks); 130 interrupted.
+
+    Under ``mpiexec``/``srun`` a rank's error line names the rank, and a rank that fails ends
+    the whole run (``MPI_Abort``) rather than leave the others waiting for it."""
+    from .distributed import init
+    from .errors import DistributedError, TrainingDiverged
+
+    world = init(args.dist_timeout)
+    rank = f"rank {world.rank} of {world.size}: " if world.size > 1 else ""
 
     def on_trainer(trainer) -> None:
         shown.where = lambda: _position(trainer)
 
     try:
-        info = train_model(args, on_trainer=on_trainer)
+        info = train_model(args, on_trainer=on_trainer, world=world)
     except TrainingDiverged as exc:
         notes = "; ".join(getattr(exc, "__notes__", []))
-        print(f"tr-onnx: training diverged: {exc}" + (f"; {notes}" if notes else ""),
-              file=sys.stderr)
-        return 1
+        return _fail(world, f"tr-onnx: {rank}training diverged: {exc}"
+                     + (f"; {notes}" if notes else ""), 1)
+    except DistributedError as exc:  # its message names this rank and what it waited for
+        return _fail(world, f"tr-onnx: error: {exc}", 3)
     except KeyboardInterrupt:
         hint = (f"; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
                 if args.checkpoint_dir else "")
-        print(f"tr-onnx: interrupted{hint}", file=sys.stderr)
-        return 130
-    _print_trained(info)
+        return _fail(world, f"tr-onnx: {rank}interrupted{hint}", 130)
+    except TrOnnxError as exc:
+        if world.size == 1:
+            raise  # the command line's one error line
+        return _fail(world, f"tr-onnx: error: {rank}{exc}", 2)
+    except Exception:
+        if world.size == 1:
+            raise
+        traceback.print_exc()
+        return _fail(world, f"tr-onnx: {rank}failed (traceback above)", 1)
+    if world.is_root:
+        _print_trained(info)
     return 0
+
+
+def _fail(world, message: str, status: int) -> int:
+    """Print ``message``; on several ranks also end every rank with ``status``: the others
+    would otherwise wait ``--dist-timeout`` in their next exchange for this one."""
+    print(message, file=sys.stderr, flush=True)
+    if world.size > 1:
+        # mpiexec forwards a rank's output through its proxy, which MPI_Abort ends at once: a
+        # line written just before it was seen lost; half a second lets it through
+        time.sleep(0.5)
+        world.comm.Abort(status)
+    return status

@@ -240,7 +240,7 @@ class EpochTotals:
 def session_world(session: TrainingSession) -> World:
     """The ranks ``session`` trains with (a world of 1 unless it was made with
     ``distributed=``)."""
-    world = getattr(session, "distributed", None)
+    world = getattr(session, "world", None)
     return world if world is not None else World()
 
 
@@ -409,7 +409,7 @@ class Trainer:
             raise ValueError(f"resume: seed {kwargs['seed']} differs from the checkpoint's "
                              f"{extra['seed']} ({path}); the batches would differ")
         kwargs["seed"] = extra["seed"]
-        kwargs["batch_size"] = cls._resumed_batch_size(path, extra, session_world(session),
+        kwargs["batch_size"] = cls.resumed_batch_size(path, extra, session_world(session),
                                                        kwargs.get("batch_size"))
         kwargs.setdefault("epochs", extra.get("epochs", extra["epoch"]))
         kwargs.setdefault("checkpoint_dir", checkpoint_dir)
@@ -425,7 +425,7 @@ class Trainer:
         return trainer
 
     @staticmethod
-    def _resumed_batch_size(path: Path, extra: dict, world: World, given: int | None) -> int:
+    def resumed_batch_size(path: Path, extra: dict, world: World, given: int | None) -> int:
         """The per-rank batch that continues the checkpoint's global batches on ``world``
         (``given``, if given, must be it)."""
         saved = int(extra.get("global_batch_size", extra["batch_size"]))
