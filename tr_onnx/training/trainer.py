@@ -240,8 +240,7 @@ class EpochTotals:
 def session_world(session: TrainingSession) -> World:
     """The ranks ``session`` trains with (a world of 1 unless it was made with
     ``distributed=``)."""
-    world = getattr(session, "world", None)
-    return world if world is not None else World()
+    return session.world if session.world is not None else World()
 
 
 def _fingerprint(data: Dataset) -> int:
