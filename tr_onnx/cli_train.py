@@ -369,13 +369,14 @@ def run_train(args, shown) -> int:
         notes = "; ".join(getattr(exc, "__notes__", []))
         return _fail(world, f"tr-onnx: {rank}training diverged: {exc}"
                      + (f"; {notes}" if notes else ""), 1)
-    except DistributedError as exc:  # its message names this rank and what it waited for
-        return _fail(world, f"tr-onnx: error: {exc}", 3)
     except KeyboardInterrupt:
         hint = (f"; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
                 if args.checkpoint_dir else "")
         return _fail(world, f"tr-onnx: {rank}interrupted{hint}", 130)
     except TrOnnxError as exc:
+        lost = _cause(exc, DistributedError)  # a kernel's comes wrapped in a KernelError
+        if lost is not None:  # its message names this rank and what it waited for
+            return _fail(world, f"tr-onnx: error: {lost}", 3)
         if world.size == 1:
             raise  # the command line's one error line
         return _fail(world, f"tr-onnx: error: {rank}{exc}", 2)
@@ -387,6 +388,13 @@ def run_train(args, shown) -> int:
     if world.is_root:
         _print_trained(info)
     return 0
+
+
+def _cause(exc: BaseException, kind: type) -> BaseException | None:
+    """``exc`` or the first exception of type ``kind`` it was raised from."""
+    while exc is not None and not isinstance(exc, kind):
+        exc = exc.__cause__
+    return exc
 
 
 def _fail(world, message: str, status: int) -> int:
