@@ -253,6 +253,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
 def add_train_parser(sub) -> None:
     """Add the ``train`` command and its options to the subparsers ``sub``."""
     from .optim import OPTIMIZERS, SCHEDULES
@@ -313,7 +323,7 @@ def add_train_parser(sub) -> None:
                    "over the run, step multiplies the lr by 0.1 after each third of it, warmup "
                    "rises linearly over the first tenth")
     t.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    t.add_argument("--dist-timeout", type=float, default=300.0, metavar="S",
+    t.add_argument("--dist-timeout", type=_seconds, default=300.0, metavar="S",
                    help="under mpiexec/srun: a rank that waits this many seconds for the others "
                    "in one exchange fails the run (default 300)")
 
@@ -374,7 +384,7 @@ def run_train(args, shown) -> int:
                 if args.checkpoint_dir else "")
         return _fail(world, f"tr-onnx: {rank}interrupted{hint}", 130)
     except TrOnnxError as exc:
-        lost = _cause(exc, DistributedError)  # a kernel's comes wrapped in a KernelError
+        lost = _cause(exc, DistributedError)  # a backend may chain it under its own error
         if lost is not None:  # its message names this rank and what it waited for
             return _fail(world, f"tr-onnx: error: {lost}", 3)
         if world.size == 1:

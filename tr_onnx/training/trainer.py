@@ -387,7 +387,11 @@ class Trainer:
         from the checkpoint (or ``session``, already loaded from it with
         ``TrainingSession.from_checkpoint``), the same seed and batch size (an explicit
         different one is an error), ``epochs`` defaulting to the saved total. The data must be
-        the same as when the checkpoint was written (checked by a CRC of its arrays)."""
+        the same as when the checkpoint was written (checked by a CRC of its arrays).
+
+        On several ranks every rank resumes, from the same file, a ``session`` made with
+        ``TrainingSession.from_checkpoint(path, distributed=world)``; the checkpoint's global
+        batch is split over them (``resumed_batch_size``), whatever world size wrote it."""
         path = Path(checkpoint_dir) / CHECKPOINT_NAME
         if session is None:
             if not path.exists():
