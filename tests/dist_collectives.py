@@ -33,13 +33,19 @@ def main(out: Path) -> None:
     world.bcast_(b, root=1)
     seen["bcast_from_1"] = b.tolist()
 
+    started = [np.full(3, r + 1.0), np.arange(4, dtype=np.float32) * (r + 1)]
+    for x in started:
+        world.start_allreduce_sum_(x)
+    world.wait_started()
+    seen["started"] = [x.tolist() for x in started]
+
     seen["scalars"] = world.allreduce_scalars([r, 2.5, -r])
     seen["object"] = world.bcast_object({"from": r, "list": [r] * 3} if r == 0 else None)
     world.barrier()
 
-    # the deadline: rank 0 waits 1 s for an all-reduce rank 1 joins only after 3 s; rank 0
+    # the deadline: rank 0 waits 0.5 s for an all-reduce rank 1 joins only after 1.5 s; rank 0
     # raises, then both match up so that the job ends cleanly
-    short = distributed.World(r, world.size, world.local_rank, world.comm, timeout_s=1.0)
+    short = distributed.World(r, world.size, world.local_rank, world.comm, timeout_s=0.5)
     late = np.ones(2)
     if r == 0:
         t0 = time.monotonic()
@@ -50,7 +56,7 @@ def main(out: Path) -> None:
             seen["deadline_rank"] = exc.rank
             seen["deadline_after_s"] = time.monotonic() - t0
     else:
-        time.sleep(3.0)
+        time.sleep(1.5)
         world.allreduce_sum_(late)
     world.barrier()
     (out / f"rank{r}.json").write_text(json.dumps(seen))
