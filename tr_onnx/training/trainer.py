@@ -6,6 +6,15 @@ order ``np.random.default_rng(seed + e).permutation(n)``, in batches of ``batch_
 one partial). A checkpoint records the position (epoch, next batch), so a resumed run sees
 exactly the batches it would have seen had it not stopped, and its parameters end up equal,
 bit for bit, to an uninterrupted run's.
+
+Across ranks (the session's ``World``, from ``mpiexec``/``srun``): ``batch_size`` is the batch of
+one rank, and the batches above are global batches of ``size * batch_size`` rows, drawn in the
+same order on every rank (one seed). Rank r takes rows ``[r*m//size, (r+1)*m//size)`` of a global
+batch of m rows (``[r*b, (r+1)*b)`` of a full one), so N ranks with batch b see the samples one
+process with batch N*b sees, and with the gradients averaged they train like it. Losses and
+accuracies are sums and counts reduced across ranks each batch, never a mean of means. Rank 0
+alone prints, draws the progress line and writes metrics, plots and checkpoints; a checkpoint
+records the global batch size, so a run of another world size resumes it at the same sample.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import Dataset, num_samples
+from ..distributed import World
 from ..errors import (
     CheckpointError,
     InputError,
@@ -119,13 +129,14 @@ def count_correct(kind: str | None, x: np.ndarray, y: np.ndarray,
 
 class ProgressBar:
     """One status line on ``stream``, redrawn in place with ``\\r`` at most every ``interval``
-    seconds; draws nothing when disabled or when the stream is not a terminal."""
+    seconds; draws nothing when disabled or (unless ``tty_only`` is False) when the stream is
+    not a terminal."""
 
     def __init__(self, total: int, label: str, stream=None, enabled: bool = True,
-                 width: int = 24, interval: float = 0.1):
+                 width: int = 24, interval: float = 0.1, tty_only: bool = True):
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
-        self.enabled = bool(enabled and isatty is not None and isatty())
+        self.enabled = bool(enabled and (not tty_only or isatty is not None and isatty()))
         self.total, self.label, self.width, self.interval = total, label, width, interval
         self._last = 0.0
         self._shown = 0
@@ -226,6 +237,12 @@ class EpochTotals:
         return self.seen / self.train_seconds if self.train_seconds > 0 else None
 
 
+def session_world(session: TrainingSession) -> World:
+    """The ranks ``session`` trains with (a world of 1 unless it was made with
+    ``distributed=``)."""
+    return session.world if session.world is not None else World()
+
+
 def _fingerprint(data: Dataset) -> int:
     """CRC-32 of every array's shape, dtype and bytes: a resumed run must see the same data."""
     arrays, labels = data
@@ -262,6 +279,12 @@ class Trainer:
     Losses are averages over samples of the per-batch losses (weighted by batch size); batches
     whose loss or gradient is non-finite are not applied by the session, not counted in the
     loss or accuracy, and counted in ``skipped_batches``.
+
+    With a session of several ranks (``distributed=``), ``batch_size`` and ``val_batch_size``
+    are per rank and every rank calls ``fit`` (see the module docstring for the sharding); the
+    loss, accuracy and samples/s are those of all ranks, and rank 0 alone logs, shows progress
+    (also when stderr is not a terminal: launchers give ranks pipes) and writes files. A last
+    global batch with fewer rows than ranks is left out of each epoch (logged).
     """
 
     def __init__(self, session: TrainingSession, train_data: Dataset,
@@ -278,10 +301,14 @@ class Trainer:
         if epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {epochs}")
         self.session = session
+        self.world = session_world(session)
         self.train_data = self._check_data(train_data, "train_data")
         self.val_data = (self._check_data(val_data, "val_data")
                          if val_data is not None and num_samples(val_data) else None)
         self.batch_size, self.epochs, self.seed = batch_size, int(epochs), int(seed)
+        self.global_batch_size = batch_size * self.world.size
+        if not self.world.is_root:  # rank 0 alone prints and writes files
+            log, progress, metrics_path, plot_path = None, False, None, None
         self.val_batch_size = val_batch_size or batch_size
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_every, self.metrics_every = checkpoint_every, metrics_every
@@ -293,7 +320,7 @@ class Trainer:
         self.progress = progress
         self.log = log or (lambda *_: None)
         self.n_train = num_samples(self.train_data)
-        self.batches_per_epoch = -(-self.n_train // batch_size)
+        self.batches_per_epoch = self._count_batches()
         self.accuracy_kind = accuracy_kind(self.train_data[1])
         self.ignore_index = (session.loss.ignore_index if isinstance(session.loss, LossSpec)
                              else None)
@@ -308,6 +335,23 @@ class Trainer:
         self._metrics = None
         self._loss_model = None
         self._data_crc: int | None = None
+
+    def _count_batches(self) -> int:
+        n, gb, ranks = self.n_train, self.global_batch_size, self.world.size
+        batches = -(-n // gb)
+        if 0 < n % gb < ranks:  # a rank would get no row: every rank leaves the batch out
+            batches -= 1
+            self.log(f"{n} samples in global batches of {gb} ({ranks} ranks x {self.batch_size})"
+                     f" leave a last batch of {n % gb} rows, fewer than the ranks: it is left "
+                     "out of each epoch")
+        if not batches:
+            raise InputError(f"train_data: {n} samples cannot give each of {ranks} ranks a row")
+        return batches
+
+    def _shard(self, rows: np.ndarray) -> np.ndarray:
+        """This rank's part of the global batch ``rows``: ``[r*m//size, (r+1)*m//size)``."""
+        m, r, size = len(rows), self.world.rank, self.world.size
+        return rows[m * r // size:m * (r + 1) // size]
 
     @property
     def data_crc(self) -> int:
@@ -343,7 +387,11 @@ class Trainer:
         from the checkpoint (or ``session``, already loaded from it with
         ``TrainingSession.from_checkpoint``), the same seed and batch size (an explicit
         different one is an error), ``epochs`` defaulting to the saved total. The data must be
-        the same as when the checkpoint was written (checked by a CRC of its arrays)."""
+        the same as when the checkpoint was written (checked by a CRC of its arrays).
+
+        On several ranks every rank resumes, from the same file, a ``session`` made with
+        ``TrainingSession.from_checkpoint(path, distributed=world)``; the checkpoint's global
+        batch is split over them (``resumed_batch_size``), whatever world size wrote it."""
         path = Path(checkpoint_dir) / CHECKPOINT_NAME
         if session is None:
             if not path.exists():
@@ -360,11 +408,12 @@ class Trainer:
                         int(extra.get("metrics_lines", 0)))
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: its Trainer position is not valid ({exc})") from None
-        for key in ("seed", "batch_size"):
-            if kwargs.get(key) is not None and kwargs[key] != extra[key]:
-                raise ValueError(f"resume: {key} {kwargs[key]} differs from the checkpoint's "
-                                 f"{extra[key]} ({path}); the batches would differ")
-            kwargs[key] = extra[key]
+        if kwargs.get("seed") is not None and kwargs["seed"] != extra["seed"]:
+            raise ValueError(f"resume: seed {kwargs['seed']} differs from the checkpoint's "
+                             f"{extra['seed']} ({path}); the batches would differ")
+        kwargs["seed"] = extra["seed"]
+        kwargs["batch_size"] = cls.resumed_batch_size(path, extra, session_world(session),
+                                                       kwargs.get("batch_size"))
         kwargs.setdefault("epochs", extra.get("epochs", extra["epoch"]))
         kwargs.setdefault("checkpoint_dir", checkpoint_dir)
         trainer = cls(session, train_data, val_data, **kwargs)
@@ -377,6 +426,24 @@ class Trainer:
         trainer.log(f"resuming from {path}: epoch {trainer.epoch + 1}, batch "
                     f"{trainer.batch + 1} of {trainer.batches_per_epoch}, step {session.step}")
         return trainer
+
+    @staticmethod
+    def resumed_batch_size(path: Path, extra: dict, world: World, given: int | None) -> int:
+        """The per-rank batch that continues the checkpoint's global batches on ``world``
+        (``given``, if given, must be it)."""
+        saved = int(extra.get("global_batch_size", extra["batch_size"]))
+        ranks = world.size
+        if given is None and saved % ranks == 0:
+            return saved // ranks
+        if given is not None and given * ranks == saved:
+            return given
+        what = (f"batch_size {given} on {ranks} rank(s) is a global batch of {given * ranks}"
+                if given is not None else f"its global batch does not split over {ranks} ranks")
+        fix = (f"resume with batch_size {saved // ranks}" if saved % ranks == 0
+               else "resume on a number of ranks that divides it")
+        raise ValueError(f"resume: {path} trained with global batches of {saved} "
+                         f"({extra.get('world_size', 1)} rank(s) x {extra['batch_size']}); "
+                         f"{what}, so the batches would differ: {fix}")
 
     # ---- training ----------------------------------------------------------------------------
 
@@ -442,46 +509,55 @@ class Trainer:
                 self.session.check_class_labels(data[1], feed, what)
 
     def _run_epoch(self) -> None:
-        epoch, bs, nb = self.epoch, self.batch_size, self.batches_per_epoch
+        epoch, gb, nb = self.epoch, self.global_batch_size, self.batches_per_epoch
         order = np.random.default_rng(self.seed + epoch).permutation(self.n_train)
         arrays, labels = self.train_data
         totals = self.totals
-        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress)
+        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress,
+                          tty_only=self.world.size == 1)
         output = self.session.output_name
         # On the cuda backend each batch is accounted for after the next one was launched
         # (train_step(..., wait=False): the host prepares batch b+1 while the GPU runs b),
         # except the last of the epoch and where a checkpoint or a metrics line follows it.
-        waiting: list = []  # (pending step, labels) launched, not accounted for yet
+        waiting: list = []  # (pending step, labels, global rows) launched, not accounted for
 
-        def account(pending, y) -> None:
-            totals.seen += len(y)
-            self._run_batches += 1
+        def account(pending, y, rows) -> None:
+            # one message per batch: the sums of all ranks, so that every rank (and each
+            # checkpoint) holds the totals of the global batch
             if pending.bad:
+                sums = [1.0, 0.0, 0.0, 0.0, 0.0]
+            else:
+                c, k = count_correct(self.accuracy_kind, pending.outputs()[output], y,
+                                     self.ignore_index, self.class_axis)
+                sums = [0.0, pending.loss() * len(y), len(y), c, k]
+            bad, loss_sum, samples, correct, counted = self.world.allreduce_scalars(sums)
+            totals.seen += rows
+            self._run_batches += 1
+            if bad:
                 totals.skipped += 1
                 self._run_skipped += 1
             else:
-                totals.loss_sum += pending.loss() * len(y)
-                totals.samples += len(y)
-                c, k = count_correct(self.accuracy_kind, pending.outputs()[output], y,
-                                     self.ignore_index, self.class_axis)
-                totals.correct += c
-                totals.counted += k
+                totals.loss_sum += loss_sum
+                totals.samples += round(samples)
+                totals.correct += round(correct)
+                totals.counted += round(counted)
             self.batch += 1
             bar.update(self.batch, self._status_text(totals))
 
         try:
             for b in range(self.batch, nb):
                 start = time.perf_counter()
-                idx = order[b * bs:(b + 1) * bs]
+                rows = order[b * gb:(b + 1) * gb]
+                idx = self._shard(rows)
                 y = labels[idx]
                 pending = self.session.train_step({k: v[idx] for k, v in arrays.items()}, y,
                                                   wait=False)
                 for done in waiting:
                     account(*done)
-                waiting = [(pending, y)]
+                waiting = [(pending, y, len(rows))]
                 if pending.done or not pending.keeps_outputs or b + 1 == nb \
                         or self._due(epoch * nb + b + 1):
-                    account(pending, y)
+                    account(pending, y, len(rows))
                     waiting = []
                 totals.train_seconds += time.perf_counter() - start
                 if not waiting:
@@ -522,8 +598,7 @@ class Trainer:
             record["batch"] = self.batch
         return {k: _finite(v) for k, v in record.items()}
 
-    @staticmethod
-    def _status_text(totals: EpochTotals) -> str:
+    def _status_text(self, totals: EpochTotals) -> str:
         parts = []
         if totals.loss is not None:
             parts.append(f"loss {totals.loss:.4f}")
@@ -531,6 +606,8 @@ class Trainer:
             parts.append(f"acc {totals.acc:.3f}")
         if totals.samples_per_s() is not None:
             parts.append(f"{totals.samples_per_s():.0f} samples/s")
+        if self.world.size > 1:
+            parts.append(f"{self.world.size} ranks")
         return "  ".join(parts)
 
     def _summary(self, r: dict) -> str:
@@ -540,7 +617,8 @@ class Trainer:
                 f"acc {fmt(r['train_acc'], '.4f')}")
         if self.val_data:
             text += f", val loss {fmt(r['val_loss'], '.4f')} acc {fmt(r['val_acc'], '.4f')}"
-        text += (f", {fmt(r['samples_per_s'], '.0f')} samples/s, {r['seconds']:.2f} s, "
+        ranks = f" on {self.world.size} ranks" if self.world.size > 1 else ""
+        text += (f", {fmt(r['samples_per_s'], '.0f')} samples/s{ranks}, {r['seconds']:.2f} s, "
                  f"step {r['step']}")
         if r["skipped_batches"]:
             text += f", {r['skipped_batches']} non-finite batches skipped"
@@ -551,18 +629,22 @@ class Trainer:
     def evaluate(self, data: Dataset) -> tuple[float, float | None]:
         """(loss, accuracy) of the current weights on ``data`` in eval mode, in batches of
         ``val_batch_size``; the loss as the training loss (sample-weighted batch losses),
-        accuracy None for regression targets."""
+        accuracy None for regression targets. Across ranks (every rank calls it) rank r
+        evaluates rows ``[r*n//size, (r+1)*n//size)`` and the sums and counts are reduced."""
         arrays, labels = data
-        n, bs = len(labels), self.val_batch_size
+        n, bs, r, size = len(labels), self.val_batch_size, self.world.rank, self.world.size
         output = self.session.output_name
         loss_sum, correct, counted = 0.0, 0, 0
-        for start in range(0, n, bs):
-            y = labels[start:start + bs]
-            (x,) = self.session.run([output], {k: v[start:start + bs] for k, v in arrays.items()})
+        end = n * (r + 1) // size
+        for start in range(n * r // size, end, bs):
+            stop = min(start + bs, end)
+            y = labels[start:stop]
+            (x,) = self.session.run([output], {k: v[start:stop] for k, v in arrays.items()})
             loss_sum += self._batch_loss(x, y) * len(y)
             c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
             correct += c
             counted += k
+        loss_sum, correct, counted = self.world.allreduce_scalars([loss_sum, correct, counted])
         return loss_sum / n, (correct / counted if counted else None)
 
     def _batch_loss(self, x: np.ndarray, y: np.ndarray) -> float:
@@ -578,10 +660,14 @@ class Trainer:
     # ---- files -------------------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
-        if self.checkpoint_path is None:
+        if self.checkpoint_path is None or not self.world.is_root:
             return
+        # the position is in global batches: a run on another number of ranks resumes it with
+        # global_batch_size // its size per rank
         extra = {"epoch": self.epoch, "batch": self.batch, "seed": self.seed,
-                 "batch_size": self.batch_size, "epochs": self.epochs, "history": self.history,
+                 "batch_size": self.batch_size, "world_size": self.world.size,
+                 "global_batch_size": self.global_batch_size, "epochs": self.epochs,
+                 "history": self.history,
                  "totals": asdict(self.totals), "n_train": self.n_train,
                  "data_crc": self.data_crc,
                  "metrics_lines": self._metrics_lines}

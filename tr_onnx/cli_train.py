@@ -1,0 +1,419 @@
+"""``tr-onnx train``: check every output path, load the data, train (or resume) with a
+``Trainer``, export the trained model, write the plot. Under ``mpiexec``/``srun`` every rank runs
+this same command: ``tr_onnx.distributed.init()`` decides the world, and only rank 0 prints and
+writes files (``cli.py`` holds the other commands and the shared error handling)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from .errors import InputError, TrOnnxError
+
+
+def _schedule(name: str, total_steps: int):
+    """The ``--lr-schedule`` for a run of ``total_steps`` optimizer steps: cosine anneals to 0
+    over the run, step multiplies the lr by 0.1 after each third of it, warmup rises linearly
+    over the first tenth and then stays constant."""
+    from .optim import Constant, Cosine, StepLR, Warmup
+
+    total = max(total_steps, 1)
+    return {"constant": lambda: Constant(),
+            "cosine": lambda: Cosine(total_steps=total),
+            "step": lambda: StepLR(step_size=max(total // 3, 1), gamma=0.1),
+            "warmup": lambda: Warmup(warmup_steps=max(total // 10, 1))}[name]()
+
+
+def _user_error(fn, *args, **kwargs):
+    """Call ``fn``; a ValueError (an unknown loss/optimizer name, a bad option) becomes a
+    TrOnnxError: one line and exit code 2."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        if isinstance(exc, TrOnnxError):
+            raise
+        raise TrOnnxError(str(exc)) from None
+
+
+def _check_writable(option: str, given, path: Path) -> None:
+    """Refuse, before training, an output file ``path`` (``option given``) that could not be
+    written at the end: a folder, a path under a file, a folder where no file can be created
+    (permissions, a read-only mount). Missing parent folders are fine: they are created when
+    the file is written. Whether files can be created is tried, not guessed from permission
+    bits (root passes those, a read-only mount does not); the probe file is removed."""
+    head = f"{option} {given}"
+    if path.is_dir():
+        raise InputError(f"{head}: {path} is a folder; give a file name")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"{head}: {folder} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tr-onnx-probe-", dir=folder)
+    except OSError as exc:
+        raise InputError(f"{head}: cannot create files in {folder} ({exc.strerror}); choose a "
+                         "folder you can write to") from None
+    os.close(fd)
+    os.unlink(probe)
+    if path.is_file() and not os.access(path, os.W_OK):  # the metrics file is rewritten in place
+        raise InputError(f"{head}: {path} is read-only")
+
+
+def _check_outputs(args, out: Path, ckpt: Path | None) -> None:
+    """Every output of ``tr-onnx train`` checked before the first step, so that a path it
+    cannot write fails now, not after the last epoch; and a plot format matplotlib writes."""
+    from .training.trainer import plot_format
+
+    for option, given, path in (("--out" if args.out else "--out (default)", out, out),
+                                ("--plot", args.plot, args.plot),
+                                ("--metrics", args.metrics, args.metrics),
+                                ("--checkpoint-dir", args.checkpoint_dir, ckpt)):
+        if given is not None:
+            _check_writable(option, given, Path(path))
+    if args.plot is not None:
+        try:
+            plot_format(args.plot)
+        except ImportError:
+            raise TrOnnxError(f"--plot {args.plot}: the plot needs matplotlib: pip install "
+                              "'tr_onnx[train]'") from None
+        except InputError as exc:
+            raise InputError(f"--plot {exc}") from None
+
+
+def _graph_digest(model) -> str:
+    """SHA-256 of a model without its weights: opsets, nodes in order (op, domain, inputs,
+    outputs, attributes), graph inputs and outputs with their types, initializer names, shapes
+    and dtypes. Training changes none of them."""
+    g = model.graph
+    h = hashlib.sha256()
+
+    def put(*parts) -> None:
+        h.update(repr(parts).encode())
+
+    for opset in sorted((o.domain, o.version) for o in model.opset_import):
+        put("opset", *opset)
+    for n in g.node:
+        put("node", n.op_type, n.domain, list(n.input), list(n.output),
+            [a.SerializeToString(deterministic=True)
+             for a in sorted(n.attribute, key=lambda a: a.name)])
+    for what, values in (("input", g.input), ("output", g.output)):
+        for v in values:
+            put(what, v.name, v.type.SerializeToString(deterministic=True))
+    for i in sorted(g.initializer, key=lambda i: i.name):
+        put("initializer", i.name, list(i.dims), i.data_type)
+    return h.hexdigest()
+
+
+def _check_same_model(path: str, session, ckpt: Path) -> None:
+    """``--resume``: MODEL must be the model the checkpoint trains, as given to the first run or
+    as its trained export (weights and the export's inference form differ, nothing else)."""
+    from .importer import load_model
+
+    model, _ = load_model(path)
+    digest = _graph_digest(model)
+    if digest in (_graph_digest(session.imported.original),
+                  _graph_digest(session.export_proto())):
+        return
+    theirs = session.imported.original.graph
+
+    def outline(g) -> str:
+        return f"{len(g.node)} nodes, inputs {[i.name for i in g.input]}"
+
+    raise InputError(f"--resume: {path} ({outline(model.graph)}) is not the model {ckpt} trains "
+                     f"({outline(theirs)}); give that model or its trained export, or train "
+                     f"{path} without --resume")
+
+
+def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
+    from .training import trainer
+
+    try:
+        trainer.plot_history(history, plot)
+    except (OSError, RuntimeError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        kept = f"; the trained model was written to {model}" if model else ""
+        raise TrOnnxError(f"--plot {plot}: not written ({why}){kept}") from None
+
+
+def train_model(args, log=print, on_trainer=None, world=None) -> dict:
+    """``tr-onnx train``: check every output path, load the data, train (or resume), export the
+    model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
+    the Trainer exists. ``world``: the ranks training together (default: ``init()``'s, from
+    the launcher); every rank calls this, rank 0 alone logs, writes files and exports."""
+    from .data import load_dataset, split
+    from .distributed import init
+    from .errors import TrainingDiverged
+    from .optim import make_optimizer
+    from .training.session import TrainingSession
+    from .training.trainer import CHECKPOINT_NAME, Trainer, label_kind
+
+    world = init(args.dist_timeout) if world is None else world
+    if not world.is_root:
+        log = None
+    if args.resume and not args.checkpoint_dir:
+        raise TrOnnxError("--resume needs --checkpoint-dir (where last.ckpt.npz is)")
+    ckpt = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
+    if args.resume and not ckpt.exists():
+        raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
+    out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
+    _check_outputs(args, out, ckpt)
+    if args.resume:
+        # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
+        overrides = {k: getattr(args, k) for k in ("backend", "precision")
+                     if getattr(args, k) is not None}  # another machine may resume it
+        session = _user_error(TrainingSession.from_checkpoint, ckpt, distributed=world,
+                              **overrides)
+        _check_same_model(args.model, session, ckpt)
+        extra = session.checkpoint_extra
+        seed = extra.get("seed", 0) if args.seed is None else args.seed
+        # the checkpoint's global batch, split over this run's ranks
+        batch_size = _user_error(Trainer.resumed_batch_size, ckpt,
+                                 {"batch_size": 32, **extra}, world, args.batch_size)
+    else:
+        seed = 0 if args.seed is None else args.seed
+        batch_size = 32 if args.batch_size is None else args.batch_size
+        session = _user_error(
+            TrainingSession, args.model, loss=args.loss,
+            optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
+            grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
+            seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32",
+            distributed=world)
+    kind, dtype = label_kind(session)
+    arrays, labels = load_dataset(args.data, session.imported.inputs, kind, dtype)
+    # every label, at its position in the file, before the split and the first step
+    session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
+                               f"{args.data}: 'labels'")
+    if args.val_split > 0:
+        train, val = _user_error(split, arrays, labels, args.val_split, seed)
+    else:
+        train, val = (arrays, labels), None
+    options = {"epochs": args.epochs, "batch_size": batch_size, "seed": seed,
+               "checkpoint_dir": args.checkpoint_dir, "metrics_path": args.metrics,
+               "progress": not args.no_progress, "log": log,
+               "checkpoint_every": args.checkpoint_every, "metrics_every": args.metrics_every}
+    if args.resume:
+        trainer = _user_error(Trainer.resume, options.pop("checkpoint_dir"), train, val,
+                              session=session, **options)
+    else:
+        trainer = _user_error(Trainer, session, train, val, **options)
+        batches = trainer.batches_per_epoch * args.epochs  # global batches
+        session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
+    if on_trainer is not None:
+        on_trainer(trainer)
+    try:
+        history = trainer.fit()
+    except TrainingDiverged as exc:
+        if trainer.history and args.plot and world.is_root:  # the epochs completed
+            try:
+                _write_plot(trainer.history, args.plot, None)
+            except TrOnnxError as failed:
+                exc.add_note(str(failed))
+        raise
+    if world.is_root:
+        session.export(out)  # before the plot: whatever fails after it, the model is kept
+        if history and args.plot:
+            _write_plot(history, args.plot, out)
+    final = history[-1] if history else {}
+    return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
+            "train_loss": final.get("train_loss"),
+            "epochs": trainer.epoch, "steps": session.step, "model": str(out),
+            "checkpoint": str(ckpt) if ckpt else None,
+            "metrics": args.metrics, "plot": args.plot if history and args.plot else None,
+            "rank": world.rank, "world_size": world.size}
+
+
+def count_type(minimum: int):
+    """An argparse ``type``: an integer of at least ``minimum`` (a usage error otherwise)."""
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") \
+                from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return count
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
+def add_train_parser(sub) -> None:
+    """Add the ``train`` command and its options to the subparsers ``sub``."""
+    from .optim import OPTIMIZERS, SCHEDULES
+    from .training.losses import LOSSES
+
+    t = sub.add_parser("train", help="train a model on an .npz or the digits data set, export it",
+                       description="Train MODEL and export the trained model. Every output path "
+                       "is checked before the first step; missing parent folders are created.")
+    t.add_argument("model", help="the ONNX model to train (with --resume: the checkpoint's "
+                   "model, or its trained export)")
+    t.add_argument("--data", required=True, metavar="DATA.npz|digits",
+                   help="an .npz with one array per model input (named after it, samples on "
+                   "axis 0) plus 'labels', or 'digits' (scikit-learn's 8x8 digits)")
+    t.add_argument("--loss", default="cross_entropy",
+                   help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
+                   "ONNX loss model (a path ending in .onnx) taking (model output, labels)")
+    t.add_argument("--optimizer", default="adamw",
+                   help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
+    defaults = ", ".join(f"{name} {cls().lr:g}" for name, cls in OPTIMIZERS.items())
+    t.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default: the optimizer's: {defaults})")
+    t.add_argument("--epochs", type=count_type(0), default=5,
+                   help="total epochs (default 5; a resumed run continues to it)")
+    t.add_argument("--batch-size", type=count_type(1), default=None,
+                   help="per rank under mpiexec (default 32; on --resume the checkpoint's "
+                   "global batch over this run's ranks)")
+    t.add_argument("--val-split", type=_fraction, default=0.2, metavar="F",
+                   help="hold out this fraction of the samples (of the .npz or the digits) "
+                   "for validation (default 0.2; 0: no validation)")
+    t.add_argument("--seed", type=int, default=None,
+                   help="data split and order, dropout (default 0; on --resume the checkpoint's)")
+    t.add_argument("--out", help="trained model (default: ./<model stem>_trained.onnx)")
+    t.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="last.ckpt.npz is written there each epoch")
+    t.add_argument("--checkpoint-every", type=count_type(1), default=None, metavar="N",
+                   help="also checkpoint every N batches")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint-dir (loss, optimizer, lr, schedule, "
+                   "accumulation and clipping come from the checkpoint)")
+    t.add_argument("--metrics", metavar="FILE.jsonl", help="JSON lines, one per epoch")
+    t.add_argument("--metrics-every", type=count_type(1), default=None, metavar="N",
+                   help="also a metrics line every N batches")
+    t.add_argument("--plot", metavar="FILE",
+                   help="loss and accuracy per epoch, in the format the suffix names (.png, "
+                   ".svg, .pdf...; no suffix: PNG); written after the model")
+    t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
+                   help="default: auto (cuda when a GPU is usable); on --resume: the "
+                   "checkpoint's")
+    t.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None,
+                   help="fp16/bf16: mixed precision on cuda (default fp32; on --resume: the "
+                   "checkpoint's)")
+    t.add_argument("--grad-accumulation", type=count_type(1), default=1, metavar="K",
+                   help="one optimizer step every K batches, gradients averaged (default 1)")
+    t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
+                   help="clip the global gradient norm to X (default: no clipping)")
+    t.add_argument("--lr-schedule", default="constant", choices=list(SCHEDULES),
+                   help=f"one of {', '.join(SCHEDULES)} (default constant): cosine anneals to 0 "
+                   "over the run, step multiplies the lr by 0.1 after each third of it, warmup "
+                   "rises linearly over the first tenth")
+    t.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    t.add_argument("--dist-timeout", type=_seconds, default=300.0, metavar="S",
+                   help="under mpiexec/srun: a rank that waits this many seconds for the others "
+                   "in one exchange fails the run (default 300)")
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch" if n == 1 else f"{n} epochs"
+
+
+def _print_trained(info: dict) -> None:
+    if info["val_acc"] is not None:
+        print(f"final val accuracy {info['val_acc']:.4f} (val loss {info['val_loss']:.4f}) after "
+              f"{info['epochs']} epochs, {info['steps']} steps")
+    elif info["val_loss"] is not None:
+        print(f"final val loss {info['val_loss']:.4f} after {_epochs(info['epochs'])}")
+    elif info["train_loss"] is not None:
+        print(f"final train loss {info['train_loss']:.4f} after {_epochs(info['epochs'])} "
+              "(no validation split)")
+    for what in ("model", "checkpoint", "metrics", "plot"):
+        if info[what]:
+            print(f"{what:<11}{info[what]}")
+
+
+def _position(trainer) -> str | None:
+    """Where ``trainer`` is while it trains (a skipped step shares its step number with the next
+    applied one; its batch is its own)."""
+    if trainer.status != "running" or trainer.batch >= trainer.batches_per_epoch:
+        return None
+    return (f"epoch {trainer.epoch + 1}/{trainer.epochs}, batch {trainer.batch + 1}/"
+            f"{trainer.batches_per_epoch}")
+
+
+def run_train(args, shown) -> int:
+    """``tr-onnx train`` with the parsed ``args``; ``shown`` (the command line's warning
+    format) learns where training is. Exit codes: 0 trained; 2 bad input (one line on stderr);
+    1 training diverged (the last good checkpoint stays on disk); 3 the ranks lost each other
+    (a collective waited ``--dist-timeout`` seconds: the last complete checkpoint resumes, on
+    any number of ranks); 130 interrupted.
+
+    Under ``mpiexec``/``srun`` a rank's error line names the rank, and a rank that fails ends
+    the whole run (``MPI_Abort``) rather than leave the others waiting for it."""
+    from .distributed import init
+    from .errors import DistributedError, TrainingDiverged
+
+    world = init(args.dist_timeout)
+    rank = f"rank {world.rank} of {world.size}: " if world.size > 1 else ""
+
+    def on_trainer(trainer) -> None:
+        shown.where = lambda: _position(trainer)
+
+    try:
+        info = train_model(args, on_trainer=on_trainer, world=world)
+    except TrainingDiverged as exc:
+        notes = "; ".join(getattr(exc, "__notes__", []))
+        return _fail(world, f"tr-onnx: {rank}training diverged: {exc}"
+                     + (f"; {notes}" if notes else ""), 1)
+    except KeyboardInterrupt:
+        hint = (f"; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
+                if args.checkpoint_dir else "")
+        return _fail(world, f"tr-onnx: {rank}interrupted{hint}", 130)
+    except TrOnnxError as exc:
+        lost = _cause(exc, DistributedError)  # a backend may chain it under its own error
+        if lost is not None:  # its message names this rank and what it waited for
+            return _fail(world, f"tr-onnx: error: {lost}", 3)
+        if world.size == 1:
+            raise  # the command line's one error line
+        return _fail(world, f"tr-onnx: error: {rank}{exc}", 2)
+    except Exception:
+        if world.size == 1:
+            raise
+        traceback.print_exc()
+        return _fail(world, f"tr-onnx: {rank}failed (traceback above)", 1)
+    if world.is_root:
+        _print_trained(info)
+    return 0
+
+
+def _cause(exc: BaseException, kind: type) -> BaseException | None:
+    """``exc`` or the first exception of type ``kind`` it was raised from."""
+    while exc is not None and not isinstance(exc, kind):
+        exc = exc.__cause__
+    return exc
+
+
+def _fail(world, message: str, status: int) -> int:
+    """Print ``message``; on several ranks also end every rank with ``status``: the others
+    would otherwise wait ``--dist-timeout`` in their next exchange for this one."""
+    print(message, file=sys.stderr, flush=True)
+    if world.size > 1:
+        # mpiexec forwards a rank's output through its proxy, which MPI_Abort ends at once: a
+        # line written just before it was seen lost; half a second lets it through
+        time.sleep(0.5)
+        world.comm.Abort(status)
+    return status
