@@ -101,6 +101,8 @@ class DeviceAPI(Protocol):
     buffers of ``nbytes``), ``record_host_buffer`` / ``wait_host_buffer`` (the event behind
     buffer ``index``'s last copy). ``allocation_guard``: a context-manager factory held while
     capturing (``AllocationGuard``), or None where allocations cannot happen.
+    ``nccl_all_reduce``: an in-place all-reduce of ``buf`` over an NCCL communicator
+    (``nccl.NcclAllReduce``), on the stream like a launch.
     """
 
     arena_base: int
@@ -121,6 +123,8 @@ class DeviceAPI(Protocol):
     def pinned_buffers(self, nbytes: int, count: int) -> list: ...
     def record_host_buffer(self, index: int) -> None: ...
     def wait_host_buffer(self, index: int) -> None: ...
+    def nccl_all_reduce(self, comm: Any, buf: DeviceBuffer, count: int, dtype: int,
+                        op: int) -> None: ...
 
     allocation_guard: Callable[[Callable[[], str]], Any] | None
 
