@@ -1,0 +1,76 @@
+"""A stand-in for ``cupy.cuda.nccl`` on the CPU: what the cuda backend's NCCL path calls, over
+host memory, for the host emulator and the recorder.
+
+``HostNccl(world)`` is a module-like object (``get_unique_id``, ``NcclCommunicator``) that
+``nccl.communicator(world, device_id, nccl=...)`` takes, or that a test installs in place of
+``nccl.nccl_module``. Its communicators record every ``allReduce`` (pointers, count, dtype,
+op, stream) in ``HostNccl.calls`` and reduce over ``world`` with MPI on the host pointers the
+host emulator passes (a world of 1 reduces over itself: the buffer is unchanged). Unique ids
+are recorded too (``ids``), so a test sees which rank made one and that every rank joined with
+rank 0's.
+
+A test double: the backend never imports this package.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..backends.cuda.nccl import NCCL_AVG, NCCL_DTYPES, NCCL_SUM
+
+_NUMPY = {code: name for name, code in NCCL_DTYPES.items()}
+
+
+@dataclass
+class HostNccl:
+    """``cupy.cuda.nccl`` for ``world`` on the host (see the module docstring)."""
+
+    world: object
+    calls: list[dict] = field(default_factory=list)
+    ids: list[tuple] = field(default_factory=list)  # ("made" | "joined", rank, id)
+
+    def get_unique_id(self) -> tuple:
+        uid = tuple(os.urandom(128))  # ncclUniqueId is 128 bytes; CuPy returns a tuple
+        self.ids.append(("made", self.world.rank, uid))
+        return uid
+
+    def NcclCommunicator(self, ndev: int, uid: tuple, rank: int) -> HostCommunicator:
+        self.ids.append(("joined", rank, uid))
+        if ndev != self.world.size or rank != self.world.rank:
+            raise RuntimeError(f"NcclCommunicator({ndev}, id, {rank}) in a world of "
+                               f"{self.world.size} at rank {self.world.rank}")
+        return HostCommunicator(self, ndev, rank)
+
+
+@dataclass
+class HostCommunicator:
+    """One rank's communicator: ``allReduce`` as NCCL's, on host pointers."""
+
+    nccl: HostNccl
+    size: int
+    rank: int
+
+    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+                  stream: int) -> None:
+        self.nccl.calls.append({"send": sendbuf, "recv": recvbuf, "count": count,
+                                "dtype": datatype, "op": op, "stream": stream})
+        if sendbuf != recvbuf:
+            raise RuntimeError("the host communicator reduces in place only")
+        if op not in (NCCL_SUM, NCCL_AVG):
+            raise RuntimeError(f"ncclRedOp_t {op}: the host communicator sums or averages")
+        dtype = np.dtype(_NUMPY[datatype])
+        world = self.nccl.world
+        if world.size == 1:  # the sum over one rank is the buffer itself
+            return
+        buf = (ctypes.c_char * (count * dtype.itemsize)).from_address(recvbuf)
+        array = np.frombuffer(buf, dtype)
+        world.allreduce_sum_(array)
+        if op == NCCL_AVG:
+            np.divide(array, world.size, out=array)
+
+
+__all__ = ["HostCommunicator", "HostNccl"]
