@@ -32,6 +32,8 @@ from .. import check_cuda_graphs
 WRITE_POLICY: dict[str, frozenset[Region]] = {
     "forward": frozenset({Region.ACTIVATION, Region.WORKSPACE}),
     "compute": frozenset({Region.ACTIVATION, Region.SAVED, Region.WORKSPACE, Region.GRAD}),
+    # data parallelism: GRAD averaged over the ranks in place (ops/collective.py)
+    "reduce": frozenset({Region.GRAD}),
     "commit": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM}),  # BN running stats
     "apply": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM, Region.GRAD,
                         Region.OPT_STATE}),
