@@ -36,6 +36,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.attention",
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
+    "tr_onnx.ops.collective",
     "tr_onnx.ops.random",
     "tr_onnx.ops.resize",
     "tr_onnx.ops.spatial_transform",

@@ -104,14 +104,24 @@ class HostTransfers:
 
     def run_step(self, info: TrainInfo, apply: bool) -> StepReport:
         """One training step decided on the host between the phases (``info``: the plan's
-        training contract): ``compute``; a non-finite loss (or, without loss scaling, gradient)
-        drops the batch and the gradients accumulated since the last step; else ``commit`` and,
-        when ``apply``, ``apply`` (reading back the norm and the overflow flag)."""
+        training contract): ``compute`` (and, when ``apply`` in a data-parallel plan,
+        ``reduce``); a non-finite loss (or, without loss scaling, gradient) drops the batch and
+        the gradients accumulated since the last step -- on every rank, when any rank's was
+        -- else ``commit`` and, when ``apply``, ``apply`` (reading back the norm and the
+        overflow flag)."""
         scaling = info.loss_scaling
         self.run(phase="compute")
+        if apply and info.world is not None:  # GRAD averaged over the ranks (data parallel)
+            self.run(phase="reduce")
         value = self.read_scalar(info.loss)
-        if not (np.isfinite(value) and (scaling is not None
-                                        or self.all_finite(info.grads_span))):
+        bad = not (np.isfinite(value) and (scaling is not None
+                                           or self.all_finite(info.grads_span)))
+        if not apply and info.world is not None:
+            # a micro-batch's fate is agreed, as one process with the ranks' batches together
+            # would decide it; an applied step's is already the same on every rank (the
+            # reduction spread any rank's non-finite loss or gradient to all)
+            bad = info.world.allreduce_scalars([float(bad)])[0] > 0
+        if bad:
             self.zero(info.grads_span)
             return StepReport(value, bad=True)
         self.run(phase="commit")

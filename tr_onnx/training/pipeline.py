@@ -10,6 +10,7 @@ loss scaling); this module only orders them.
 
 from __future__ import annotations
 
+from ..distributed import lookup
 from ..ir import Graph
 from ..passes.autodiff import GradBuilder
 from ..registry import OpRegistry
@@ -22,6 +23,7 @@ from .train_pass import (
     add_backward,
     add_commit,
     add_grad_accumulators,
+    add_grad_reduce,
     add_labels,
     add_loss,
     add_optimizer_state,
@@ -44,7 +46,8 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     The body is the pipeline, one statement per step, in the order the graph goes through
     them: untie or tie shared parameters (``training.parameters``), per-step scalars,
     train-mode BatchNorm/Dropout, labels, loss, the trainable parameters, the backward pass,
-    GRAD accumulators, optimizer state and the spans over them, the running statistics'
+    GRAD accumulators, optimizer state and the spans over them, their all-reduce across ranks
+    (data parallelism), the running statistics'
     commit, the update (scale/clip, optimizer, zero GRAD), the step's outputs; then, where
     ``cfg`` asks for them, half precision, loss scaling and the cuda step guard.
     """
@@ -60,6 +63,7 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     accumulators = add_grad_accumulators(b, trainable, grads)
     states = add_optimizer_state(graph, trainable, cfg.optimizer)
     spans = add_spans(graph, trainable, accumulators, states, cfg.optimizer)
+    add_grad_reduce(b, spans[1], loss, commits, cfg)
     add_commit(b, commits)
     grad_norm, update = add_update(b, spans, scalars, cfg)
     set_step_outputs(graph, loss, model_outputs, grad_norm)
@@ -69,7 +73,8 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
         grads={p: a.name for p, a in accumulators.items()},
         states={p: {k: v.name for k, v in s.items()} for p, s in states.items()},
         running_stats=[stat.name for stat, _ in commits], untied=untied,
-        grad_norm=grad_norm.name, converted=converted, update=update.name)
+        grad_norm=grad_norm.name, converted=converted, update=update.name,
+        world=lookup(cfg.world) if cfg.world is not None else None)
     if cfg.precision != "fp32":
         info.weight_copy = to_half_precision(
             graph, info, PRECISIONS[cfg.precision], registry=registry, backend=backend,

@@ -33,6 +33,7 @@ from ..compiler import (
     compile_plan,
     plan_key,
 )
+from ..distributed import World, register
 from ..dtypes import np_dtype
 from ..errors import (
     CheckpointError,
@@ -182,6 +183,16 @@ class TrainingSession:
     ``fold_limit_bytes``, ``max_arena_bytes``: as ``InferenceSession``'s. ``max_plans``: compiled
     training-step plans kept, and evaluation plans kept (default 8 each, the most recently
     used); the training state moves with the active plan, so an evicted plan loses nothing.
+    ``distributed``: the ``tr_onnx.distributed.World`` this process trains in (data parallel,
+    one session per rank, each fed its own shard of every global batch): gradients are
+    averaged over the ranks before each optimizer step (``ops.collective``), so N ranks with
+    batch b train as one process with batch N*b; rank 0's parameters, optimizer state and
+    running statistics are broadcast before the first step and the first step after
+    ``load_parameters`` (every rank calls it; rank 0's values win). BatchNorm running
+    statistics are rank 0's, broadcast every step (DDP's default); ``sync_batchnorm=True``
+    computes the batch statistics (and their gradients) over every rank's batch instead, as
+    ``torch.nn.SyncBatchNorm``. A non-finite loss or gradient on any rank skips the step on
+    all of them. ``train_step`` returns this rank's loss.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -195,7 +206,8 @@ class TrainingSession:
                  loss_scale=None, cuda_graphs: str = "fallback",
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
-                 max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS):
+                 max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
+                 distributed: World | None = None, sync_batchnorm: bool = False):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -249,7 +261,12 @@ class TrainingSession:
                             tie_shared_initializers=tie_shared_initializers,
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
                             precision=precision, loss_scale=loss_scale,
-                            fold_limit_bytes=fold_limit_bytes)
+                            fold_limit_bytes=fold_limit_bytes,
+                            sync_batchnorm=bool(sync_batchnorm))
+        # a world of one trains as no world at all: the plan gets no collective nodes
+        self.world = distributed if distributed is not None and distributed.size > 1 else None
+        self._world_id = register(self.world) if self.world is not None else None
+        self._broadcast_due = self.world is not None  # rank 0's state before the next step
         self.step = 0  # optimizer steps taken
         self.micro_step = 0  # micro-batches accumulated towards the next step
         self.rng_counter = 0  # micro-batches seen (dropout masks depend on it)
@@ -330,7 +347,8 @@ class TrainingSession:
             sharing=self.sharing, seed=opts["seed"],
             precision=opts["precision"], loss_scale=opts["loss_scale"],
             step_guard=self.backend == "cuda",
-            data_inputs=tuple(i.name for i in self.imported.inputs))
+            data_inputs=tuple(i.name for i in self.imported.inputs),
+            world=self._world_id, sync_batchnorm=opts["sync_batchnorm"])
         return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
@@ -403,6 +421,8 @@ class TrainingSession:
         """
         feed = check_feed(feed, self.imported.inputs)
         plan = self._train_plan(feed)
+        if self._broadcast_due:
+            self._broadcast_state(plan)
         want = plan.graph.values[self.label_name]
         labels = check_labels(labels, self.label_name, want.shape, want.dtype)
         self._check_class_labels(plan, labels, f"labels {self.label_name!r}")
@@ -432,6 +452,22 @@ class TrainingSession:
             self._inflight.clear()
             raise
         return pending
+
+    def _broadcast_state(self, plan: CompiledPlan) -> None:
+        """Every rank takes rank 0's training state (parameters, optimizer state, running
+        statistics, accumulators, counters), so the ranks start identical; as raw bytes, so
+        any dtype travels."""
+        self._drain()
+        state = self._read_state(plan)
+        for name in self._mutable_names(plan):  # the same plan, so the same order everywhere
+            value = np.ascontiguousarray(state[name])
+            self.world.bcast_(value.reshape(-1).view(np.uint8))
+            state[name] = value
+        self._write_state(plan, state)
+        (self.step, self.micro_step, self.rng_counter, self.bad_steps) = self.world.bcast_object(
+            (self.step, self.micro_step, self.rng_counter, self.bad_steps))
+        self._version += 1
+        self._broadcast_due = False
 
     def check_class_labels(self, labels, feed, what: str = "labels") -> None:
         """An ``InputError`` naming the first of ``labels`` (any number of samples: a whole
@@ -578,8 +614,11 @@ class TrainingSession:
         return params
 
     def load_parameters(self, values: dict[str, np.ndarray]) -> None:
+        """Overwrite parameters (and any other state) by name. Data parallel: call it on every
+        rank; rank 0's values reach all of them before the next step."""
         self._drain()
         self._version += 1
+        self._broadcast_due = self.world is not None
         if self._active is None:
             self._pending.update(values)
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,10 @@ class TrainConfig:
     loss_scale: dict | None = None  # dynamic loss scaling (check_loss_scale); None: off
     step_guard: bool = False  # the cuda executor's on-device step guard (add_step_guard)
     data_inputs: tuple[str, ...] = ()  # the model's own inputs (precision: stored half)
+    # data parallelism: the id ``distributed.register`` gave the session's world (size > 1;
+    # None: one process), and whether BatchNorm's batch statistics span every rank
+    world: int | None = None
+    sync_batchnorm: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,9 @@ class TrainInfo:
     weight_copy: str | None = None
     loss_scaling: LossScaling | None = None
     step_guard: StepGuard | None = None
+    # data parallelism: the world (size > 1) whose ranks must agree on every step's fate; the
+    # plan then has a ``reduce`` phase (GradAllReduce) that runs before the apply phase
+    world: Any = None
 
 
 def _matches(name: str, patterns) -> bool:
@@ -179,6 +187,8 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             attrs = {"epsilon": float(node.attrs.get("epsilon", 1e-5)),
                      "momentum": float(node.attrs.get("momentum", 0.9)),
                      "unbiased_running_var": int(cfg.bn_unbiased_running_var)}
+            if cfg.sync_batchnorm and cfg.world is not None:  # statistics over every rank
+                attrs["world"] = cfg.world
             new = internal_node(graph, registry, backend, "BatchNormTraining", node.name,
                             [x, scale, bias, mean, var], [y, *saved, *new_stats], attrs)
             graph.replace_node(node, new)
@@ -469,6 +479,25 @@ def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]]) -> None:
     b.phase = "commit"
     for stat, new in commits:
         b.op("Assign", [stat, new], domain=INTERNAL, shapes=[])
+
+
+def add_grad_reduce(b: GradBuilder, grads_span: Value, loss: Value,
+                    commits: list[tuple[Value, Value]], cfg: TrainConfig) -> None:
+    """Data parallelism (``cfg.world``): the ``reduce`` phase averaging the GRAD span over the
+    ranks (``ops.collective.GradAllReduce``, poisoned where this rank's loss is not finite),
+    and, unless BatchNorm is synchronised, rank 0's running statistics broadcast at the start
+    of every step, before any BatchNorm reads them (DDP's ``broadcast_buffers``)."""
+    if cfg.world is None:
+        return
+    b.phase = "reduce"
+    b.op("GradAllReduce", [grads_span, loss], {"world": cfg.world}, domain=INTERNAL, shapes=[])
+    stats = [stat for stat, _ in commits]
+    if stats and not cfg.sync_batchnorm:
+        b.phase = "compute"
+        b.op("BroadcastStats", stats, {"world": cfg.world}, domain=INTERNAL, shapes=[])
+        node = b.graph.nodes[-1]
+        b.graph.remove_node(node)
+        b.graph.insert(0, node)
 
 
 def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],

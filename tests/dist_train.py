@@ -1,0 +1,160 @@
+"""Run under ``mpiexec -n 2`` by tests/test_distributed.py: data-parallel training of model-zoo
+models, each rank on its shard of every global batch (rank r: rows [r*b, (r+1)*b)), and the
+oracles next to it -- one process with the whole global batch (rank 0 runs it), or PyTorch
+DDP (gloo) in the same two processes. Writes ``<out>/<case>.npz`` (rank 0) with the curves
+and the final parameters of both sides.
+
+Usage: ``dist_train.py OUT CASE [CASE ...]`` with cases from ``CASES``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import tr_onnx
+from tr_onnx import distributed
+from tr_onnx.optim import SGD, AdamW
+
+ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
+SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16)}
+
+# case -> (model, optimizer, steps, per-rank batch, options, oracle, where a row is made
+# infinite: (step, rank) or None)
+CASES = {
+    "mlp-SGD": ("mlp", SGD(lr=0.1), 20, 4, {}, "single", None),
+    "mlp-AdamW": ("mlp", AdamW(lr=1e-3), 20, 4, {}, "single", None),
+    "lenet-SGD": ("lenet", SGD(lr=0.1), 20, 4, {}, "single", None),
+    "lenet-AdamW": ("lenet", AdamW(lr=1e-3), 20, 4, {}, "single", None),
+    "mlp-accumulate": ("mlp", SGD(lr=0.1, momentum=0.9), 12, 4, {"grad_accumulation": 2},
+                       "single", None),
+    "mlp-inf-on-rank1": ("mlp", SGD(lr=0.1), 6, 4, {}, "single", (2, 1)),
+    "mlp-inf-in-a-micro-batch": ("mlp", SGD(lr=0.1), 8, 4, {"grad_accumulation": 2},
+                                 "single", (4, 1)),
+    "resnet-ddp": ("resnet", SGD(lr=0.01), 10, 4, {"bn_running_var": "unbiased"}, "torch",
+                   None),
+    "resnet-sync-batchnorm": ("resnet", SGD(lr=0.01, momentum=0.9), 10, 4,
+                              {"sync_batchnorm": True}, "single", None),
+}
+
+
+def global_batches(model: str, steps: int, batch: int, bad: tuple[int, int] | None,
+                   ranks: int):
+    """``steps`` global batches of ``ranks * batch`` rows, cycling over 3 fixed ones (so the
+    loss falls); with ``bad`` = (step, rank), one row of that rank's shard is +inf."""
+    rng = np.random.default_rng(0)
+    n = ranks * batch
+    fixed = [(rng.standard_normal((n, *SHAPES[model])).astype(np.float32),
+              rng.integers(0, 10, n)) for _ in range(3)]
+    data = [(fixed[i % 3][0].copy(), fixed[i % 3][1]) for i in range(steps)]
+    if bad is not None:
+        step, rank = bad
+        data[step][0][rank * batch] = np.inf
+    return data
+
+
+def train(session, data, shard=None):
+    losses = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the bad step's warning
+        for x, y in data:
+            if shard is not None:
+                x, y = x[shard], y[shard]
+            losses.append(session.train_step({"input": x}, y))
+    return np.array(losses, np.float64)
+
+
+def run_case(world, name: str, out: Path) -> None:
+    model, opt, steps, b, options, oracle, bad = CASES[name]
+    data = global_batches(model, steps, b, bad, world.size)
+    shard = slice(world.rank * b, (world.rank + 1) * b)
+    session = tr_onnx.TrainingSession(ZOO / f"{model}.onnx", optimizer=copy.deepcopy(opt),
+                                      backend="numpy", distributed=world, **options)
+    local = train(session, data, shard)
+    # the global batch's mean loss is the mean of the ranks' (equal shards, mean reduction)
+    mean = np.array(world.allreduce_scalars(list(local))) / world.size
+    params = session.parameters()
+    result = {"losses": mean, "local_losses": local, "steps_applied": session.step}
+    if world.rank == 1:  # rank 1's parameters and curve, for rank 0 to write
+        world.comm.send((params, local, session.step), dest=0)
+    else:
+        other, other_local, other_steps = world.comm.recv(source=1)
+        result["rank1_local_losses"] = other_local
+        result["rank1_steps_applied"] = other_steps
+        for k, v in other.items():
+            result[f"rank1/{k}"] = v
+    if oracle == "torch":
+        want_local, want_params = torch_ddp(world, model, opt, data, shard)
+        if world.rank == 0:
+            result["want_local_losses"] = want_local
+            result["want_rank1_local_losses"] = world.comm.recv(source=1)
+            for k, v in want_params.items():
+                result[f"want/{k}"] = v
+        else:
+            world.comm.send(want_local, dest=0)
+    elif world.rank == 0:
+        single = tr_onnx.TrainingSession(
+            ZOO / f"{model}.onnx", optimizer=copy.deepcopy(opt), backend="numpy",
+            **{k: v for k, v in options.items() if k != "sync_batchnorm"})
+        result["want_losses"] = train(single, data)
+        result["want_steps_applied"] = single.step
+        for k, v in single.parameters().items():
+            result[f"want/{k}"] = v
+    if world.rank == 0:
+        for k, v in params.items():
+            result[f"got/{k}"] = v
+        np.savez(out / f"{name}.npz", **result)
+    world.barrier()
+
+
+def torch_ddp(world, model: str, opt, data, shard):
+    """PyTorch DDP (gloo, these two processes, the same shards and initial weights): each
+    rank's loss curve and the final state (rank 0's)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from model_zoo.export_models import build_torch_model
+
+    if not dist.is_initialized():
+        port = world.bcast_object(_free_port() if world.is_root else None)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
+    net = build_torch_model(model).train()
+    ddp = DistributedDataParallel(net)
+    cfg = {k: v for k, v in opt.config().items() if k != "name"}
+    optim = {SGD: torch.optim.SGD, AdamW: torch.optim.AdamW}[type(opt)](ddp.parameters(), **cfg)
+    losses = []
+    for x, y in data:
+        value = torch.nn.functional.cross_entropy(ddp(torch.from_numpy(x[shard])),
+                                                  torch.from_numpy(y[shard]))
+        optim.zero_grad()
+        value.backward()
+        optim.step()
+        losses.append(value.item())
+    state = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()
+             if v.dtype.is_floating_point}
+    return np.array(losses), state
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(out: Path, cases: list[str]) -> None:
+    world = distributed.init(timeout_s=120)
+    for name in cases:
+        run_case(world, name, out)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:])
