@@ -19,12 +19,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import tr_onnx
 from tr_onnx import distributed
 from tr_onnx.backends.cuda import nccl
+from tr_onnx.backends.cuda.bind import Unbound
 from tr_onnx.backends.cuda.capture import DeviceBuffer
 from tr_onnx.backends.cuda.device import CupyDevice
+from tr_onnx.backends.cuda.ops import normalization
 from tr_onnx.errors import DistributedError
-from tr_onnx.testing.host_nccl import HostNccl
+from tr_onnx.optim import SGD
+from tr_onnx.registry import build_registry
+from tr_onnx.testing.host_emulator import build_host_library, host_emulator
+from tr_onnx.testing.host_nccl import HostNccl, with_nccl_path
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -135,3 +141,150 @@ def test_nccl_data_types_are_ncclh_s(dtype, code):
 def test_an_integer_span_has_no_nccl_reduction_here():
     with pytest.raises(DistributedError, match="not int32"):
         nccl.nccl_dtype(np.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# The binding in a training plan: a world of 1 through the NCCL path (host emulator)
+# --------------------------------------------------------------------------------------------
+
+SHAPES = {"mlp": (4, 64), "lenet": (4, 1, 8, 8)}
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory):
+    """The sessions' device factory: the host emulator over one host build of the kernels."""
+    return host_emulator(build_host_library(tmp_path_factory.mktemp("host_kernels")))
+
+
+@pytest.fixture
+def host_nccl(monkeypatch):
+    """``cupy.cuda.nccl`` replaced by the host stand-in of a world of 1."""
+    host = HostNccl(distributed.World())
+    monkeypatch.setattr(nccl, "nccl_module", lambda: host)
+    return host
+
+
+def _batch(stem: str, i: int):
+    x = np.random.default_rng(i).standard_normal(SHAPES[stem]).astype(np.float32)
+    return {"input": x}, np.arange(SHAPES[stem][0]) % 10
+
+
+def _session(stem, device, world: bool, **kw):
+    sess = tr_onnx.TrainingSession(ROOT / "model_zoo" / f"{stem}.onnx", channel_align=8,
+                                   optimizer=SGD(lr=0.05, momentum=0.9), backend="cuda",
+                                   device=device, **kw)
+    if world:
+        with_nccl_path(sess)
+    return sess
+
+
+def test_the_binding_is_registered_for_the_cuda_backend():
+    opdef = build_registry().lookup("ai.tr_onnx", "GradAllReduce", 1, "cuda")
+    assert opdef is not None and "cuda" in opdef.kernels and "numpy" in opdef.kernels
+
+
+def test_a_world_of_one_plans_identically_with_and_without_the_nccl_node(device, host_nccl):
+    plain, nccl_path = _session("mlp", device, False), _session("mlp", device, True)
+    feed, y = _batch("mlp", 0)
+    a, b = plain._train_plan(feed), nccl_path._train_plan(feed)
+    assert a.memory.regions == b.memory.regions and a.memory.total_bytes == b.memory.total_bytes
+    # the same tensors at the same offsets (node-numbered names shift by the extra node)
+    def layout(plan):
+        return sorted((t.offset, t.nbytes, str(t.dtype)) for t in plan.memory.all_tensors())
+
+    assert layout(a) == layout(b)
+    (node,) = [n for n in b.graph.nodes if n.op_type == "GradAllReduce"]
+    assert node.phase == "reduce" and not [n for n in a.graph.nodes
+                                            if n.op_type == "GradAllReduce"]
+    # the step guard decides after the reduction: the one-graph step runs reduce, then guard
+    nccl_path.train_step(feed, y)
+    ex = nccl_path._active.executor
+    order = [s.phase for s in ex.steps(ex.step_phases())]
+    assert ex.step_phases() == "compute+reduce+guard+commit+discard+apply+report"
+    assert order.index("reduce") < order.index("guard") and order.count("reduce") == 1
+    assert ex.step_phases(apply=False) == "compute+guard+commit+discard+report"
+
+
+def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(device,
+                                                                             host_nccl):
+    sess = _session("mlp", device, True)
+    for i in range(3):  # eager, captured, replayed
+        sess.train_step(*_batch("mlp", i))
+    ex = sess._active.executor
+    dev, info = ex.device, sess._active.info
+    span = ex.memory.tensors[info.grads_span]
+    calls = [c for c in dev.calls if c.op == "nccl_all_reduce"]
+    assert [c.capturing for c in calls] == [False, True]  # step 3 replays the graph
+    for c in calls:
+        assert c.phase == "reduce" and "(GradAllReduce, ai.tr_onnx v1)" in c.node
+        buf = c.args["buf"]
+        assert (buf.ptr, buf.nbytes, buf.writes) == (dev.arena_base + span.offset, span.nbytes,
+                                                     True)
+        assert (c.args["count"], c.args["dtype"], c.args["redop"]) == (
+            span.nbytes // 4, nccl.NCCL_DTYPES["float32"], nccl.NCCL_AVG)
+        assert c.args["comm"].size == 1 and c.args["comm"].rank == 0
+    # what ran: eager, then the graph's launch twice, on the emulator's host arena
+    assert len(host_nccl.calls) == 3
+    assert {(c["send"] == c["recv"], c["count"], c["stream"]) for c in host_nccl.calls} == {
+        (True, span.nbytes // 4, 0)}
+    launches = [c for c in dev.calls if c.op == "launch" and c.phase == "reduce"]
+    assert {c.args["kernel"].name for c in launches} == {"tr_poison_nonfinite_f32"}
+    assert list(ex.graphs) == ["compute+reduce+guard+commit+discard+apply+report"]
+
+
+@pytest.mark.parametrize("stem", ["mlp", "lenet"])
+def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, device, host_nccl):
+    plain, nccl_path = _session(stem, device, False), _session(stem, device, True)
+    for i in range(4):
+        feed, y = _batch(stem, i)
+        assert nccl_path.train_step(feed, y) == plain.train_step(feed, y)
+    a, b = plain.state_arrays(), nccl_path.state_arrays()
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+@pytest.mark.parametrize(("loss", "poisoned"), [(np.inf, True), (np.nan, True),
+                                              (2.5, False)], ids=["inf", "nan", "finite"])
+def test_a_rank_with_a_non_finite_loss_sends_nan_gradients(device, host_nccl, loss, poisoned):
+    """So every rank's average is NaN and every rank's guard drops the same step."""
+    sess = _session("mlp", device, True)
+    sess.train_step(*_batch("mlp", 0))
+    ex = sess._active.executor
+    dev, info = ex.device, sess._active.info
+    (bound,) = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduce"]
+    grads = ex.memory.tensors[info.grads_span].kernel_view(dev.arena)
+    grads[...] = np.linspace(-1, 1, grads.size, dtype=np.float32).reshape(grads.shape)
+    before = grads.copy()
+    ex.memory.tensors[info.loss].kernel_view(dev.arena)[...] = loss
+    dev.begin_node(bound.label, bound.phase)
+    bound.run(dev)
+    if poisoned:
+        assert np.isnan(grads).all()
+    else:
+        np.testing.assert_array_equal(grads, before)
+
+
+def test_a_non_finite_step_is_dropped_as_without_the_nccl_path(device, host_nccl):
+    plain, nccl_path = _session("mlp", device, False), _session("mlp", device, True)
+    feed, y = _batch("mlp", 0)
+    bad = {"input": np.full_like(feed["input"], np.inf)}
+    for sess in (plain, nccl_path):
+        sess.train_step(feed, y)
+        with pytest.warns(RuntimeWarning, match="non-finite loss"):
+            sess.train_step(bad, y)
+        sess.train_step(*_batch("mlp", 1))
+    assert nccl_path.bad_steps == plain.bad_steps and nccl_path.step == plain.step == 2
+    a, b = plain.state_arrays(), nccl_path.state_arrays()
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+
+
+def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistics(device):
+    world = distributed.World()
+    node = SimpleNamespace(attrs={"world": distributed.register(world)})
+    ctx = SimpleNamespace(attrs={"unbiased_running_var": 1}, has_output=lambda i: False,
+                          workspace=lambda shape, dtype: 0, inputs=[], node=node)
+    bind = normalization.bn_training_factory(ctx)
+    with pytest.raises(Unbound, match="sync_batchnorm"):
+        bind(None, node)

@@ -209,7 +209,7 @@ class HostEmulator(FakeRecorder):
         elif call.op == "nccl_all_reduce":  # a host communicator (the tests'), host pointers
             a = call.args
             ptr = self.addr(a["buf"])
-            a["comm"].allReduce(ptr, ptr, a["count"], a["dtype"], a["op"], 0)
+            a["comm"].allReduce(ptr, ptr, a["count"], a["dtype"], a["redop"], 0)
         elif call.op in ("memcpy_async", "memcpy"):
             a = call.args
             ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])

@@ -7,7 +7,7 @@ host memory, for the host emulator and the recorder.
 op, stream) in ``HostNccl.calls`` and reduce over ``world`` with MPI on the host pointers the
 host emulator passes (a world of 1 reduces over itself: the buffer is unchanged). Unique ids
 are recorded too (``ids``), so a test sees which rank made one and that every rank joined with
-rank 0's.
+rank 0's. ``with_nccl_path`` gives a session the data-parallel step at a world of 1.
 
 A test double: the backend never imports this package.
 """
@@ -73,4 +73,17 @@ class HostCommunicator:
             np.divide(array, world.size, out=array)
 
 
-__all__ = ["HostCommunicator", "HostNccl"]
+def with_nccl_path(session, world=None):
+    """``session`` (a ``TrainingSession`` before its first step) planning the data-parallel
+    step for ``world`` (default: a world of 1): the session trains a world of 1 as no world at
+    all (no collective nodes), so the NCCL path is checked by registering one by hand. Returns
+    the session."""
+    from .. import distributed
+
+    world = distributed.World() if world is None else world
+    session.world = world
+    session._world_id = distributed.register(world)
+    return session
+
+
+__all__ = ["HostCommunicator", "HostNccl", "with_nccl_path"]

@@ -173,7 +173,7 @@ class FakeRecorder:
     def nccl_all_reduce(self, comm, buf: DeviceBuffer, count: int, dtype: int,
                         op: int) -> None:
         """Recorded with its communicator; ``buf`` is checked as a launch's written buffer."""
-        self._record("nccl_all_reduce", comm=comm, buf=buf, count=count, dtype=dtype, op=op)
+        self._record("nccl_all_reduce", comm=comm, buf=buf, count=count, dtype=dtype, redop=op)
         self.check_buffer(buf)
 
     def synchronize(self) -> None:
