@@ -33,6 +33,12 @@ def main(out: Path) -> None:
     world.bcast_(b, root=1)
     seen["bcast_from_1"] = b.tolist()
 
+    started = [np.full(3, r + 1.0), np.arange(4, dtype=np.float32) * (r + 1)]
+    for x in started:
+        world.start_allreduce_sum_(x)
+    world.wait_started()
+    seen["started"] = [x.tolist() for x in started]
+
     seen["scalars"] = world.allreduce_scalars([r, 2.5, -r])
     seen["object"] = world.bcast_object({"from": r, "list": [r] * 3} if r == 0 else None)
     world.barrier()

@@ -24,20 +24,22 @@ from tr_onnx.optim import SGD, AdamW
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16)}
 
+# small all-reduce buckets, so that the models' gradients travel in several of them
+BUCKETS = {"grad_bucket_mb": 1 / 64}
 # case -> (model, optimizer, steps, per-rank batch, options, oracle, where a row is made
 # infinite: (step, rank) or None)
 CASES = {
     "mlp-SGD": ("mlp", SGD(lr=0.1), 20, 4, {}, "single", None),
-    "mlp-AdamW": ("mlp", AdamW(lr=1e-3), 20, 4, {}, "single", None),
-    "lenet-SGD": ("lenet", SGD(lr=0.1), 20, 4, {}, "single", None),
+    "mlp-AdamW": ("mlp", AdamW(lr=1e-3), 20, 4, BUCKETS, "single", None),
+    "lenet-SGD": ("lenet", SGD(lr=0.1), 20, 4, BUCKETS, "single", None),
     "lenet-AdamW": ("lenet", AdamW(lr=1e-3), 20, 4, {}, "single", None),
-    "mlp-accumulate": ("mlp", SGD(lr=0.1, momentum=0.9), 12, 4, {"grad_accumulation": 2},
-                       "single", None),
+    "mlp-accumulate": ("mlp", SGD(lr=0.1, momentum=0.9), 12, 4,
+                       {"grad_accumulation": 2, **BUCKETS}, "single", None),
     "mlp-inf-on-rank1": ("mlp", SGD(lr=0.1), 6, 4, {}, "single", (2, 1)),
-    "mlp-inf-in-a-micro-batch": ("mlp", SGD(lr=0.1), 8, 4, {"grad_accumulation": 2},
-                                 "single", (4, 1)),
-    "resnet-ddp": ("resnet", SGD(lr=0.01), 10, 4, {"bn_running_var": "unbiased"}, "torch",
-                   None),
+    "mlp-inf-in-a-micro-batch": ("mlp", SGD(lr=0.1), 8, 4,
+                                 {"grad_accumulation": 2, **BUCKETS}, "single", (4, 1)),
+    "resnet-ddp": ("resnet", SGD(lr=0.01), 10, 4, {"bn_running_var": "unbiased", **BUCKETS},
+                   "torch", None),
     "resnet-sync-batchnorm": ("resnet", SGD(lr=0.01, momentum=0.9), 10, 4,
                               {"sync_batchnorm": True}, "single", None),
 }
@@ -79,7 +81,13 @@ def run_case(world, name: str, out: Path) -> None:
     # the global batch's mean loss is the mean of the ranks' (equal shards, mean reduction)
     mean = np.array(world.allreduce_scalars(list(local))) / world.size
     params = session.parameters()
-    result = {"losses": mean, "local_losses": local, "steps_applied": session.step}
+    nodes = session._active.graph.nodes
+    starts = [i for i, n in enumerate(nodes) if n.op_type == "GradAllReduceStart"]
+    result = {"losses": mean, "local_losses": local, "steps_applied": session.step,
+              "buckets": len(starts),  # and how much backward work runs after the first start
+              "computed_after_first_start": sum(
+                  n.phase == "compute" and n.domain != "ai.tr_onnx"
+                  or n.op_type.endswith("Grad") for n in nodes[starts[0]:])}
     if world.rank == 1:  # rank 1's parameters and curve, for rank 0 to write
         world.comm.send((params, local, session.step), dest=0)
     else:
@@ -100,7 +108,7 @@ def run_case(world, name: str, out: Path) -> None:
     elif world.rank == 0:
         single = tr_onnx.TrainingSession(
             ZOO / f"{model}.onnx", optimizer=copy.deepcopy(opt), backend="numpy",
-            **{k: v for k, v in options.items() if k != "sync_batchnorm"})
+            **{k: v for k, v in options.items() if k not in ("sync_batchnorm", *BUCKETS)})
         result["want_losses"] = train(single, data)
         result["want_steps_applied"] = single.step
         for k, v in single.parameters().items():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,8 @@ class World:
     local_rank: int = 0
     comm: Any = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    # all-reduces started (``start_allreduce_sum_``) and not yet completed: (request, array)
+    _started: list = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self):
         if not 0 <= self.rank < self.size:
@@ -110,6 +112,25 @@ class World:
         req = self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM)
         self.wait(req, f"allreduce_sum_ of {_describe(array)}", keep=array)
         return array
+
+    def start_allreduce_sum_(self, array: np.ndarray) -> None:
+        """Start summing ``array`` over all ranks in place and return at once; the sum is
+        there after ``wait_started``. Every rank must start the same arrays in the same order.
+        Earlier ones are tested on the way, so the MPI library moves them along."""
+        if self.size == 1:
+            return
+        from mpi4py import MPI
+        self._check_buffer(array, "start_allreduce_sum_")
+        self._started.append((self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM), array))
+        MPI.Request.Testall([req for req, _ in self._started])
+
+    def wait_started(self) -> None:
+        """Complete every all-reduce ``start_allreduce_sum_`` began, each within
+        ``timeout_s``."""
+        started, self._started[:] = list(self._started), []
+        for k, (req, array) in enumerate(started):
+            self.wait(req, f"allreduce_sum_ of {_describe(array)} (started, {k + 1} of "
+                           f"{len(started)})", keep=array)
 
     def allreduce_mean_(self, array: np.ndarray) -> np.ndarray:
         """Average ``array`` over all ranks, in place (sum, then a divide by ``size``, as

@@ -1,10 +1,12 @@
 """Collectives inside a training step (data parallelism, ``tr_onnx.distributed``).
 
-``GradAllReduce`` averages a span of the GRAD region over the ranks in place, as PyTorch DDP
-averages gradients, in the ``reduce`` phase: after the micro-batches accumulated, before the
-host's finiteness check and the update, and only on steps that apply. A rank whose loss is not
-finite fills its gradients with NaN first, so after the reduction every rank sees the same
-non-finite gradient and skips the same step, with no second collective.
+``GradAllReduceStart`` starts summing one bucket of the GRAD region over the ranks in place
+(in the backward pass, right after the bucket's last gradient is accumulated; only on steps
+that apply), ``GradAllReduceWait`` completes them all and divides by the world size in the
+``reduce`` phase -- the mean, as PyTorch DDP averages gradients -- before the host's
+finiteness check and the update (``training.data_parallel`` places them). A rank whose loss
+is not finite fills its buckets with NaN first, so after the reduction every rank sees the
+same non-finite gradient and skips the same step, with no second collective.
 
 ``BroadcastStats`` overwrites BatchNorm running statistics with rank 0's at the start of a
 step, as DDP's ``broadcast_buffers`` does before each forward (without ``sync_batchnorm`` each
@@ -26,18 +28,32 @@ INTERNAL = "ai.tr_onnx"
 IN_PLACE = LayoutRule(outputs="plain")
 
 
-def grad_all_reduce_numpy(ctx):
-    """GradAllReduce(grads, loss): grads = mean over ranks of grads (MPI Allreduce in place on
-    the arena's view, then a divide by the world size); NaN first where this rank's loss is
-    not finite."""
+def grad_all_reduce_start_numpy(ctx):
+    """GradAllReduceStart(bucket, loss, reduce): when ``reduce`` (a float32 scalar the host
+    writes) is set, start summing the bucket (a span of GRAD) over the ranks in place (MPI
+    Iallreduce on the arena's view, no copy), after filling it with NaN where this rank's loss
+    is not finite."""
     world = lookup(int(ctx.attrs["world"]))
-    has_loss = ctx.has_input(1)
 
     def run(ins, outs, ws):
-        g = ins[0]
-        if has_loss and not np.isfinite(ins[1]).all():
+        g, loss, flag = ins
+        if flag.reshape(()).item() == 0.0:
+            return
+        if not np.isfinite(loss).all():
             g.fill(np.nan)
-        world.allreduce_mean_(g)
+        world.start_allreduce_sum_(g)
+
+    return run
+
+
+def grad_all_reduce_wait_numpy(ctx):
+    """GradAllReduceWait(grads): complete the buckets' sums (each within the world's
+    deadline), then divide the GRAD span by the world size: the ranks' mean."""
+    world = lookup(int(ctx.attrs["world"]))
+
+    def run(ins, outs, ws):
+        world.wait_started()
+        np.divide(ins[0], world.size, out=ins[0])
 
     return run
 
@@ -65,9 +81,13 @@ def broadcast_stats_numpy(ctx):
 def tr_onnx_op_definitions():
     internal = dict(domain=INTERNAL, layout=IN_PLACE, differentiable=False)
     return [
-        OpDef("GradAllReduce", (1,), {"numpy": grad_all_reduce_numpy}, updates_inputs=(0,),
-              doc="(grads, loss) -> (): grads averaged over the ranks in place (NaN where "
-                  "this rank's loss is not finite)", **internal),
+        OpDef("GradAllReduceStart", (1,), {"numpy": grad_all_reduce_start_numpy},
+              updates_inputs=(0,), doc="(bucket, loss, reduce) -> (): when reduce, start the "
+              "bucket's sum over the ranks in place (NaN where this rank's loss is not "
+              "finite)", **internal),
+        OpDef("GradAllReduceWait", (1,), {"numpy": grad_all_reduce_wait_numpy},
+              updates_inputs=(0,), doc="(grads) -> (): complete the started sums, then "
+              "grads /= world size", **internal),
         OpDef("BroadcastStats", (1,), {"numpy": broadcast_stats_numpy}, updates_inputs=(0,),
               doc="(stat...) -> (): every input overwritten with rank 0's", **internal),
     ]

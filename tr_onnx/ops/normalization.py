@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..distributed import lookup
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
@@ -78,37 +79,61 @@ def _batch_norm_training(ctx) -> bool:
     return any(ctx.has_output(i) for i in range(1, 5))
 
 
+def _sync_world(ctx):
+    """The world a synchronised BatchNorm (``sync_batchnorm``) reduces its per-channel sums
+    over (its ``world`` attribute), or None: this rank's batch alone."""
+    key = ctx.attrs.get("world")
+    if key is None:
+        return None
+    world = lookup(int(key))
+    return world if world.size > 1 else None
+
+
 def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, slots: dict):
     """The training-mode kernel: normalise with the batch's statistics and write the outputs
     ``slots`` names (kind -> output index): ``running_mean``/``running_var`` (momentum update
     from inputs 3/4, with the unbiased batch variance when ``unbiased``), ``saved_mean``,
     ``saved_var`` (biased) and ``saved_inv_std`` (1 / sqrt(var + eps)). y always uses the
-    biased batch variance."""
+    biased batch variance.
+
+    Synchronised (a ``world`` attribute, ``sync_batchnorm``): the batch is every rank's; the
+    per-channel sums (with the row count) and then the sums of squared deviations from that
+    mean are all-reduced, the same two passes one process makes over the whole batch."""
     c_axis = BATCH_NORM.channel_axis
     _check_rank(ctx, c_axis + 1)
     x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
+    world = _sync_world(ctx)
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-    mean_ws, var_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
+    # the sums and, last, the row count travel in one message when synchronised
+    mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
     d_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
-    count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    ones_ws = ctx.workspace((count,), acc)
+    local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    ones_ws = ctx.workspace((local,), acc)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
-    correction = count / max(count - 1, 1) if unbiased else 1.0
     direct = acc == np.dtype(ctx.outputs[0].dtype)  # y can be written without a cast
 
     def run(ins, outs, ws):
         scale, bias = ins[1], ins[2]
-        a, b, mean, var, d = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws], ws[d_ws]
+        a, b, sums, var, d = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws], ws[d_ws]
+        mean = sums[:c]
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
         np.copyto(d, x_nhwc)
         flat = d.reshape(-1, c)  # contiguous workspace: a view
         channel_sums(flat, ws[ones_ws], mean)
+        count = local
+        if world is not None:
+            sums[c] = local
+            world.allreduce_sum_(sums)
+            count = int(sums[c])
         np.divide(mean, count, out=mean)
         np.subtract(d, mean, out=d)
         np.einsum("kc,kc->c", flat, flat, out=var)
+        if world is not None:
+            world.allreduce_sum_(var)
         np.divide(var, count, out=var)
+        correction = count / max(count - 1, 1) if unbiased else 1.0
         # the running/saved outputs, from the batch statistics (a and b are scratch here)
         for kind, stat, given, factor in (("running_mean", mean, ins[3], 1.0),
                                           ("running_var", var, ins[4], correction)):
@@ -210,6 +235,10 @@ def batch_norm_grad_numpy(ctx):
     the channels. ``training=1`` (mean/inv_std are x's batch statistics):
     gx = scale * inv_std * (gy - (gbias + xhat * gscale) / M); ``training=0`` (fixed running
     statistics): gx = scale * inv_std * gy.
+
+    Synchronised (a ``world`` attribute): gx's two sums and M span every rank's batch (one
+    all-reduce), while gscale and gbias stay this rank's -- the gradient all-reduce averages
+    them with the other parameters' (``torch.nn.SyncBatchNorm``'s split).
     """
     c_axis = BATCH_NORM.channel_axis
     _check_rank(ctx, c_axis + 1)
@@ -219,15 +248,17 @@ def batch_norm_grad_numpy(ctx):
     training = bool(ctx.attrs["training"])
     nhwc = _channels_last_shape(x_info.shape, c_axis)
     xhat_ws, t_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
-    gs_ws, gb_ws, a_ws = (ctx.workspace((c,), acc) for _ in range(3))
-    count = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    ones_ws = ctx.workspace((count,), acc)
+    world = _sync_world(ctx) if training else None
+    sums_ws, a_ws = ctx.workspace((2 * c + 1,), acc), ctx.workspace((c,), acc)
+    local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    ones_ws = ctx.workspace((local,), acc)
     has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
 
     def run(ins, outs, ws):
         gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
         scale, mean, inv = ins[2], ins[3], ins[4]
-        xhat, t, gs, gb, a = ws[xhat_ws], ws[t_ws], ws[gs_ws], ws[gb_ws], ws[a_ws]
+        xhat, t, sums, a = ws[xhat_ws], ws[t_ws], ws[sums_ws], ws[a_ws]
+        gs, gb = sums[:c], sums[c:2 * c]  # [gscale | gbias | rows]: one message synchronised
         np.subtract(x_nhwc, mean, out=xhat)
         np.multiply(xhat, inv, out=xhat)
         np.copyto(t, gy_nhwc)  # contiguous [M, C] for the BLAS sums
@@ -245,6 +276,11 @@ def batch_norm_grad_numpy(ctx):
         if not training:
             np.multiply(gy_nhwc, a, out=gx_nhwc, casting="same_kind")
             return
+        count = local
+        if world is not None:
+            sums[2 * c] = local
+            world.allreduce_sum_(sums)
+            count = int(sums[2 * c])
         np.divide(gs, count, out=gs)
         np.divide(gb, count, out=gb)
         np.multiply(xhat, gs, out=xhat)  # xhat is not needed any more
@@ -256,10 +292,10 @@ def batch_norm_grad_numpy(ctx):
     return run
 
 
-def _bn_grad(b, x, gy, scale, bias, mean, inv_std, training: int, needed):
-    gx, gscale, gbias = b.op("BatchNormGrad", [gy, x, scale, mean, inv_std],
-                             {"training": training}, domain=INTERNAL_DOMAIN,
-                             like=[x, scale, bias])
+def _bn_grad(b, x, gy, scale, bias, mean, inv_std, training: int, needed, world=None):
+    attrs = {"training": training} if world is None else {"training": training, "world": world}
+    gx, gscale, gbias = b.op("BatchNormGrad", [gy, x, scale, mean, inv_std], attrs,
+                             domain=INTERNAL_DOMAIN, like=[x, scale, bias])
     return [gx if needed[0] else None, gscale if needed[1] else None,
             gbias if needed[2] else None]
 
@@ -270,7 +306,7 @@ def batch_norm_training_vjp(b, node, gys, needed):
     if gys[0] is None:
         return [None] * len(node.inputs)
     return _bn_grad(b, x, gys[0], scale, bias, node.outputs[1], node.outputs[2], 1,
-                    needed) + [None, None]
+                    needed, node.attrs.get("world")) + [None, None]
 
 
 def batch_norm_vjp(b, node, gys, needed):

@@ -14,6 +14,7 @@ from ..distributed import lookup
 from ..ir import Graph
 from ..passes.autodiff import GradBuilder
 from ..registry import OpRegistry
+from .data_parallel import add_grad_reduce
 from .parameters import share_parameters
 from .precision import PRECISIONS, add_loss_scaling, to_half_precision
 from .train_pass import (
@@ -23,7 +24,6 @@ from .train_pass import (
     add_backward,
     add_commit,
     add_grad_accumulators,
-    add_grad_reduce,
     add_labels,
     add_loss,
     add_optimizer_state,
@@ -63,7 +63,7 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     accumulators = add_grad_accumulators(b, trainable, grads)
     states = add_optimizer_state(graph, trainable, cfg.optimizer)
     spans = add_spans(graph, trainable, accumulators, states, cfg.optimizer)
-    add_grad_reduce(b, spans[1], loss, commits, cfg)
+    add_grad_reduce(b, list(accumulators.values()), spans[1], loss, commits, cfg)
     add_commit(b, commits)
     grad_norm, update = add_update(b, spans, scalars, cfg)
     set_step_outputs(graph, loss, model_outputs, grad_norm)

@@ -55,6 +55,7 @@ from ..importer import (
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..passes.control_flow import output_value
 from ..registry import build_registry, default_registry
+from .data_parallel import REDUCE
 from .export import export_model
 from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
 from .parameters import (
@@ -192,7 +193,9 @@ class TrainingSession:
     statistics are rank 0's, broadcast every step (DDP's default); ``sync_batchnorm=True``
     computes the batch statistics (and their gradients) over every rank's batch instead, as
     ``torch.nn.SyncBatchNorm``. A non-finite loss or gradient on any rank skips the step on
-    all of them. ``train_step`` returns this rank's loss.
+    all of them. ``train_step`` returns this rank's loss. ``grad_bucket_mb``: the gradients
+    are all-reduced in buckets of about this size, each started as soon as the backward pass
+    has finished it (DDP's ``bucket_cap_mb``).
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -207,7 +210,8 @@ class TrainingSession:
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
                  max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
-                 distributed: World | None = None, sync_batchnorm: bool = False):
+                 distributed: World | None = None, sync_batchnorm: bool = False,
+                 grad_bucket_mb: float = 25.0):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -248,6 +252,10 @@ class TrainingSession:
                 or max_bad_steps < 1:
             raise OptionError(f"max_bad_steps={max_bad_steps!r}: must be an integer >= 1 (the "
                               "non-finite steps in a row that stop training)")
+        if isinstance(grad_bucket_mb, bool) or not isinstance(grad_bucket_mb, numbers.Real) \
+                or not 0 < grad_bucket_mb < math.inf:
+            raise OptionError(f"grad_bucket_mb={grad_bucket_mb!r}: must be a finite number > 0 "
+                              "(the size of the gradient all-reduce buckets, in MiB)")
         self.sharing = parameter_sharing(self.imported, tie_shared_initializers)
         self.parameter_roles: dict[str, ParamRole] = parameter_roles(self.imported,
                                                                      self.sharing)
@@ -262,7 +270,7 @@ class TrainingSession:
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
                             precision=precision, loss_scale=loss_scale,
                             fold_limit_bytes=fold_limit_bytes,
-                            sync_batchnorm=bool(sync_batchnorm))
+                            sync_batchnorm=bool(sync_batchnorm), grad_bucket_mb=grad_bucket_mb)
         # a world of one trains as no world at all: the plan gets no collective nodes
         self.world = distributed if distributed is not None and distributed.size > 1 else None
         self._world_id = register(self.world) if self.world is not None else None
@@ -348,7 +356,8 @@ class TrainingSession:
             precision=opts["precision"], loss_scale=opts["loss_scale"],
             step_guard=self.backend == "cuda",
             data_inputs=tuple(i.name for i in self.imported.inputs),
-            world=self._world_id, sync_batchnorm=opts["sync_batchnorm"])
+            world=self._world_id, sync_batchnorm=opts["sync_batchnorm"],
+            grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))))
         return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
@@ -508,6 +517,8 @@ class TrainingSession:
         ex.write_scalar(STEP, step + 1)
         ex.write_scalar(GRAD_SCALE, 1.0 / k)
         ex.write_scalar(RNG, launch.rng)
+        if self.world is not None:  # the gradients are reduced on the steps that apply
+            ex.write_scalar(REDUCE, float(launch.apply))
         if self._pipelined(launch.plan):
             want = [self.output_name] if self.output_name in ex.step_outputs else []
             launch.token = ex.launch_step(launch.apply, want)

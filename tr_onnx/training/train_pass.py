@@ -80,6 +80,7 @@ class TrainConfig:
     # None: one process), and whether BatchNorm's batch statistics span every rank
     world: int | None = None
     sync_batchnorm: bool = False
+    grad_bucket_bytes: int = 25 << 20  # all-reduce buckets (``training.data_parallel``)
 
 
 @dataclass(frozen=True)
@@ -479,25 +480,6 @@ def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]]) -> None:
     b.phase = "commit"
     for stat, new in commits:
         b.op("Assign", [stat, new], domain=INTERNAL, shapes=[])
-
-
-def add_grad_reduce(b: GradBuilder, grads_span: Value, loss: Value,
-                    commits: list[tuple[Value, Value]], cfg: TrainConfig) -> None:
-    """Data parallelism (``cfg.world``): the ``reduce`` phase averaging the GRAD span over the
-    ranks (``ops.collective.GradAllReduce``, poisoned where this rank's loss is not finite),
-    and, unless BatchNorm is synchronised, rank 0's running statistics broadcast at the start
-    of every step, before any BatchNorm reads them (DDP's ``broadcast_buffers``)."""
-    if cfg.world is None:
-        return
-    b.phase = "reduce"
-    b.op("GradAllReduce", [grads_span, loss], {"world": cfg.world}, domain=INTERNAL, shapes=[])
-    stats = [stat for stat, _ in commits]
-    if stats and not cfg.sync_batchnorm:
-        b.phase = "compute"
-        b.op("BroadcastStats", stats, {"world": cfg.world}, domain=INTERNAL, shapes=[])
-        node = b.graph.nodes[-1]
-        b.graph.remove_node(node)
-        b.graph.insert(0, node)
 
 
 def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
