@@ -222,7 +222,7 @@ def nccl_parity(stem: str, device=None, steps: int = 5, batch: int = 4) -> dict:
     a, b = world.parameters(), plain.parameters()
     worst = max([worst] + [float(np.abs(a[n] - b[n]).max()) for n in b])
     ex = world._active.executor
-    nodes = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduce"]
+    nodes = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduceWait"]
     return {"nccl": worst, "steps": world.step, "captured_graphs": list(ex.graphs),
             "ok": worst == 0.0 and world.step == steps and len(nodes) == 1
             and list(ex.graphs) == [ex.step_phases()] and "reduce" in ex.step_phases()}

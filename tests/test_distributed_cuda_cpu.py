@@ -27,6 +27,7 @@ from tr_onnx.backends.cuda.capture import DeviceBuffer
 from tr_onnx.backends.cuda.device import CupyDevice
 from tr_onnx.backends.cuda.ops import normalization
 from tr_onnx.errors import DistributedError
+from tr_onnx.memory import Region
 from tr_onnx.optim import SGD
 from tr_onnx.registry import build_registry
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
@@ -178,24 +179,33 @@ def _session(stem, device, world: bool, **kw):
     return sess
 
 
-def test_the_binding_is_registered_for_the_cuda_backend():
-    opdef = build_registry().lookup("ai.tr_onnx", "GradAllReduce", 1, "cuda")
+@pytest.mark.parametrize("op", ["GradAllReduceStart", "GradAllReduceWait"])
+def test_the_bindings_are_registered_for_the_cuda_backend(op):
+    opdef = build_registry().lookup("ai.tr_onnx", op, 1, "cuda")
     assert opdef is not None and "cuda" in opdef.kernels and "numpy" in opdef.kernels
 
 
-def test_a_world_of_one_plans_identically_with_and_without_the_nccl_node(device, host_nccl):
+def test_a_world_of_one_plans_the_same_state_with_and_without_the_nccl_node(device,
+                                                                           host_nccl):
+    """PARAM, GRAD, OPT_STATE and CONST: the same regions, every tensor at the same offset
+    (state and checkpoints are interchangeable). The data-parallel pass moves each
+    Accumulate up to its gradient's producer (buckets finish early) and adds the ``reduce``
+    flag, so INPUT grows by one scalar and activations live shorter."""
     plain, nccl_path = _session("mlp", device, False), _session("mlp", device, True)
     feed, y = _batch("mlp", 0)
     a, b = plain._train_plan(feed), nccl_path._train_plan(feed)
-    assert a.memory.regions == b.memory.regions and a.memory.total_bytes == b.memory.total_bytes
-    # the same tensors at the same offsets (node-numbered names shift by the extra node)
+    state = (Region.PARAM, Region.GRAD, Region.OPT_STATE, Region.CONST)
+    assert {r: a.memory.regions[r] for r in state} == {r: b.memory.regions[r] for r in state}
+
     def layout(plan):
-        return sorted((t.offset, t.nbytes, str(t.dtype)) for t in plan.memory.all_tensors())
+        return {(t.name, t.offset, t.nbytes) for t in plan.memory.all_tensors()
+                if t.region in state and "/bucket" not in t.name}
 
     assert layout(a) == layout(b)
-    (node,) = [n for n in b.graph.nodes if n.op_type == "GradAllReduce"]
+    assert a.memory.regions[Region.ACTIVATION][1] >= b.memory.regions[Region.ACTIVATION][1]
+    (node,) = [n for n in b.graph.nodes if n.op_type == "GradAllReduceWait"]
     assert node.phase == "reduce" and not [n for n in a.graph.nodes
-                                            if n.op_type == "GradAllReduce"]
+                                            if n.op_type == "GradAllReduceWait"]
     # the step guard decides after the reduction: the one-graph step runs reduce, then guard
     nccl_path.train_step(feed, y)
     ex = nccl_path._active.executor
@@ -216,7 +226,7 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
     calls = [c for c in dev.calls if c.op == "nccl_all_reduce"]
     assert [c.capturing for c in calls] == [False, True]  # step 3 replays the graph
     for c in calls:
-        assert c.phase == "reduce" and "(GradAllReduce, ai.tr_onnx v1)" in c.node
+        assert c.phase == "reduce" and "(GradAllReduceWait, ai.tr_onnx v1)" in c.node
         buf = c.args["buf"]
         assert (buf.ptr, buf.nbytes, buf.writes) == (dev.arena_base + span.offset, span.nbytes,
                                                      True)
@@ -227,14 +237,19 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
     assert len(host_nccl.calls) == 3
     assert {(c["send"] == c["recv"], c["count"], c["stream"]) for c in host_nccl.calls} == {
         (True, span.nbytes // 4, 0)}
-    launches = [c for c in dev.calls if c.op == "launch" and c.phase == "reduce"]
-    assert {c.args["kernel"].name for c in launches} == {"tr_poison_nonfinite_f32"}
+    assert not [c for c in dev.calls if c.op == "launch" and c.phase == "reduce"]
+    poison = [c for c in dev.calls if c.op == "launch"
+              and c.args["kernel"].name == "tr_poison_nonfinite_f32"]
+    assert poison and {c.phase for c in poison} == {"compute"}
+    assert all("(GradAllReduceStart, ai.tr_onnx v1)" in c.node for c in poison)
     assert list(ex.graphs) == ["compute+reduce+guard+commit+discard+apply+report"]
 
 
-@pytest.mark.parametrize("stem", ["mlp", "lenet"])
-def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, device, host_nccl):
-    plain, nccl_path = _session(stem, device, False), _session(stem, device, True)
+@pytest.mark.parametrize(("stem", "kw"), [
+    ("mlp", {}), ("lenet", {"grad_bucket_mb": 0.01}), ("mlp", {"grad_accumulation": 2})],
+    ids=["mlp", "lenet-small-buckets", "mlp-accumulation"])
+def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, kw, device, host_nccl):
+    plain, nccl_path = _session(stem, device, False, **kw), _session(stem, device, True, **kw)
     for i in range(4):
         feed, y = _batch(stem, i)
         assert nccl_path.train_step(feed, y) == plain.train_step(feed, y)
@@ -242,6 +257,9 @@ def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, device, hos
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
+    starts = [n for n in nccl_path._active.graph.nodes if n.op_type == "GradAllReduceStart"]
+    assert len(starts) > 1 if "grad_bucket_mb" in kw else len(starts) == 1
+    assert len(host_nccl.calls) == nccl_path.step  # one all-reduce per applied step
 
 
 @pytest.mark.parametrize(("loss", "poisoned"), [(np.inf, True), (np.nan, True),
@@ -252,13 +270,14 @@ def test_a_rank_with_a_non_finite_loss_sends_nan_gradients(device, host_nccl, lo
     sess.train_step(*_batch("mlp", 0))
     ex = sess._active.executor
     dev, info = ex.device, sess._active.info
-    (bound,) = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduce"]
+    starts = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduceStart"]
     grads = ex.memory.tensors[info.grads_span].kernel_view(dev.arena)
     grads[...] = np.linspace(-1, 1, grads.size, dtype=np.float32).reshape(grads.shape)
     before = grads.copy()
     ex.memory.tensors[info.loss].kernel_view(dev.arena)[...] = loss
-    dev.begin_node(bound.label, bound.phase)
-    bound.run(dev)
+    for bound in starts:  # the buckets together cover the span
+        dev.begin_node(bound.label, bound.phase)
+        bound.run(dev)
     if poisoned:
         assert np.isnan(grads).all()
     else:

@@ -1,12 +1,21 @@
-"""cuda bindings of ``ops/collective.py``: GradAllReduce as one NCCL all-reduce (ncclAvg) of
-its gradient span, in place, on the step's stream (``nccl.NcclAllReduce``), so the step's CUDA
-graph captures it in its ``reduce`` phase, and the step guard (phase ``guard``, after it)
-reads the averaged gradients: a non-finite gradient on any rank makes every rank's average
-non-finite, so every rank drops the step and the loss scale stays identical across ranks. A
-rank whose loss is not finite fills its gradients with NaN first
-(``tr_poison_nonfinite_<dt>``, ``kernels/amp.cu``), as the NumPy kernel does.
+"""cuda bindings of ``ops/collective.py``: the gradient all-reduce as one NCCL all-reduce
+(ncclAvg) of the GRAD span, in place, on the step's stream (``nccl.NcclAllReduce``), so the
+step's CUDA graph captures it, in its ``reduce`` phase, and the step guard (phase ``guard``,
+after it) reads the averaged gradients: a non-finite gradient on any rank makes every rank's
+average non-finite, so every rank drops the step and the loss scale stays identical across
+ranks.
 
-The node carries the id of its ``distributed.World`` (``distributed.register``); the world's
+``GradAllReduceStart`` (one per bucket, in the backward pass) only fills its bucket with NaN
+where this rank's loss is not finite (``tr_poison_nonfinite_<dt>``, ``kernels/amp.cu``), as the
+NumPy kernel does before it sends; ``GradAllReduceWait`` reduces the whole span at once. One
+stream runs the step's kernels in order, so a bucket's reduction started amid the backward
+pass would not overlap it there; a reduction on a second stream, forked and joined with events
+in the captured graph, would. The reduce phase runs only in steps that apply
+(``CudaExecutor.step_phases``), which is what the NumPy starts read from their ``reduce``
+flag. A poisoned bucket in a step that does not apply is dropped with the batch by the guard,
+whose loss check already marks it bad.
+
+The nodes carry the id of their ``distributed.World`` (``distributed.register``); the world's
 NCCL communicator is made when the first plan is bound (``nccl.communicator``: rank 0's unique
 id broadcast through the world), on the device the plan runs on.
 """
@@ -25,12 +34,9 @@ from ..bind import INTERNAL, BindContext, Unbound, binding, i64
 from ..nccl import NCCL_AVG, NcclAllReduce, communicator, nccl_dtype
 
 
-def bind_grad_all_reduce(b: BindContext, node) -> list:
-    """GradAllReduce(grads[, loss]): NaN into grads where ``loss`` is not finite, then the mean
-    over the world's ranks, in place, of every element of the span (pad lanes included: they
-    are zero on every rank)."""
-    g = node.inputs[0]
-    loss = node.inputs[1] if len(node.inputs) > 1 else None
+def _span(b: BindContext, g) -> tuple[int, int]:
+    """(elements, ncclDataType_t) of the GRAD span ``g``, pad lanes included (zero on every
+    rank, so their sum stays zero)."""
     t = b.t(g)
     try:
         dtype = nccl_dtype(t.dtype)
@@ -39,18 +45,33 @@ def bind_grad_all_reduce(b: BindContext, node) -> list:
     count = t.nbytes // t.dtype.itemsize
     if count < math.prod(t.shape):
         raise Unbound(f"{g.name!r} spans fewer elements than its shape")
-    calls = []
-    if loss is not None:
-        if b.t(loss).dtype != np.float32 or math.prod(b.t(loss).shape) != 1:
-            raise Unbound(f"the loss {loss.name!r} must be a float32 scalar")
-        calls.append(b.launch(f"tr_poison_nonfinite_{b.dt(g)}", count,
-                              [b.buf(g, writes=True), i64(count), b.buf(loss)]))
+    return count, dtype
+
+
+def bind_grad_all_reduce_start(b: BindContext, node) -> list:
+    """GradAllReduceStart(bucket, loss, reduce): NaN into the bucket where ``loss`` is not
+    finite (the reduction itself is GradAllReduceWait's)."""
+    g, loss = node.inputs[0], node.inputs[1]
+    count, _ = _span(b, g)
+    if b.t(loss).dtype != np.float32 or math.prod(b.t(loss).shape) != 1:
+        raise Unbound(f"the loss {loss.name!r} must be a float32 scalar")
+    return [b.launch(f"tr_poison_nonfinite_{b.dt(g)}", count,
+                     [b.buf(g, writes=True), i64(count), b.buf(loss)])]
+
+
+def bind_grad_all_reduce_wait(b: BindContext, node) -> list:
+    """GradAllReduceWait(grads): the mean over the world's ranks of the whole GRAD span, in
+    place, as one NCCL all-reduce on the step's stream."""
+    g = node.inputs[0]
+    count, dtype = _span(b, g)
     world = lookup(int(node.attrs["world"]))
     comm = communicator(world, getattr(b.device, "device_id", 0))
-    return calls + [NcclAllReduce(comm, b.buf(g, writes=True), count, dtype, NCCL_AVG,
-                                  world.rank, world.size)]
+    return [NcclAllReduce(comm, b.buf(g, writes=True), count, dtype, NCCL_AVG, world.rank,
+                          world.size)]
 
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef("GradAllReduce", "cuda", binding(bind_grad_all_reduce), domain=INTERNAL)]
+    return [KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
+        ("GradAllReduceStart", bind_grad_all_reduce_start),
+        ("GradAllReduceWait", bind_grad_all_reduce_wait))]
