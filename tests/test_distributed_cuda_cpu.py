@@ -307,3 +307,45 @@ def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistic
     bind = normalization.bn_training_factory(ctx)
     with pytest.raises(Unbound, match="sync_batchnorm"):
         bind(None, node)
+
+
+# --------------------------------------------------------------------------------------------
+# Two ranks, emulated: the NCCL path's all-reduce is MPI's on the host emulator's arena
+# --------------------------------------------------------------------------------------------
+
+EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """tests/dist_cuda_emulated.py under ``mpiexec -n 2``, every case in one job."""
+    lib_dir = tmp_path_factory.mktemp("host_kernels_2ranks")
+    build_host_library(lib_dir)
+    out = tmp_path_factory.mktemp("emulated")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(["mpiexec", "-n", "2", sys.executable,
+                           str(TESTS / "dist_cuda_emulated.py"), str(out),
+                           str(lib_dir / "kernels.so"), *EMULATED],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("case", EMULATED)
+def test_two_emulated_cuda_ranks_train_as_two_numpy_ranks(two_ranks, case):
+    r0, r1 = (np.load(two_ranks / f"{case}-rank{r}.npz") for r in (0, 1))
+    params = [k for k in r0.files if k.startswith("cuda/param/")]
+    assert params
+    for k in params:  # one average, one update: the ranks stay identical
+        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    for r in (r0, r1):
+        np.testing.assert_allclose(r["cuda/losses"], r["numpy/losses"], rtol=1e-5)
+        np.testing.assert_array_equal(r["cuda/counts"], r["numpy/counts"])
+        for k in params:
+            np.testing.assert_allclose(r[k], r[k.replace("cuda/", "numpy/", 1)], rtol=2e-4,
+                                       atol=2e-6, err_msg=k)
+    steps, bad = r0["cuda/counts"]
+    if case.startswith("mlp-inf"):
+        assert bad == 0 and steps == 4  # the inf step dropped on both ranks, then recovered
+        assert not np.isfinite(r1["cuda/losses"][2]) and np.isfinite(r0["cuda/losses"][2])
