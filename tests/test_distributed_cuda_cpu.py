@@ -100,6 +100,18 @@ def test_a_failed_join_names_the_rank_and_the_device():
     assert e.value.rank == 1
 
 
+@pytest.mark.parametrize(("module", "message"), [
+    (SimpleNamespace(available=False), "needs libnccl: pip install nvidia-nccl-cu13"),
+    (None, "needs CuPy's NCCL binding")], ids=["no-libnccl", "no-cupy"])
+def test_a_missing_nccl_says_what_to_install(monkeypatch, module, message):
+    cuda = SimpleNamespace() if module is None else SimpleNamespace(nccl=module)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.delitem(sys.modules, "cupy.cuda.nccl", raising=False)
+    with pytest.raises(DistributedError, match=message):
+        nccl.nccl_module()
+
+
 def test_two_ranks_join_one_communicator_with_rank_0s_id_over_mpi(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
