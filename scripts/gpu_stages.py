@@ -689,11 +689,12 @@ def stage_precision_export(ctx: Context) -> str:
 
 def stage_nccl(ctx: Context) -> str:
     """Data parallelism's NCCL path at a world of 1 (``gpu_check.nccl_parity``): the plan's
-    GradAllReduce as one NCCL all-reduce captured in the step's graph, the same losses and
-    weights as without it, bit for bit (cuDNN's deterministic engines). A real NCCL
-    communicator of one rank; several ranks need a machine with several GPUs (one rank per
-    GPU: NCCL refuses two ranks of a communicator on one device). Dry run: the host emulator,
-    ``testing.host_nccl`` in place of ``cupy.cuda.nccl``."""
+    GradAllReduce as one NCCL all-reduce captured in the step's graph (and, on the ResNet,
+    BroadcastStats as NCCL broadcasts), the same losses and weights as without it, bit for bit
+    (cuDNN's deterministic engines). A real NCCL communicator of one rank; several ranks need
+    a machine with several GPUs (one rank per GPU: NCCL refuses two ranks of a communicator on
+    one device). Dry run: the host emulator, ``testing.host_nccl`` in place of
+    ``cupy.cuda.nccl``."""
     note = deterministic_cudnn()
     if ctx.dry:
         from tr_onnx import distributed
@@ -711,7 +712,7 @@ def stage_nccl(ctx: Context) -> str:
             return {"version": nccl_module().get_version(), "cudnn": note}
 
         ctx.check("nccl version", version)
-    stems = ["mlp"] if ctx.dry else ["mlp", "lenet"]
+    stems = ["mlp"] if ctx.dry else ["mlp", "resnet"]  # resnet: BroadcastStats too
     worst = 0.0
     for stem in stems:
         row = ctx.check(f"{stem} world of 1 via nccl",

@@ -25,12 +25,13 @@ from tr_onnx.testing.host_emulator import host_emulator
 from tr_onnx.testing.host_nccl import HostNccl
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
-SHAPES = {"mlp": (64,), "lenet": (1, 8, 8)}
+SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16)}
 # case -> (model, steps, per-rank batch, options, (step, rank) whose first row is +inf)
 CASES = {
     "mlp": ("mlp", 6, 4, {}, None),
     "lenet-small-buckets": ("lenet", 4, 4, {"grad_bucket_mb": 1 / 64}, None),
     "mlp-inf-on-rank1": ("mlp", 5, 4, {}, (2, 1)),
+    "resnet-bn-ddp": ("resnet", 3, 4, {}, None),  # rank 0's running statistics every step
 }
 
 
@@ -60,7 +61,9 @@ def main(out: Path, lib: Path, cases: list[str]) -> None:
         for name, sess in sessions.items():
             arrays[f"{name}/losses"] = np.array(losses[name])
             arrays[f"{name}/counts"] = np.array([sess.step, sess.bad_steps])
-            arrays.update({f"{name}/param/{k}": v for k, v in sess.parameters().items()})
+            stats = set(sess._active.info.running_stats)
+            arrays.update({f"{name}/{'stat' if k in stats else 'param'}/{k}": v
+                           for k, v in sess.parameters().items()})
         np.savez(out / f"{case}-rank{world.rank}.npz", **arrays)
 
 

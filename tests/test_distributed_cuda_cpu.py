@@ -160,7 +160,7 @@ def test_an_integer_span_has_no_nccl_reduction_here():
 # The binding in a training plan: a world of 1 through the NCCL path (host emulator)
 # --------------------------------------------------------------------------------------------
 
-SHAPES = {"mlp": (4, 64), "lenet": (4, 1, 8, 8)}
+SHAPES = {"mlp": (4, 64), "lenet": (4, 1, 8, 8), "resnet": (4, 3, 16, 16)}
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +246,7 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
             span.nbytes // 4, nccl.NCCL_DTYPES["float32"], nccl.NCCL_AVG)
         assert c.args["comm"].size == 1 and c.args["comm"].rank == 0
     # what ran: eager, then the graph's launch twice, on the emulator's host arena
-    assert len(host_nccl.calls) == 3
+    assert [c["call"] for c in host_nccl.calls] == ["allReduce"] * 3
     assert {(c["send"] == c["recv"], c["count"], c["stream"]) for c in host_nccl.calls} == {
         (True, span.nbytes // 4, 0)}
     assert not [c for c in dev.calls if c.op == "launch" and c.phase == "reduce"]
@@ -258,8 +258,8 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
 
 
 @pytest.mark.parametrize(("stem", "kw"), [
-    ("mlp", {}), ("lenet", {"grad_bucket_mb": 0.01}), ("mlp", {"grad_accumulation": 2})],
-    ids=["mlp", "lenet-small-buckets", "mlp-accumulation"])
+    ("mlp", {}), ("lenet", {"grad_bucket_mb": 0.01}), ("mlp", {"grad_accumulation": 2}),
+    ("resnet", {})], ids=["mlp", "lenet-small-buckets", "mlp-accumulation", "resnet-bn"])
 def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, kw, device, host_nccl):
     plain, nccl_path = _session(stem, device, False, **kw), _session(stem, device, True, **kw)
     for i in range(4):
@@ -271,7 +271,11 @@ def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, kw, device,
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
     starts = [n for n in nccl_path._active.graph.nodes if n.op_type == "GradAllReduceStart"]
     assert len(starts) > 1 if "grad_bucket_mb" in kw else len(starts) == 1
-    assert len(host_nccl.calls) == nccl_path.step  # one all-reduce per applied step
+    reduces = [c for c in host_nccl.calls if c["call"] == "allReduce"]
+    assert len(reduces) == nccl_path.step  # one all-reduce per applied step
+    broadcasts = [c for c in host_nccl.calls if c["call"] == "broadcast"]
+    stats = nccl_path._active.info.running_stats
+    assert len(broadcasts) == 4 * len(stats)  # one per running statistic and micro-batch
 
 
 @pytest.mark.parametrize(("loss", "poisoned"), [(np.inf, True), (np.nan, True),
@@ -311,6 +315,26 @@ def test_a_non_finite_step_is_dropped_as_without_the_nccl_path(device, host_nccl
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
 
 
+def test_rank_0s_running_statistics_are_broadcast_first_under_their_own_write_policy(
+        device, host_nccl):
+    sess = _session("resnet", device, True)
+    for i in range(2):
+        sess.train_step(*_batch("resnet", i))
+    ex = sess._active.executor
+    dev, stats = ex.device, sess._active.info.running_stats
+    calls = [c for c in dev.calls if c.op == "nccl_broadcast"]
+    assert len(calls) == 2 * len(stats) and [c.capturing for c in calls] == (
+        [False] * len(stats) + [True] * len(stats))
+    for c, name in zip(calls, stats * 2):
+        t = ex.memory.tensors[name]
+        assert c.phase == "broadcast" and "(BroadcastStats, ai.tr_onnx v1)" in c.node
+        assert (c.args["buf"].ptr, c.args["buf"].name, c.args["count"], c.args["root"]) == (
+            dev.arena_base + t.offset, name, t.nbytes // 4, 0)
+    first = ex.steps(ex.step_phases())[0]  # before any BatchNorm reads them
+    assert first.phase == "compute" and "BroadcastStats" in first.label
+    assert dev.phase != "broadcast"  # the node's own phase again after each call
+
+
 def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistics(device):
     world = distributed.World()
     node = SimpleNamespace(attrs={"world": distributed.register(world)})
@@ -325,7 +349,7 @@ def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistic
 # Two ranks, emulated: the NCCL path's all-reduce is MPI's on the host emulator's arena
 # --------------------------------------------------------------------------------------------
 
-EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1"]
+EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1", "resnet-bn-ddp"]
 
 
 @pytest.fixture(scope="module")
@@ -347,10 +371,11 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.parametrize("case", EMULATED)
 def test_two_emulated_cuda_ranks_train_as_two_numpy_ranks(two_ranks, case):
     r0, r1 = (np.load(two_ranks / f"{case}-rank{r}.npz") for r in (0, 1))
-    params = [k for k in r0.files if k.startswith("cuda/param/")]
-    assert params
-    for k in params:  # one average, one update: the ranks stay identical
-        np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    params = [k for k in r0.files if k.startswith(("cuda/param/", "cuda/stat/"))]
+    assert params and (case != "resnet-bn-ddp" or "cuda/stat/" in " ".join(params))
+    for k in params:  # one average, one update: the ranks' parameters stay identical
+        if "/stat/" not in k:  # a step ends with each rank's own statistics (as DDP's)
+            np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
     for r in (r0, r1):
         np.testing.assert_allclose(r["cuda/losses"], r["numpy/losses"], rtol=1e-5)
         np.testing.assert_array_equal(r["cuda/counts"], r["numpy/counts"])

@@ -3,9 +3,9 @@ host memory, for the host emulator and the recorder.
 
 ``HostNccl(world)`` is a module-like object (``get_unique_id``, ``NcclCommunicator``) that
 ``nccl.communicator(world, device_id, nccl=...)`` takes, or that a test installs in place of
-``nccl.nccl_module``. Its communicators record every ``allReduce`` (pointers, count, dtype,
-op, stream) in ``HostNccl.calls`` and reduce over ``world`` with MPI on the host pointers the
-host emulator passes (a world of 1 reduces over itself: the buffer is unchanged). Unique ids
+``nccl.nccl_module``. Its communicators record every ``allReduce`` / ``broadcast`` (pointers,
+count, dtype, op or root, stream) in ``HostNccl.calls`` and run it over ``world`` with MPI on
+the host pointers the host emulator passes (a world of 1 is its own sum and broadcast). Unique ids
 are recorded too (``ids``), so a test sees which rank made one and that every rank joined with
 rank 0's. ``with_nccl_path`` gives a session the data-parallel step at a world of 1.
 
@@ -56,8 +56,8 @@ class HostCommunicator:
 
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
                   stream: int) -> None:
-        self.nccl.calls.append({"send": sendbuf, "recv": recvbuf, "count": count,
-                                "dtype": datatype, "op": op, "stream": stream})
+        self.nccl.calls.append({"call": "allReduce", "send": sendbuf, "recv": recvbuf,
+                                "count": count, "dtype": datatype, "op": op, "stream": stream})
         if sendbuf != recvbuf:
             raise RuntimeError("the host communicator reduces in place only")
         if op not in (NCCL_SUM, NCCL_AVG):
@@ -66,11 +66,26 @@ class HostCommunicator:
         world = self.nccl.world
         if world.size == 1:  # the sum over one rank is the buffer itself
             return
-        buf = (ctypes.c_char * (count * dtype.itemsize)).from_address(recvbuf)
-        array = np.frombuffer(buf, dtype)
+        array = _host_array(recvbuf, count, dtype)
         world.allreduce_sum_(array)
         if op == NCCL_AVG:
             np.divide(array, world.size, out=array)
+
+    def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int,
+                  stream: int) -> None:
+        self.nccl.calls.append({"call": "broadcast", "send": sendbuf, "recv": recvbuf,
+                                "count": count, "dtype": datatype, "root": root,
+                                "stream": stream})
+        if sendbuf != recvbuf:
+            raise RuntimeError("the host communicator broadcasts in place only")
+        if self.nccl.world.size > 1:
+            self.nccl.world.bcast_(_host_array(recvbuf, count, np.dtype(_NUMPY[datatype])),
+                                   root)
+
+
+def _host_array(ptr: int, count: int, dtype: np.dtype) -> np.ndarray:
+    """``count`` elements of ``dtype`` at host address ``ptr``, as a NumPy view (no copy)."""
+    return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(ptr), dtype)
 
 
 def with_nccl_path(session, world=None):

@@ -233,6 +233,10 @@ class CupyDevice:
         """In-place NCCL all-reduce of ``buf`` on the step's stream (captured with the step)."""
         comm.allReduce(buf.ptr, buf.ptr, count, dtype, op, self.stream.ptr)
 
+    def nccl_broadcast(self, comm, buf: DeviceBuffer, count: int, dtype: int, root: int) -> None:
+        """In-place NCCL broadcast of rank ``root``'s ``buf`` on the step's stream."""
+        comm.broadcast(buf.ptr, buf.ptr, count, dtype, root, self.stream.ptr)
+
 
 @functools.cache
 def cudnn_kernel_cache():

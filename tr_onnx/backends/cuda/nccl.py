@@ -1,6 +1,8 @@
 """NCCL for the cuda backend: the communicator of a ``distributed.World`` and the all-reduce
 call a binding prepares (``ops/distributed.py``).
 
+``NcclBroadcast`` gives every rank rank 0's running statistics (BroadcastStats), the same way.
+
 The communicator is made once per world and device, when the first plan carrying a
 ``GradAllReduce`` is bound (every rank binds the same plan, so every rank takes part): rank 0
 makes the NCCL unique id, the world broadcasts it with MPI (``World.bcast_object``), and each
@@ -97,5 +99,31 @@ class NcclAllReduce:
         device.nccl_all_reduce(self.comm, self.buf, self.count, self.dtype, self.op)
 
 
-__all__ = ["NCCL_AVG", "NCCL_DTYPES", "NCCL_SUM", "NcclAllReduce", "communicator",
-           "nccl_dtype", "nccl_module"]
+BROADCAST_PHASE = "broadcast"
+"""The write policy a broadcast of rank 0's running statistics runs under
+(``capture.WRITE_POLICY``): it writes PARAM at the start of the step, before any BatchNorm reads
+them, as the commit phase writes them at its end."""
+
+
+@dataclass
+class NcclBroadcast:
+    """Rank ``root``'s ``count`` elements of ``buf`` into every rank's, in place, over
+    ``comm``. Issued under ``BROADCAST_PHASE``'s write policy, then the node's own phase again."""
+
+    comm: Any
+    buf: DeviceBuffer
+    count: int
+    dtype: int
+    root: int = 0
+
+    def issue(self, device) -> None:
+        label, phase = device.node, device.phase
+        device.begin_node(label, BROADCAST_PHASE)
+        try:
+            device.nccl_broadcast(self.comm, self.buf, self.count, self.dtype, self.root)
+        finally:
+            device.begin_node(label, phase)
+
+
+__all__ = ["BROADCAST_PHASE", "NCCL_AVG", "NCCL_DTYPES", "NCCL_SUM", "NcclAllReduce",
+           "NcclBroadcast", "communicator", "nccl_dtype", "nccl_module"]

@@ -15,6 +15,9 @@ in the captured graph, would. The reduce phase runs only in steps that apply
 flag. A poisoned bucket in a step that does not apply is dropped with the batch by the guard,
 whose loss check already marks it bad.
 
+``BroadcastStats`` (the first node of a step, when BatchNorm is not synchronised) is one NCCL
+broadcast of rank 0's values per running statistic, in place (DDP's ``broadcast_buffers``).
+
 The nodes carry the id of their ``distributed.World`` (``distributed.register``); the world's
 NCCL communicator is made when the first plan is bound (``nccl.communicator``: rank 0's unique
 id broadcast through the world), on the device the plan runs on.
@@ -31,12 +34,12 @@ from ....errors import DistributedError
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ..bind import INTERNAL, BindContext, Unbound, binding, i64
-from ..nccl import NCCL_AVG, NcclAllReduce, communicator, nccl_dtype
+from ..nccl import NCCL_AVG, NcclAllReduce, NcclBroadcast, communicator, nccl_dtype
 
 
 def _span(b: BindContext, g) -> tuple[int, int]:
-    """(elements, ncclDataType_t) of the GRAD span ``g``, pad lanes included (zero on every
-    rank, so their sum stays zero)."""
+    """(elements, ncclDataType_t) of the tensor ``g`` (a GRAD span, a running statistic), pad
+    lanes included (zero on every rank, so their sum stays zero)."""
     t = b.t(g)
     try:
         dtype = nccl_dtype(t.dtype)
@@ -70,8 +73,22 @@ def bind_grad_all_reduce_wait(b: BindContext, node) -> list:
                           world.size)]
 
 
+def bind_broadcast_stats(b: BindContext, node) -> list:
+    """BroadcastStats(stat...): rank 0's running statistics into every rank's, in place, one
+    NCCL broadcast per tensor (``nccl.NcclBroadcast``, under the ``broadcast`` write policy:
+    PARAM, at the start of the step)."""
+    world = lookup(int(node.attrs["world"]))
+    comm = communicator(world, getattr(b.device, "device_id", 0))
+    calls = []
+    for v in node.inputs:
+        count, dtype = _span(b, v)
+        calls.append(NcclBroadcast(comm, b.buf(v, writes=True), count, dtype, root=0))
+    return calls
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
         ("GradAllReduceStart", bind_grad_all_reduce_start),
-        ("GradAllReduceWait", bind_grad_all_reduce_wait))]
+        ("GradAllReduceWait", bind_grad_all_reduce_wait),
+        ("BroadcastStats", bind_broadcast_stats))]
