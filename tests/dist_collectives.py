@@ -1,6 +1,8 @@
 """Run under ``mpiexec -n 2`` by tests/test_distributed.py: each collective of
 ``tr_onnx.distributed.World`` on known per-rank values, then a deadline (rank 1 joins a
-collective late), each rank writing what it saw to ``<out>/rank<r>.json``."""
+collective late), each rank writing what it saw to ``<out>/rank<r>.json``; last, both ranks
+train the MLP, rank 1 stops (exits), and rank 0's next step must fail within the world's
+deadline with a DistributedError, which it writes to ``<out>/failure.json``."""
 
 import json
 import sys
@@ -9,8 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+import tr_onnx
 from tr_onnx import distributed
 from tr_onnx.errors import DistributedError
+
+ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 
 
 def main(out: Path) -> None:
@@ -43,9 +48,9 @@ def main(out: Path) -> None:
     seen["object"] = world.bcast_object({"from": r, "list": [r] * 3} if r == 0 else None)
     world.barrier()
 
-    # the deadline: rank 0 waits 1 s for an all-reduce rank 1 joins only after 3 s; rank 0
+    # the deadline: rank 0 waits 0.5 s for an all-reduce rank 1 joins only after 1.5 s; rank 0
     # raises, then both match up so that the job ends cleanly
-    short = distributed.World(r, world.size, world.local_rank, world.comm, timeout_s=1.0)
+    short = distributed.World(r, world.size, world.local_rank, world.comm, timeout_s=0.5)
     late = np.ones(2)
     if r == 0:
         t0 = time.monotonic()
@@ -56,10 +61,28 @@ def main(out: Path) -> None:
             seen["deadline_rank"] = exc.rank
             seen["deadline_after_s"] = time.monotonic() - t0
     else:
-        time.sleep(3.0)
+        time.sleep(1.5)
         world.allreduce_sum_(late)
     world.barrier()
     (out / f"rank{r}.json").write_text(json.dumps(seen))
+    a_rank_stops(short, out)
+
+
+def a_rank_stops(world, out: Path) -> None:
+    session = tr_onnx.TrainingSession(ZOO / "mlp.onnx", optimizer="sgd", lr=0.1,
+                                      backend="numpy", distributed=world)
+    rng = np.random.default_rng(world.rank)
+    x, y = rng.standard_normal((4, 64)).astype(np.float32), rng.integers(0, 10, 4)
+    session.train_step({"input": x}, y)
+    if world.rank == 1:
+        sys.exit(0)  # as a rank whose data ran out, or that crashed, stops taking part
+    t0 = time.monotonic()
+    try:
+        session.train_step({"input": x}, y)
+    except DistributedError as exc:
+        seen = {"type": type(exc).__name__, "message": str(exc), "rank": exc.rank,
+                "after_s": time.monotonic() - t0, "step": session.step}
+        (out / "failure.json").write_text(json.dumps(seen))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ CASES = {
     "mlp-AdamW": ("mlp", AdamW(lr=1e-3), 20, 4, BUCKETS, "single", None),
     "lenet-SGD": ("lenet", SGD(lr=0.1), 20, 4, BUCKETS, "single", None),
     "lenet-AdamW": ("lenet", AdamW(lr=1e-3), 20, 4, {}, "single", None),
+    # rank 1 loads other weights before training: rank 0's reach it before the first step
+    "mlp-rank1-loads-other-weights": ("mlp", AdamW(lr=1e-3), 4, 4, {}, "single", None),
     "mlp-accumulate": ("mlp", SGD(lr=0.1, momentum=0.9), 12, 4,
                        {"grad_accumulation": 2, **BUCKETS}, "single", None),
     "mlp-inf-on-rank1": ("mlp", SGD(lr=0.1), 6, 4, {}, "single", (2, 1)),
@@ -77,6 +79,8 @@ def run_case(world, name: str, out: Path) -> None:
     shard = slice(world.rank * b, (world.rank + 1) * b)
     session = tr_onnx.TrainingSession(ZOO / f"{model}.onnx", optimizer=copy.deepcopy(opt),
                                       backend="numpy", distributed=world, **options)
+    if name == "mlp-rank1-loads-other-weights" and world.rank == 1:
+        session.load_parameters({k: v + 1.0 for k, v in session.parameters().items()})
     local = train(session, data, shard)
     # the global batch's mean loss is the mean of the ranks' (equal shards, mean reduction)
     mean = np.array(world.allreduce_scalars(list(local))) / world.size

@@ -8,9 +8,11 @@ Every collective is started nonblocking and then polled against ``World.timeout_
 that died or stopped taking part makes the others raise ``DistributedError`` naming this rank
 and what it waited for, instead of hanging forever in ``MPI_Wait``.
 
-Kernels of the step (``GradAllReduce``) cannot hold a ``World`` in their node attributes (an
-attribute is an int, a float or a string), so ``register`` puts a world into a module-level
-table and the node carries its id; ``lookup`` returns it when the kernel is bound.
+Kernels of the step (``ops.collective``, synchronised BatchNorm) are bound from their node,
+whose attributes can only be numbers or strings, so ``register`` puts a world into a
+module-level table and the node carries its id; ``lookup`` returns it when the kernel is
+bound (once per plan, not per step). The table keeps the world for the life of the process,
+as the MPI communicator lives that long anyway.
 """
 
 from __future__ import annotations
@@ -265,6 +267,6 @@ def lookup(key: int) -> World:
         return _worlds[key]
     except KeyError:
         raise DistributedError(f"no World registered under id {key} (registered: "
-                               f"{sorted(_worlds)}); a plan carrying a GradAllReduce node "
+                               f"{sorted(_worlds)}); a plan carrying a collective node "
                                f"must be made by the TrainingSession that registered it"
                                ) from None

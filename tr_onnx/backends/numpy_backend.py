@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..errors import ArenaSizeError, TrOnnxError
+from ..errors import ArenaSizeError, DistributedError, TrOnnxError
 from ..layouts import GatherRowsLayout
 from ..memory import ALIGN, MemoryPlan, pad_lanes_are_zero, read_host, write_host
 from . import ExecutorAPI, HostTransfers
@@ -131,6 +131,8 @@ class NumpyExecutor(HostTransfers):
                 pad.fill(0)
             try:
                 step.run(step.ins, step.outs, step.ws)
+            except DistributedError:  # names the rank and the collective: what a user needs
+                raise
             except Exception as exc:  # re-raised with the node named; the cause is chained
                 raise KernelError(f"{step.label} failed in the numpy backend: {exc!r}") from exc
             if check_pads:

@@ -252,6 +252,9 @@ class TrainingSession:
                 or max_bad_steps < 1:
             raise OptionError(f"max_bad_steps={max_bad_steps!r}: must be an integer >= 1 (the "
                               "non-finite steps in a row that stop training)")
+        if sync_batchnorm and self.backend != "numpy":  # a binding would ignore the world
+            raise OptionError(f"sync_batchnorm=True is implemented by the numpy backend's "
+                              f"BatchNorm only, not by backend {self.backend!r}")
         if isinstance(grad_bucket_mb, bool) or not isinstance(grad_bucket_mb, numbers.Real) \
                 or not 0 < grad_bucket_mb < math.inf:
             raise OptionError(f"grad_bucket_mb={grad_bucket_mb!r}: must be a finite number > 0 "

@@ -133,7 +133,7 @@ class TrainInfo:
     loss_scaling: LossScaling | None = None
     step_guard: StepGuard | None = None
     # data parallelism: the world (size > 1) whose ranks must agree on every step's fate; the
-    # plan then has a ``reduce`` phase (GradAllReduce) that runs before the apply phase
+    # plan then has a ``reduce`` phase (GradAllReduceWait) that runs before the apply phase
     world: Any = None
 
 
