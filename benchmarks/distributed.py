@@ -164,7 +164,9 @@ def run_ranks(ranks: int, args) -> dict:
                "--models", ",".join(args.models), "--batch", str(args.batch),
                "--steps", str(args.steps), "--warmup", str(args.warmup)]
         if ranks > 1:
-            mpiexec = shutil.which("mpiexec")
+            # the mpich wheel installs mpiexec beside the interpreter, which need not be on PATH
+            mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or \
+                shutil.which("mpiexec")
             if mpiexec is None:
                 return {"error": "no mpiexec on PATH (pip install mpich mpi4py)"}
             cmd = [mpiexec, "-n", str(ranks), *cmd]

@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_distributed import mpiexec  # the mpich wheel's launcher, beside the interpreter
 
 import tr_onnx
 from tr_onnx import distributed
@@ -113,11 +112,7 @@ def test_a_missing_nccl_says_what_to_install(monkeypatch, module, message):
 
 
 def test_two_ranks_join_one_communicator_with_rank_0s_id_over_mpi(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(["mpiexec", "-n", "2", sys.executable, str(TESTS / "dist_nccl_id.py"),
-                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
+    mpiexec("dist_nccl_id.py", tmp_path)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     made = [i for i in r0["ids"] if i[0] == "made"]
     assert len(made) == 1 and not [i for i in r1["ids"] if i[0] == "made"]
@@ -358,13 +353,7 @@ def two_ranks(tmp_path_factory):
     lib_dir = tmp_path_factory.mktemp("host_kernels_2ranks")
     build_host_library(lib_dir)
     out = tmp_path_factory.mktemp("emulated")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(["mpiexec", "-n", "2", sys.executable,
-                           str(TESTS / "dist_cuda_emulated.py"), str(out),
-                           str(lib_dir / "kernels.so"), *EMULATED],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    mpiexec("dist_cuda_emulated.py", out, lib_dir / "kernels.so", *EMULATED, timeout=300)
     return out
 
 
