@@ -20,11 +20,13 @@ from test_distributed import mpiexec  # the mpich wheel's launcher, beside the i
 
 import tr_onnx
 from tr_onnx import distributed
+from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import nccl
 from tr_onnx.backends.cuda.bind import Unbound
 from tr_onnx.backends.cuda.capture import DeviceBuffer
 from tr_onnx.backends.cuda.device import CupyDevice
 from tr_onnx.backends.cuda.ops import normalization
+from tr_onnx.compiler import cuda_executor
 from tr_onnx.errors import DistributedError
 from tr_onnx.memory import Region
 from tr_onnx.optim import SGD
@@ -328,6 +330,22 @@ def test_rank_0s_running_statistics_are_broadcast_first_under_their_own_write_po
     first = ex.steps(ex.step_phases())[0]  # before any BatchNorm reads them
     assert first.phase == "compute" and "BroadcastStats" in first.label
     assert dev.phase != "broadcast"  # the node's own phase again after each call
+
+
+def test_each_rank_takes_the_gpu_of_its_local_rank(device, host_nccl, monkeypatch):
+    sess = _session("mlp", device, True)
+    plan = sess._train_plan(_batch("mlp", 0)[0])
+    opened = []
+
+    def cupy_device(memory, device_id=0):
+        opened.append(device_id)
+        raise RuntimeError("no GPU here")
+
+    monkeypatch.setattr(cuda_device, "CupyDevice", cupy_device)
+    monkeypatch.setattr(plan.info, "world", distributed.World(0, 1, local_rank=3))
+    with pytest.raises(RuntimeError, match="no GPU here"):
+        cuda_executor(plan)
+    assert opened == [3]
 
 
 def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistics(device):
