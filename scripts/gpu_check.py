@@ -7,12 +7,12 @@ over ``tr_onnx.testing.host_emulator`` instead of a GPU.
     python scripts/gpu_check.py --dry-run [--out DIR]
 
 Parity (``forward_parity``, ``gradient_parity``, ``training_parity``, ``replay_parity``,
-``precision_parity``, ``export_parity``; the GPU tests in tests/test_cuda_gpu.py call the
-same functions): a model_zoo model through ``backend="cuda"`` against ``backend="numpy"``,
-fp32, with the tolerances in ``TOL`` (they leave room for TF32 in cuDNN's fp32 convolutions,
-about 1e-3 relative), fp16/bf16 training against the fp32 curve (``HALF_TOL``), and the model
-trained on cuda and exported, run by onnxruntime (CUDA provider where onnxruntime-gpu is
-installed).
+``precision_parity``, ``export_parity``, ``nccl_parity``; the GPU tests in
+tests/test_cuda_gpu.py call the same functions): a model_zoo model through ``backend="cuda"``
+against ``backend="numpy"``, fp32, with the tolerances in ``TOL`` (they leave room for TF32 in
+cuDNN's fp32 convolutions, about 1e-3 relative), fp16/bf16 training against the fp32 curve
+(``HALF_TOL``), and the model trained on cuda and exported, run by onnxruntime (CUDA provider
+where onnxruntime-gpu is installed).
 
 Benchmark (``--benchmark``): training images/s and peak GPU memory, same batch, SGD momentum:
 tr_onnx cuda in fp32 and fp16 (bf16 too on ResNet-50; the session's ``train_step`` waited and
@@ -203,6 +203,29 @@ def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
     diff = max([diff] + [float(np.abs(r[0] - runs[0][0]).max()) for r in runs])
     graphs = list(cuda._active.executor.graphs)
     return {"replay": diff, "captured_graphs": graphs}
+
+
+def nccl_parity(stem: str, device=None, steps: int = 5, batch: int = 4) -> dict:
+    """Data parallelism's NCCL path at a world of 1 (``testing.host_nccl.with_nccl_path``: the
+    plan carries GradAllReduce, bound to one NCCL all-reduce in the step's graph) against the
+    same cuda session without it: ``steps`` SGD steps, captured (``cuda_graphs="require"``:
+    a capture that fails raises), the losses and weights bit for bit (``nccl``: the largest
+    difference)."""
+    from tr_onnx.testing.host_nccl import with_nccl_path
+
+    plain = _session(stem, _cuda_kwargs(device), cuda_graphs="require")
+    world = with_nccl_path(_session(stem, _cuda_kwargs(device), cuda_graphs="require"))
+    worst = 0.0
+    for i in range(steps):
+        feed, y = _batch(stem, batch, 50 + i), _labels(batch, i)
+        worst = max(worst, abs(world.train_step(feed, y) - plain.train_step(feed, y)))
+    a, b = world.parameters(), plain.parameters()
+    worst = max([worst] + [float(np.abs(a[n] - b[n]).max()) for n in b])
+    ex = world._active.executor
+    nodes = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduceWait"]
+    return {"nccl": worst, "steps": world.step, "captured_graphs": list(ex.graphs),
+            "ok": worst == 0.0 and world.step == steps and len(nodes) == 1
+            and list(ex.graphs) == [ex.step_phases()] and "reduce" in ex.step_phases()}
 
 
 def precision_parity(stem: str, device=None, precision: str = "fp16",

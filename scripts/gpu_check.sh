@@ -21,7 +21,8 @@
 # 3-cudnn (every cuDNN graph kind x fp32/fp16/bf16 vs numpy, captured and replayed), 4-models
 # (mlp, lenet, transformer: forward, 5 steps, replay), 4b-models-tf32-off (the same with
 # NVIDIA_TF32_OVERRIDE=0 and cuDNN's non-deterministic engines deselected), 5-convnets (resnet,
-# mobilenet), 6-benchmark (ResNet-50 shaped + model_zoo, tr_onnx fp32/fp16/bf16 vs torch AMP
+# mobilenet), 5b-precision-export, 5c-nccl (a world of 1 through the NCCL all-reduce captured
+# in the step's graph == without it, bit for bit), 6-benchmark (ResNet-50 shaped + model_zoo, tr_onnx fp32/fp16/bf16 vs torch AMP
 # channels_last eager; torch.compile last). tests/test_cuda_gpu.py (pytest -m gpu) calls the
 # same parity functions, for a developer on a GPU; this script does not run it.
 #

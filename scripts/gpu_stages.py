@@ -15,7 +15,8 @@ where a stage can use it, else ``skipped: no GPU``; smaller cases, no timing.
 
 Stages (see ``STAGES``): versions, kernels, capture, cudnn, models (TF32 as the machine has
 it), models-tf32-off (NVIDIA_TF32_OVERRIDE=0, and replay with cuDNN's non-deterministic engines
-deselected: TR_ONNX_CUDNN_DETERMINISTIC=1), convnets, benchmark
+deselected: TR_ONNX_CUDNN_DETERMINISTIC=1), convnets, precision-export, nccl (a world of 1
+through data parallelism's NCCL all-reduce in the captured step), benchmark
 (``gpu_check.run_benchmark``: results.json / results.md as before, for the README table).
 """
 
@@ -686,6 +687,40 @@ def stage_precision_export(ctx: Context) -> str:
     return f"{len(stems)} models x (fp16, bf16, export): {bad} failing"
 
 
+def stage_nccl(ctx: Context) -> str:
+    """Data parallelism's NCCL path at a world of 1 (``gpu_check.nccl_parity``): the plan's
+    GradAllReduce as one NCCL all-reduce captured in the step's graph (and, on the ResNet,
+    BroadcastStats as NCCL broadcasts), the same losses and weights as without it, bit for bit
+    (cuDNN's deterministic engines). A real NCCL communicator of one rank; several ranks need
+    a machine with several GPUs (one rank per GPU: NCCL refuses two ranks of a communicator on
+    one device). Dry run: the host emulator, ``testing.host_nccl`` in place of
+    ``cupy.cuda.nccl``."""
+    note = deterministic_cudnn()
+    if ctx.dry:
+        from tr_onnx import distributed
+        from tr_onnx.backends.cuda import nccl
+        from tr_onnx.testing.host_nccl import HostNccl
+
+        host = HostNccl(distributed.World())
+        nccl.nccl_module = lambda: host
+    else:
+        need_gpu(ctx)
+
+        def version() -> dict:
+            from tr_onnx.backends.cuda.nccl import nccl_module
+
+            return {"version": nccl_module().get_version(), "cudnn": note}
+
+        ctx.check("nccl version", version)
+    stems = ["mlp"] if ctx.dry else ["mlp", "resnet"]  # resnet: BroadcastStats too
+    worst = 0.0
+    for stem in stems:
+        row = ctx.check(f"{stem} world of 1 via nccl",
+                        lambda s=stem: gpu_check.nccl_parity(s, ctx.device, 2 if ctx.dry else 5))
+        worst = max(worst, row.get("nccl", float("inf")))
+    return f"{len(stems)} models, world of 1 through NCCL vs without: max diff {worst:g}"
+
+
 # --------------------------------------------------------------------------------------------
 # 6 benchmark
 # --------------------------------------------------------------------------------------------
@@ -735,7 +770,8 @@ STAGES = [
     Stage("5-convnets", 60, stage_convnets, what="resnet, mobilenet training parity"),
     Stage("5b-precision-export", 50, stage_precision_export,
           what="fp16/bf16 against the fp32 curve, onnxruntime runs the exported model"),
-    Stage("6-benchmark", 100, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
+    Stage("5c-nccl", 20, stage_nccl, what="a world of 1 through NCCL in the captured step"),
+    Stage("6-benchmark", 80, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
 ]
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 

@@ -35,7 +35,7 @@ def dry_run(tmp_path_factory):
 
 def test_the_plan_lists_every_stage_with_a_limit_of_about_five_minutes_in_all():
     assert NAMES == ["0-versions", "1-kernels", "2-capture", "3-cudnn", "4-models",
-                     "4b-models-tf32-off", "5-convnets", "5b-precision-export",
+                     "4b-models-tf32-off", "5-convnets", "5b-precision-export", "5c-nccl",
                      "6-benchmark"]
     total = sum(s.limit_s for s in gpu_stages.STAGES)
     assert total <= 480, total  # the device tool's 540 s leaves the installs their minute
@@ -72,6 +72,8 @@ def test_the_dry_run_result_lines_carry_numbers(dry_run):
     assert by[("4b-models-tf32-off", "settings")]["tf32_override"] == "0"
     assert by[("4-models", "mlp replay")]["replay"] == 0.0
     assert by[("5-convnets", "resnet training")]["ok"]
+    nccl = by[("5c-nccl", "mlp world of 1 via nccl")]
+    assert nccl["ok"] and nccl["nccl"] == 0.0 and "reduce" in nccl["captured_graphs"][0]
 
 
 def test_the_benchmark_stage_writes_the_readme_table_as_before(dry_run):

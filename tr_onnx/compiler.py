@@ -237,7 +237,9 @@ def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None,
     if device is None:
         from .backends.cuda.device import CupyDevice
 
-        dev = CupyDevice(plan.memory)
+        # data parallel: one GPU per rank of a machine (NCCL refuses two ranks on one device)
+        world = getattr(plan.info, "world", None)
+        dev = CupyDevice(plan.memory, world.local_rank if world is not None else 0)
     else:
         dev = device(plan)
     executor = CudaExecutor(plan, dev, cuda_graphs)

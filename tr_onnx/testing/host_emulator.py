@@ -183,6 +183,14 @@ class HostEmulator(FakeRecorder):
         super().memcpy(dst, src, nbytes, kind)
         self.replay(self.calls[-1])
 
+    def nccl_all_reduce(self, comm, buf, count, dtype, op):
+        super().nccl_all_reduce(comm, buf, count, dtype, op)
+        self._eager(self.calls[-1])
+
+    def nccl_broadcast(self, comm, buf, count, dtype, root):
+        super().nccl_broadcast(comm, buf, count, dtype, root)
+        self._eager(self.calls[-1])
+
     def launch_graph(self, graph):
         self._record("launch_graph", calls=len(graph.calls))
         self.launched_graphs += 1
@@ -202,6 +210,14 @@ class HostEmulator(FakeRecorder):
             self.numpy_node(call.node)
             for label in self.fused.get(call.node, ()):
                 self.numpy_node(label)
+        elif call.op == "nccl_all_reduce":  # a host communicator (the tests'), host pointers
+            a = call.args
+            ptr = self.addr(a["buf"])
+            a["comm"].allReduce(ptr, ptr, a["count"], a["dtype"], a["redop"], 0)
+        elif call.op == "nccl_broadcast":
+            a = call.args
+            ptr = self.addr(a["buf"])
+            a["comm"].broadcast(ptr, ptr, a["count"], a["dtype"], a["root"], 0)
         elif call.op in ("memcpy_async", "memcpy"):
             a = call.args
             ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])

@@ -170,6 +170,18 @@ class FakeRecorder:
                 raise RegionViolation(self.node, f"cuDNN {desc.kind}: workspace {workspace:#x} is "
                                       "not the plan's WORKSPACE region")
 
+    def nccl_all_reduce(self, comm, buf: DeviceBuffer, count: int, dtype: int,
+                        op: int) -> None:
+        """Recorded with its communicator; ``buf`` is checked as a launch's written buffer."""
+        self._record("nccl_all_reduce", comm=comm, buf=buf, count=count, dtype=dtype, redop=op)
+        self.check_buffer(buf)
+
+    def nccl_broadcast(self, comm, buf: DeviceBuffer, count: int, dtype: int,
+                       root: int) -> None:
+        """Recorded with its communicator; ``buf`` is checked as a launch's written buffer."""
+        self._record("nccl_broadcast", comm=comm, buf=buf, count=count, dtype=dtype, root=root)
+        self.check_buffer(buf)
+
     def synchronize(self) -> None:
         self._record("synchronize")
         if self.capturing:

@@ -32,6 +32,10 @@ from .. import check_cuda_graphs
 WRITE_POLICY: dict[str, frozenset[Region]] = {
     "forward": frozenset({Region.ACTIVATION, Region.WORKSPACE}),
     "compute": frozenset({Region.ACTIVATION, Region.SAVED, Region.WORKSPACE, Region.GRAD}),
+    # data parallelism (ops/collective.py): GRAD averaged over the ranks in place; rank 0's
+    # BatchNorm running statistics (PARAM) broadcast at the start of the step (nccl.py)
+    "reduce": frozenset({Region.GRAD}),
+    "broadcast": frozenset({Region.PARAM}),
     "commit": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM}),  # BN running stats
     "apply": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM, Region.GRAD,
                         Region.OPT_STATE}),
@@ -101,6 +105,9 @@ class DeviceAPI(Protocol):
     buffers of ``nbytes``), ``record_host_buffer`` / ``wait_host_buffer`` (the event behind
     buffer ``index``'s last copy). ``allocation_guard``: a context-manager factory held while
     capturing (``AllocationGuard``), or None where allocations cannot happen.
+    ``nccl_all_reduce`` / ``nccl_broadcast``: an in-place all-reduce / broadcast of ``buf``
+    over an NCCL communicator (``nccl.NcclAllReduce``, ``nccl.NcclBroadcast``), on the stream
+    like a launch.
     """
 
     arena_base: int
@@ -121,6 +128,10 @@ class DeviceAPI(Protocol):
     def pinned_buffers(self, nbytes: int, count: int) -> list: ...
     def record_host_buffer(self, index: int) -> None: ...
     def wait_host_buffer(self, index: int) -> None: ...
+    def nccl_all_reduce(self, comm: Any, buf: DeviceBuffer, count: int, dtype: int,
+                        op: int) -> None: ...
+    def nccl_broadcast(self, comm: Any, buf: DeviceBuffer, count: int, dtype: int,
+                       root: int) -> None: ...
 
     allocation_guard: Callable[[Callable[[], str]], Any] | None
 

@@ -84,6 +84,7 @@ class CupyDevice:
                                "(cupy-cuda12x / cupy-cuda13x); cupy.cuda.is_available() is False")
         self.cupy = cupy
         self.plan = plan
+        self.device_id = device_id
         self.device = cupy.cuda.Device(device_id)
         self.device.use()
         major, minor = self.device.compute_capability[:-1], self.device.compute_capability[-1]
@@ -226,6 +227,15 @@ class CupyDevice:
 
     def launch_graph(self, graph) -> None:
         graph.launch(self.stream)
+
+    # -- collectives -------------------------------------------------------------------------
+    def nccl_all_reduce(self, comm, buf: DeviceBuffer, count: int, dtype: int, op: int) -> None:
+        """In-place NCCL all-reduce of ``buf`` on the step's stream (captured with the step)."""
+        comm.allReduce(buf.ptr, buf.ptr, count, dtype, op, self.stream.ptr)
+
+    def nccl_broadcast(self, comm, buf: DeviceBuffer, count: int, dtype: int, root: int) -> None:
+        """In-place NCCL broadcast of rank ``root``'s ``buf`` on the step's stream."""
+        comm.broadcast(buf.ptr, buf.ptr, count, dtype, root, self.stream.ptr)
 
 
 @functools.cache

@@ -13,8 +13,9 @@ an inference plan has one, ``forward``. ``run(phase)`` goes through ``capture.Ph
 (eager, then captured, then replayed; ``cuda_graphs`` says what happens when capture fails).
 A session's training plan carries the step guard (``train_pass.add_step_guard``: nodes in the
 phases ``guard``, ``discard`` and ``report``): ``run_step`` then runs the whole step --
-compute, guard, commit, discard, apply, report -- as one graph and reads the step's report
-tensor (``REPORT_BYTES``) back after one wait. Host transfers are ``transfers``'s.
+compute, reduce (a data-parallel plan's NCCL all-reduce), guard, commit, discard, apply,
+report -- as one graph and reads the step's report tensor (``REPORT_BYTES``) back after one
+wait. Host transfers are ``transfers``'s.
 """
 
 from __future__ import annotations
@@ -123,10 +124,11 @@ class CudaExecutor(DeviceTransfers):
             self._flip_host_buffers()
         self.captured.run(phase, self.steps)
 
-    @staticmethod
-    def step_phases(apply: bool = True) -> str:
-        """The ``run`` key of a guarded training step: one graph of all its phases."""
-        return "+".join(("compute", "guard", "commit", "discard")
+    def step_phases(self, apply: bool = True) -> str:
+        """The ``run`` key of a guarded training step: one graph of all its phases (a
+        data-parallel plan's ``reduce`` only in a step that applies)."""
+        reduce = ("reduce",) if apply and "reduce" in self.phases else ()
+        return "+".join(("compute", *reduce, "guard", "commit", "discard")
                         + (("apply",) if apply else ()) + ("report",))
 
     @property

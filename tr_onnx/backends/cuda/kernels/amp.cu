@@ -32,6 +32,16 @@
         }                                                                                      \
     }
 
+// Data parallelism (GradAllReduce, tr_onnx/backends/cuda/ops/collective.py): a rank whose
+// loss is not finite fills its gradients with NaN before the all-reduce, so every rank's sum
+// is NaN and every rank's step guard drops the same step (loss - loss: NaN for inf and NaN).
+#define TR_POISON_NONFINITE(T, dt)                                                             \
+    TR_KERNEL void tr_poison_nonfinite_##dt(T* g, long long n, const float* loss) {           \
+        float v = *loss;                                                                       \
+        if (tr_isfinite(v)) return;                                                            \
+        TR_GRID_STRIDE(i, n) tr_put(g, i, v - v);                                              \
+    }
+
 TR_KERNEL void tr_step_advance(long long* step, const float* found_inf) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && !(found_inf && *found_inf != 0.0f)) *step += 1;
 }

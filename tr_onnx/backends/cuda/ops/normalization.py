@@ -109,6 +109,9 @@ def bn_training_factory(ctx: KernelContext):
         partial_ws = ctx.workspace((bn_chunks(rows, c)[0], c), np.float64)
 
     def bind(b: BindContext, node) -> list:
+        if "world" in node.attrs:  # never the rank's own statistics in place of the world's
+            raise Unbound("sync_batchnorm (batch statistics over every rank) has no cuda "
+                          "binding yet; train without sync_batchnorm, or on numpy")
         calls = b.cudnn(node, k)
         return calls + bn_running(b, node, calls[0].desc, partial_ws)
 

@@ -56,6 +56,7 @@ def amp_source() -> KernelSource:
     return kernel_source(
         "amp",
         instantiate("TR_UNSCALE_CHECK({T}, {dt})", "tr_unscale_check_{dt}", STORAGE),
+        instantiate("TR_POISON_NONFINITE({T}, {dt})", "tr_poison_nonfinite_{dt}", STORAGE),
         plain("tr_step_advance", "tr_loss_scale_update", "tr_flag_or", "tr_copy_unless_b4",
               "tr_zero_if_b4", "tr_step_check", "tr_step_report"))
 
