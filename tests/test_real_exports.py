@@ -292,7 +292,8 @@ def test_swin_shifts_its_windows_and_the_shift_shows_in_the_logits():
 
 def _data_dependent_model(kind: str) -> tuple[onnx.ModelProto, dict, np.ndarray, str, str]:
     """A model whose shapes depend on input values, the feed, labels, and the node and value
-    the error must name. ``reshape``: Reshape's shape is an input plus a constant;
+    the error must name. ``reshape``: Reshape's shape is an input plus a constant (a plan
+    specialises on it: no error any more);
     ``range``: Range's limit counts the positive inputs."""
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     rng = np.random.default_rng(0)
@@ -328,7 +329,25 @@ def _data_dependent_model(kind: str) -> tuple[onnx.ModelProto, dict, np.ndarray,
     return model, feed, labels, node, value
 
 
-@pytest.mark.parametrize("kind", ["reshape", "range"])
+def test_a_shape_fed_with_the_batch_specialises_the_training_plan():
+    """Reshape's shape computed from a model input: training specialises on the input's value
+    (as inference does), and trains as the same model with that shape stored."""
+    model, feed, labels, _, _ = _data_dependent_model("reshape")
+    session = tr_onnx.TrainingSession(model, loss="mse", optimizer=tr_onnx.optim.SGD(lr=0.1),
+                                      backend="numpy")
+    stored = onnx.ModelProto()
+    stored.CopyFrom(model)
+    stored.graph.initializer.append(numpy_helper.from_array(feed["s"], "s"))
+    del stored.graph.input[1]
+    reference = tr_onnx.TrainingSession(stored, loss="mse", backend="numpy",
+                                        optimizer=tr_onnx.optim.SGD(lr=0.1))
+    for _ in range(2):
+        assert float(session.train_step(feed, labels)) == \
+            float(reference.train_step({"x": feed["x"]}, labels))
+    np.testing.assert_array_equal(session.parameters()["w"], reference.parameters()["w"])
+
+
+@pytest.mark.parametrize("kind", ["range"])
 def test_data_dependent_shape_is_a_named_error(kind):
     model, feed, labels, node, value = _data_dependent_model(kind)
     with pytest.raises(TrOnnxError) as info:
