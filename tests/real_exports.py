@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from torch_parity import sgd_losses
 
 # GPT-2's tied embedding is one initializer in a dynamo export only while the onnxscript
 # optimizer leaves it alone: it folds Transpose(weight) into a second, transposed initializer for
@@ -180,17 +181,4 @@ def torch_train(module: torch.nn.Module, batches, lr: float) -> list[float]:
     """PyTorch's per-step losses of plain SGD on ``batches`` ((inputs, labels) pairs), in
     ``train()`` mode, with ``cross_entropy`` over the last axis (a language model's logits
     [N, T, V] flattened to [N*T, V], its labels to [N*T]); ``module`` is trained in place."""
-    module.train()
-    opt = torch.optim.SGD(module.parameters(), lr=lr)
-    losses = []
-    for feed, labels in batches:
-        logits = module(**{k: torch.from_numpy(x) for k, x in feed.items()})
-        y = torch.from_numpy(labels)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    module.eval()
-    return losses
+    return sgd_losses(module, batches, lr, class_axis=-1, by_name=True)

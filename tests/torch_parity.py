@@ -107,16 +107,20 @@ def torch_forward(module: torch.nn.Module, feed: dict[str, np.ndarray]) -> np.nd
         return module(*(torch.from_numpy(x) for x in feed.values())).numpy()
 
 
-def torch_sgd(module: torch.nn.Module, case: ParityCase) -> list[float]:
-    """PyTorch's per-step losses of plain SGD in ``train()`` mode; ``module`` trains in place."""
+def sgd_losses(module: torch.nn.Module, batches, lr: float, class_axis: int = 1,
+               by_name: bool = False) -> list[float]:
+    """PyTorch's per-step losses of plain SGD in ``train()`` mode on ``batches`` ((inputs by
+    ONNX name, labels) pairs), cross-entropy over ``class_axis`` (-1: a language model's
+    [N, T, V] logits flattened to [N*T, V]); ``module`` trains in place and ends in eval mode.
+    ``by_name``: the module takes its inputs as keywords (a Hugging Face model's)."""
     module.train()
-    opt = torch.optim.SGD(module.parameters(), lr=case.lr)
+    opt = torch.optim.SGD(module.parameters(), lr=lr)
     losses = []
-    for k in range(case.steps):
-        feed, labels = case.batches(k)
-        logits = module(*(torch.from_numpy(x) for x in feed.values()))
+    for feed, labels in batches:
+        tensors = {k: torch.from_numpy(x) for k, x in feed.items()}
+        logits = module(**tensors) if by_name else module(*tensors.values())
         y = torch.from_numpy(labels)
-        if case.class_axis == -1:
+        if class_axis == -1:
             logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
         loss = torch.nn.functional.cross_entropy(logits, y)
         opt.zero_grad()
@@ -125,6 +129,12 @@ def torch_sgd(module: torch.nn.Module, case: ParityCase) -> list[float]:
         losses.append(loss.item())
     module.eval()
     return losses
+
+
+def torch_sgd(module: torch.nn.Module, case: ParityCase) -> list[float]:
+    """PyTorch's losses for ``case``'s batches and learning rate (``sgd_losses``)."""
+    return sgd_losses(module, (case.batches(k) for k in range(case.steps)), case.lr,
+                      case.class_axis)
 
 
 def run_case(case: ParityCase, folder: Path) -> ParityResult:
