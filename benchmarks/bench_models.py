@@ -143,7 +143,10 @@ def export(name: str, path: Path) -> Path:
     example = torch.zeros((2, *SHAPES[name]))
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # exporter deprecation and tracer notes
+        # PRESERVE keeps BatchNorm as a node (eval mode alone folds it into the Conv weights:
+        # tr_onnx would then train another function than PyTorch's train())
         torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17,
+                          training=torch.onnx.TrainingMode.PRESERVE,
                           input_names=["input"], output_names=["logits"],
                           dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     return path
