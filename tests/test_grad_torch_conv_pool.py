@@ -57,9 +57,12 @@ CONV2D = {
     "depthwise": ((2, 13, 6, 5), (13, 1, 3, 3), 1, 1, 1, 13),
     "depthwise_mult": ((1, 5, 7, 7), (15, 1, 3, 2), 2, (1, 0), (1, 2), 5),
     "pointwise": ((2, 13, 4, 5), (7, 13, 1, 1), 1, 0, 1, 1),
+    # stride 1 on maps large enough for ops.conv_grid's per-tap GEMMs (grid <= 1.6x output)
+    "grid_pad": ((2, 6, 12, 11), (5, 6, 3, 3), 1, 1, 1, 1),
+    "grid_groups": ((2, 6, 14, 12), (8, 3, 3, 3), 1, 1, 1, 2),
+    "grid_dilation": ((1, 4, 16, 15), (6, 4, 3, 2), 1, (2, 1), (2, 3), 1),
+    "grid_valid": ((2, 3, 16, 16), (4, 3, 3, 3), 1, 0, 1, 1),
 }
-
-
 def _pair(v):
     return list(v) if isinstance(v, tuple) else [v, v]
 
@@ -74,6 +77,35 @@ def test_conv2d(spec, align):
     ours = _ours("Conv", [x, w, b], attrs, align)
     _compare(ours, _torch(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups),
                           [x, w, b], ours[2]))
+
+
+# which kernels of ops.conv_grid / ops.conv (the BLAS ones) each case must run
+FAST_KERNELS = {
+    "grid_pad": ("conv_grid_numpy", "conv_grad_data_grid_numpy", "_grad_filter_blas"),
+    "grid_groups": ("conv_grid_numpy", "conv_grad_data_grid_numpy", "_grad_filter_blas"),
+    "pointwise": ("conv_grad_filter_grid_numpy",),
+}
+
+
+@pytest.mark.parametrize("cblas", [True, False], ids=["cblas", "numpy_gemm"])
+@pytest.mark.parametrize("spec_id", list(FAST_KERNELS))
+def test_conv2d_blas_kernels_are_used(spec_id, cblas, monkeypatch):
+    """These windows run the per-tap GEMM kernels and the direct-output filter gradient, and
+    give the same results where GEMMs go through NumPy instead of CBLAS (no symbol found)."""
+    from tr_onnx import host_blas
+    from tr_onnx.ops import conv, conv_grid
+
+    used = []
+    for name in FAST_KERNELS[spec_id]:
+        module = conv_grid if hasattr(conv_grid, name) else conv
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, real=real, name=name: used.append(name) or real(*a))
+    if not cblas:
+        monkeypatch.setattr(host_blas, "_gemm_symbol", lambda dtype: None)
+        monkeypatch.setattr(host_blas, "available", lambda dtype: True)
+    test_conv2d(CONV2D[spec_id], 8)
+    assert sorted(set(used)) == sorted(FAST_KERNELS[spec_id])
 
 
 # id: (x shape, w shape, stride, padding, output_padding, dilation, groups)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import host_blas
 from ..dtypes import accumulator_dtype
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
@@ -258,6 +259,17 @@ def _kernel_shape(attrs, w_shape) -> tuple[int, ...]:
     return tuple(int(k) for k in (attrs.get("kernel_shape") or w_shape[2:]))
 
 
+def _conv_grid():
+    """ops.conv_grid, which builds on this module's window helpers (imported when used)."""
+    from . import conv_grid
+
+    return conv_grid
+
+
+def _grid_useful(win: Window, dtype: np.dtype) -> bool:
+    return _conv_grid().Grid.useful(win, dtype)
+
+
 # --------------------------------------------------------------------------------------------
 # Conv
 # --------------------------------------------------------------------------------------------
@@ -287,6 +299,8 @@ def conv_numpy(ctx):
     og, taps = o // group, math.prod(kernel)
     rows = n * math.prod(win.out_shape)
     pointwise = taps == 1 and not win.needs_padding and all(s == 1 for s in win.strides)
+    if not pointwise and not cast and _grid_useful(win, dtype):
+        return _conv_grid().conv_grid_numpy(ctx, win, group)
     x_rows_ok = pointwise and (xp_k is not None or mergeable_2d(x_info, True, 1 + win.ndim))
     col_k = None if x_rows_ok else ctx.workspace((rows, taps * cg), compute)
     w_k = (None if not cast and mergeable_2d(w_info, True, 1)
@@ -474,8 +488,11 @@ def conv_grad_data_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gx_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
+    depthwise = group == c and group > 1
+    if not depthwise and not cast and math.prod(kernel) > 1 and _grid_useful(win, dtype):
+        return _conv_grid().conv_grad_data_grid_numpy(ctx, win, group)
     adjoint = _adjoint_window(win)
-    if adjoint is not None and not (group == c and group > 1):
+    if adjoint is not None and not depthwise:
         return _grad_data_as_conv_numpy(ctx, adjoint, group, compute)
     direct = not win.needs_padding and not cast  # accumulate straight into gx's view
     gxp_k = None if direct else ctx.workspace((n, *win.padded_shape, c), compute)
@@ -621,6 +638,10 @@ def conv_grad_filter_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gw_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
+    # a 1x1 stride-1 window: gw = gy^T @ x, one GEMM per group on the maps as they are
+    if not (group == c and group > 1) and not cast and math.prod(kernel) == 1 \
+            and _grid_useful(win, dtype):
+        return _conv_grid().conv_grad_filter_grid_numpy(ctx, win, group)
     xp_k = (ctx.workspace((n, *win.padded_shape, c), compute) if win.needs_padding or cast
             else None)
     interior, slabs = padding_slabs_nhwc(win)
@@ -632,10 +653,13 @@ def conv_grad_filter_numpy(ctx):
     gy_k = (None if not cast and mergeable_2d(gy_info, True, 1 + nd)
             else ctx.workspace((rows, o), compute))
     col_k = ctx.workspace((rows, taps * cg), compute)
+    groups = _groups(group, cg, og)
+    if not cast and host_blas.available(dtype):
+        return _grad_filter_blas(win, groups, xp_k, gy_k, col_k, (interior, slabs, zero),
+                                 mergeable_2d(gw_info, True, 1))
     # gw transposed, [(tap, channel), o]: col^T @ gy (M = taps*cg) runs ~1.6x faster in
     # OpenBLAS than gy^T @ col (M = og, often 16) for the same product
     gwt_k = ctx.workspace((taps * cg, o), compute)
-    groups = _groups(group, cg, og)
     ohwi = (o, *kernel, cg)
 
     def run(ins, outs, ws):
@@ -648,6 +672,42 @@ def conv_grad_filter_numpy(ctx):
             im2col_nhwc(xp[..., cs], win, col)
             np.matmul(col.T, gy2[:, os_], out=gwt[:, os_])
         np.copyto(channels_last_view(outs[0]), gwt.T.reshape(ohwi), casting="same_kind")
+
+    return run
+
+
+def _grad_filter_blas(win, groups, xp_k, gy_k, col_k, fill, gw_is_matrix: bool):
+    """ConvGradFilter's im2col path with the product written straight into gw's OHWI matrix
+    [O, taps*Cg]: BLAS is told gw is gwt stored column-major, so it runs the fast shape
+    (M = taps*Cg) and no transposed copy of gw follows. Padded channel lanes in gw split that
+    matrix: then one GEMM per tap, into gw[:, tap, :]."""
+    nd, taps = win.ndim, win.taps
+
+    def make(ins, outs, ws):
+        gy2 = as_2d(channels_last_view(ins[1]), 1 + nd) if gy_k is None else ws[gy_k]
+        gw = channels_last_view(outs[0])
+        col = ws[col_k]
+        if gw_is_matrix:
+            return [[host_blas.prepared_gemm(gy2[:, os_].T, col, as_2d(gw, 1)[os_])]
+                    for _, os_ in groups]
+        cg = gw.shape[-1]
+        return [[host_blas.prepared_gemm(gy2[:, os_].T, col[:, t * cg:(t + 1) * cg],
+                                         gw[(os_, *tap, slice(None))])
+                 for t, tap in enumerate(taps)] for _, os_ in groups]
+
+    prepared = host_blas.PreparedCalls(make)
+
+    def run(ins, outs, ws):
+        calls = prepared.get(ins, outs, ws)
+        x = channels_last_view(ins[0])
+        xp = pad_nhwc(x, ws[xp_k], *fill) if xp_k is not None else x
+        if gy_k is not None:
+            np.copyto(ws[gy_k].reshape(ins[1].shape[0], *win.out_shape, -1),
+                      channels_last_view(ins[1]))
+        for (cs, _), group_calls in zip(groups, calls):
+            im2col_nhwc(xp[..., cs], win, ws[col_k])
+            for call in group_calls:
+                call()
 
     return run
 
