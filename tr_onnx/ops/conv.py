@@ -270,6 +270,16 @@ def _grid_useful(win: Window, dtype: np.dtype) -> bool:
     return _conv_grid().Grid.useful(win, dtype)
 
 
+def _onednn_kernel(name: str, ctx, win: Window, group: int, dtype: np.dtype):
+    """The oneDNN kernel ``name`` of ops.conv_onednn for this node, or None (not installed,
+    not float32, a window or primitive oneDNN refuses): then NumPy runs it."""
+    from . import conv_onednn
+
+    if not conv_onednn.usable(win, dtype):
+        return None
+    return getattr(conv_onednn, name)(ctx, win, group)
+
+
 # --------------------------------------------------------------------------------------------
 # Conv
 # --------------------------------------------------------------------------------------------
@@ -288,6 +298,9 @@ def conv_numpy(ctx):
                         f"with group={group}, kernel_shape={list(kernel)}")
     win = Window.for_node(ctx, spatial, kernel)
     dtype = np.dtype(y_info.dtype)
+    fast = _onednn_kernel("conv_onednn", ctx, win, group, dtype)
+    if fast is not None:
+        return fast
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
     xp_k = (ctx.workspace((n, *win.padded_shape, c), compute) if win.needs_padding or cast
@@ -488,6 +501,9 @@ def conv_grad_data_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gx_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
+    fast = _onednn_kernel("conv_grad_data_onednn", ctx, win, group, dtype)
+    if fast is not None:
+        return fast
     depthwise = group == c and group > 1
     if not depthwise and not cast and math.prod(kernel) > 1 and _grid_useful(win, dtype):
         return _conv_grid().conv_grad_data_grid_numpy(ctx, win, group)
@@ -638,6 +654,9 @@ def conv_grad_filter_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gw_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
+    fast = _onednn_kernel("conv_grad_filter_onednn", ctx, win, group, dtype)
+    if fast is not None:
+        return fast
     # a 1x1 stride-1 window: gw = gy^T @ x, one GEMM per group on the maps as they are
     if not (group == c and group > 1) and not cast and math.prod(kernel) == 1 \
             and _grid_useful(win, dtype):

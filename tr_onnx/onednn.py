@@ -1,0 +1,224 @@
+"""oneDNN (the CPU kernel library PyTorch runs its convolutions on), through its C API and
+ctypes, for the numpy backend's float32 convolutions. Optional: ``pip install
+tr_onnx[onednn]`` installs the CPU-only build ``onednn-cpu-gomp`` (OpenMP threads, no SYCL);
+without it, or with ``TR_ONNX_NO_ONEDNN=1``, the NumPy kernels run.
+
+A kernel describes its operands at plan time (``strided`` memory descriptors of the arena
+views, ``ANY`` for the weights so that oneDNN picks its blocked layout and its fast
+implementation: with plain weights it falls back to a reference loop hundreds of times
+slower), creates its primitives then, reserves their scratchpad and blocked-weight buffers
+as arena workspaces, and binds memory objects to the arena on its first call
+(``Bound``). A step then costs one ``dnnl_primitive_execute`` per primitive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from functools import cache
+
+import numpy as np
+
+MAX_DIMS = 12
+_Dims = ctypes.c_int64 * MAX_DIMS
+_P = ctypes.c_void_p
+F32 = 3
+CPU = 1
+FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
+CONVOLUTION_DIRECT = 1
+FORMAT_ANY = 1
+SCRATCHPAD_USER = 1
+QUERY_IMPL_INFO = 8
+QUERY_MD = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133,
+            "diff_dst": 134, "scratchpad": 136}
+ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "scratchpad": 80, "diff_src": 129,
+       "diff_dst": 145, "diff_weights": 161}
+# where the wheel puts the library: <prefix>/lib (its files are "data" of the wheel)
+_LIBRARY_NAMES = ("libdnnl.so.3", "libdnnl.so")
+
+
+class OneDnnError(RuntimeError):
+    """A oneDNN call failed (the status code and the call are in the message)."""
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", _P)]
+
+
+class _Library:
+    """The loaded library, one CPU engine and one in-order stream."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.dnnl_primitive_desc_query_md.restype = _P
+        lib.dnnl_primitive_desc_query_md.argtypes = [_P, ctypes.c_int, ctypes.c_int]
+        lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+        lib.dnnl_memory_desc_get_size.argtypes = [_P]
+        lib.dnnl_primitive_execute.argtypes = [_P, _P, ctypes.c_int, _P]
+        self.engine, self.stream = _P(), _P()
+        self.check(lib.dnnl_engine_create(ctypes.byref(self.engine), CPU, 0), "engine_create")
+        self.check(lib.dnnl_stream_create(ctypes.byref(self.stream), self.engine, 1),
+                   "stream_create")
+        self.attr = _P()
+        self.check(lib.dnnl_primitive_attr_create(ctypes.byref(self.attr)), "attr_create")
+        self.check(lib.dnnl_primitive_attr_set_scratchpad_mode(self.attr, SCRATCHPAD_USER),
+                   "set_scratchpad_mode")
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status != 0:
+            raise OneDnnError(f"oneDNN {what} failed with status {status}")
+
+
+@cache
+def library() -> _Library | None:
+    """The oneDNN library, or None when it is not installed or disabled."""
+    if os.environ.get("TR_ONNX_NO_ONEDNN"):
+        return None
+    for folder in (os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")):
+        for name in _LIBRARY_NAMES:
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                try:
+                    return _Library(ctypes.CDLL(path))
+                except (OSError, OneDnnError, AttributeError):
+                    return None
+    return None
+
+
+def available() -> bool:
+    return library() is not None
+
+
+class MemoryDesc:
+    """A memory descriptor handle, destroyed with this object."""
+
+    def __init__(self, handle: _P, owned: bool = True):
+        self.handle, self.owned = handle, owned
+
+    @staticmethod
+    def strided(shape, byte_strides, itemsize: int = 4) -> MemoryDesc:
+        """Logical ``shape`` (oneDNN's order: N, C, spatial... or [G,] O, I, spatial...) over
+        memory with these byte strides."""
+        lib = library()
+        md = _P()
+        strides = [int(s) // itemsize for s in byte_strides]
+        lib.check(lib.lib.dnnl_memory_desc_create_with_strides(
+            ctypes.byref(md), len(shape), _Dims(*shape), F32, _Dims(*strides)), "memory desc")
+        return MemoryDesc(md)
+
+    @staticmethod
+    def any(shape) -> MemoryDesc:
+        lib = library()
+        md = _P()
+        lib.check(lib.lib.dnnl_memory_desc_create_with_tag(
+            ctypes.byref(md), len(shape), _Dims(*shape), F32, FORMAT_ANY), "memory desc")
+        return MemoryDesc(md)
+
+    @property
+    def nbytes(self) -> int:
+        return int(library().lib.dnnl_memory_desc_get_size(self.handle))
+
+    def __del__(self):
+        lib = library()
+        if self.owned and lib is not None and self.handle:
+            lib.lib.dnnl_memory_desc_destroy(self.handle)
+
+
+class Primitive:
+    """A primitive and its descriptor: what memory each argument wants, the implementation
+    oneDNN chose."""
+
+    def __init__(self, pd: _P, keep: list):
+        lib = library()
+        self.pd, self.keep = pd, keep  # keep: descriptors the pd was made from
+        self.handle = _P()
+        lib.check(lib.lib.dnnl_primitive_create(ctypes.byref(self.handle), pd),
+                  "primitive_create")
+
+    def md(self, what: str) -> MemoryDesc:
+        handle = library().lib.dnnl_primitive_desc_query_md(self.pd, QUERY_MD[what], 0)
+        return MemoryDesc(_P(handle), owned=False)
+
+    @property
+    def implementation(self) -> str:
+        out = ctypes.c_char_p()
+        library().lib.dnnl_primitive_desc_query(self.pd, QUERY_IMPL_INFO, 0, ctypes.byref(out))
+        return (out.value or b"").decode()
+
+    def __del__(self):
+        lib = library()
+        if lib is not None:
+            lib.lib.dnnl_primitive_destroy(self.handle)
+            lib.lib.dnnl_primitive_desc_destroy(self.pd)
+
+
+def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDesc | None,
+                dst: MemoryDesc, strides, dilations, pad_l, pad_r,
+                hint: Primitive | None = None) -> Primitive:
+    """A convolution primitive: ``kind`` FORWARD_TRAINING (src, weights, bias, dst),
+    BACKWARD_DATA (diff_src, weights, -, diff_dst) or BACKWARD_WEIGHTS (src, diff_weights,
+    -, diff_dst); ``dilations`` as ONNX counts them (1 = none); backward ones need the
+    forward primitive as ``hint``."""
+    lib = library()
+    pd = _P()
+    geometry = (_Dims(*strides), _Dims(*(d - 1 for d in dilations)), _Dims(*pad_l),
+                _Dims(*pad_r))
+    if kind == FORWARD_TRAINING:
+        status = lib.lib.dnnl_convolution_forward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, kind, CONVOLUTION_DIRECT, src.handle, weights.handle,
+            bias.handle if bias is not None else None, dst.handle, *geometry, lib.attr)
+    elif kind == BACKWARD_DATA:
+        status = lib.lib.dnnl_convolution_backward_data_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, CONVOLUTION_DIRECT, src.handle, weights.handle,
+            dst.handle, *geometry, hint.pd, lib.attr)
+    else:
+        status = lib.lib.dnnl_convolution_backward_weights_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, CONVOLUTION_DIRECT, src.handle, weights.handle,
+            None, dst.handle, *geometry, hint.pd, lib.attr)
+    lib.check(status, "convolution primitive descriptor")
+    return Primitive(pd, [src, weights, bias, dst])
+
+
+def reorder(src: MemoryDesc, dst: MemoryDesc) -> Primitive:
+    """A primitive copying memory described by ``src`` into the layout ``dst``."""
+    lib = library()
+    pd = _P()
+    lib.check(lib.lib.dnnl_reorder_primitive_desc_create(
+        ctypes.byref(pd), src.handle, lib.engine, dst.handle, lib.engine, lib.attr),
+        "reorder primitive descriptor")
+    return Primitive(pd, [src, dst])
+
+
+class Bound:
+    """One primitive bound to arena memory: ``(argument, memory desc, array)`` triples become
+    memory objects pointing into the arrays (kept alive here); ``()`` executes it."""
+
+    def __init__(self, primitive: Primitive, args: list[tuple[str, MemoryDesc, np.ndarray]]):
+        lib = library()
+        self.primitive, self.arrays, self.memories = primitive, [], []
+        pairs = []
+        for name, md, array in args:
+            memory = _P()
+            lib.check(lib.lib.dnnl_memory_create(ctypes.byref(memory), md.handle, lib.engine,
+                                                 _P(array.ctypes.data)), "memory_create")
+            self.memories.append(memory)
+            self.arrays.append((md, array))
+            pairs.append(_Arg(ARG[name], memory))
+        self.args = (_Arg * len(pairs))(*pairs)
+        self.call = (lib.lib.dnnl_primitive_execute, primitive.handle, lib.stream, len(pairs),
+                     ctypes.cast(self.args, _P))
+
+    def __call__(self) -> None:
+        fn, *args = self.call
+        status = fn(*args)
+        if status != 0:
+            raise OneDnnError(f"oneDNN execute ({self.primitive.implementation}) failed with "
+                              f"status {status}")
+
+    def __del__(self):
+        lib = library()
+        if lib is not None:
+            for memory in self.memories:
+                lib.lib.dnnl_memory_destroy(memory)

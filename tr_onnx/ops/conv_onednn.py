@@ -1,0 +1,171 @@
+"""Conv, ConvGradData and ConvGradFilter in float32 through oneDNN (``tr_onnx.onednn``), the
+library PyTorch's CPU convolutions run on, where it is installed: the numpy backend's fast
+path, with conv.py's NumPy kernels as the reference and the fallback.
+
+Every operand stays where the plan put it (channels-last, padded lanes included: oneDNN reads
+and writes through strided memory descriptors of the arena views). Only the weights move: each
+step reorders w (OHWI) into the blocked layout oneDNN's kernel wants, and ConvGradFilter
+reorders its blocked result back into gw; both buffers and every scratchpad are arena
+workspaces. A window oneDNN cannot express (a negative right pad, more than 3 spatial axes)
+or a primitive it refuses returns None here, and the caller runs NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import onednn
+from .conv import Window
+
+
+def _strided(info) -> onednn.MemoryDesc:
+    """The tensor's logical [N, C, spatial...] view as the plan lays it out."""
+    return onednn.MemoryDesc.strided(info.shape, info.layout.view_strides(4))
+
+
+def _weights(info, group: int, strided: bool) -> onednn.MemoryDesc:
+    """w [O, Cg, *K] as oneDNN wants it: [G, O/G, Cg, *K] when grouped; the plan's layout
+    (``strided``) or ANY (oneDNN's choice)."""
+    shape = list(info.shape)
+    strides = list(info.layout.view_strides(4)) if strided else None
+    if group > 1:
+        shape = [group, shape[0] // group, *shape[1:]]
+        if strided:
+            strides = [strides[0] * shape[1], *strides]
+    if strided:
+        return onednn.MemoryDesc.strided(shape, strides)
+    return onednn.MemoryDesc.any(shape)
+
+
+def _geometry(win: Window):
+    """(strides, dilations, pad_l, pad_r) with the right pad oneDNN's output formula needs
+    (ONNX may pad more than the last window reads); None if it would be negative."""
+    pad_r = [(o - 1) * st + (k - 1) * d + 1 - s - b for o, st, k, d, s, b in
+             zip(win.out_shape, win.strides, win.kernel, win.dilations, win.in_shape,
+                 win.pads_begin)]
+    if min(pad_r) < 0:
+        return None
+    return win.strides, win.dilations, win.pads_begin, pad_r
+
+
+def usable(win: Window, dtype) -> bool:
+    return (np.dtype(dtype) == np.float32 and 1 <= win.ndim <= 3 and onednn.available()
+            and _geometry(win) is not None)
+
+
+def _scratch(ctx, primitive: onednn.Primitive):
+    """(memory desc, workspace key) of a primitive's scratchpad, or None if it needs none."""
+    md = primitive.md("scratchpad")
+    size = md.nbytes
+    return (md, ctx.workspace((-(-size // 4),), np.float32)) if size else None
+
+
+def _bind(primitive, args, scratch, ws) -> onednn.Bound:
+    if scratch is not None:
+        args = [*args, ("scratchpad", scratch[0], ws[scratch[1]])]
+    return onednn.Bound(primitive, args)
+
+
+class _Plan:
+    """A weight reorder and a convolution primitive (and, for gw, the reorder back), bound
+    to the arena on the first call and again if the views change."""
+
+    def __init__(self, make):
+        self.make, self.key, self.calls = make, None, []
+
+    def run(self, ins, outs, ws) -> None:
+        key = (*ins, *outs, *ws)
+        if self.key is None or any(a is not b for a, b in zip(key, self.key)):
+            self.calls, self.key = self.make(ins, outs, ws), key
+        for call in self.calls:
+            call()
+
+
+def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
+    """(forward hint, primitive) for ``kind``; raises OneDnnError if oneDNN refuses."""
+    geometry = _geometry(win)
+    src, dst = _strided(src_info), _strided(dst_info)
+    bias = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if with_bias else None
+    forward = onednn.convolution(onednn.FORWARD_TRAINING, src, _weights(w_info, group, False),
+                                 bias, dst, *geometry)
+    if kind == onednn.FORWARD_TRAINING:
+        return forward, forward
+    return forward, onednn.convolution(kind, src, _weights(w_info, group, False), None, dst,
+                                       *geometry, hint=forward)
+
+
+def conv_onednn(ctx, win: Window, group: int):
+    """Conv forward: y = conv(x, reorder(w)) + b."""
+    x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    has_bias = ctx.has_input(2)
+    try:
+        _, conv = _primitives(onednn.FORWARD_TRAINING, x_info, w_info, y_info, win, group,
+                              has_bias)
+        user_w = _weights(w_info, group, True)
+        blocked = conv.md("weights")
+        to_blocked = onednn.reorder(user_w, blocked)
+    except onednn.OneDnnError:
+        return None
+    if has_bias and tuple(ctx.inputs[2].layout.view_strides(4)) != (4,):
+        return None
+    w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
+    scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, to_blocked)
+    x_md, y_md = _strided(x_info), _strided(y_info)
+    b_md = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if has_bias else None
+
+    def make(ins, outs, ws):
+        args = [("src", x_md, ins[0]), ("weights", blocked, ws[w_k]), ("dst", y_md, outs[0])]
+        if has_bias:
+            args.append(("bias", b_md, ins[2]))
+        return [_bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
+                      reorder_scratch, ws),
+                _bind(conv, args, scratch, ws)]
+
+    return _Plan(make).run
+
+
+def conv_grad_data_onednn(ctx, win: Window, group: int):
+    """gx = conv backward data(gy, reorder(w))."""
+    gy_info, w_info, gx_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    try:
+        _, conv = _primitives(onednn.BACKWARD_DATA, gx_info, w_info, gy_info, win, group)
+        user_w = _weights(w_info, group, True)
+        blocked = conv.md("weights")
+        to_blocked = onednn.reorder(user_w, blocked)
+    except onednn.OneDnnError:
+        return None
+    w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
+    scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, to_blocked)
+    gy_md, gx_md = _strided(gy_info), _strided(gx_info)
+
+    def make(ins, outs, ws):
+        return [_bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
+                      reorder_scratch, ws),
+                _bind(conv, [("diff_dst", gy_md, ins[0]), ("weights", blocked, ws[w_k]),
+                             ("diff_src", gx_md, outs[0])], scratch, ws)]
+
+    return _Plan(make).run
+
+
+def conv_grad_filter_onednn(ctx, win: Window, group: int):
+    """gw = reorder(conv backward weights(x, gy)) into gw's OHWI layout."""
+    x_info, gy_info, gw_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    try:
+        _, conv = _primitives(onednn.BACKWARD_WEIGHTS, x_info, gw_info, gy_info, win,
+                              group)
+        user_w = _weights(gw_info, group, True)
+        blocked = conv.md("diff_weights")
+        from_blocked = onednn.reorder(blocked, user_w)
+    except onednn.OneDnnError:
+        return None
+    w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
+    scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, from_blocked)
+    x_md, gy_md = _strided(x_info), _strided(gy_info)
+
+    def make(ins, outs, ws):
+        return [_bind(conv, [("src", x_md, ins[0]), ("diff_dst", gy_md, ins[1]),
+                             ("diff_weights", blocked, ws[w_k])], scratch, ws),
+                _bind(from_blocked, [("src", blocked, ws[w_k]), ("dst", user_w, outs[0])],
+                      reorder_scratch, ws)]
+
+    return _Plan(make).run
