@@ -413,7 +413,12 @@ def test_dropout_runtime_training_flag_specialises():
 HAS_MAXPOOL = default_registry().lookup("", "MaxPool", 12, "numpy") is not None
 FM = randn(2, 5, 4, 3)  # C=5: padded to 8
 FM13 = randn(1, 13, 3, 2)
+FM_CHUNKED = randn(2, 13, 30, 30)  # more elements than a chunk (ops/elementwise.py CHUNK)
 PADDED_CASES = [
+    ("erf_chunked", "Erf", [FM_CHUNKED], {}, 17),
+    ("gelu_chunked", "Gelu", [FM_CHUNKED], {}, 20),
+    ("sigmoid_chunked", "Sigmoid", [FM_CHUNKED], {}, 17),
+    ("mish_chunked", "Mish", [FM_CHUNKED], {}, 18),
     ("relu", "Relu", [FM], {}, 17),
     ("sigmoid", "Sigmoid", [FM13], {}, 17),
     ("gelu", "Gelu", [FM], {}, 20),

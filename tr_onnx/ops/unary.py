@@ -29,8 +29,10 @@ from ..hookspecs import hookimpl
 from ..opdef import OpDef
 from .elementwise import (
     INTERNAL_DOMAIN,
+    Chunked,
     Elementwise,
     attrs_for,
+    chunk_size,
     const_like,
     greater_than,
     keep_where,
@@ -545,7 +547,15 @@ def unary_numpy(entry: Elementwise):
 
     def factory(ctx):
         a = attrs_for(ctx, ctx.inputs[0].dtype, _DERIVED.get(ctx.node.op_type))
-        request_scratch(ctx, entry.scratch)
+        chunk = chunk_size(ctx, entry.scratch)
+        request_scratch(ctx, entry.scratch, chunk)
+        if chunk:
+            pieces = Chunked(fn, a, chunk)
+
+            def run(ins, outs, ws):
+                pieces((ins[0], outs[0]), ws)
+
+            return run
 
         def run(ins, outs, ws):
             fn(ins[0], outs[0], ws, a)
@@ -561,12 +571,23 @@ def unary_grad_numpy(entry: UnaryGrad):
 
     def factory(ctx):
         a = attrs_for(ctx, ctx.inputs[0].dtype, entry.derived)
-        request_scratch(ctx, entry.scratch(ctx.attrs) if callable(entry.scratch) else entry.scratch)
+        scratch = entry.scratch(ctx.attrs) if callable(entry.scratch) else entry.scratch
+        chunk = chunk_size(ctx, scratch)
+        request_scratch(ctx, scratch, chunk)
         x_at = 1 if "x" in entry.reads else None
         y_at = 2 if "y" in entry.reads else None
         for i in (x_at, y_at):
             if i is not None and not ctx.has_input(i):
                 raise ctx.error(f"input {i} ({'xy'[i - 1]}) is absent; the formula reads it")
+
+        if chunk:
+            pieces = Chunked(fn, a, chunk)
+
+            def run(ins, outs, ws):
+                pieces((ins[0], ins[x_at] if x_at else None, ins[y_at] if y_at else None,
+                        outs[0]), ws)
+
+            return run
 
         def run(ins, outs, ws):
             fn(ins[0], ins[x_at] if x_at else None, ins[y_at] if y_at else None, outs[0], ws, a)
