@@ -293,10 +293,13 @@ def test_the_rule_emits_one_named_node_reading_what_the_table_says(name):
 
 # ---- 4. channels-last, padded --------------------------------------------------------------
 
+# (2, 13, 30, 30) has more elements than a chunk (ops/elementwise.py CHUNK): the kernels with
+# scratch run piece by piece along the channels-last memory order there
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 13, 30, 30)], ids=["small", "chunked"])
 @pytest.mark.parametrize("name", list(ROWS))
-def test_padded_channels_last_equals_plain(name):
+def test_padded_channels_last_equals_plain(name, shape):
     row = ROWS[name]
-    x = rng(name).standard_normal((2, 3, 4, 5)) * 3
+    x = rng(name).standard_normal(shape) * 3
     x[0, 0, 0, :3] = [0.0, 3.0, -3.0]
     if row.positive:
         x = np.abs(x) + 0.1

@@ -214,6 +214,28 @@ def test_erf_float64_precision():
     assert np.signbit(ours[2802])  # erf(-0) = -0
 
 
+def test_erf_pieces_precision():
+    """The erf of float32 and float16 results (ops/unary.py ``_ERF_PIECES``) against
+    math.erf: 5e-11 relative where |x| <= 3.9; beyond, a value that rounds to +-1 in float32
+    as erf does; the sign of zero, inf and NaN kept."""
+    import math
+
+    from tr_onnx.ops.unary import _ERF_SCRATCH, erf_float64
+
+    x = np.concatenate([np.linspace(-7, 7, 140001), np.geomspace(1e-30, 1, 301),
+                        -np.geomspace(1e-30, 1, 301), [0.0, -0.0, np.inf, -np.inf, np.nan]])
+    dtypes = {"f8": np.float64, "?": np.bool_, "i8": np.intp}
+    t = [np.empty(x.shape, dtypes[c]) for c in _ERF_SCRATCH]
+    erf_float64(x, t, exact=False)
+    ours = t[1]
+    expected = np.array([math.erf(v) for v in x])
+    inside = np.abs(x) <= 3.9
+    np.testing.assert_allclose(ours[inside], expected[inside], rtol=5e-11, atol=0)
+    np.testing.assert_array_equal(ours[~inside].astype(np.float32),
+                                  expected[~inside].astype(np.float32))
+    np.testing.assert_array_equal(np.signbit(ours), np.signbit(expected))
+
+
 A4 = randn(2, 3, 4, 5)
 BINARY_CASES = [
     ("add", "Add", [A4, randn(2, 3, 4, 5)], {}, 17),
@@ -413,7 +435,12 @@ def test_dropout_runtime_training_flag_specialises():
 HAS_MAXPOOL = default_registry().lookup("", "MaxPool", 12, "numpy") is not None
 FM = randn(2, 5, 4, 3)  # C=5: padded to 8
 FM13 = randn(1, 13, 3, 2)
+FM_CHUNKED = randn(2, 13, 30, 30)  # more elements than a chunk (ops/elementwise.py CHUNK)
 PADDED_CASES = [
+    ("erf_chunked", "Erf", [FM_CHUNKED], {}, 17),
+    ("gelu_chunked", "Gelu", [FM_CHUNKED], {}, 20),
+    ("sigmoid_chunked", "Sigmoid", [FM_CHUNKED], {}, 17),
+    ("mish_chunked", "Mish", [FM_CHUNKED], {}, 18),
     ("relu", "Relu", [FM], {}, 17),
     ("sigmoid", "Sigmoid", [FM13], {}, 17),
     ("gelu", "Gelu", [FM], {}, 20),
