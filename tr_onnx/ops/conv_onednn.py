@@ -38,13 +38,19 @@ def _weights(info, group: int, strided: bool) -> onednn.MemoryDesc:
 
 
 def _geometry(win: Window):
-    """(strides, dilations, pad_l, pad_r) with the right pad oneDNN's output formula needs
-    (ONNX may pad more than the last window reads); None if it would be negative."""
-    pad_r = [(o - 1) * st + (k - 1) * d + 1 - s - b for o, st, k, d, s, b in
-             zip(win.out_shape, win.strides, win.kernel, win.dilations, win.in_shape,
-                 win.pads_begin)]
-    if min(pad_r) < 0:
-        return None
+    """(strides, dilations, pad_l, pad_r) for oneDNN, whose output size is
+    ``(in + pad_l + pad_r - span) // stride + 1`` like ONNX's: the node's own end pads when
+    that formula gives the node's output, else the smallest right pad that does; None if no
+    right pad >= 0 does."""
+    pad_r = []
+    for o, st, k, d, s, b, e in zip(win.out_shape, win.strides, win.kernel, win.dilations,
+                                    win.in_shape, win.pads_begin, win.pads_end):
+        span = (k - 1) * d + 1
+        if (s + b + e - span) // st + 1 != o:
+            e = (o - 1) * st + span - s - b
+        if e < 0:
+            return None
+        pad_r.append(e)
     return win.strides, win.dilations, win.pads_begin, pad_r
 
 

@@ -1,0 +1,109 @@
+"""float32 Conv, ConvGradData and ConvGradFilter through oneDNN (ops.conv_onednn) against
+PyTorch autograd in float32 and against our own NumPy kernels, compact (align 1) and padded
+(align 8) channels, 1-D to 3-D windows, groups, depthwise, strides, dilations, padding.
+
+oneDNN is part of the test extra on Linux x86-64 (``onednn-cpu-gomp``): there these tests
+require it, so a CI machine without it fails instead of silently testing NumPy twice.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gradcheck import GradCase, build_model
+
+from tr_onnx import onednn
+from tr_onnx.ops import conv_onednn
+from tr_onnx.training.gradients import vjp
+
+ALIGNS = [1, 8]
+# float32: oneDNN and PyTorch (itself oneDNN) sum in their own orders, NumPy in another
+RTOL, ATOL = 2e-5, 2e-5
+KERNELS = ("conv_onednn", "conv_grad_data_onednn", "conv_grad_filter_onednn")
+
+# id: (x shape, w shape, stride, padding, dilation, groups); torch takes symmetric padding
+CASES = {
+    "3x3_pad": ((2, 6, 12, 11), (5, 6, 3, 3), 1, 1, 1, 1),
+    "stride2": ((2, 8, 9, 10), (16, 8, 3, 3), 2, 1, 1, 1),
+    "pointwise_stride2": ((2, 16, 8, 8), (32, 16, 1, 1), 2, 0, 1, 1),
+    "dilation": ((1, 4, 16, 15), (6, 4, 3, 2), 1, (2, 1), (2, 3), 1),
+    "groups": ((2, 6, 14, 12), (8, 3, 3, 3), 1, 1, 1, 2),
+    "depthwise": ((2, 24, 9, 9), (24, 1, 3, 3), 1, 1, 1, 24),
+    "depthwise_stride2_mult": ((1, 8, 10, 10), (16, 1, 3, 3), 2, 1, 1, 8),
+    "stem_7x7": ((2, 3, 20, 20), (8, 3, 7, 7), 2, 3, 1, 1),
+    "conv1d": ((2, 5, 17), (7, 5, 3), 1, 1, 1, 1),
+    "conv3d": ((1, 3, 6, 7, 5), (4, 3, 3, 3, 3), 1, 1, 1, 1),
+}
+TORCH_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
+
+
+def _ours(spec, align):
+    xs, wsh, stride, padding, dilation, groups = spec
+    nd = len(xs) - 2
+    rng = np.random.default_rng(11)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in (xs, wsh, (wsh[0],)))
+
+    def each(v):
+        return list(v) if isinstance(v, tuple) else [v] * nd
+
+    attrs = {"strides": each(stride), "pads": each(padding) * 2, "dilations": each(dilation),
+             "group": groups}
+    model = build_model(GradCase("Conv", "Conv", [x, w, b], attrs))
+    feed = {"x0": x, "x1": w, "x2": b}
+    out_shape = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    cot = rng.standard_normal(out_shape).astype(np.float32)
+    y, grads = vjp(model, feed, list(feed), cot, channel_align=align)
+    return (x, w, b, cot), (y, grads["x0"], grads["x1"], grads["x2"])
+
+
+def _torch(spec, x, w, b, cot):
+    _, _, stride, padding, dilation, groups = spec
+    ts = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    y = TORCH_CONV[x.ndim](*ts, stride, padding, dilation, groups)
+    y.backward(torch.tensor(cot))
+    return (y.detach().numpy(), *(t.grad.numpy() for t in ts))
+
+
+def _close(got, want):
+    for name, g, t in zip(("y", "gx", "gw", "gb"), got, want):
+        np.testing.assert_allclose(g, t, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.fixture
+def used(monkeypatch):
+    """Names of the oneDNN kernels that built a step (a factory returning None is not use)."""
+    names = []
+    for name in KERNELS:
+        real = getattr(conv_onednn, name)
+
+        def spy(*args, real=real, name=name):
+            run = real(*args)
+            if run is not None:
+                names.append(name)
+            return run
+
+        monkeypatch.setattr(conv_onednn, name, spy)
+    return names
+
+
+def test_onednn_is_installed_where_the_test_extra_installs_it():
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        assert onednn.available(), "pip install onednn-cpu-gomp (part of tr_onnx[test])"
+
+
+@pytest.mark.parametrize("align", ALIGNS, ids=[f"align{a}" for a in ALIGNS])
+@pytest.mark.parametrize("spec_id", list(CASES))
+def test_conv_matches_torch_and_numpy(spec_id, align, used, monkeypatch):
+    if not onednn.available():
+        pytest.fail("oneDNN is not installed")
+    spec = CASES[spec_id]
+    inputs, got = _ours(spec, align)
+    assert sorted(set(used)) == sorted(KERNELS), spec_id
+    _close(got, _torch(spec, *inputs))
+    monkeypatch.setattr(conv_onednn, "usable", lambda win, dtype: False)
+    _, reference = _ours(spec, align)
+    _close(got, reference)
