@@ -26,6 +26,7 @@ from .importer import (
     import_model,
 )
 from .passes.control_flow import output_value
+from .passes.inference_folds import fold_batchnorm
 from .registry import build_registry, default_registry
 
 _TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -44,6 +45,11 @@ class NodeArg:
 def _node_arg(spec: InputSpec) -> NodeArg:
     shape = list(spec.shape) if spec.shape is not None else None
     return NodeArg(spec.name, shape, _TYPE_NAMES.get(spec.dtype, f"tensor({spec.dtype.name})"))
+
+
+def _inference_folds(graph) -> None:
+    """What an inference plan may rewrite because its parameters never change."""
+    fold_batchnorm(graph)
 
 
 class InferenceSession:
@@ -107,7 +113,8 @@ class InferenceSession:
         if plan is None:
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
                                 self.channel_align, reuse=self.reuse_memory, device=self.device,
-                                cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)
+                                cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes,
+                                transform=_inference_folds)
             self._plans[key] = plan
             self._plans.evict()
         return plan
