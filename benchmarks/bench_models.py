@@ -9,7 +9,7 @@ architectures are written out here layer for layer (torchvision 0.28's ``resnet1
 ``mobilenet_v2``, 10 classes, MobileNetV2 without its Dropout, which the exported eval graph
 would drop anyway).
 
-    python benchmarks/bench_models.py OUT_DIR      # writes OUT_DIR/<name>.onnx for each model
+    python benchmarks/bench_models.py OUT_DIR [NAME ...]   # writes OUT_DIR/<name>.onnx
 """
 
 from __future__ import annotations
@@ -143,7 +143,10 @@ def export(name: str, path: Path) -> Path:
     example = torch.zeros((2, *SHAPES[name]))
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # exporter deprecation and tracer notes
+        # PRESERVE keeps BatchNorm as a node (eval mode alone folds it into the Conv weights:
+        # tr_onnx would then train another function than PyTorch's train())
         torch.onnx.export(model, (example,), str(path), dynamo=False, opset_version=17,
+                          training=torch.onnx.TrainingMode.PRESERVE,
                           input_names=["input"], output_names=["logits"],
                           dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
     return path
@@ -152,5 +155,5 @@ def export(name: str, path: Path) -> Path:
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for stem in SHAPES:
+    for stem in sys.argv[2:] or SHAPES:
         print(export(stem, out / f"{stem}.onnx"))
