@@ -134,12 +134,14 @@ def rerun_per_blas_setting(script: str, argv: list[str], mode: str) -> int:
 
 def blas_kernels() -> str:
     """The BLAS libraries loaded in this process as threadpoolctl sees them, e.g. ``openblas
-    Haswell x2`` (the kernel OpenBLAS picked and its thread count)."""
+    Haswell x2 (numpy.libs)``: the kernel OpenBLAS picked, its thread count and the folder of
+    the library (numpy and scipy each bring an OpenBLAS of their own)."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return "? (no threadpoolctl)"
-    libs = [f"{i['internal_api']} {i.get('architecture') or '?'} x{i['num_threads']}"
+    libs = [f"{i['internal_api']} {i.get('architecture') or '?'} x{i['num_threads']} "
+            f"({Path(i['filepath']).parent.name})"
             for i in threadpool_info() if i["user_api"] == "blas"]
     return ", ".join(libs) or "no BLAS loaded"
 
