@@ -9,7 +9,7 @@ architectures are written out here layer for layer (torchvision 0.28's ``resnet1
 ``mobilenet_v2``, 10 classes, MobileNetV2 without its Dropout, which the exported eval graph
 would drop anyway).
 
-    python benchmarks/bench_models.py OUT_DIR      # writes OUT_DIR/<name>.onnx for each model
+    python benchmarks/bench_models.py OUT_DIR [NAME ...]   # writes OUT_DIR/<name>.onnx
 """
 
 from __future__ import annotations
@@ -155,5 +155,5 @@ def export(name: str, path: Path) -> Path:
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for stem in SHAPES:
+    for stem in sys.argv[2:] or SHAPES:
         print(export(stem, out / f"{stem}.onnx"))

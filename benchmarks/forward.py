@@ -1,69 +1,106 @@
-"""Forward (inference) time of the model_zoo models: tr_onnx numpy backend vs onnxruntime CPU,
-same model, same batch, same thread count. Prints a markdown table of median ms per run and
-the ratio. Training benchmarks against PyTorch and ONNX Runtime training come with training.
+"""Forward (inference) time of the model_zoo models and of bench_models' ResNet-18, MobileNetV2
+(64x64) and BERT-shaped encoder: tr_onnx numpy backend vs onnxruntime CPU, same model, same
+batch, same thread count. Prints a markdown table of median ms per run and the ratio, once per
+OpenBLAS setting (``--blas-env``, as in ``train.py``). Training benchmarks are in ``train.py``.
 
-    python benchmarks/forward.py [--batch 32] [--threads 2] [--repeat 50]
+    python benchmarks/forward.py [--models mlp,bert] [--batch N] [--threads 2] [--repeat N]
+                                 [--blas-env given|unset|both]
+
+Each OpenBLAS setting runs in a process of its own (this script again, with ``--blas-setting``),
+because numpy reads the variables once, when it loads.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
-SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16), "mobilenet": (3, 16, 16),
-          "transformer": (8, 32)}
+import peer_common
+from peer_common import SHAPES, ZOO_SHAPES
+
+# a bench model's forward takes ~100x a zoo model's
+ZOO_REPEAT, BENCH_REPEAT = 50, 10
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(SHAPES),
+                   help="comma-separated zoo stems and bench_models names")
+    p.add_argument("--batch", type=int, help=f"default {peer_common.ZOO_BATCH} for zoo models, "
+                   f"{peer_common.BENCH_BATCH} for the others")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, help=f"timed runs; default {ZOO_REPEAT} for zoo models, "
+                   f"{BENCH_REPEAT} for the others")
+    p.add_argument("--blas-env", choices=peer_common.BLAS_MODES, default="both",
+                   help="OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as given, unset, or both runs")
+    # set by the parent process for the run of one OpenBLAS setting
+    p.add_argument("--blas-setting", help=argparse.SUPPRESS)
+    p.add_argument("--bench-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.models = [m for m in args.models.split(",") if m]
+    if peer_common.check_models(args.models):
+        p.error(peer_common.check_models(args.models))
+    return args
 
 
 def median_ms(fn, repeat: int) -> float:
-    import numpy as np
-
     for _ in range(3):
         fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+        times.append((time.perf_counter() - start) * 1e3)
+    return peer_common.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=50)
-    args = parser.parse_args()
-    # BLAS threads must be fixed before numpy loads
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(args.threads)
+def measure(args) -> None:
+    """The table of one OpenBLAS setting (this process's environment)."""
     import numpy as np
     import onnxruntime as ort
 
     import tr_onnx
 
-    print(f"batch {args.batch}, {args.threads} threads, median of {args.repeat} runs\n")
-    print("| model | tr_onnx align 1 (ms) | tr_onnx align 8 (ms) | onnxruntime (ms) | "
-          "tr_onnx / ORT |")
-    print("|---|---|---|---|---|")
-    for stem, shape in SHAPES.items():
-        path = ZOO / f"{stem}.onnx"
+    print(f"{args.threads} threads, median of --repeat runs after 3 untimed; onnxruntime "
+          f"{ort.__version__}; numpy's BLAS: {peer_common.blas_kernels()}\n")
+    print("| model | batch | runs | tr_onnx align 1 (ms) | tr_onnx align 8 (ms) | "
+          "onnxruntime (ms) | tr_onnx / ORT |")
+    print("|---|---|---|---|---|---|---|")
+    for model in args.models:
+        path = peer_common.model_path(model, args.bench_dir)
+        batch = args.batch or peer_common.default_batch(model)
+        repeat = args.repeat or (ZOO_REPEAT if model in ZOO_SHAPES else BENCH_REPEAT)
         feed = {"input": np.random.default_rng(0).standard_normal(
-            (args.batch, *shape)).astype(np.float32)}
+            (batch, *SHAPES[model])).astype(np.float32)}
         options = ort.SessionOptions()
         options.intra_op_num_threads = args.threads
         options.inter_op_num_threads = 1
         ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        t_ort = median_ms(lambda ref=ref, feed=feed: ref.run(None, feed), args.repeat)
+        t_ort = median_ms(lambda ref=ref, feed=feed: ref.run(None, feed), repeat)
         ours = []
         for align in (1, 8):
             sess = tr_onnx.InferenceSession(path, channel_align=align)
-            ours.append(median_ms(lambda sess=sess, feed=feed: sess.run(None, feed), args.repeat))
-        print(f"| {stem} | {ours[0]:.3f} | {ours[1]:.3f} | {t_ort:.3f} | "
-              f"{ours[0] / t_ort:.1f}x |")
+            ours.append(median_ms(lambda sess=sess, feed=feed: sess.run(None, feed), repeat))
+        print(f"| {model} | {batch} | {repeat} | {ours[0]:.3f} | {ours[1]:.3f} | {t_ort:.3f} | "
+              f"{ours[0] / t_ort:.2f}x |", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # BLAS threads must be fixed before numpy loads (here, in the export process, in the reruns)
+    peer_common.pin_threads(args.threads)
+    if args.blas_setting is not None:
+        measure(args)
+        return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with tempfile.TemporaryDirectory(prefix="tr_onnx_forward_") as tmp:
+        peer_common.export_bench_models(args.models, Path(tmp))
+        return peer_common.rerun_per_blas_setting(__file__, [*argv, "--bench-dir", tmp],
+                                                  args.blas_env)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""PyTorch eager (CPU) peer of ``benchmarks/train.py``: the zoo model rebuilt by
-``model_zoo.export_models.build_torch_model`` (the weights of the .onnx file), in train mode.
+"""PyTorch eager (CPU) peer of ``benchmarks/train.py``: the model rebuilt with the weights of
+its .onnx file (zoo models by ``model_zoo.export_models.build_torch_model``, the others by
+``bench_models.build``), in train mode.
 
     python benchmarks/peer_torch.py JOB.json
 
@@ -10,10 +11,12 @@ BatchNorm uses batch statistics, as it does in the other peers' training graphs.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
 
+import bench_models
 import peer_common
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +35,15 @@ def no_dropout(model) -> int:
     return changed
 
 
+def torch_blas(torch) -> str:
+    """torch's own BLAS (linked statically, so threadpoolctl cannot see it), the CPU kernels it
+    dispatches to and its thread count, then the BLAS that numpy loaded."""
+    found = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    blas = found.group(1) if found else "?"
+    return (f"torch {blas} {torch.backends.cpu.get_cpu_capability()} x{torch.get_num_threads()}"
+            f"; numpy {peer_common.blas_kernels()}")
+
+
 def body(job: dict, result: dict) -> None:
     import torch
     import torch.nn.functional as F
@@ -44,7 +56,10 @@ def body(job: dict, result: dict) -> None:
     result["version"] = torch.__version__
     xs, ys = peer_common.load_data(job)
     start = time.perf_counter()
-    model = build_torch_model(job["model"])
+    if job["model"] in bench_models.SHAPES:
+        model = bench_models.build(job["model"])
+    else:
+        model = build_torch_model(job["model"])
     result["dropout_disabled"] = no_dropout(model)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -68,6 +83,7 @@ def body(job: dict, result: dict) -> None:
         return loss.item()
 
     result["ms"], result["losses"] = peer_common.timed_loop(step, xs, ys, job["warmup"])
+    result["blas"] = torch_blas(torch)
 
 
 if __name__ == "__main__":

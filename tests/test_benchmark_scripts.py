@@ -1,0 +1,58 @@
+"""The benchmark scripts still run and print tables that parse: ``profile_step.py`` and
+``train.py`` on the smallest zoo model, a few steps, tr_onnx and PyTorch (the ORT peer needs a
+venv of its own and is left out). Numbers are not checked, only that a ratio is printed and that
+both peers start from the same loss."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def run_script(*args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, str(BENCH / args[0]), *args[1:]], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def rows(text: str, first: str) -> list[list[str]]:
+    """The cells of every markdown table row whose first cell is ``first``."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines()
+            if line.startswith("|") and line.strip("| ").split("|")[0].strip() == first]
+
+
+def test_profile_step_prints_the_step_time_the_loop_overhead_and_a_row_per_op_type():
+    out = run_script("profile_step.py", "--model", "mlp", "--steps", "2", "--blas-env", "given")
+    assert rows(out, "train_step, ms median (min)")
+    overhead = [r for r in out.splitlines() if r.startswith("| executor Python per kernel call")]
+    assert overhead and float(overhead[0].split("|")[-2]) > 0
+    gemm = rows(out, "Gemm")
+    assert gemm and float(gemm[0][3]) == 8  # calls per step: 4 Gemm forward, 4 backward
+
+
+def test_train_prints_a_ratio_per_peer_and_equal_first_losses():
+    out = run_script("train.py", "--models", "mlp", "--peers", "tr_onnx,torch", "--steps", "2",
+                     "--warmup", "1")
+    assert "OPENBLAS_CORETYPE=" in out and "OPENBLAS_L2_SIZE=" in out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    ours = [c for c in (line.strip("|").split("|") for line in lines) if "tr_onnx" in c[1]]
+    torch = [c for c in (line.strip("|").split("|") for line in lines) if "PyTorch" in c[1]]
+    assert ours and len(ours) == len(torch)  # one row each per OpenBLAS setting
+    for a, b in zip(ours, torch):
+        assert a[0] == b[0]  # same setting
+        assert re.fullmatch(r"\d+\.\d+x", a[3].strip()) and re.fullmatch(r"\d+\.\d+x", b[3].strip())
+        assert abs(float(a[5]) - float(b[5])) <= 1e-4
