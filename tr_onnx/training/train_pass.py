@@ -13,7 +13,9 @@ function here, so that order reads in one place:
    (``passes.autodiff``);
 6. gradient accumulators (GRAD), optimizer state (OPT_STATE), the flat spans over them;
 7. the commit of running statistics and the update (scale/clip, optimizer, zero GRAD);
-8. the step guard's scalars (cuda).
+8. the step guard's scalars (cuda);
+9. with one micro-batch per step, each gradient computed straight into GRAD and no ZeroFill
+   (``fold_accumulators``, numpy).
 
 Nodes are tagged with the phase of the step they belong to: ``compute`` (forward, backward,
 accumulate into GRAD), ``commit`` (running statistics; only after a step with finite loss and
