@@ -218,37 +218,70 @@ def with_skip_and_copy(update, states: int):
 
 
 
+# The updates are a dozen elementwise passes over spans of tens of MB: run pass after pass
+# over the whole span and each one streams every operand from main memory again. They run
+# block by block instead, all the passes of one block while it sits in the cache; every
+# element sees the same operations in the same order, so the results are the same bits.
+# 256 KiB of each operand: Adam's five (1.25 MiB a block) stay in cache, and ResNet-18's 45 MB
+# are 170 blocks; much smaller blocks cost more in calls than they save (measured: AdamW over
+# 11.2M parameters 183 ms unblocked, 98 ms at 256 KiB, 139 ms at 64 KiB, loaded machine).
+BLOCK_BYTES = 1 << 18
+
+
+def _blocks(ctx) -> tuple[list[slice], tuple[int, ...]]:
+    """Row ranges of the update's operands (the spans: 1-D) of about ``BLOCK_BYTES`` each, and
+    the shape of a block's scratch buffer (the workspaces are one block, not one span)."""
+    shape, itemsize = tuple(ctx.inputs[0].shape), ctx.inputs[0].dtype.itemsize
+    rows = max(1, BLOCK_BYTES // max(1, math.prod(shape[1:]) * itemsize))
+    blocks = [slice(i, min(i + rows, shape[0])) for i in range(0, shape[0], rows)]
+    return blocks, (min(rows, shape[0]), *shape[1:])
+
+
 def sgd_update_numpy(ctx):
     """torch.optim.SGD: d = g + wd*p; buf = d (first step) or momentum*buf + (1-dampening)*d;
-    d = d + momentum*buf (nesterov) or buf; p -= lr*d."""
+    d = d + momentum*buf (nesterov) or buf; p -= lr*d. Each product and sum is torch's, in its
+    order; the passes read the gradient (or buf) where it lies instead of copying it first."""
     a = ctx.attrs
     momentum, dampening = float(a["momentum"]), float(a["dampening"])
     nesterov, wd = bool(a["nesterov"]), float(a["weight_decay"])
     dtype = ctx.inputs[0].dtype
-    d_k = ctx.workspace(ctx.inputs[0].shape, dtype)
+    blocks, block = _blocks(ctx)
+    d_k = ctx.workspace(block, dtype)
+    # a second buffer where d already holds g + wd*p (nesterov) or for (1-dampening)*d
+    e_k = (ctx.workspace(block, dtype)
+           if momentum and ((nesterov and wd) or dampening) else None)
     t = dtype.type
+    c_wd, c_m, c_damp = t(wd), t(momentum), t(1 - dampening)
+
+    def update(p, g, buf, d, e, neg_lr, first):
+        if wd:
+            np.multiply(p, c_wd, out=d)
+            np.add(g, d, out=d)
+            g = d
+        if momentum:
+            if first:
+                np.copyto(buf, g)
+            else:
+                np.multiply(buf, c_m, out=buf)
+                if dampening:
+                    buf += np.multiply(g, c_damp, out=e)
+                else:
+                    buf += g
+            if nesterov:  # g + momentum*buf
+                m_buf = np.multiply(buf, c_m, out=e if g is d else d)
+                g = np.add(g, m_buf, out=d)
+            else:
+                g = buf
+        np.multiply(g, neg_lr, out=d)
+        np.add(p, d, out=p)
 
     def run(ins, outs, ws):
         p, g, buf = ins[0], ins[1], ins[2]
-        lr, step = _scalar(ins[3]), _scalar(ins[4])
-        d = ws[d_k]
-        if wd:
-            np.multiply(p, t(wd), out=d)
-            np.add(g, d, out=d)
-        else:
-            np.copyto(d, g)
-        if momentum:
-            if step == 1:
-                np.copyto(buf, d)
-            else:
-                np.multiply(buf, t(momentum), out=buf)
-                buf += t(1 - dampening) * d if dampening else d
-            if nesterov:
-                d += t(momentum) * buf
-            else:
-                np.copyto(d, buf)
-        np.multiply(d, t(-lr), out=d)
-        np.add(p, d, out=p)
+        neg_lr, first = t(-_scalar(ins[3])), _scalar(ins[4]) == 1
+        d, e = ws[d_k], ws[e_k] if e_k is not None else None
+        for r in blocks:
+            n = r.stop - r.start
+            update(p[r], g[r], buf[r], d[:n], e[:n] if e is not None else None, neg_lr, first)
 
     return run
 
@@ -261,37 +294,49 @@ def adam_update_numpy(ctx):
     wd, decoupled = float(a["weight_decay"]), bool(a["decoupled"])
     dtype = ctx.inputs[0].dtype
     t = dtype.type
-    g_k = ctx.workspace(ctx.inputs[0].shape, dtype)
-    d_k = ctx.workspace(ctx.inputs[0].shape, dtype)
+    blocks, block = _blocks(ctx)
+    # g + wd*p (L2 weight decay); otherwise the gradient is read where it lies
+    g_k = ctx.workspace(block, dtype) if wd and not decoupled else None
+    d_k = ctx.workspace(block, dtype)
+    c_wd, c_b1, c_b2 = t(wd), t(1 - beta1), t(1 - beta2)
+    beta2_t, eps_t = t(beta2), t(eps)
+
+    def update(p, grad, m, v, g, denom, decay, bias2_sqrt, neg_step):
+        if decay is not None:
+            np.multiply(p, decay, out=p)
+        if g is not None:
+            np.multiply(p, c_wd, out=g)
+            np.add(grad, g, out=g)
+        else:
+            g = grad
+        # m.lerp_(g, 1 - beta1): m + (1 - beta1) * (g - m)
+        np.subtract(g, m, out=denom)
+        denom *= c_b1
+        m += denom
+        # v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        v *= beta2_t
+        np.multiply(g, g, out=denom)
+        denom *= c_b2
+        v += denom
+        np.sqrt(v, out=denom)
+        denom /= bias2_sqrt
+        denom += eps_t
+        np.divide(m, denom, out=denom)
+        denom *= neg_step
+        p += denom
 
     def run(ins, outs, ws):
         p, grad, m, v = ins[0], ins[1], ins[2], ins[3]
         lr, step = _scalar(ins[4]), _scalar(ins[5])
-        g, denom = ws[g_k], ws[d_k]
-        if wd and decoupled:
-            np.multiply(p, t(1 - lr * wd), out=p)
-        if wd and not decoupled:
-            np.multiply(p, t(wd), out=g)
-            np.add(grad, g, out=g)
-        else:
-            np.copyto(g, grad)
-        # m.lerp_(g, 1 - beta1): m + (1 - beta1) * (g - m)
-        np.subtract(g, m, out=denom)
-        denom *= t(1 - beta1)
-        m += denom
-        # v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        v *= t(beta2)
-        np.multiply(g, g, out=denom)
-        denom *= t(1 - beta2)
-        v += denom
+        decay = t(1 - lr * wd) if wd and decoupled else None
         bias1 = 1 - beta1 ** step
-        bias2_sqrt = math.sqrt(1 - beta2 ** step)
-        np.sqrt(v, out=denom)
-        denom /= t(bias2_sqrt)
-        denom += t(eps)
-        np.divide(m, denom, out=denom)
-        denom *= t(-(lr / bias1))
-        p += denom
+        bias2_sqrt = t(math.sqrt(1 - beta2 ** step))
+        neg_step = t(-(lr / bias1))
+        g, denom = ws[g_k] if g_k is not None else None, ws[d_k]
+        for r in blocks:
+            n = r.stop - r.start
+            update(p[r], grad[r], m[r], v[r], g[:n] if g is not None else None, denom[:n],
+                   decay, bias2_sqrt, neg_step)
 
     return run
 
@@ -303,26 +348,33 @@ def adagrad_update_numpy(ctx):
     lr_decay, wd, eps = float(a["lr_decay"]), float(a["weight_decay"]), float(a["epsilon"])
     dtype = ctx.inputs[0].dtype
     t = dtype.type
-    g_k = ctx.workspace(ctx.inputs[0].shape, dtype)
-    s_k = ctx.workspace(ctx.inputs[0].shape, dtype)
+    blocks, block = _blocks(ctx)
+    g_k = ctx.workspace(block, dtype) if wd else None  # g + wd*p
+    s_k = ctx.workspace(block, dtype)
+    c_wd, eps_t = t(wd), t(eps)
+
+    def update(p, grad, acc, g, std, neg_clr):
+        if g is not None:
+            np.multiply(p, c_wd, out=g)
+            np.add(grad, g, out=g)
+        else:
+            g = grad
+        np.multiply(g, g, out=std)
+        acc += std
+        np.sqrt(acc, out=std)
+        std += eps_t
+        np.divide(g, std, out=std)
+        std *= neg_clr
+        p += std
 
     def run(ins, outs, ws):
         p, grad, acc = ins[0], ins[1], ins[2]
         lr, step = _scalar(ins[3]), _scalar(ins[4])
-        g, std = ws[g_k], ws[s_k]
-        if wd:
-            np.multiply(p, t(wd), out=g)
-            np.add(grad, g, out=g)
-        else:
-            np.copyto(g, grad)
-        clr = lr / (1 + (step - 1) * lr_decay)
-        np.multiply(g, g, out=std)
-        acc += std
-        np.sqrt(acc, out=std)
-        std += t(eps)
-        np.divide(g, std, out=std)
-        std *= t(-clr)
-        p += std
+        neg_clr = t(-(lr / (1 + (step - 1) * lr_decay)))
+        g, std = ws[g_k] if g_k is not None else None, ws[s_k]
+        for r in blocks:
+            n = r.stop - r.start
+            update(p[r], grad[r], acc[r], g[:n] if g is not None else None, std[:n], neg_clr)
 
     return run
 

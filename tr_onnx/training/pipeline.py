@@ -31,6 +31,7 @@ from .train_pass import (
     add_step_guard,
     add_step_scalars,
     add_update,
+    fold_accumulators,
     select_trainable,
     set_step_outputs,
     to_training_mode,
@@ -49,7 +50,8 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     GRAD accumulators, optimizer state and the spans over them, their all-reduce across ranks
     (data parallelism), the running statistics'
     commit, the update (scale/clip, optimizer, zero GRAD), the step's outputs; then, where
-    ``cfg`` asks for them, half precision, loss scaling and the cuda step guard.
+    ``cfg`` asks for them, half precision, loss scaling and the cuda step guard; last, with one
+    micro-batch per step, gradients written straight into GRAD (``fold_accumulators``).
     """
     model_outputs = list(graph.outputs)
     untied = share_parameters(graph, cfg.sharing, registry, backend)
@@ -84,4 +86,5 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
                                              guarded=cfg.step_guard)
     if cfg.step_guard:  # the step runs as one cuda graph, guarded on the device
         info.step_guard = add_step_guard(graph, info, registry, backend)
+    info.grads_overwritten = fold_accumulators(graph, info, cfg, registry, backend)
     return info

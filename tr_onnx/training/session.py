@@ -360,7 +360,8 @@ class TrainingSession:
             step_guard=self.backend == "cuda",
             data_inputs=tuple(i.name for i in self.imported.inputs),
             world=self._world_id, sync_batchnorm=opts["sync_batchnorm"],
-            grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))))
+            grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))),
+            grad_accumulation=opts["grad_accumulation"])
         return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
@@ -383,7 +384,11 @@ class TrainingSession:
         return names
 
     def _read_state(self, plan: CompiledPlan) -> dict[str, np.ndarray]:
-        return plan.executor.read_state(self._mutable_names(plan))
+        state = plan.executor.read_state(self._mutable_names(plan))
+        if plan.info.grads_overwritten:  # GRAD holds the last step's gradients: nothing is
+            for name in plan.info.grads.values():  # accumulated between steps
+                state[name] = np.zeros_like(state[name])
+        return state
 
     def _write_state(self, plan: CompiledPlan, state: dict[str, np.ndarray]) -> None:
         plan.executor.write_state(state)

@@ -13,7 +13,9 @@ function here, so that order reads in one place:
    (``passes.autodiff``);
 6. gradient accumulators (GRAD), optimizer state (OPT_STATE), the flat spans over them;
 7. the commit of running statistics and the update (scale/clip, optimizer, zero GRAD);
-8. the step guard's scalars (cuda).
+8. the step guard's scalars (cuda);
+9. with one micro-batch per step, each gradient computed straight into GRAD and no ZeroFill
+   (``fold_accumulators``, numpy).
 
 Nodes are tagged with the phase of the step they belong to: ``compute`` (forward, backward,
 accumulate into GRAD), ``commit`` (running statistics; only after a step with finite loss and
@@ -81,6 +83,7 @@ class TrainConfig:
     world: int | None = None
     sync_batchnorm: bool = False
     grad_bucket_bytes: int = 25 << 20  # all-reduce buckets (``training.data_parallel``)
+    grad_accumulation: int = 1  # micro-batches per optimizer step (1: ``fold_accumulators``)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,10 @@ class TrainInfo:
     # data parallelism: the world (size > 1) whose ranks must agree on every step's fate; the
     # plan then has a ``reduce`` phase (GradAllReduceWait) that runs before the apply phase
     world: Any = None
+    # one micro-batch per step (``fold_accumulators``): the compute phase writes every GRAD
+    # slot afresh and nothing zeroes them after the update, so between steps they hold the
+    # last step's gradients, not an accumulation; the session reads them as zeros
+    grads_overwritten: bool = False
 
 
 def _matches(name: str, patterns) -> bool:
@@ -440,6 +447,51 @@ def add_grad_accumulators(b: GradBuilder, trainable: list[Value],
         accumulators[p.name] = acc
         b.op("Accumulate", [acc, grads[p.name]], domain=INTERNAL, shapes=[])
     return accumulators
+
+
+def fold_accumulators(graph: Graph, info: TrainInfo, cfg: TrainConfig, registry: OpRegistry,
+                      backend: str) -> bool:
+    """With one micro-batch per optimizer step, in one process, on numpy, the step decided on
+    the host (a graph with the on-device step guard keeps GRAD as the cuda backend has it):
+    GRAD never accumulates, so each parameter's gradient is computed straight into its
+    accumulator (the node producing it writes the GRAD value instead of a temporary; numpy
+    kernels write through their outputs' logical views, whatever the layout) or, where that
+    cannot be (a view op, a dtype or shape that differs, a value that is also another
+    parameter's gradient or a step output), copied there (``Assign``) -- never added to zeros
+    -- and the apply phase's ZeroFill of the GRAD span goes: the next step overwrites every
+    slot (the host still zeroes GRAD after a bad batch, which is harmless). Runs last, on the
+    final dtypes (half precision casts some gradients on their way to GRAD). Returns whether
+    it folded (``TrainInfo.grads_overwritten``)."""
+    if (cfg.grad_accumulation != 1 or cfg.world is not None or backend != "numpy"
+            or cfg.step_guard):
+        return False
+    accumulators = {info.grads[p] for p in info.trainable}
+    outputs = set(map(id, graph.outputs))
+    for node in [n for n in graph.nodes if n.op_type == "Accumulate" and n.domain == INTERNAL
+                 and n.inputs[0].name in accumulators]:
+        acc, g = node.inputs
+        producer = g.producer
+        # g.kind: a gradient folded into an earlier accumulator is that GRAD value now
+        if (producer is None or g.kind != ir.ACTIVATION or id(g) in outputs
+                or producer.opdef.alias_output or g.dtype != acc.dtype or g.shape != acc.shape
+                or g.alias_of is not None):
+            copy = internal_node(graph, registry, backend, "Assign", node.name, [acc, g], [], {})
+            copy.phase = node.phase
+            graph.replace_node(node, copy)
+            continue
+        graph.remove_node(node)
+        producer.outputs[producer.outputs.index(g)] = acc
+        acc.producer = producer
+        for reader in list(g.consumers):
+            for k, v in enumerate(reader.inputs):
+                if v is g:
+                    graph.replace_input(reader, k, acc)
+        del graph.values[g.name]
+    span = graph.values[info.grads_span]
+    for node in [n for n in graph.nodes if n.op_type == "ZeroFill" and n.phase == "apply"
+                 and n.inputs[0] is span and len(n.inputs) == 1]:
+        graph.remove_node(node)
+    return True
 
 
 def add_optimizer_state(graph: Graph, trainable: list[Value],
