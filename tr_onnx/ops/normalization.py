@@ -115,13 +115,13 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     direct = acc == np.dtype(dtype)  # the centred map can live in y
     d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    sums, dots = _channel_einsums(len(x_info.shape))
+    sums_spec, dots_spec = _channel_einsums(len(x_info.shape))
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
 
     def run(ins, outs, ws):
         scale, bias = ins[1], ins[2]
-        a, b, sums_c, var = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws]
-        mean = sums_c[:c]
+        a, b, sums, var = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws]
+        mean = sums[:c]
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
         if direct:
             src, d = x_nhwc, y_nhwc
@@ -129,15 +129,15 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
             d = ws[d_ws]
             np.copyto(d, x_nhwc)
             src = d
-        np.einsum(sums, src, out=mean)
+        np.einsum(sums_spec, src, out=mean)
         count = local
         if world is not None:
-            sums_c[c] = local
-            world.allreduce_sum_(sums_c)
-            count = int(sums_c[c])
+            sums[c] = local
+            world.allreduce_sum_(sums)
+            count = int(sums[c])
         np.divide(mean, count, out=mean)
         np.subtract(src, mean, out=d)
-        np.einsum(dots, d, d, out=var)
+        np.einsum(dots_spec, d, d, out=var)
         if world is not None:
             world.allreduce_sum_(var)
         np.divide(var, count, out=var)
