@@ -115,7 +115,7 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     direct = acc == np.dtype(dtype)  # the centred map can live in y
     d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    sums_spec, dots_spec = _channel_einsums(len(x_info.shape))
+    channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
 
     def run(ins, outs, ws):
@@ -123,13 +123,11 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
         a, b, sums, var = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws]
         mean = sums[:c]
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        if direct:
-            src, d = x_nhwc, y_nhwc
-        else:
-            d = ws[d_ws]
+        d = y_nhwc if direct else ws[d_ws]
+        if not direct:
             np.copyto(d, x_nhwc)
-            src = d
-        np.einsum(sums_spec, src, out=mean)
+        src = x_nhwc if direct else d
+        channel.sum(ws, mean, src)
         count = local
         if world is not None:
             sums[c] = local
@@ -137,7 +135,7 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
             count = int(sums[c])
         np.divide(mean, count, out=mean)
         np.subtract(src, mean, out=d)
-        np.einsum(dots_spec, d, d, out=var)
+        channel.sum(ws, var, d, d)
         if world is not None:
             world.allreduce_sum_(var)
         np.divide(var, count, out=var)
@@ -168,13 +166,27 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     return run
 
 
-def _channel_einsums(rank: int) -> tuple[str, str]:
-    """einsum specs over a channels-last view of rank ``rank``: per-channel sums of one map,
-    and of the product of two. numpy's einsum runs them in one single-threaded pass; a BLAS
-    matrix-vector product with a ones vector is as fast alone, but OpenBLAS threads it from
-    ~0.5M elements, and a thread that must wait for a busy core stalls it for milliseconds."""
-    lead = "abcdefghijklmnopqrstuvwxy"[:rank - 1]
-    return f"{lead}z->z", f"{lead}z,{lead}z->z"
+class _ChannelSums:
+    """Per-channel sums of a channels-last map, or of the product of two, as single-threaded
+    einsum passes: a ones-vector BLAS product is as fast alone, but OpenBLAS threads it from
+    ~0.5M elements, and a thread waiting for a busy core stalls it for milliseconds. Rank >= 3:
+    per-sample partial sums first (float32 error ~(H*W + N) ulps instead of ~N*H*W)."""
+
+    def __init__(self, ctx, shape: tuple[int, ...], dtype: np.dtype):
+        lead = "abcdefghijklmnopqrstuvwxy"[:len(shape) - 1]
+        kept = "a" if len(shape) > 2 else ""
+        self.sum_spec, self.dot_spec = f"{lead}z->{kept}z", f"{lead}z,{lead}z->{kept}z"
+        self.partial = ctx.workspace((shape[0], shape[-1]), dtype) if kept else None
+
+    def sum(self, ws, out, *maps) -> None:
+        """out[c] = sum of maps[0] (one map) or of maps[0] * maps[1] (two) over all but c."""
+        spec = self.sum_spec if len(maps) == 1 else self.dot_spec
+        if self.partial is None:
+            np.einsum(spec, *maps, out=out)
+            return
+        partial = ws[self.partial]
+        np.einsum(spec, *maps, out=partial)
+        np.add.reduce(partial, axis=0, out=out)
 
 
 def batch_norm_numpy(ctx):
@@ -262,7 +274,7 @@ def batch_norm_grad_numpy(ctx):
     sums_ws, a_ws = ctx.workspace((2 * c + 1,), acc), ctx.workspace((c,), acc)
     k_ws = ctx.workspace((c,), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    sums_spec, dots_spec = _channel_einsums(len(x_info.shape))
+    channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc)
     has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
     # float16 gy: a float32 copy to sum and combine
     g_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc) \
@@ -278,9 +290,9 @@ def batch_norm_grad_numpy(ctx):
         if g_ws is not None:
             np.copyto(ws[g_ws], gy_nhwc)
             gy_nhwc = ws[g_ws]
-        np.einsum(sums_spec, gy_nhwc, out=gb)
+        channel.sum(ws, gb, gy_nhwc)
         np.subtract(x_nhwc, mean, out=t)
-        np.einsum(dots_spec, gy_nhwc, t, out=gs)
+        channel.sum(ws, gs, gy_nhwc, t)
         np.multiply(gs, inv, out=gs)
         if has_gscale:
             np.copyto(outs[1], gs, casting="same_kind")
@@ -612,6 +624,28 @@ def _plain_rows(info, dtype: np.dtype) -> bool:
         and np.dtype(info.dtype) == dtype
 
 
+def _rows_of(a: np.ndarray, plain: bool, scratch: np.ndarray) -> np.ndarray:
+    """``a`` as ``scratch``-shaped ``[outer, inner]`` rows: a view when ``plain``, else a copy."""
+    if plain:
+        return a.reshape(scratch.shape)
+    np.copyto(scratch.reshape(a.shape), a, casting="same_kind")
+    return scratch
+
+
+def _row_stats(x2, d, mean, inv, eps: float) -> None:
+    """d = x2 - mean and inv = 1 / sqrt(var + eps) per row of ``[outer, inner]`` x2: the mean,
+    then the centred sum of squares (``mean``/``inv`` are ``[outer, 1]``; d may be x2)."""
+    inner = x2.shape[1]
+    np.einsum("ij->i", x2, out=mean[:, 0])
+    np.divide(mean, inner, out=mean)
+    np.subtract(x2, mean, out=d)
+    np.einsum("ij,ij->i", d, d, out=inv[:, 0])
+    np.divide(inv, inner, out=inv)
+    np.add(inv, eps, out=inv)
+    np.sqrt(inv, out=inv)
+    np.reciprocal(inv, out=inv)
+
+
 def layer_norm_numpy(ctx):
     """Normalise over axes [axis, rank); Mean and InvStdDev outputs keep the reduced axes as 1.
 
@@ -639,19 +673,7 @@ def layer_norm_numpy(ctx):
         mean, inv = ws[mean_ws], ws[inv_ws]
         d = outs[0].reshape(outer, inner) if in_y else ws[d_ws]
         d_full, mean_full = d.reshape(shape), mean.reshape(kept)  # views (plain rows)
-        if x_rows:
-            x2 = ins[0].reshape(outer, inner)
-        else:
-            np.copyto(d_full, ins[0], casting="same_kind")
-            x2 = d
-        np.einsum("ij->i", x2, out=mean[:, 0])
-        np.divide(mean, inner, out=mean)
-        np.subtract(x2, mean, out=d)
-        np.einsum("ij,ij->i", d, d, out=inv[:, 0])
-        np.divide(inv, inner, out=inv)
-        np.add(inv, eps, out=inv)
-        np.sqrt(inv, out=inv)
-        np.reciprocal(inv, out=inv)
+        _row_stats(_rows_of(ins[0], x_rows, d), d, mean, inv, eps)
         if has_mean:
             np.copyto(outs[1], mean_full, casting="same_kind")
         if has_inv:
@@ -672,9 +694,8 @@ def layer_norm_grad_numpy(ctx):
     broadcast scale/bias). Per row of M elements: xhat = (x - mean) * inv, g = gy * scale,
     gx = inv * (g - mean(g) - xhat * mean(g * xhat)).
 
-    Row and column sums are single einsum passes over the ``[outer, inner]`` rows; gy and x are
-    read in place and g is built in gx itself when they are plain rows of the compute type
-    (else workspaces hold copies)."""
+    Row and column sums are einsum passes over ``[outer, inner]`` rows, read in place (and g
+    built in gx) when gy, x, gx are plain rows of the compute type, else in workspace copies."""
     x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
     shape = x_info.shape
     rank = len(shape)
@@ -695,24 +716,8 @@ def layer_norm_grad_numpy(ctx):
 
     def run(ins, outs, ws):
         xh, mean, inv, m1, m2 = (ws[k] for k in (xh_ws, mean_ws, inv_ws, m1_ws, m2_ws))
-        if gy_rows:
-            gy2 = ins[0].reshape(rows)
-        else:
-            gy2 = ws[gy_ws]
-            np.copyto(gy2.reshape(shape), ins[0], casting="same_kind")
-        if x_rows:
-            x2 = ins[1].reshape(rows)
-        else:  # the copy is centred in place below
-            x2 = xh
-            np.copyto(xh.reshape(shape), ins[1], casting="same_kind")
-        np.einsum("ij->i", x2, out=mean[:, 0])
-        np.divide(mean, inner, out=mean)
-        np.subtract(x2, mean, out=xh)
-        np.einsum("ij,ij->i", xh, xh, out=inv[:, 0])
-        np.divide(inv, inner, out=inv)
-        np.add(inv, eps, out=inv)
-        np.sqrt(inv, out=inv)
-        np.reciprocal(inv, out=inv)
+        gy2 = _rows_of(ins[0], gy_rows, xh if gy_rows else ws[gy_ws])  # plain: xh's shape
+        _row_stats(_rows_of(ins[1], x_rows, xh), xh, mean, inv, eps)  # a copy centred in place
         np.multiply(xh, inv, out=xh)
         if has[1]:
             np.einsum("ij,ij->j", gy2, xh, out=ws[gs_ws])
