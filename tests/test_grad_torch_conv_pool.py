@@ -154,6 +154,21 @@ def test_max_pool2d(spec, align):
                           [x], ours[2]))
 
 
+@pytest.mark.parametrize("align", ALIGNS, ids=[f"align{a}" for a in ALIGNS])
+@pytest.mark.parametrize("spec", [MAX_POOL2D["3x3s1_pad"], ((2, 5, 9, 8), 3, 2, 1, 1, False)],
+                         ids=["3x3s1_pad", "3x3s2_pad_resnet_stem"])
+def test_max_pool2d_ties_go_to_the_first_maximum_as_in_pytorch(spec, align):
+    """Few distinct values (as after a ReLU, whose zeros tie): every window's gradient goes to
+    its first maximum in scan order, and only there."""
+    xs, kernel, stride, padding, dilation, ceil = spec
+    x = np.random.default_rng(5).integers(-1, 3, xs).astype(np.float64)
+    attrs = {"kernel_shape": _pair(kernel), "strides": _pair(stride),
+             "pads": _pair(padding) * 2, "dilations": _pair(dilation), "ceil_mode": int(ceil)}
+    ours = _ours("MaxPool", [x], attrs, align)
+    _compare(ours, _torch(lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil),
+                          [x], ours[2]))
+
+
 # id: (x shape, kernel, stride, padding, ceil_mode, count_include_pad)
 AVG_POOL2D = {
     "2x2s2": ((2, 3, 6, 6), 2, 2, 0, False, False),

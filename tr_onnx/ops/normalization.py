@@ -22,7 +22,7 @@ import numpy as np
 from ..distributed import lookup
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
-from ..layouts import channels_last_view
+from ..layouts import StridedLayout, channels_last_view
 from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
 from .reduce import reduce_kept
 
@@ -96,6 +96,10 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     ``saved_var`` (biased) and ``saved_inv_std`` (1 / sqrt(var + eps)). y always uses the
     biased batch variance.
 
+    Two passes for the statistics (the mean, then the centred sum of squares: no cancellation);
+    the centred map lives in y itself, which is then scaled in place, so no map-sized scratch
+    exists unless y's type is narrower than the statistics' (float16).
+
     Synchronised (a ``world`` attribute, ``sync_batchnorm``): the batch is every rank's; the
     per-channel sums (with the row count) and then the sums of squared deviations from that
     mean are all-reduced, the same two passes one process makes over the whole batch."""
@@ -108,28 +112,30 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
     # the sums and, last, the row count travel in one message when synchronised
     mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
-    d_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
+    direct = acc == np.dtype(dtype)  # the centred map can live in y
+    d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    ones_ws = ctx.workspace((local,), acc)
+    channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
-    direct = acc == np.dtype(ctx.outputs[0].dtype)  # y can be written without a cast
 
     def run(ins, outs, ws):
         scale, bias = ins[1], ins[2]
-        a, b, sums, var, d = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws], ws[d_ws]
+        a, b, sums, var = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws]
         mean = sums[:c]
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        np.copyto(d, x_nhwc)
-        flat = d.reshape(-1, c)  # contiguous workspace: a view
-        channel_sums(flat, ws[ones_ws], mean)
+        d = y_nhwc if direct else ws[d_ws]
+        if not direct:
+            np.copyto(d, x_nhwc)
+        src = x_nhwc if direct else d
+        channel.sum(ws, mean, src)
         count = local
         if world is not None:
             sums[c] = local
             world.allreduce_sum_(sums)
             count = int(sums[c])
         np.divide(mean, count, out=mean)
-        np.subtract(d, mean, out=d)
-        np.einsum("kc,kc->c", flat, flat, out=var)
+        np.subtract(src, mean, out=d)
+        channel.sum(ws, var, d, d)
         if world is not None:
             world.allreduce_sum_(var)
         np.divide(var, count, out=var)
@@ -152,23 +158,35 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
         if "saved_inv_std" in slots:
             np.copyto(outs[slots["saved_inv_std"]], a, casting="same_kind")
         np.multiply(scale, a, out=a)
-        if direct:
-            np.multiply(d, a, out=y_nhwc)
-            np.add(y_nhwc, bias, out=y_nhwc)
-        else:
-            np.multiply(d, a, out=d)
-            np.add(d, bias, out=d)
+        np.multiply(d, a, out=d)
+        np.add(d, bias, out=d)
+        if not direct:
             np.copyto(y_nhwc, d, casting="same_kind")
 
     return run
 
 
-def channel_sums(flat: np.ndarray, ones: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """Column sums of a contiguous ``[M, C]`` matrix as one BLAS matrix-vector product:
-    numpy's own reduction over the rows of a narrow matrix is ~15x slower. ``ones`` is a
-    workspace of M elements (filled here: workspaces do not keep their contents)."""
-    ones.fill(1)
-    return np.dot(ones, flat, out=out)
+class _ChannelSums:
+    """Per-channel sums of a channels-last map, or of the product of two, as single-threaded
+    einsum passes: a ones-vector BLAS product is as fast alone, but OpenBLAS threads it from
+    ~0.5M elements, and a thread waiting for a busy core stalls it for milliseconds. Rank >= 3:
+    per-sample partial sums first (float32 error ~(H*W + N) ulps instead of ~N*H*W)."""
+
+    def __init__(self, ctx, shape: tuple[int, ...], dtype: np.dtype):
+        lead = "abcdefghijklmnopqrstuvwxy"[:len(shape) - 1]
+        kept = "a" if len(shape) > 2 else ""
+        self.sum_spec, self.dot_spec = f"{lead}z->{kept}z", f"{lead}z,{lead}z->{kept}z"
+        self.partial = ctx.workspace((shape[0], shape[-1]), dtype) if kept else None
+
+    def sum(self, ws, out, *maps) -> None:
+        """out[c] = sum of maps[0] (one map) or of maps[0] * maps[1] (two) over all but c."""
+        spec = self.sum_spec if len(maps) == 1 else self.dot_spec
+        if self.partial is None:
+            np.einsum(spec, *maps, out=out)
+            return
+        partial = ws[self.partial]
+        np.einsum(spec, *maps, out=partial)
+        np.add.reduce(partial, axis=0, out=out)
 
 
 def batch_norm_numpy(ctx):
@@ -236,6 +254,10 @@ def batch_norm_grad_numpy(ctx):
     gx = scale * inv_std * (gy - (gbias + xhat * gscale) / M); ``training=0`` (fixed running
     statistics): gx = scale * inv_std * gy.
 
+    gscale is inv_std * sum(gy * (x - mean)), so xhat is never formed: the centred map is
+    built once, in gx itself (a workspace only when gx is absent or narrower than float32),
+    and turned into gx in place.
+
     Synchronised (a ``world`` attribute): gx's two sums and M span every rank's batch (one
     all-reduce), while gscale and gbias stay this rank's -- the gradient all-reduce averages
     them with the other parameters' (``torch.nn.SyncBatchNorm``'s split).
@@ -246,33 +268,39 @@ def batch_norm_grad_numpy(ctx):
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     training = bool(ctx.attrs["training"])
-    nhwc = _channels_last_shape(x_info.shape, c_axis)
-    xhat_ws, t_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
+    in_gx = ctx.has_output(0) and acc == np.dtype(dtype)  # the centred map can live in gx
+    t_ws = None if in_gx else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     world = _sync_world(ctx) if training else None
     sums_ws, a_ws = ctx.workspace((2 * c + 1,), acc), ctx.workspace((c,), acc)
+    k_ws = ctx.workspace((c,), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
-    ones_ws = ctx.workspace((local,), acc)
+    channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc)
     has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
+    # float16 gy: a float32 copy to sum and combine
+    g_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc) \
+        if acc != np.dtype(ctx.inputs[0].dtype) else None
 
     def run(ins, outs, ws):
         gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
         scale, mean, inv = ins[2], ins[3], ins[4]
-        xhat, t, sums, a = ws[xhat_ws], ws[t_ws], ws[sums_ws], ws[a_ws]
+        sums, a, k = ws[sums_ws], ws[a_ws], ws[k_ws]
         gs, gb = sums[:c], sums[c:2 * c]  # [gscale | gbias | rows]: one message synchronised
-        np.subtract(x_nhwc, mean, out=xhat)
-        np.multiply(xhat, inv, out=xhat)
-        np.copyto(t, gy_nhwc)  # contiguous [M, C] for the BLAS sums
-        gy2, xhat2 = t.reshape(-1, c), xhat.reshape(-1, c)
-        channel_sums(gy2, ws[ones_ws], gb)
-        np.einsum("kc,kc->c", gy2, xhat2, out=gs)
+        gx_nhwc = _channels_last(outs[0], c_axis) if outs[0] is not None else None
+        t = gx_nhwc if in_gx else ws[t_ws]
+        if g_ws is not None:
+            np.copyto(ws[g_ws], gy_nhwc)
+            gy_nhwc = ws[g_ws]
+        channel.sum(ws, gb, gy_nhwc)
+        np.subtract(x_nhwc, mean, out=t)
+        channel.sum(ws, gs, gy_nhwc, t)
+        np.multiply(gs, inv, out=gs)
         if has_gscale:
             np.copyto(outs[1], gs, casting="same_kind")
         if has_gbias:
             np.copyto(outs[2], gb, casting="same_kind")
-        if outs[0] is None:
+        if gx_nhwc is None:
             return
         np.multiply(scale, inv, out=a)
-        gx_nhwc = _channels_last(outs[0], c_axis)
         if not training:
             np.multiply(gy_nhwc, a, out=gx_nhwc, casting="same_kind")
             return
@@ -281,13 +309,16 @@ def batch_norm_grad_numpy(ctx):
             sums[2 * c] = local
             world.allreduce_sum_(sums)
             count = int(sums[2 * c])
-        np.divide(gs, count, out=gs)
+        # gx = a * (gy - gb / M - (x - mean) * inv * gs / M), the centred map t in place
+        np.multiply(gs, inv, out=k)
+        np.divide(k, count, out=k)
         np.divide(gb, count, out=gb)
-        np.multiply(xhat, gs, out=xhat)  # xhat is not needed any more
-        np.add(xhat, gb, out=xhat)
-        np.subtract(t, xhat, out=t)
+        np.multiply(t, k, out=t)
+        np.add(t, gb, out=t)
+        np.subtract(gy_nhwc, t, out=t)
         np.multiply(t, a, out=t)
-        np.copyto(gx_nhwc, t, casting="same_kind")
+        if not in_gx:
+            np.copyto(gx_nhwc, t, casting="same_kind")
 
     return run
 
@@ -586,8 +617,41 @@ def _stash_dtype(ctx, dtype: np.dtype) -> np.dtype:
     return np.promote_types(dtype, np_dtype(int(ctx.attrs["stash_type"])))
 
 
+def _plain_rows(info, dtype: np.dtype) -> bool:
+    """Whether a tensor's kernel view reshapes to ``[outer, inner]`` rows of ``dtype`` without
+    a copy (a plain, unpadded layout of that type)."""
+    return isinstance(info.layout, StridedLayout) and info.layout.is_plain \
+        and np.dtype(info.dtype) == dtype
+
+
+def _rows_of(a: np.ndarray, plain: bool, scratch: np.ndarray) -> np.ndarray:
+    """``a`` as ``scratch``-shaped ``[outer, inner]`` rows: a view when ``plain``, else a copy."""
+    if plain:
+        return a.reshape(scratch.shape)
+    np.copyto(scratch.reshape(a.shape), a, casting="same_kind")
+    return scratch
+
+
+def _row_stats(x2, d, mean, inv, eps: float) -> None:
+    """d = x2 - mean and inv = 1 / sqrt(var + eps) per row of ``[outer, inner]`` x2: the mean,
+    then the centred sum of squares (``mean``/``inv`` are ``[outer, 1]``; d may be x2)."""
+    inner = x2.shape[1]
+    np.einsum("ij->i", x2, out=mean[:, 0])
+    np.divide(mean, inner, out=mean)
+    np.subtract(x2, mean, out=d)
+    np.einsum("ij,ij->i", d, d, out=inv[:, 0])
+    np.divide(inv, inner, out=inv)
+    np.add(inv, eps, out=inv)
+    np.sqrt(inv, out=inv)
+    np.reciprocal(inv, out=inv)
+
+
 def layer_norm_numpy(ctx):
-    """Normalise over axes [axis, rank); Mean and InvStdDev outputs keep the reduced axes as 1."""
+    """Normalise over axes [axis, rank); Mean and InvStdDev outputs keep the reduced axes as 1.
+
+    The statistics are two passes over rows (the mean, then the centred sum of squares). The
+    centred rows live in y when y is plain rows of the stash type, and are scaled there in
+    place; otherwise in a workspace copied out at the end."""
     x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
     shape = x_info.shape
     rank = len(shape)
@@ -599,22 +663,17 @@ def layer_norm_numpy(ctx):
     acc = _stash_dtype(ctx, dtype)
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis:], dtype=np.int64))
-    norm_axes = tuple(range(axis, rank))
     kept = shape[:axis] + (1,) * (rank - axis)
-    d_ws = ctx.workspace((outer, inner), acc)
+    x_rows, in_y = _plain_rows(x_info, acc), _plain_rows(ctx.outputs[0], acc)
+    d_ws = None if in_y else ctx.workspace((outer, inner), acc)
     mean_ws, inv_ws = ctx.workspace((outer, 1), acc), ctx.workspace((outer, 1), acc)
     has_bias, has_mean, has_inv = ctx.has_input(2), ctx.has_output(1), ctx.has_output(2)
 
     def run(ins, outs, ws):
-        d, mean, inv = ws[d_ws], ws[mean_ws], ws[inv_ws]
-        d_full, mean_full = d.reshape(shape), mean.reshape(kept)  # contiguous: views
-        np.mean(ins[0], axis=norm_axes, keepdims=True, dtype=acc, out=mean_full)
-        np.subtract(ins[0], mean_full, out=d_full)
-        np.einsum("ij,ij->i", d, d, out=inv[:, 0])
-        np.divide(inv, inner, out=inv)
-        np.add(inv, eps, out=inv)
-        np.sqrt(inv, out=inv)
-        np.reciprocal(inv, out=inv)
+        mean, inv = ws[mean_ws], ws[inv_ws]
+        d = outs[0].reshape(outer, inner) if in_y else ws[d_ws]
+        d_full, mean_full = d.reshape(shape), mean.reshape(kept)  # views (plain rows)
+        _row_stats(_rows_of(ins[0], x_rows, d), d, mean, inv, eps)
         if has_mean:
             np.copyto(outs[1], mean_full, casting="same_kind")
         if has_inv:
@@ -623,7 +682,8 @@ def layer_norm_numpy(ctx):
         np.multiply(d_full, ins[1], out=d_full)
         if has_bias:
             np.add(d_full, ins[2], out=d_full)
-        np.copyto(outs[0], d_full, casting="same_kind")
+        if not in_y:
+            np.copyto(outs[0], d_full, casting="same_kind")
 
     return run
 
@@ -632,7 +692,10 @@ def layer_norm_grad_numpy(ctx):
     """ai.tr_onnx LayerNormGrad(gy, x, scale) -> (gx, gscale, gbias) over axes [axis, rank);
     gscale/gbias have the normalised shape x.shape[axis:] (the rule sums them down to a
     broadcast scale/bias). Per row of M elements: xhat = (x - mean) * inv, g = gy * scale,
-    gx = inv * (g - mean(g) - xhat * mean(g * xhat))."""
+    gx = inv * (g - mean(g) - xhat * mean(g * xhat)).
+
+    Row and column sums are einsum passes over ``[outer, inner]`` rows, read in place (and g
+    built in gx) when gy, x, gx are plain rows of the compute type, else in workspace copies."""
     x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
     shape = x_info.shape
     rank = len(shape)
@@ -641,40 +704,41 @@ def layer_norm_grad_numpy(ctx):
     acc = _acc_dtype(dtype)
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis:], dtype=np.int64))
-    xh_ws, g_ws, t_ws = (ctx.workspace((outer, inner), acc) for _ in range(3))
-    mean_ws, inv_ws, m_ws = (ctx.workspace((outer, 1), acc) for _ in range(3))
+    rows = (outer, inner)
+    gy_rows, x_rows = _plain_rows(ctx.inputs[0], acc), _plain_rows(x_info, acc)
+    in_gx = ctx.has_output(0) and _plain_rows(ctx.outputs[0], acc)
+    xh_ws = ctx.workspace(rows, acc)
+    gy_ws = None if gy_rows else ctx.workspace(rows, acc)
+    g_ws = None if in_gx else ctx.workspace(rows, acc)
+    mean_ws, inv_ws, m1_ws, m2_ws = (ctx.workspace((outer, 1), acc) for _ in range(4))
     gs_ws, gb_ws = ctx.workspace((inner,), acc), ctx.workspace((inner,), acc)
     has = [ctx.has_output(i) for i in range(3)]
 
     def run(ins, outs, ws):
-        xh, g, t, mean, inv, m = (ws[k] for k in (xh_ws, g_ws, t_ws, mean_ws, inv_ws, m_ws))
-        np.copyto(xh.reshape(shape), ins[1])  # contiguous workspaces: reshape is a view
-        np.copyto(g.reshape(shape), ins[0])
-        np.mean(xh, axis=1, keepdims=True, out=mean)
-        np.subtract(xh, mean, out=xh)
-        np.square(xh, out=t)
-        np.mean(t, axis=1, keepdims=True, out=inv)
-        np.add(inv, eps, out=inv)
-        np.sqrt(inv, out=inv)
-        np.reciprocal(inv, out=inv)
+        xh, mean, inv, m1, m2 = (ws[k] for k in (xh_ws, mean_ws, inv_ws, m1_ws, m2_ws))
+        gy2 = _rows_of(ins[0], gy_rows, xh if gy_rows else ws[gy_ws])  # plain: xh's shape
+        _row_stats(_rows_of(ins[1], x_rows, xh), xh, mean, inv, eps)  # a copy centred in place
         np.multiply(xh, inv, out=xh)
-        for k, ws_k in ((1, gs_ws), (2, gb_ws)):
-            if has[k]:
-                if k == 1:
-                    np.multiply(g, xh, out=t)
-                np.sum(t if k == 1 else g, axis=0, out=ws[ws_k])
-                np.copyto(outs[k], ws[ws_k].reshape(outs[k].shape), casting="same_kind")
+        if has[1]:
+            np.einsum("ij,ij->j", gy2, xh, out=ws[gs_ws])
+            np.copyto(outs[1], ws[gs_ws].reshape(outs[1].shape), casting="same_kind")
+        if has[2]:
+            np.einsum("ij->j", gy2, out=ws[gb_ws])
+            np.copyto(outs[2], ws[gb_ws].reshape(outs[2].shape), casting="same_kind")
         if not has[0]:
             return
-        np.multiply(g.reshape(shape), ins[2], out=g.reshape(shape))
-        np.mean(g, axis=1, keepdims=True, out=m)
-        np.subtract(g, m, out=g)
-        np.multiply(g, xh, out=t)  # (g - mean(g)) * xhat has the same mean as g * xhat
-        np.mean(t, axis=1, keepdims=True, out=m)
-        np.multiply(xh, m, out=t)
-        np.subtract(g, t, out=g)
+        g = outs[0].reshape(rows) if in_gx else ws[g_ws]
+        np.multiply(gy2.reshape(shape), ins[2], out=g.reshape(shape))
+        np.einsum("ij->i", g, out=m1[:, 0])
+        np.divide(m1, inner, out=m1)
+        np.einsum("ij,ij->i", g, xh, out=m2[:, 0])
+        np.divide(m2, inner, out=m2)
+        np.multiply(xh, m2, out=xh)
+        np.subtract(g, xh, out=g)
+        np.subtract(g, m1, out=g)
         np.multiply(g, inv, out=g)
-        np.copyto(outs[0], g.reshape(shape), casting="same_kind")
+        if not in_gx:
+            np.copyto(outs[0], g.reshape(shape), casting="same_kind")
 
     return run
 
