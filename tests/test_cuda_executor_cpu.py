@@ -52,11 +52,15 @@ _PLANS, _CUDA_PLANS = {}, {}
 
 def training_plan(stem):
     """A TrainingSession's active plan after one numpy step (cached; tests copy what they
-    change): the reference."""
+    change): the reference. Its gradients go through GRAD accumulators as the cuda plan's do
+    (numpy alone computes them straight into GRAD: ``train_pass.fold_accumulators``), so both
+    plans are one graph."""
     if stem not in _PLANS:
-        session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8)
-        x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
-        session.train_step({"input": x}, np.arange(4) % 10)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pipeline, "fold_accumulators", lambda *args: False)
+            session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8)
+            x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
+            session.train_step({"input": x}, np.arange(4) % 10)
         _PLANS[stem] = session._active
     return _PLANS[stem]
 

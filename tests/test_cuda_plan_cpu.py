@@ -39,6 +39,7 @@ from tr_onnx.backends.cuda.cudnn_graphs import (
 )
 from tr_onnx.memory import ALIGN, Region
 from tr_onnx.testing.recorder import FakeRecorder, RecordedGraph
+from tr_onnx.training import pipeline
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 ALIGN_CH = 8
@@ -57,15 +58,19 @@ _PLANS = {}
 
 def compiled_plan(stem, mode, align=ALIGN_CH):
     """(CompiledPlan) of the model: InferenceSession.plan_for, or a TrainingSession's active plan
-    after one step. Cached: the plans are pure and the tests only read them."""
+    after one step. Cached: the plans are pure and the tests only read them. Training plans keep
+    their GRAD accumulators as the cuda backend's do (numpy alone computes gradients straight
+    into GRAD: ``train_pass.fold_accumulators``)."""
     key = (stem, mode, align)
     if key not in _PLANS:
         if mode == "inference":
             _PLANS[key] = tr_onnx.InferenceSession(
                 ZOO / f"{stem}.onnx", channel_align=align).plan_for(_feed(stem))
         else:
-            session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=align)
-            session.train_step(_feed(stem), np.arange(4) % 10)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(pipeline, "fold_accumulators", lambda *args: False)
+                session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=align)
+                session.train_step(_feed(stem), np.arange(4) % 10)
             _PLANS[key] = session._active
     return _PLANS[key]
 

@@ -111,7 +111,9 @@ class MemoryDesc:
     """A memory descriptor handle, destroyed with this object."""
 
     def __init__(self, handle: _P, owned: bool = True):
-        self.handle, self.owned = handle, owned
+        # the library is held, not looked up, when the handle is destroyed (at interpreter
+        # exit this module's globals may already be gone)
+        self.handle, self.owned, self._lib = handle, owned, library()
 
     @staticmethod
     def strided(shape, byte_strides, itemsize: int = 4) -> MemoryDesc:
@@ -137,9 +139,8 @@ class MemoryDesc:
         return int(library().lib.dnnl_memory_desc_get_size(self.handle))
 
     def __del__(self):
-        lib = library()
-        if self.owned and lib is not None and self.handle:
-            lib.lib.dnnl_memory_desc_destroy(self.handle)
+        if self.owned and self.handle:
+            self._lib.lib.dnnl_memory_desc_destroy(self.handle)
 
 
 class Primitive:
@@ -147,7 +148,7 @@ class Primitive:
     oneDNN chose."""
 
     def __init__(self, pd: _P, keep: list):
-        lib = library()
+        lib = self._lib = library()
         self.pd, self.keep = pd, keep  # keep: descriptors the pd was made from
         self.handle = _P()
         lib.check(lib.lib.dnnl_primitive_create(ctypes.byref(self.handle), pd),
@@ -164,10 +165,8 @@ class Primitive:
         return (out.value or b"").decode()
 
     def __del__(self):
-        lib = library()
-        if lib is not None:
-            lib.lib.dnnl_primitive_destroy(self.handle)
-            lib.lib.dnnl_primitive_desc_destroy(self.pd)
+        self._lib.lib.dnnl_primitive_destroy(self.handle)
+        self._lib.lib.dnnl_primitive_desc_destroy(self.pd)
 
 
 def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDesc | None,
@@ -212,7 +211,7 @@ class Bound:
     memory objects pointing into the arrays (kept alive here); ``()`` executes it."""
 
     def __init__(self, primitive: Primitive, args: list[tuple[str, MemoryDesc, np.ndarray]]):
-        lib = library()
+        lib = self._lib = library()
         self.primitive, self.arrays, self.memories = primitive, [], []
         pairs = []
         for name, md, array in args:
@@ -234,7 +233,5 @@ class Bound:
                               f"status {status}")
 
     def __del__(self):
-        lib = library()
-        if lib is not None:
-            for memory in self.memories:
-                lib.lib.dnnl_memory_destroy(memory)
+        for memory in self.memories:
+            self._lib.lib.dnnl_memory_destroy(memory)
