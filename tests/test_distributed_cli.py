@@ -1,6 +1,6 @@
 """``tr-onnx train`` under ``mpiexec -n 2`` (the mpich wheel): two ranks with ``--batch-size 16``
 train LeNet on the digits like one process with ``--batch-size 32`` (one progress line, one
-metrics file, one exported model, equal to 1e-6); a rank that is killed ends the run, and its
+metrics file, one exported model, equal to 4e-6); a rank that is killed ends the run, and its
 last checkpoint resumes on one rank to the same model; a rank that hangs makes the other fail
 within ``--dist-timeout`` with a line naming it and what it waited for.
 
@@ -34,7 +34,10 @@ LENET = str(ROOT / "model_zoo" / "lenet.onnx")
 TRAIN = ["train", LENET, "--data", "digits", "--epochs", "2", "--optimizer", "sgd", "--lr",
          "0.5", "--backend", "numpy"]
 BATCHES = 45  # 1438 training digits (0.8 of 1797) in global batches of 32: the last has 30
-TOL = 1e-6
+# float32 sums in another order: the conv weight gradient over two ranks' 16 rows each, averaged,
+# against one process's 32 rows. oneDNN's and OpenBLAS's own reduction orders (not np.matmul's)
+# put LeNet's weights up to 1.6e-6 apart after 2 epochs of SGD at lr 0.5 (measured 2026-12-01)
+TOL = 4e-6
 
 
 def mpiexec(*argv: str, ranks: int = 2) -> tuple[subprocess.CompletedProcess, float]:

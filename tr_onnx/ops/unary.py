@@ -585,7 +585,9 @@ UNARY: dict[str, Elementwise] = {
 # Constants some bodies need, computed once per node in the input's float dtype.
 _DERIVED = {
     "Erf": lambda dt: {"erf_exact": dt.itemsize == 8},
-    "Gelu": lambda dt: {"cubic": dt.type(0.044715), "erf_exact": dt.itemsize == 8,
+    # Gelu adds 1 to erf before rounding: the pieces' erf(4) = -1 + 1.5e-8 there would make
+    # Gelu(-10) -7.5e-8 instead of -7.7e-23 and Gelu(-inf) -inf instead of NaN, so the exact erf
+    "Gelu": lambda dt: {"cubic": dt.type(0.044715), "erf_exact": True,
                         "sqrt_2_over_pi": dt.type(math.sqrt(2 / math.pi))},
     "HardSwish": lambda dt: {"one_sixth": dt.type(1.0 / 6.0)},
 }
