@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import warnings
 
@@ -64,6 +65,21 @@ def test_auto_is_numpy_and_cuda_is_a_named_error_without_a_gpu(monkeypatch):
         resolve_backend("cuda")
     with pytest.raises(TrOnnxError, match="not usable here"):
         tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda")
+
+
+def test_auto_without_a_driver_never_imports_cupy():
+    """CuPy's import costs about 200 MB and a second: ``auto`` makes it only where a CUDA
+    driver library loads (a fresh interpreter, so no other test has imported CuPy)."""
+    code = ("import sys\n"
+            "import tr_onnx.backends.cuda.device as device\n"
+            "device.driver_loads = lambda: False\n"
+            "import tr_onnx\n"
+            "tr_onnx.InferenceSession(sys.argv[1]).run(None, {'input': __import__('numpy')"
+            ".zeros((1, 64), 'float32')})\n"
+            "print('cupy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(ZOO / "mlp.onnx")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_the_reason_names_a_missing_cupy(monkeypatch):

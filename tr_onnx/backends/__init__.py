@@ -169,8 +169,10 @@ def resolve_backend(name: str) -> str:
     list the valid ones."""
     from ..errors import TrOnnxError
 
-    if name == "auto":
-        return "cuda" if cuda_unavailable_reason() is None else "numpy"
+    if name == "auto":  # no reason needed: CuPy is imported only where a driver loads
+        from .cuda.device import cuda_available
+
+        return "cuda" if cuda_available() else "numpy"
     if name not in BACKENDS:
         raise TrOnnxError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)} (or 'auto')")
     if name == "cuda":

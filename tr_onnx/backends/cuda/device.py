@@ -14,7 +14,9 @@ bound to the stream, and the pinned host buffers of the input/output transfers.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +48,25 @@ def launch_dims(n: int, block: int = BLOCK) -> tuple[tuple[int, int, int], tuple
     return (blocks, 1, 1), (block, 1, 1)
 
 
+def driver_loads() -> bool:
+    """Whether the CUDA driver library loads. Without it no GPU is usable, and importing CuPy
+    to learn that costs about 200 MB of memory and a second (a numpy session made with the
+    default backend ``auto`` paid both)."""
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
 def cuda_available() -> bool:
     """True when CuPy imports and sees a usable GPU. Never raises (False without CuPy, driver
-    or device)."""
+    or device); without a driver library CuPy is not imported at all."""
+    if not driver_loads():
+        return False
     try:
         import cupy
 
