@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import peer_common
 from peer_common import SHAPES, ZOO_SHAPES
@@ -90,16 +88,7 @@ def measure(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # BLAS threads must be fixed before numpy loads (here, in the export process, in the reruns)
-    peer_common.pin_threads(args.threads)
-    if args.blas_setting is not None:
-        measure(args)
-        return 0
-    argv = sys.argv[1:] if argv is None else list(argv)
-    with tempfile.TemporaryDirectory(prefix="tr_onnx_forward_") as tmp:
-        peer_common.export_bench_models(args.models, Path(tmp))
-        return peer_common.rerun_per_blas_setting(__file__, [*argv, "--bench-dir", tmp],
-                                                  args.blas_env)
+    return peer_common.main_per_blas_setting(__file__, args, argv, args.models, measure)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,6 +118,22 @@ def peer_env(setting: str, tr_onnx_tree: bool = True) -> dict[str, str]:
     else:
         env.pop("PYTHONPATH", None)
     return env
+
+
+def main_per_blas_setting(script: str, args, argv: list[str] | None, models: list[str],
+                          measure) -> int:
+    """The ``main`` of a script measured once per OpenBLAS setting (forward.py,
+    profile_step.py): in a rerun (``--blas-setting`` given) ``measure(args)``; else export the
+    bench models ``models`` needs once and rerun this script per setting of ``args.blas_env``.
+    BLAS threads are pinned first: numpy loads in the export process and in the reruns."""
+    pin_threads(args.threads)
+    if args.blas_setting is not None:
+        measure(args)
+        return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with tempfile.TemporaryDirectory(prefix="tr_onnx_bench_") as tmp:
+        export_bench_models(models, Path(tmp))
+        return rerun_per_blas_setting(script, [*argv, "--bench-dir", tmp], args.blas_env)
 
 
 def rerun_per_blas_setting(script: str, argv: list[str], mode: str) -> int:

@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import peer_common
 from peer_common import SHAPES, median
@@ -178,16 +176,7 @@ def measure(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # BLAS threads must be fixed before numpy loads (here, in the export process, in the reruns)
-    peer_common.pin_threads(args.threads)
-    if args.blas_setting is not None:
-        measure(args)
-        return 0
-    argv = sys.argv[1:] if argv is None else list(argv)
-    with tempfile.TemporaryDirectory(prefix="tr_onnx_profile_") as tmp:
-        peer_common.export_bench_models([args.model], Path(tmp))
-        return peer_common.rerun_per_blas_setting(__file__, [*argv, "--bench-dir", tmp],
-                                                  args.blas_env)
+    return peer_common.main_per_blas_setting(__file__, args, argv, [args.model], measure)
 
 
 if __name__ == "__main__":

@@ -103,57 +103,54 @@ def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
     return forward, primitive
 
 
-def conv_onednn(ctx, win: Window, group: int):
-    """Conv forward: y = conv(x, reorder(w)) + b."""
-    x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-    has_bias = ctx.has_input(2)
+def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_args,
+                     with_bias=False):
+    """A kernel whose convolution reads w (Conv, ConvGradData): each step reorders w from the
+    plan's layout into oneDNN's blocked one, then runs the convolution, whose other arguments
+    ``conv_args(ins, outs)`` names. None where oneDNN declines."""
     try:
-        _, conv = _primitives(onednn.FORWARD_TRAINING, x_info, w_info, y_info, win, group,
-                              has_bias)
+        _, conv = _primitives(kind, src_info, w_info, dst_info, win, group, with_bias)
         user_w = _weights(w_info, group, True)
         blocked = conv.md("weights")
         to_blocked = onednn.reorder(user_w, blocked)
     except onednn.OneDnnError:
         return None
-    if has_bias and tuple(ctx.inputs[2].layout.view_strides(4)) != (4,):
-        return None
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
     scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, to_blocked)
+
+    def make(ins, outs, ws):
+        return [_bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
+                      reorder_scratch, ws),
+                _bind(conv, [*conv_args(ins, outs), ("weights", blocked, ws[w_k])], scratch,
+                      ws)]
+
+    return _Plan(make).run
+
+
+def conv_onednn(ctx, win: Window, group: int):
+    """Conv forward: y = conv(x, reorder(w)) + b."""
+    x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    has_bias = ctx.has_input(2)
+    if has_bias and tuple(ctx.inputs[2].layout.view_strides(4)) != (4,):
+        return None
     x_md, y_md = _strided(x_info), _strided(y_info)
     b_md = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if has_bias else None
 
-    def make(ins, outs, ws):
-        args = [("src", x_md, ins[0]), ("weights", blocked, ws[w_k]), ("dst", y_md, outs[0])]
-        if has_bias:
-            args.append(("bias", b_md, ins[2]))
-        return [_bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
-                      reorder_scratch, ws),
-                _bind(conv, args, scratch, ws)]
+    def conv_args(ins, outs):
+        args = [("src", x_md, ins[0]), ("dst", y_md, outs[0])]
+        return [*args, ("bias", b_md, ins[2])] if has_bias else args
 
-    return _Plan(make).run
+    return _reading_weights(ctx, onednn.FORWARD_TRAINING, x_info, w_info, y_info, win, group,
+                            conv_args, has_bias)
 
 
 def conv_grad_data_onednn(ctx, win: Window, group: int):
     """gx = conv backward data(gy, reorder(w))."""
     gy_info, w_info, gx_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-    try:
-        _, conv = _primitives(onednn.BACKWARD_DATA, gx_info, w_info, gy_info, win, group)
-        user_w = _weights(w_info, group, True)
-        blocked = conv.md("weights")
-        to_blocked = onednn.reorder(user_w, blocked)
-    except onednn.OneDnnError:
-        return None
-    w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
-    scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, to_blocked)
     gy_md, gx_md = _strided(gy_info), _strided(gx_info)
-
-    def make(ins, outs, ws):
-        return [_bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
-                      reorder_scratch, ws),
-                _bind(conv, [("diff_dst", gy_md, ins[0]), ("weights", blocked, ws[w_k]),
-                             ("diff_src", gx_md, outs[0])], scratch, ws)]
-
-    return _Plan(make).run
+    return _reading_weights(
+        ctx, onednn.BACKWARD_DATA, gx_info, w_info, gy_info, win, group,
+        lambda ins, outs: [("diff_dst", gy_md, ins[0]), ("diff_src", gx_md, outs[0])])
 
 
 def conv_grad_filter_onednn(ctx, win: Window, group: int):
