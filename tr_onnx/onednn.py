@@ -14,6 +14,7 @@ as arena workspaces, and binds memory objects to the arena on its first call
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import os
 import sys
 from functools import cache
@@ -34,7 +35,7 @@ QUERY_MD = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "d
             "diff_dst": 134, "scratchpad": 136}
 ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "scratchpad": 80, "diff_src": 129,
        "diff_dst": 145, "diff_weights": 161}
-# where the wheel puts the library: <prefix>/lib (its files are "data" of the wheel)
+DISTRIBUTION = "onednn-cpu-gomp"
 _LIBRARY_NAMES = ("libdnnl.so.3", "libdnnl.so")
 
 
@@ -76,15 +77,27 @@ def library() -> _Library | None:
     """The oneDNN library, or None when it is not installed or disabled."""
     if os.environ.get("TR_ONNX_NO_ONEDNN"):
         return None
-    for folder in (os.path.join(sys.prefix, "lib"), os.path.join(sys.base_prefix, "lib")):
-        for name in _LIBRARY_NAMES:
-            path = os.path.join(folder, name)
-            if os.path.exists(path):
-                try:
-                    return _Library(_load_with_passive_openmp(path))
-                except (OSError, OneDnnError, AttributeError):
-                    return None
+    for path in _library_paths():
+        if os.path.exists(path):
+            try:
+                return _Library(_load_with_passive_openmp(path))
+            except (OSError, OneDnnError, AttributeError):
+                return None
     return None
+
+
+def _library_paths() -> list[str]:
+    """Where the wheel put ``libdnnl.so``: its RECORD says (a venv, ``--user``, any prefix:
+    the files are the wheel's "data", installed under the prefix's lib/), else <prefix>/lib."""
+    found = []
+    try:
+        files = importlib.metadata.distribution(DISTRIBUTION).files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for name in _LIBRARY_NAMES:
+        found += [str(f.locate()) for f in files if f.name == name]
+        found += [os.path.join(prefix, "lib", name) for prefix in (sys.prefix, sys.base_prefix)]
+    return found
 
 
 def _load_with_passive_openmp(path: str) -> ctypes.CDLL:
