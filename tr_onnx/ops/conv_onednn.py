@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import onednn
+from .. import host_blas, onednn
 from .conv import Window
 
 
@@ -72,19 +72,16 @@ def _bind(primitive, args, scratch, ws) -> onednn.Bound:
     return onednn.Bound(primitive, args)
 
 
-class _Plan:
-    """A weight reorder and a convolution primitive (and, for gw, the reorder back), bound
-    to the arena on the first call and again if the views change."""
+def _run_bound(make):
+    """The kernel's step: the primitives ``make`` binds to the arena views (made on the first
+    call, again only if the views change: ``host_blas.PreparedCalls``), executed in order."""
+    bound = host_blas.PreparedCalls(make)
 
-    def __init__(self, make):
-        self.make, self.key, self.calls = make, None, []
-
-    def run(self, ins, outs, ws) -> None:
-        key = (*ins, *outs, *ws)
-        if self.key is None or any(a is not b for a, b in zip(key, self.key)):
-            self.calls, self.key = self.make(ins, outs, ws), key
-        for call in self.calls:
+    def run(ins, outs, ws):
+        for call in bound.get(ins, outs, ws):
             call()
+
+    return run
 
 
 def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
@@ -124,7 +121,7 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
                 _bind(conv, [*conv_args(ins, outs), ("weights", blocked, ws[w_k])], scratch,
                       ws)]
 
-    return _Plan(make).run
+    return _run_bound(make)
 
 
 def conv_onednn(ctx, win: Window, group: int):
@@ -179,4 +176,4 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
                 _bind(from_blocked, [("src", blocked, ws[w_k]), ("dst", user_w, outs[0])],
                       reorder_scratch, ws)]
 
-    return _Plan(make).run
+    return _run_bound(make)
