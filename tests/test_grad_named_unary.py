@@ -11,6 +11,10 @@
 4. Channels-last with padded channels equals the plain layout, padded lanes stay zero.
 5. At a padded lane (gy = x = y = 0) every formula gives 0 except SqrtGrad's (0 * 0.5 / 0): a
    backend whose kernel runs over padded lanes must re-zero them after SqrtGrad.
+
+These are the NumPy kernels: float32 Gelu and GeluGrad run through oneDNN where it is installed
+(not bit for bit the chain; tests/test_gelu_fusion.py checks them against float64 and torch),
+so here they are switched off.
 """
 
 from __future__ import annotations
@@ -33,11 +37,17 @@ from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.importer import import_model
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
+from tr_onnx.ops import unary
 from tr_onnx.ops.unary import UNARY_GRADS
 from tr_onnx.passes.autodiff import differentiate
 from tr_onnx.passes.dispatch import dispatch
 from tr_onnx.registry import default_registry
 from tr_onnx.training.gradients import vjp
+
+
+@pytest.fixture(autouse=True)
+def numpy_gelu(monkeypatch):
+    monkeypatch.setattr(unary, "_onednn_gelu", lambda ctx, infos: None)
 
 CLIP = (-1.5, 2.25)
 

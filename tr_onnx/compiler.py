@@ -28,6 +28,7 @@ from .memory import MemoryPlan, mirror_widening, plan_memory, span_elements
 from .opdef import KernelContext, TensorInfo
 from .passes import control_flow
 from .passes.dispatch import dispatch
+from .passes.fusions import fuse_erf_gelu
 from .passes.layout import LayoutReport, assign_layouts
 
 
@@ -117,14 +118,16 @@ def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
                  cuda_graphs: str = "fallback", max_arena_bytes: int | None = None
                  ) -> CompiledPlan:
     """Specialise ``imported`` to ``shapes`` and compile it. ``transform(graph)`` runs after
-    dispatch (the training pass: train-mode ops, loss, backward, optimizer); what it returns is
-    kept as ``plan.info``. ``device`` (cuda only): ``device(plan) -> DeviceAPI`` instead of a
-    ``CupyDevice`` -- the test hook that runs the cuda executor over a fake device on a CPU;
-    ``cuda_graphs``: ``CudaExecutor``'s capture mode (``"fallback"``, ``"require"``, ``"off"``);
+    dispatch and the pattern fusions (``passes.fusions``): the training pass (train-mode ops,
+    loss, backward, optimizer); what it returns is kept as ``plan.info``. ``device`` (cuda
+    only): ``device(plan) -> DeviceAPI`` instead of a ``CupyDevice`` -- the test hook that runs
+    the cuda executor over a fake device on a CPU; ``cuda_graphs``: ``CudaExecutor``'s capture
+    mode (``"fallback"``, ``"require"``, ``"off"``);
     ``max_arena_bytes``: see ``check_arena_size``."""
     registry = imported.registry
     graph = imported.specialize(shapes, const_values, control_flow.resolve)
     dispatch(graph, registry, backend)
+    fuse_erf_gelu(graph, registry, backend)
     info = transform(graph) if transform is not None else None
     return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,
                          cuda_graphs, max_arena_bytes)

@@ -1,7 +1,8 @@
 """oneDNN (the CPU kernel library PyTorch runs its convolutions on), through its C API and
-ctypes, for the numpy backend's float32 convolutions. Optional: ``pip install
+ctypes, for the numpy backend's float32 convolutions and Gelu. Optional: ``pip install
 tr_onnx[onednn]`` installs the CPU-only build ``onednn-cpu-gomp`` (OpenMP threads, no SYCL);
-without it, or with ``TR_ONNX_NO_ONEDNN=1``, the NumPy kernels run.
+without it, or with ``TR_ONNX_NO_ONEDNN=1``, the NumPy kernels run (and the GELU chain
+stays unfused, ``passes/fusions.py``).
 
 A kernel describes its operands at plan time (``strided`` memory descriptors of the arena
 views, ``ANY`` for the weights so that oneDNN picks its blocked layout and its fast
@@ -28,6 +29,8 @@ F32 = 3
 CPU = 1
 FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
 CONVOLUTION_DIRECT = 1
+# dnnl_alg_kind_t of oneDNN 3.x (dnnl_eltwise_relu = 0x20, then in declaration order)
+ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 0x2B, 0x31
 FORMAT_ANY = 1
 SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO = 8
@@ -207,6 +210,26 @@ def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDes
             None, dst.handle, *geometry, hint.pd, lib.attr)
     lib.check(status, "convolution primitive descriptor")
     return Primitive(pd, [src, weights, bias, dst])
+
+
+def eltwise(alg: int, data: MemoryDesc, hint: Primitive | None = None, alpha: float = 0.0,
+            beta: float = 0.0) -> Primitive:
+    """An elementwise primitive over memory described by ``data`` (source, destination and
+    both gradients share it): forward (``src -> dst``) without ``hint``, backward
+    (``src, diff_dst -> diff_src``) with the forward primitive as ``hint``."""
+    lib = library()
+    pd = _P()
+    a, b = ctypes.c_float(alpha), ctypes.c_float(beta)
+    if hint is None:
+        status = lib.lib.dnnl_eltwise_forward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, FORWARD_TRAINING, alg, data.handle, data.handle, a,
+            b, lib.attr)
+    else:
+        status = lib.lib.dnnl_eltwise_backward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, alg, data.handle, data.handle, data.handle, a, b,
+            hint.pd, lib.attr)
+    lib.check(status, "eltwise primitive descriptor")
+    return Primitive(pd, [data])
 
 
 def reorder(src: MemoryDesc, dst: MemoryDesc) -> Primitive:

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import host_blas, onednn
 from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
@@ -595,11 +596,60 @@ _DERIVED = {
 
 # ---- factories -------------------------------------------------------------------------------
 
+def _onednn_gelu(ctx, infos):
+    """Gelu (``infos`` x, y) or GeluGrad (gy, x, gx) in float32 through oneDNN's gelu_erf or
+    gelu_tanh primitive (vectorised, on OpenMP threads), on the arena views as they are laid
+    out; None where oneDNN is not there, for other dtypes, operands laid out differently from
+    each other, or where oneDNN offers only its reference loop. NumPy has no erf: the pieces
+    above take ~10 ms per Erf on [8, 64, 1024] (BERT's feed-forward), oneDNN 0.34 ms forward
+    and 0.49 ms backward (2 threads, 2026-12-01). Against float64 x Phi(x) its error is that of
+    the chain of float32 nodes a Gelu is exported as (|error| < 4e-7 for |x| < 12, NaN for
+    -inf, as the chain: ``tests/test_gelu_fusion.py``)."""
+    first = infos[0]
+    strides = first.layout.view_strides(4)
+    if first.dtype != np.float32 or not 1 <= len(first.shape) <= onednn.MAX_DIMS \
+            or any(i.dtype != first.dtype or i.shape != first.shape
+                   or i.layout.view_strides(4) != strides for i in infos) \
+            or 0 in first.shape or not onednn.available():
+        return None
+    alg = (onednn.ELTWISE_GELU_TANH if ctx.attrs.get("approximate", "none") == "tanh"
+           else onednn.ELTWISE_GELU_ERF)
+    md = onednn.MemoryDesc.strided(first.shape, strides)
+    try:
+        forward = onednn.eltwise(alg, md)
+        primitive = forward if ctx.node.op_type == "Gelu" else onednn.eltwise(alg, md, forward)
+    except onednn.OneDnnError:
+        return None
+    if primitive.implementation.startswith("ref"):
+        return None
+    names = ("src", "dst") if primitive is forward else ("diff_dst", "src", "diff_src")
+    scratch_md = primitive.md("scratchpad")
+    scratch = ctx.workspace((-(-scratch_md.nbytes // 4),), np.float32) \
+        if scratch_md.nbytes else None
+
+    def make(ins, outs, ws):
+        args = [(n, md, v) for n, v in zip(names, [*ins[:len(names) - 1], outs[0]])]
+        if scratch is not None:
+            args.append(("scratchpad", scratch_md, ws[scratch]))
+        return [onednn.Bound(primitive, args)]
+
+    bound = host_blas.PreparedCalls(make)
+
+    def run(ins, outs, ws):
+        bound.get(ins, outs, ws)[0]()
+
+    return run
+
+
 def unary_numpy(entry: Elementwise):
     """The kernel factory of a ``UNARY`` table entry."""
     fn = entry.fn
 
     def factory(ctx):
+        if ctx.node.op_type == "Gelu":
+            fast = _onednn_gelu(ctx, [ctx.inputs[0], ctx.outputs[0]])
+            if fast is not None:
+                return fast
         a = attrs_for(ctx, ctx.inputs[0].dtype, _DERIVED.get(ctx.node.op_type))
         chunk = chunk_size(ctx, entry.scratch)
         request_scratch(ctx, entry.scratch, chunk)
@@ -624,6 +674,10 @@ def unary_grad_numpy(entry: UnaryGrad):
     fn = entry.fn
 
     def factory(ctx):
+        if ctx.node.op_type == "GeluGrad" and ctx.has_input(1):
+            fast = _onednn_gelu(ctx, [ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]])
+            if fast is not None:
+                return fast
         a = attrs_for(ctx, ctx.inputs[0].dtype, entry.derived)
         scratch = entry.scratch(ctx.attrs) if callable(entry.scratch) else entry.scratch
         chunk = chunk_size(ctx, scratch)
