@@ -124,12 +124,15 @@ X = randn(2, 3, 5)
 POS = uniform(0.1, 4.0, 2, 3, 5)
 UNIT = uniform(-0.95, 0.95, 2, 3, 5)
 BIG = np.array([-1000, -100, -20, -1, 0, 1, 20, 100, 1000], np.float32)
+# NaN propagates through Relu and Clip (their bounds are arrays, ops/elementwise.filled_like)
+SPECIAL = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, -1e-40, 3, -3, 7], np.float32)
 
 # (id, op, inputs, attrs, opset, tolerance)
 UNARY_CASES = [
     ("relu", "Relu", [X], {}, 17, F32),
     ("relu_int32", "Relu", [ints(-9, 9, 4, 5)], {}, 17, F32),
     ("relu_f16", "Relu", [randn(3, 5, dtype=np.float16)], {}, 17, F16),
+    ("relu_special", "Relu", [SPECIAL], {}, 17, F32),
     ("leakyrelu", "LeakyRelu", [X], {}, 17, F32),
     ("leakyrelu_alpha", "LeakyRelu", [X], {"alpha": 0.3}, 17, F32),
     ("leakyrelu_f64", "LeakyRelu", [randn(4, 3, dtype=np.float64)], {"alpha": 0.2}, 17, F32),
@@ -328,6 +331,8 @@ SCALAR_LO, SCALAR_HI = np.array(-0.5, np.float32), np.array(0.8, np.float32)
     pytest.param([X, None, SCALAR_HI], {}, 13, (2,), id="max_only"),
     pytest.param([X, SCALAR_LO], {}, 13, (), id="min_only_runtime"),
     pytest.param([X], {}, 13, (), id="no_bounds"),
+    pytest.param([SPECIAL, np.array(0, np.float32), np.array(6, np.float32)], {}, 13, (1, 2),
+                 id="relu6_special"),
     pytest.param([X, SCALAR_HI, SCALAR_LO], {}, 13, (1, 2), id="min_above_max"),
     pytest.param([ints(-9, 9, 4, 5), np.array(-2, np.int32), np.array(3, np.int32)], {}, 13, (1,),
                  id="int32"),

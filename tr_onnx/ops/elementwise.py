@@ -432,6 +432,33 @@ def _all_bits_zero(value: np.ndarray | None) -> bool:
     return value is not None and not np.ascontiguousarray(value).reshape(-1).view(np.uint8).any()
 
 
+_FILLED: dict[tuple[str, bytes], np.ndarray] = {}
+
+
+def filled_like(info, value) -> np.ndarray:
+    """A read-only array holding ``value`` with the shape and strides of the view a kernel gets
+    for ``info`` (a ``TensorInfo``). NumPy's maximum and minimum
+    against a scalar run a scalar loop; against an array laid out like the other operand, a
+    vector loop: ``np.maximum(x, 0)`` on 131k float32 took 87-108 µs, against such an array
+    26 µs (AVX2, NumPy 2.4, 2026-12-01). Same values (NaN propagates either way). One buffer per
+    (dtype, value) serves every kernel, grown when a larger one is asked for; +0 is
+    ``np.zeros``, whose pages are never written, so they read as the OS's one zero page and
+    take no memory."""
+    dtype = np.dtype(info.dtype)
+    shape = tuple(info.shape)
+    strides = tuple(info.layout.view_strides(dtype.itemsize))
+    if 0 in shape or any(s < 0 for s in strides):  # nothing to read, or not a plain view
+        return np.broadcast_to(np.asarray(value, dtype), shape)
+    span = sum((n - 1) * s for n, s in zip(shape, strides)) // dtype.itemsize + 1
+    pattern = np.asarray(value, dtype).tobytes()
+    buffer = _FILLED.get((dtype.str, pattern))
+    if buffer is None or buffer.size < span:
+        buffer = np.zeros(span, dtype) if not any(pattern) else np.full(span, value, dtype)
+        buffer.flags.writeable = False
+        _FILLED[dtype.str, pattern] = buffer
+    return np.lib.stride_tricks.as_strided(buffer, shape, strides, writeable=False)
+
+
 def keep_where(cond, a, out) -> None:
     """``out = a`` where ``cond``, else +0, on the values' bit patterns: ``a * cond`` as
     unsigned integers keeps or zeroes a pattern exactly (NaN, inf and -0.0 included), ~15x
