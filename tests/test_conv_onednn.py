@@ -40,18 +40,34 @@ CASES = {
     "conv3d": ((1, 3, 6, 7, 5), (4, 3, 3, 3, 3), 1, 1, 1, 1),
 }
 TORCH_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
-# where oneDNN 3.2 has a fast (jit/brgconv) kernel for all three with dense channels; the others
-# (channels padded past their count, odd group widths, dilations, 1-D, 3-D) may get only its
-# reference loop, which conv_onednn declines: NumPy runs them, compared all the same
-FAST = ("3x3_pad", "stride2", "pointwise_stride2", "depthwise",
-        "depthwise_stride2_mult", "stem_7x7")
+# where oneDNN 3.2 has a fast (jit/brgconv) kernel for all three with dense channels (its 1x1
+# weight gradient is declined: conv_onednn.conv_grad_filter_onednn); the others (channels padded
+# past their count, odd group widths, dilations, 1-D, 3-D) may get only its reference loop,
+# which conv_onednn declines: NumPy runs them, compared all the same
+FAST = {"3x3_pad": KERNELS, "stride2": KERNELS, "depthwise": KERNELS,
+        "depthwise_stride2_mult": KERNELS, "stem_7x7": KERNELS,
+        "pointwise_stride2": ("conv_onednn", "conv_grad_data_onednn")}
+# conv_onednn.preferred: which kernels oneDNN runs by shape (the rest NumPy runs faster)
+RULE = {
+    "resnet18_layer4": (((8, 512, 2, 2), (512, 512, 3, 3), 1, 1, 1, 1),
+                        ("conv_grad_data_onednn",)),
+    "stem": (((2, 3, 32, 32), (16, 3, 7, 7), 2, 3, 1, 1),
+             ("conv_onednn", "conv_grad_filter_onednn")),
+    "pointwise": (((2, 16, 8, 8), (32, 16, 1, 1), 1, 0, 1, 1), ("conv_onednn",)),
+    "depthwise": (CASES["depthwise"], KERNELS),
+}
 
 
-def _ours(spec, align):
+def _ours(spec, align, he_init=False):
+    """``he_init``: weights scaled by sqrt(2 / fan_in) as a trained layer's, so that a wide
+    layer's outputs stay ~1 (with unit weights, 4608 products per output sum to ~70, whose
+    float32 summation-order differences exceed the absolute tolerance)."""
     xs, wsh, stride, padding, dilation, groups = spec
     nd = len(xs) - 2
     rng = np.random.default_rng(11)
     x, w, b = (rng.standard_normal(s).astype(np.float32) for s in (xs, wsh, (wsh[0],)))
+    if he_init:
+        w *= np.float32(np.sqrt(2.0 / np.prod(wsh[1:])))
 
     def each(v):
         return list(v) if isinstance(v, tuple) else [v] * nd
@@ -106,14 +122,24 @@ def test_onednn_is_installed_where_the_test_extra_installs_it():
 def test_conv_matches_torch_and_numpy(spec_id, align, used, monkeypatch):
     if not onednn.available():
         pytest.fail("oneDNN is not installed")
+    # the kernels themselves, on every shape: the shape rule is tested below
+    monkeypatch.setattr(conv_onednn, "preferred", lambda *args: True)
     spec = CASES[spec_id]
     inputs, got = _ours(spec, align)
     if align == 1 and spec_id in FAST:  # dense channels, 2-D: oneDNN's own kernels run
-        assert sorted(set(used)) == sorted(KERNELS), spec_id
+        assert sorted(set(used)) == sorted(FAST[spec_id]), spec_id
     _close(got, _torch(spec, *inputs))
     monkeypatch.setattr(conv_onednn, "usable", lambda win, dtype: False)
     _, reference = _ours(spec, align)
     _close(got, reference)
+
+
+@pytest.mark.parametrize("case_id", list(RULE))
+def test_shape_rule_picks_the_faster_library(case_id, used):
+    spec, kernels = RULE[case_id]
+    inputs, got = _ours(spec, 1, he_init=True)
+    assert sorted(set(used)) == sorted(kernels)
+    _close(got, _torch(spec, *inputs))
 
 
 def test_reference_loop_is_declined(used):

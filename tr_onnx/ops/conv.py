@@ -272,10 +272,11 @@ def _grid_useful(win: Window, dtype: np.dtype) -> bool:
 
 def _onednn_kernel(name: str, ctx, win: Window, group: int, dtype: np.dtype):
     """The oneDNN kernel ``name`` of ops.conv_onednn for this node, or None (not installed,
-    not float32, a window or primitive oneDNN refuses): then NumPy runs it."""
+    not float32, a window or primitive oneDNN refuses, a shape NumPy runs faster:
+    ``conv_onednn.preferred``): then NumPy runs it."""
     from . import conv_onednn
 
-    if not conv_onednn.usable(win, dtype):
+    if not conv_onednn.usable(win, dtype) or not conv_onednn.preferred(name, ctx, win, group):
         return None
     return getattr(conv_onednn, name)(ctx, win, group)
 

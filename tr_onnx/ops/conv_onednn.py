@@ -59,6 +59,29 @@ def usable(win: Window, dtype) -> bool:
             and _geometry(win) is not None)
 
 
+def preferred(name: str, ctx, win: Window, group: int) -> bool:
+    """Whether oneDNN's kernel ``name`` should run this node rather than conv.py's NumPy one,
+    by the shapes where each won, measured kernel by kernel on ResNet-18 and MobileNetV2 at
+    64x64, batch 8 (2 threads, 2026-12-01):
+
+    - grouped convolutions: oneDNN (NumPy loops over groups: depthwise 3x3 3.0-3.5 ms vs 0.2-0.3);
+    - forward and weight gradient: oneDNN while the weights are smaller than the output map.
+      Past that, its per-step weight reorder and small-map kernels lose to one im2col GEMM
+      (512x512x3x3 on 8x2x2: 6.0 vs 2.5 ms forward; 256x256x3x3 on 8x4x4: 3.0-4.8 vs 1.7-2.4
+      ms weight gradient); below it oneDNN wins or ties (ResNet-18's stem: 2.6 vs 3.7 ms);
+    - data gradient: oneDNN for stride-1 windows wider than 1x1 (512x512x3x3 on 2x2: 6 vs
+      19 ms), NumPy for 1x1 (one GEMM: 0.2 vs 0.4 ms) and strided windows (its strided
+      scatter: 512x256x3x3 stride 2: 1.4 vs 4.3 ms).
+    """
+    if group > 1:
+        return True
+    if name == "conv_grad_data_onednn":
+        return all(s == 1 for s in win.strides) and any(k > 1 for k in win.kernel)
+    weights = ctx.outputs[0] if name == "conv_grad_filter_onednn" else ctx.inputs[1]
+    out_map = ctx.outputs[0] if name == "conv_onednn" else ctx.inputs[1]
+    return int(np.prod(weights.shape)) < int(np.prod(out_map.shape))
+
+
 def _scratch(ctx, primitive: onednn.Primitive):
     """(memory desc, workspace key) of a primitive's scratchpad, or None if it needs none."""
     md = primitive.md("scratchpad")
@@ -156,10 +179,14 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
     try:
         _, conv = _primitives(onednn.BACKWARD_WEIGHTS, x_info, gw_info, gy_info, win,
                               group)
-        if "gemm" in conv.implementation:
+        if "gemm" in conv.implementation or "1x1" in conv.implementation:
             # oneDNN's im2col + GEMM (it picks it for small maps with many channels, e.g. a
             # 512x512x3x3 layer on 2x2): 15 ms where conv.py's im2col + direct-output GEMM
-            # takes ~2 ms, without the reorder of gw back from oneDNN's layout
+            # takes ~2 ms, without the reorder of gw back from oneDNN's layout. Its 1x1
+            # kernel (jit_1x1) waits for its threads in a barrier that, with the passive
+            # OpenMP threads the library is loaded with (onednn.py), costs a scheduler tick:
+            # ~4 ms per call whatever the size (MobileNetV2's 24x144 on 8x16x16: 4.0 ms;
+            # 41 us with spinning threads); NumPy's one GEMM takes ~0.1 ms
             return None
         user_w = _weights(gw_info, group, True)
         blocked = conv.md("diff_weights")
