@@ -31,6 +31,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.conv",
     "tr_onnx.ops.pool",
     "tr_onnx.ops.normalization",
+    "tr_onnx.ops.lrn",
     "tr_onnx.ops.reduce",
     "tr_onnx.ops.losses",
     "tr_onnx.ops.attention",

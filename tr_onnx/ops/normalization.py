@@ -1,10 +1,11 @@
-"""Normalisations: BatchNormalization, InstanceNormalization, GroupNormalization and LRN (spatial:
-they compute on the channels-last view of their input), LayerNormalization,
-MeanVarianceNormalization and LpNormalization (elementwise-layout reductions), with their
-gradient rules and the internal ops (domain ai.tr_onnx) they use: BatchNormTraining (what the
-training pass turns a trained model's BatchNormalization into), BatchNormGrad, GroupNormGrad
-(Instance/Group), LRNGrad and LayerNormGrad. MVN and LpNormalization differentiate through
-standard ops.
+"""Normalisations: BatchNormalization, InstanceNormalization and GroupNormalization (spatial:
+they compute on the channels-last view of their input; LRN, also spatial, is ops/lrn.py),
+LayerNormalization, MeanVarianceNormalization and LpNormalization (elementwise-layout
+reductions), with their gradient rules and the internal ops (domain ai.tr_onnx) they use:
+BatchNormTraining (what the training pass turns a trained model's BatchNormalization into),
+BatchNormGrad, GroupNormGrad (Instance/Group) and LayerNormGrad. MVN and LpNormalization
+differentiate through standard ops. float32 BatchNormTraining and BatchNormGrad run through
+oneDNN where it is installed (ops/batchnorm_onednn.py).
 
 Spatial kernels take ``x_nhwc = np.moveaxis(x, c, -1)`` with ``c`` the rule's channel axis: a
 near-contiguous view over the physical channels-last buffer, in which a per-channel vector
@@ -89,6 +90,28 @@ def _sync_world(ctx):
     return world if world.size > 1 else None
 
 
+def write_batch_statistics(ins, outs, slots, mean, var, scratch, momentum: float,
+                           correction: float, eps: float) -> None:
+    """The running/saved outputs ``slots`` names, from the batch's mean and biased var (the
+    unbiased one is ``var * correction``); leaves 1 / sqrt(var + eps) in ``scratch[0]``."""
+    a, b = scratch
+    for kind, stat, given, factor in (("running_mean", mean, ins[3], 1.0),
+                                      ("running_var", var, ins[4], correction)):
+        if kind in slots:
+            np.multiply(given, momentum, out=b)
+            np.multiply(stat, (1.0 - momentum) * factor, out=a)
+            np.add(b, a, out=b)
+            np.copyto(outs[slots[kind]], b, casting="same_kind")
+    for kind, stat in (("saved_mean", mean), ("saved_var", var)):
+        if kind in slots:
+            np.copyto(outs[slots[kind]], stat, casting="same_kind")
+    np.add(var, eps, out=a)
+    np.sqrt(a, out=a)
+    np.reciprocal(a, out=a)
+    if "saved_inv_std" in slots:
+        np.copyto(outs[slots["saved_inv_std"]], a, casting="same_kind")
+
+
 def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, slots: dict):
     """The training-mode kernel: normalise with the batch's statistics and write the outputs
     ``slots`` names (kind -> output index): ``running_mean``/``running_var`` (momentum update
@@ -109,6 +132,13 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     world = _sync_world(ctx)
+    slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
+    if world is None:
+        from .batchnorm_onednn import batch_norm_training_onednn  # loads oneDNN when used
+
+        fast = batch_norm_training_onednn(ctx, eps, momentum, unbiased, slots)
+        if fast is not None:
+            return fast
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
     # the sums and, last, the row count travel in one message when synchronised
     mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
@@ -116,7 +146,6 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
     channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc)
-    slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
 
     def run(ins, outs, ws):
         scale, bias = ins[1], ins[2]
@@ -140,23 +169,7 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
             world.allreduce_sum_(var)
         np.divide(var, count, out=var)
         correction = count / max(count - 1, 1) if unbiased else 1.0
-        # the running/saved outputs, from the batch statistics (a and b are scratch here)
-        for kind, stat, given, factor in (("running_mean", mean, ins[3], 1.0),
-                                          ("running_var", var, ins[4], correction)):
-            if kind in slots:
-                np.multiply(given, momentum, out=b)
-                np.multiply(stat, (1.0 - momentum) * factor, out=a)
-                np.add(b, a, out=b)
-                np.copyto(outs[slots[kind]], b, casting="same_kind")
-        if "saved_mean" in slots:
-            np.copyto(outs[slots["saved_mean"]], mean, casting="same_kind")
-        if "saved_var" in slots:
-            np.copyto(outs[slots["saved_var"]], var, casting="same_kind")
-        np.add(var, eps, out=a)
-        np.sqrt(a, out=a)
-        np.reciprocal(a, out=a)
-        if "saved_inv_std" in slots:
-            np.copyto(outs[slots["saved_inv_std"]], a, casting="same_kind")
+        write_batch_statistics(ins, outs, slots, mean, var, (a, b), momentum, correction, eps)
         np.multiply(scale, a, out=a)
         np.multiply(d, a, out=d)
         np.add(d, bias, out=d)
@@ -268,6 +281,12 @@ def batch_norm_grad_numpy(ctx):
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     training = bool(ctx.attrs["training"])
+    if training and _sync_world(ctx) is None:
+        from .batchnorm_onednn import batch_norm_grad_onednn  # loads oneDNN when used
+
+        fast = batch_norm_grad_onednn(ctx)
+        if fast is not None:
+            return fast
     in_gx = ctx.has_output(0) and acc == np.dtype(dtype)  # the centred map can live in gx
     t_ws = None if in_gx else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     world = _sync_world(ctx) if training else None
@@ -513,100 +532,6 @@ def instance_norm_vjp(b, node, gys, needed):
 def group_norm_vjp(b, node, gys, needed):
     return _group_norm_grad(b, node, gys, needed, int(node.attrs["num_groups"]),
                             node.since_version < 21)
-
-
-# ----------------------------------------------------------------------------------- LRN
-
-
-def _window_shifts(size: int, c: int, transpose: bool = False) -> list[int]:
-    """Offsets k with s[..., j] += sq[..., j + k]: channel j's window is
-    [j - floor((size-1)/2), j + ceil((size-1)/2)]; ``transpose`` gives the windows holding j."""
-    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
-    if transpose:
-        lo, hi = hi, lo
-    return [k for k in range(-lo, hi + 1) if abs(k) < c]
-
-
-def _window_sum(src: np.ndarray, dst: np.ndarray, shifts: list[int]) -> None:
-    """dst[..., j] = sum over k of src[..., j + k] where j + k is a channel (last axis)."""
-    c = src.shape[-1]
-    dst[...] = 0
-    for k in shifts:
-        if k >= 0:
-            dst[..., :c - k] += src[..., k:]
-        else:
-            dst[..., -k:] += src[..., :c + k]
-
-
-def lrn_numpy(ctx):
-    """y = x / (bias + alpha / size * sum of x^2 over a channel window) ** beta.
-
-    The window's square sum is built as ``size`` shifted adds along the last axis of the
-    channels-last view (exact, unlike differences of a cumulative sum).
-    """
-    c_axis = SPATIAL.channel_axis
-    _check_rank(ctx, 2)
-    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
-    size = int(ctx.attrs["size"])
-    alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
-    bias = float(ctx.attrs["bias"])
-    acc = _acc_dtype(dtype)
-    nhwc = _channels_last_shape(x_info.shape, c_axis)
-    sq_ws, sum_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
-    shifts = _window_shifts(size, nhwc[-1])
-
-    def run(ins, outs, ws):
-        x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        sq, s = ws[sq_ws], ws[sum_ws]
-        np.square(x_nhwc, out=sq)
-        _window_sum(sq, s, shifts)
-        np.multiply(s, alpha / size, out=s)
-        np.add(s, bias, out=s)
-        np.power(s, -beta, out=s)
-        np.multiply(x_nhwc, s, out=y_nhwc, casting="same_kind")
-
-    return run
-
-
-def lrn_grad_numpy(ctx):
-    """ai.tr_onnx LRNGrad(gy, x) -> gx, with s = bias + alpha/size * window_sum(x^2):
-    gx = gy * s^-beta - 2 beta alpha/size * x * window_sum^T(gy * x * s^(-beta-1))."""
-    c_axis = SPATIAL.channel_axis
-    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
-    size = int(ctx.attrs["size"])
-    alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
-    bias = float(ctx.attrs["bias"])
-    acc = _acc_dtype(dtype)
-    nhwc = _channels_last_shape(x_info.shape, c_axis)
-    s_ws, t_ws, u_ws = (ctx.workspace(nhwc, acc) for _ in range(3))
-    shifts = _window_shifts(size, nhwc[-1])
-    shifts_t = _window_shifts(size, nhwc[-1], transpose=True)
-
-    def run(ins, outs, ws):
-        gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
-        s, t, u = ws[s_ws], ws[t_ws], ws[u_ws]
-        np.square(x_nhwc, out=t)
-        _window_sum(t, s, shifts)
-        np.multiply(s, alpha / size, out=s)
-        np.add(s, bias, out=s)
-        np.power(s, -beta - 1.0, out=t)  # s^(-beta-1)
-        np.multiply(t, gy_nhwc, out=t)
-        np.multiply(t, x_nhwc, out=t)
-        _window_sum(t, u, shifts_t)
-        np.multiply(u, x_nhwc, out=u)
-        np.multiply(u, -2.0 * beta * alpha / size, out=u)
-        np.power(s, -beta, out=s)
-        np.multiply(s, gy_nhwc, out=s)
-        np.add(s, u, out=s)
-        np.copyto(_channels_last(outs[0], c_axis), s, casting="same_kind")
-
-    return run
-
-
-def lrn_vjp(b, node, gys, needed):
-    attrs = {k: node.attrs[k] for k in ("size", "alpha", "beta", "bias")}
-    return [b.op("LRNGrad", [gys[0], node.inputs[0]], attrs, domain=INTERNAL_DOMAIN,
-                 like=node.inputs[0])]
 
 
 # ------------------------------------------------------------ Layer / MVN / Lp normalization
@@ -875,8 +800,6 @@ def tr_onnx_op_definitions():
         OpDef("GroupNormalization", (18, 21), {"numpy": group_norm_numpy},
               layout=SCALE_BIAS_NORM, differentiable=True, gradient=group_norm_vjp,
               param_inputs=(1, 2)),
-        OpDef("LRN", (1, 13), {"numpy": lrn_numpy}, layout=SPATIAL, differentiable=True,
-              gradient=lrn_vjp),
         OpDef("LayerNormalization", (17,), {"numpy": layer_norm_numpy}, differentiable=True,
               gradient=layer_norm_vjp, param_inputs=(1, 2)),
         OpDef("MeanVarianceNormalization", (9, 13), {"numpy": mvn_numpy}, differentiable=True,
@@ -892,7 +815,6 @@ def tr_onnx_op_definitions():
                  doc="(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias)"),
         internal("GroupNormGrad", group_norm_grad_numpy, SCALE_NORM_GRAD,
                  doc="(gy, x, scale) -> (gx, gscale, gbias) of Instance/GroupNormalization"),
-        internal("LRNGrad", lrn_grad_numpy, SPATIAL, doc="(gy, x) -> gx"),
         internal("LayerNormGrad", layer_norm_grad_numpy, ELEMENTWISE,
                  doc="(gy, x, scale) -> (gx, gscale, gbias) over the normalised shape"),
     ]
