@@ -11,7 +11,9 @@ import bisect
 import enum
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -408,21 +410,37 @@ def write_host(arena: np.ndarray, t: DTensor, array: np.ndarray, host_layout: st
         array = np.moveaxis(array, -1, 1)
     if array.shape != t.shape:
         raise InputError(f"{t.name!r}: expected shape {list(t.shape)}, got {list(array.shape)}")
-    if isinstance(t.layout, GatherRowsLayout):
-        t.physical_view(arena)[...] = t.layout.to_physical(array)
-    else:
-        t.kernel_view(arena)[...] = array
+    host_writer(arena, t)(array)
 
 
 def read_host(arena: np.ndarray, t: DTensor, host_layout: str = "nchw") -> np.ndarray:
     """A compact host copy of ``t`` (logical NCHW, or NHWC with ``host_layout='nhwc'``)."""
-    if isinstance(t.layout, GatherRowsLayout):
-        out = t.layout.to_logical(t.physical_view(arena))
-    else:
-        out = np.array(t.kernel_view(arena), copy=True, order="C")
+    out = host_reader(arena, t)()
     if host_layout == "nhwc" and out.ndim >= 3:
         out = np.ascontiguousarray(np.moveaxis(out, 1, -1))
     return out
+
+
+def host_writer(arena: np.ndarray, t: DTensor) -> Callable[[np.ndarray], None]:
+    """``write_host(arena, t, x)`` for a caller that writes, again and again, compact NCHW
+    arrays it has checked have ``t``'s shape: the view is made once, so a call is one copy (a
+    session run's input write: ~1 µs instead of ~5)."""
+    if isinstance(t.layout, GatherRowsLayout):
+        physical, to_physical = t.physical_view(arena), t.layout.to_physical
+
+        def write(array: np.ndarray) -> None:
+            physical[...] = to_physical(array)
+
+        return write
+    # ``casting="unsafe"``: the conversions ``view[...] = x`` makes (an input kept wider)
+    return partial(np.copyto, t.kernel_view(arena), casting="unsafe")
+
+
+def host_reader(arena: np.ndarray, t: DTensor) -> Callable[[], np.ndarray]:
+    """``read_host(arena, t)`` for repeated calls: the view is made once."""
+    if isinstance(t.layout, GatherRowsLayout):
+        return partial(t.layout.to_logical, t.physical_view(arena))
+    return partial(np.array, t.kernel_view(arena), copy=True, order="C")
 
 
 def pad_lanes_are_zero(arena: np.ndarray, t: DTensor) -> bool:
@@ -435,4 +453,4 @@ def pad_lanes_are_zero(arena: np.ndarray, t: DTensor) -> bool:
 
 
 __all__ = ["ALIGN", "DTensor", "MemoryPlan", "Region", "plan_memory", "read_host", "write_host",
-           "pad_lanes_are_zero", "math"]
+           "host_reader", "host_writer", "pad_lanes_are_zero", "math"]

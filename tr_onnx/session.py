@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from .backends import DEFAULT_CHANNEL_ALIGN, check_cuda_graphs, resolve_backend
+from .backends import DEFAULT_CHANNEL_ALIGN, ExecutorAPI, check_cuda_graphs, resolve_backend
 from .compiler import (
     DEFAULT_MAX_PLANS,
     CompiledPlan,
@@ -25,7 +26,7 @@ from .importer import (
     check_byte_limit,
     import_model,
 )
-from .passes.control_flow import output_value
+from .passes.control_flow import output_reader
 from .passes.inference_folds import fold_batchnorm
 from .registry import build_registry, default_registry
 
@@ -90,6 +91,8 @@ class InferenceSession:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
         self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
         self._plans = PlanCache(max_plans)
+        self._bound: dict[tuple, _BoundRun] = {}  # plan key -> its prepared run
+        self._runs: dict[tuple, _BoundRun] = {}  # feed signature -> the same
         registry = build_registry(plugins) if plugins else default_registry()
         self.imported: ImportedModel = import_model(model, registry, self.backend,
                                                     external_data_dir=external_data_dir,
@@ -108,7 +111,9 @@ class InferenceSession:
     def plan_for(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
         """The compiled plan for these input shapes (and const-feed values), made once (and
         again if ``max_plans`` others were used since)."""
-        key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
+        return self._plan(*plan_key(feed, self.imported.const_feeds))
+
+    def _plan(self, key: tuple, shapes: dict, const_feeds: dict) -> CompiledPlan:
         plan = self._plans.lookup(key)
         if plan is None:
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
@@ -116,7 +121,9 @@ class InferenceSession:
                                 cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes,
                                 transform=_inference_folds)
             self._plans[key] = plan
-            self._plans.evict()
+            if self._plans.evict():  # their runs go with them (each holds its plan's arena)
+                self._bound = {k: r for k, r in self._bound.items() if k in self._plans}
+                self._runs = {s: r for s, r in self._runs.items() if r.key in self._plans}
         return plan
 
     def run(self, output_names: list[str] | None, input_feed: dict[str, np.ndarray],
@@ -124,13 +131,62 @@ class InferenceSession:
         """Outputs named in ``output_names`` (all when None), as compact NCHW host arrays. A bad
         feed or output name is an ``InputError`` (``tr_onnx.feeds``) before anything runs."""
         names = check_output_names(output_names, self.imported.outputs)
-        feed = check_feed(input_feed, self.imported.inputs)
-        plan = self.plan_for(feed)
-        executor = plan.executor
+        signature = None if self.imported.const_feeds else _signature(input_feed)
+        bound = self._runs.get(signature) if signature is not None else None
+        if bound is None:
+            feed = check_feed(input_feed, self.imported.inputs)
+            bound = self._bind(feed)
+            if signature is not None:
+                self._runs[signature] = bound
+        else:  # the same names, order, shapes and dtypes as a feed checked before: it passes
+            feed = input_feed
+            self._plans.move_to_end(bound.key)
+        writers = bound.writers
         for name, x in feed.items():
-            if name not in self.imported.const_feeds:
-                executor.write_input(name, x)
-        executor.run()
-        types = {vi.name: vi.type for vi in self.imported.proto.graph.output}
-        listed = [v.name for v in plan.graph.outputs]
-        return [output_value(executor.read_output, n, types[n], listed) for n in names]
+            if name in writers:  # const feeds are part of the plan, not written
+                writers[name](x)
+        bound.executor.run()
+        readers = bound.readers
+        return [readers[n]() for n in names]
+
+    def _bind(self, feed: dict[str, np.ndarray]) -> _BoundRun:
+        """The prepared run of the plan for this checked feed, made once per plan."""
+        key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
+        plan = self._plan(key, shapes, const_feeds)
+        bound = self._bound.get(key)
+        if bound is None:
+            executor = plan.executor
+            types = {vi.name: vi.type for vi in self.imported.proto.graph.output}
+            listed = [v.name for v in plan.graph.outputs]
+            bound = self._bound[key] = _BoundRun(
+                key, executor,
+                {s.name: executor.input_writer(s.name) for s in self.imported.inputs
+                 if s.name not in self.imported.const_feeds},
+                {o.name: output_reader(executor, o.name, types[o.name], listed)
+                 for o in self.imported.outputs})
+        return bound
+
+
+@dataclass(frozen=True, eq=False)
+class _BoundRun:
+    """What ``InferenceSession.run`` does on one plan that no feed value changes, prepared
+    once: the plan's cache key, its executor, a writer per data input and a reader per model
+    output (each on views made once; together they were ~30 µs of a 0.1 ms MLP run)."""
+
+    key: tuple
+    executor: ExecutorAPI
+    writers: dict[str, Callable[[np.ndarray], None]]
+    readers: dict[str, Callable[[], object]]
+
+
+def _signature(feed) -> tuple | None:
+    """(name, shape, dtype) of every value of a dict of plain arrays, in the dict's order (None
+    for anything else): a feed with the signature of one ``check_feed`` passed passes too."""
+    if type(feed) is not dict:
+        return None
+    signature = []
+    for name, x in feed.items():
+        if type(x) is not np.ndarray:
+            return None
+        signature.append((name, x.shape, x.dtype))
+    return tuple(signature)

@@ -8,8 +8,9 @@ and a device arena on the GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -35,11 +36,15 @@ class ExecutorAPI(Protocol):
     state by name (names the plan lacks are skipped on write). ``copy_state_from(other,
     names)``: the same tensors from another executor of the same plan family (the training
     plan's weights into an eval plan). ``all_finite(name)``: no NaN/Inf in the tensor.
-    ``zero(name)``: fill the tensor (padded lanes too) with zeros.
+    ``zero(name)``: fill the tensor (padded lanes too) with zeros. ``input_writer(name)`` /
+    ``output_reader(name)``: ``write_input``/``read_output`` of that tensor prepared for a caller
+    that calls them every run with arrays of the tensor's shape and dtype (checked by it).
     """
 
     def write_input(self, name: str, array) -> None: ...
     def read_output(self, name: str) -> np.ndarray: ...
+    def input_writer(self, name: str) -> Callable[[np.ndarray], None]: ...
+    def output_reader(self, name: str) -> Callable[[], np.ndarray]: ...
     def run(self, phase: str | None = None) -> None: ...
     def write_tensor(self, name: str, array) -> None: ...
     def read_scalar(self, name: str) -> float: ...
@@ -75,6 +80,12 @@ class HostTransfers:
     overrides them with direct views; the cuda executor uses them as they are (each a host
     round trip, outside the captured step), except ``all_finite``, which it decides on the
     device and answers with a 4-byte flag."""
+
+    def input_writer(self, name: str) -> Callable[[np.ndarray], None]:
+        return partial(self.write_input, name)
+
+    def output_reader(self, name: str) -> Callable[[], np.ndarray]:
+        return partial(self.read_output, name)
 
     def read_scalar(self, name: str) -> float:
         return float(np.asarray(self.read_output(name)).reshape(-1)[0])

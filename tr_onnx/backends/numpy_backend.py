@@ -9,7 +9,15 @@ import numpy as np
 
 from ..errors import ArenaSizeError, DistributedError, TrOnnxError
 from ..layouts import GatherRowsLayout
-from ..memory import ALIGN, MemoryPlan, pad_lanes_are_zero, read_host, write_host
+from ..memory import (
+    ALIGN,
+    MemoryPlan,
+    host_reader,
+    host_writer,
+    pad_lanes_are_zero,
+    read_host,
+    write_host,
+)
 from . import ExecutorAPI, HostTransfers
 
 
@@ -89,6 +97,12 @@ class NumpyExecutor(HostTransfers):
 
     def read_output(self, name: str) -> np.ndarray:
         return read_host(self.arena, self.plan.tensors[name])
+
+    def input_writer(self, name: str) -> Callable[[np.ndarray], None]:
+        return host_writer(self.arena, self.plan.tensors[name])
+
+    def output_reader(self, name: str) -> Callable[[], np.ndarray]:
+        return host_reader(self.arena, self.plan.tensors[name])
 
     def read_scalar(self, name: str) -> float:
         return float(self.plan.tensors[name].kernel_view(self.arena).reshape(-1)[0])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import onnx
@@ -100,6 +101,14 @@ def output_value(read, name: str, tp: onnx.TypeProto, names):
     if tp.HasField("sequence_type"):
         return [read(n) for n in listed_outputs(name, names)]
     return read(name)
+
+
+def output_reader(executor, name: str, tp: onnx.TypeProto, names) -> Callable[[], object]:
+    """``output_value(executor.read_output, name, tp, names)`` for a caller that reads it every
+    run: a tensor output is the executor's prepared reader (the TypeProto is not asked again)."""
+    if tp.HasField("optional_type") or tp.HasField("sequence_type"):
+        return partial(output_value, executor.read_output, name, tp, names)
+    return executor.output_reader(name)
 
 
 class _Resolver:
