@@ -37,6 +37,7 @@ from tr_onnx.backends.cuda.device import BLOCK, CupyDevice, KernelRef, cuda_avai
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY, CudaExecutor, CudaUnsupported
 from tr_onnx.backends.numpy_backend import allocate_arena
 from tr_onnx.memory import Region, pad_lanes_are_zero, read_host, write_host
+from tr_onnx.passes import fusions
 from tr_onnx.testing.host_emulator import HostEmulator, build_host_library, host_compiler
 from tr_onnx.testing.recorder import FakeRecorder
 from tr_onnx.training import pipeline
@@ -58,6 +59,7 @@ def training_plan(stem):
     if stem not in _PLANS:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(pipeline, "fold_accumulators", lambda *args: False)
+            patch.setattr(fusions, "_fast_gelu", lambda *args: False)  # as the cuda plan
             session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8)
             x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
             session.train_step({"input": x}, np.arange(4) % 10)

@@ -38,6 +38,7 @@ from tr_onnx.backends.cuda.cudnn_graphs import (
     describe_node,
 )
 from tr_onnx.memory import ALIGN, Region
+from tr_onnx.passes import fusions
 from tr_onnx.testing.recorder import FakeRecorder, RecordedGraph
 from tr_onnx.training import pipeline
 
@@ -69,6 +70,7 @@ def compiled_plan(stem, mode, align=ALIGN_CH):
         else:
             with pytest.MonkeyPatch.context() as patch:
                 patch.setattr(pipeline, "fold_accumulators", lambda *args: False)
+                patch.setattr(fusions, "_fast_gelu", lambda *args: False)  # as the cuda plan
                 session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=align)
                 session.train_step(_feed(stem), np.arange(4) % 10)
             _PLANS[key] = session._active
