@@ -675,8 +675,10 @@ def conv_grad_filter_numpy(ctx):
     col_k = ctx.workspace((rows, taps * cg), compute)
     groups = _groups(group, cg, og)
     if not cast and host_blas.available(dtype):
+        matrix_k = None if mergeable_2d(gw_info, True, 1) else \
+            ctx.workspace((o, taps * cg), compute)
         return _grad_filter_blas(win, groups, xp_k, gy_k, col_k, (interior, slabs, zero),
-                                 mergeable_2d(gw_info, True, 1))
+                                 matrix_k)
     # gw transposed, [(tap, channel), o]: col^T @ gy (M = taps*cg) runs ~1.6x faster in
     # OpenBLAS than gy^T @ col (M = og, often 16) for the same product
     gwt_k = ctx.workspace((taps * cg, o), compute)
@@ -696,24 +698,20 @@ def conv_grad_filter_numpy(ctx):
     return run
 
 
-def _grad_filter_blas(win, groups, xp_k, gy_k, col_k, fill, gw_is_matrix: bool):
+def _grad_filter_blas(win, groups, xp_k, gy_k, col_k, fill, matrix_k):
     """ConvGradFilter's im2col path with the product written straight into gw's OHWI matrix
     [O, taps*Cg]: BLAS is told gw is gwt stored column-major, so it runs the fast shape
-    (M = taps*Cg) and no transposed copy of gw follows. Padded channel lanes in gw split that
-    matrix: then one GEMM per tap, into gw[:, tap, :]."""
-    nd, taps = win.ndim, win.taps
+    (M = taps*Cg) and no transposed copy of gw follows. Where gw is not that matrix (padded
+    channel lanes, another layout: ``matrix_k`` a workspace shaped like it), the same GEMM
+    writes the workspace, copied into gw after: one summation order for every layout of gw,
+    so a gradient computed into its GRAD slot equals one computed elsewhere and accumulated,
+    bit for bit (``train_pass.fold_accumulators``)."""
 
     def make(ins, outs, ws):
-        gy2 = as_2d(channels_last_view(ins[1]), 1 + nd) if gy_k is None else ws[gy_k]
-        gw = channels_last_view(outs[0])
-        col = ws[col_k]
-        if gw_is_matrix:
-            return [[host_blas.prepared_gemm(gy2[:, os_].T, col, as_2d(gw, 1)[os_])]
-                    for _, os_ in groups]
-        cg = gw.shape[-1]
-        return [[host_blas.prepared_gemm(gy2[:, os_].T, col[:, t * cg:(t + 1) * cg],
-                                         gw[(os_, *tap, slice(None))])
-                 for t, tap in enumerate(taps)] for _, os_ in groups]
+        gy2 = as_2d(channels_last_view(ins[1]), 1 + win.ndim) if gy_k is None else ws[gy_k]
+        matrix = as_2d(channels_last_view(outs[0]), 1) if matrix_k is None else ws[matrix_k]
+        return [[host_blas.prepared_gemm(gy2[:, os_].T, ws[col_k], matrix[os_])]
+                for _, os_ in groups]
 
     prepared = host_blas.PreparedCalls(make)
 
@@ -728,6 +726,9 @@ def _grad_filter_blas(win, groups, xp_k, gy_k, col_k, fill, gw_is_matrix: bool):
             im2col_nhwc(xp[..., cs], win, ws[col_k])
             for call in group_calls:
                 call()
+        if matrix_k is not None:
+            gw = channels_last_view(outs[0])
+            np.copyto(gw, ws[matrix_k].reshape(gw.shape))
 
     return run
 
