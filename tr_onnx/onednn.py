@@ -1,5 +1,5 @@
 """oneDNN (the CPU kernel library PyTorch runs its convolutions on), through its C API and
-ctypes, for the numpy backend's float32 convolutions, batch normalization and Gelu. Optional:
+ctypes, for the numpy backend's float32 convolutions and Gelu. Optional:
 ``pip install tr_onnx[onednn]`` installs the CPU-only build ``onednn-cpu-gomp`` (OpenMP
 threads, no SYCL); without it, or with ``TR_ONNX_NO_ONEDNN=1``, the NumPy kernels run (and
 the GELU chain stays unfused, ``passes/fusions.py``).
@@ -29,8 +29,6 @@ F32 = 3
 CPU = 1
 FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
 CONVOLUTION_DIRECT = 1
-BACKWARD = 128
-USE_SCALE, USE_SHIFT = 0x2, 0x4  # dnnl_normalization_flags_t
 # dnnl_alg_kind_t of oneDNN 3.x (dnnl_eltwise_relu = 0x20, then in declaration order)
 ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 0x2B, 0x31
 FORMAT_ANY = 1
@@ -38,9 +36,8 @@ SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO = 8
 QUERY_MD = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133,
             "diff_dst": 134, "scratchpad": 136}
-ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "mean": 49, "variance": 50,
-       "scale": 51, "shift": 52, "scratchpad": 80, "diff_src": 129, "diff_dst": 145,
-       "diff_weights": 161, "diff_scale": 255, "diff_shift": 256}
+ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "scratchpad": 80, "diff_src": 129,
+       "diff_dst": 145, "diff_weights": 161}
 DISTRIBUTION = "onednn-cpu-gomp"
 _LIBRARY_NAMES = ("libdnnl.so.3", "libdnnl.so")
 
@@ -232,27 +229,6 @@ def eltwise(alg: int, data: MemoryDesc, hint: Primitive | None = None, alpha: fl
             ctypes.byref(pd), lib.engine, alg, data.handle, data.handle, data.handle, a, b,
             hint.pd, lib.attr)
     lib.check(status, "eltwise primitive descriptor")
-    return Primitive(pd, [data])
-
-
-def batch_normalization(data: MemoryDesc, epsilon: float,
-                        hint: Primitive | None = None) -> Primitive:
-    """Batch normalization with batch statistics and a per-channel scale and shift over
-    memory described by ``data`` (all maps share it): forward training (``src, scale, shift
-    -> dst, mean, variance``) without ``hint``, backward (``src, mean, variance, diff_dst,
-    scale -> diff_src, diff_scale, diff_shift``) with the forward primitive as ``hint``."""
-    lib = library()
-    pd = _P()
-    flags, eps = USE_SCALE | USE_SHIFT, ctypes.c_float(epsilon)
-    if hint is None:
-        status = lib.lib.dnnl_batch_normalization_forward_primitive_desc_create(
-            ctypes.byref(pd), lib.engine, FORWARD_TRAINING, data.handle, data.handle, eps,
-            flags, lib.attr)
-    else:
-        status = lib.lib.dnnl_batch_normalization_backward_primitive_desc_create(
-            ctypes.byref(pd), lib.engine, BACKWARD, data.handle, data.handle, data.handle,
-            eps, flags, hint.pd, lib.attr)
-    lib.check(status, "batch normalization primitive descriptor")
     return Primitive(pd, [data])
 
 

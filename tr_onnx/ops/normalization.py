@@ -4,8 +4,7 @@ LayerNormalization, MeanVarianceNormalization and LpNormalization (elementwise-l
 reductions), with their gradient rules and the internal ops (domain ai.tr_onnx) they use:
 BatchNormTraining (what the training pass turns a trained model's BatchNormalization into),
 BatchNormGrad, GroupNormGrad (Instance/Group) and LayerNormGrad. MVN and LpNormalization
-differentiate through standard ops. float32 BatchNormTraining and BatchNormGrad run through
-oneDNN where it is installed (ops/batchnorm_onednn.py).
+differentiate through standard ops.
 
 Spatial kernels take ``x_nhwc = np.moveaxis(x, c, -1)`` with ``c`` the rule's channel axis: a
 near-contiguous view over the physical channels-last buffer, in which a per-channel vector
@@ -90,7 +89,7 @@ def _sync_world(ctx):
     return world if world.size > 1 else None
 
 
-def write_batch_statistics(ins, outs, slots, mean, var, scratch, momentum: float,
+def _write_batch_statistics(ins, outs, slots, mean, var, scratch, momentum: float,
                            correction: float, eps: float) -> None:
     """The running/saved outputs ``slots`` names, from the batch's mean and biased var (the
     unbiased one is ``var * correction``); leaves 1 / sqrt(var + eps) in ``scratch[0]``."""
@@ -133,12 +132,6 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     c = x_info.shape[c_axis]
     world = _sync_world(ctx)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
-    if world is None:
-        from .batchnorm_onednn import batch_norm_training_onednn  # loads oneDNN when used
-
-        fast = batch_norm_training_onednn(ctx, eps, momentum, unbiased, slots)
-        if fast is not None:
-            return fast
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
     # the sums and, last, the row count travel in one message when synchronised
     mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
@@ -169,7 +162,7 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
             world.allreduce_sum_(var)
         np.divide(var, count, out=var)
         correction = count / max(count - 1, 1) if unbiased else 1.0
-        write_batch_statistics(ins, outs, slots, mean, var, (a, b), momentum, correction, eps)
+        _write_batch_statistics(ins, outs, slots, mean, var, (a, b), momentum, correction, eps)
         np.multiply(scale, a, out=a)
         np.multiply(d, a, out=d)
         np.add(d, bias, out=d)
@@ -281,12 +274,6 @@ def batch_norm_grad_numpy(ctx):
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     training = bool(ctx.attrs["training"])
-    if training and _sync_world(ctx) is None:
-        from .batchnorm_onednn import batch_norm_grad_onednn  # loads oneDNN when used
-
-        fast = batch_norm_grad_onednn(ctx)
-        if fast is not None:
-            return fast
     in_gx = ctx.has_output(0) and acc == np.dtype(dtype)  # the centred map can live in gx
     t_ws = None if in_gx else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     world = _sync_world(ctx) if training else None
