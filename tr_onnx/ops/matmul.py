@@ -58,8 +58,17 @@ def gemm_numpy(ctx):
 
 
 def matmul_numpy(ctx):
+    """A stack of matrices times one matrix (a transformer's ``x @ W``, x [N, T, K]) is one
+    GEMM over the stack's rows when x and y are contiguous: np.matmul would call BLAS once per
+    matrix of the stack ([8, 64, 256] @ [256, 1024]: 2.85 ms as 8 GEMMs, 2.25 ms as one)."""
+    stacked = len(ctx.inputs[0].shape) >= 3 and len(ctx.inputs[1].shape) == 2
+
     def run(ins, outs, ws):
-        np.matmul(ins[0], ins[1], out=outs[0])
+        a, y = ins[0], outs[0]
+        if stacked and a.flags.c_contiguous and y.flags.c_contiguous:
+            np.matmul(a.reshape(-1, a.shape[-1]), ins[1], out=y.reshape(-1, y.shape[-1]))
+        else:
+            np.matmul(a, ins[1], out=y)
 
     return run
 
