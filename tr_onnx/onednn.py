@@ -271,3 +271,18 @@ class Bound:
     def __del__(self):
         for memory in self.memories:
             self._lib.lib.dnnl_memory_destroy(memory)
+
+
+def scratchpad(ctx, primitive: Primitive) -> tuple[MemoryDesc, int] | None:
+    """(memory desc, workspace key) of a primitive's scratchpad, reserved as an arena workspace
+    with the kernel context's ``ctx.workspace``, or None if it needs none."""
+    md = primitive.md("scratchpad")
+    size = md.nbytes
+    return (md, ctx.workspace((-(-size // 4),), np.float32)) if size else None
+
+
+def bind(primitive: Primitive, args, scratch, ws) -> Bound:
+    """``Bound`` with the scratchpad (``scratchpad``'s result, or None) added to ``args``."""
+    if scratch is not None:
+        args = [*args, ("scratchpad", scratch[0], ws[scratch[1]])]
+    return Bound(primitive, args)

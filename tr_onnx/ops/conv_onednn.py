@@ -82,19 +82,6 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
     return int(np.prod(weights.shape)) < int(np.prod(out_map.shape))
 
 
-def _scratch(ctx, primitive: onednn.Primitive):
-    """(memory desc, workspace key) of a primitive's scratchpad, or None if it needs none."""
-    md = primitive.md("scratchpad")
-    size = md.nbytes
-    return (md, ctx.workspace((-(-size // 4),), np.float32)) if size else None
-
-
-def _bind(primitive, args, scratch, ws) -> onednn.Bound:
-    if scratch is not None:
-        args = [*args, ("scratchpad", scratch[0], ws[scratch[1]])]
-    return onednn.Bound(primitive, args)
-
-
 def _run_bound(make):
     """The kernel's step: the primitives ``make`` binds to the arena views (made on the first
     call, again only if the views change: ``host_blas.PreparedCalls``), executed in order."""
@@ -136,13 +123,13 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
     except onednn.OneDnnError:
         return None
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
-    scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, to_blocked)
+    scratch, reorder_scratch = onednn.scratchpad(ctx, conv), onednn.scratchpad(ctx, to_blocked)
 
     def make(ins, outs, ws):
-        return [_bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
-                      reorder_scratch, ws),
-                _bind(conv, [*conv_args(ins, outs), ("weights", blocked, ws[w_k])], scratch,
-                      ws)]
+        return [onednn.bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
+                            reorder_scratch, ws),
+                onednn.bind(conv, [*conv_args(ins, outs), ("weights", blocked, ws[w_k])],
+                            scratch, ws)]
 
     return _run_bound(make)
 
@@ -194,13 +181,13 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
     except onednn.OneDnnError:
         return None
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
-    scratch, reorder_scratch = _scratch(ctx, conv), _scratch(ctx, from_blocked)
+    scratch, reorder_scratch = onednn.scratchpad(ctx, conv), onednn.scratchpad(ctx, from_blocked)
     x_md, gy_md = _strided(x_info), _strided(gy_info)
 
     def make(ins, outs, ws):
-        return [_bind(conv, [("src", x_md, ins[0]), ("diff_dst", gy_md, ins[1]),
-                             ("diff_weights", blocked, ws[w_k])], scratch, ws),
-                _bind(from_blocked, [("src", blocked, ws[w_k]), ("dst", user_w, outs[0])],
-                      reorder_scratch, ws)]
+        return [onednn.bind(conv, [("src", x_md, ins[0]), ("diff_dst", gy_md, ins[1]),
+                                   ("diff_weights", blocked, ws[w_k])], scratch, ws),
+                onednn.bind(from_blocked, [("src", blocked, ws[w_k]), ("dst", user_w, outs[0])],
+                            reorder_scratch, ws)]
 
     return _run_bound(make)

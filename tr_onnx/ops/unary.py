@@ -627,15 +627,11 @@ def _onednn_gelu(ctx, infos):
     if primitive.implementation.startswith("ref"):
         return None
     names = ("src", "dst") if primitive is forward else ("diff_dst", "src", "diff_src")
-    scratch_md = primitive.md("scratchpad")
-    scratch = ctx.workspace((-(-scratch_md.nbytes // 4),), np.float32) \
-        if scratch_md.nbytes else None
+    scratch = onednn.scratchpad(ctx, primitive)
 
     def make(ins, outs, ws):
-        args = [(n, md, v) for n, v in zip(names, [*ins[:len(names) - 1], outs[0]])]
-        if scratch is not None:
-            args.append(("scratchpad", scratch_md, ws[scratch]))
-        return [onednn.Bound(primitive, args)]
+        views = [*ins[:len(names) - 1], outs[0]]
+        return [onednn.bind(primitive, [(n, md, v) for n, v in zip(names, views)], scratch, ws)]
 
     bound = host_blas.PreparedCalls(make)
 
