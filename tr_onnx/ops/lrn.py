@@ -37,6 +37,26 @@ def _window_sum(src: np.ndarray, dst: np.ndarray, shifts: list[int]) -> None:
             dst[..., -k:] += src[..., :c + k]
 
 
+class _Window:
+    """What both kernels read from the node: the window's attributes, the statistics' dtype,
+    the channels-last shape and the window's channel shifts."""
+
+    def __init__(self, ctx, x_info):
+        self.size = int(ctx.attrs["size"])
+        self.alpha, self.beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
+        self.bias = float(ctx.attrs["bias"])
+        self.acc = _acc_dtype(ctx.outputs[0].dtype)
+        self.nhwc = _channels_last_shape(x_info.shape, SPATIAL.channel_axis)
+        self.shifts = _window_shifts(self.size, self.nhwc[-1])
+
+    def denominator(self, x_nhwc, sq, s) -> None:
+        """s = bias + alpha / size * (window sum of x^2), using ``sq`` as scratch."""
+        np.square(x_nhwc, out=sq)
+        _window_sum(sq, s, self.shifts)
+        np.multiply(s, self.alpha / self.size, out=s)
+        np.add(s, self.bias, out=s)
+
+
 def lrn_numpy(ctx):
     """y = x / (bias + alpha / size * sum of x^2 over a channel window) ** beta.
 
@@ -45,23 +65,14 @@ def lrn_numpy(ctx):
     """
     c_axis = SPATIAL.channel_axis
     _check_rank(ctx, 2)
-    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
-    size = int(ctx.attrs["size"])
-    alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
-    bias = float(ctx.attrs["bias"])
-    acc = _acc_dtype(dtype)
-    nhwc = _channels_last_shape(x_info.shape, c_axis)
-    sq_ws, sum_ws = ctx.workspace(nhwc, acc), ctx.workspace(nhwc, acc)
-    shifts = _window_shifts(size, nhwc[-1])
+    win = _Window(ctx, ctx.inputs[0])
+    sq_ws, sum_ws = ctx.workspace(win.nhwc, win.acc), ctx.workspace(win.nhwc, win.acc)
 
     def run(ins, outs, ws):
         x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        sq, s = ws[sq_ws], ws[sum_ws]
-        np.square(x_nhwc, out=sq)
-        _window_sum(sq, s, shifts)
-        np.multiply(s, alpha / size, out=s)
-        np.add(s, bias, out=s)
-        np.power(s, -beta, out=s)
+        s = ws[sum_ws]
+        win.denominator(x_nhwc, ws[sq_ws], s)
+        np.power(s, -win.beta, out=s)
         np.multiply(x_nhwc, s, out=y_nhwc, casting="same_kind")
 
     return run
@@ -71,29 +82,21 @@ def lrn_grad_numpy(ctx):
     """ai.tr_onnx LRNGrad(gy, x) -> gx, with s = bias + alpha/size * window_sum(x^2):
     gx = gy * s^-beta - 2 beta alpha/size * x * window_sum^T(gy * x * s^(-beta-1))."""
     c_axis = SPATIAL.channel_axis
-    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
-    size = int(ctx.attrs["size"])
-    alpha, beta = float(ctx.attrs["alpha"]), float(ctx.attrs["beta"])
-    bias = float(ctx.attrs["bias"])
-    acc = _acc_dtype(dtype)
-    nhwc = _channels_last_shape(x_info.shape, c_axis)
-    s_ws, t_ws, u_ws = (ctx.workspace(nhwc, acc) for _ in range(3))
-    shifts = _window_shifts(size, nhwc[-1])
-    shifts_t = _window_shifts(size, nhwc[-1], transpose=True)
+    win = _Window(ctx, ctx.inputs[1])
+    s_ws, t_ws, u_ws = (ctx.workspace(win.nhwc, win.acc) for _ in range(3))
+    shifts_t = _window_shifts(win.size, win.nhwc[-1], transpose=True)
+    beta, coef = win.beta, -2.0 * win.beta * win.alpha / win.size
 
     def run(ins, outs, ws):
         gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
         s, t, u = ws[s_ws], ws[t_ws], ws[u_ws]
-        np.square(x_nhwc, out=t)
-        _window_sum(t, s, shifts)
-        np.multiply(s, alpha / size, out=s)
-        np.add(s, bias, out=s)
+        win.denominator(x_nhwc, t, s)
         np.power(s, -beta - 1.0, out=t)  # s^(-beta-1)
         np.multiply(t, gy_nhwc, out=t)
         np.multiply(t, x_nhwc, out=t)
         _window_sum(t, u, shifts_t)
         np.multiply(u, x_nhwc, out=u)
-        np.multiply(u, -2.0 * beta * alpha / size, out=u)
+        np.multiply(u, coef, out=u)
         np.power(s, -beta, out=s)
         np.multiply(s, gy_nhwc, out=s)
         np.add(s, u, out=s)
