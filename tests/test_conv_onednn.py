@@ -1,7 +1,8 @@
 """float32 Conv, ConvGradData and ConvGradFilter through oneDNN (ops.conv_onednn) against
 PyTorch autograd in float32 and against our own NumPy kernels, compact (align 1) and padded
 (align 8) channels, 1-D to 3-D windows, groups, depthwise, strides, dilations, padding; and
-that a shape oneDNN only has its reference loop for runs NumPy instead.
+that a shape oneDNN only has its reference loop for runs NumPy instead; an inference session's
+constant weights are packed once and every run matches PyTorch and onnxruntime.
 
 oneDNN is part of the test extra on Linux x86-64 (``onednn-cpu-gomp``): there these tests
 require it, so a CI machine without it fails instead of silently testing NumPy twice.
@@ -12,12 +13,14 @@ from __future__ import annotations
 import platform
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
 from gradcheck import GradCase, build_model
+from onnx import TensorProto, helper, numpy_helper
 
-from tr_onnx import onednn
+from tr_onnx import InferenceSession, onednn
 from tr_onnx.ops import conv_onednn
 from tr_onnx.training.gradients import vjp
 
@@ -147,3 +150,47 @@ def test_reference_loop_is_declined(used):
     convolution (600 ms for ResNet-18's stem where NumPy takes 3 ms), so NumPy runs it."""
     _ours(CASES["stem_7x7"], 8)
     assert "conv_onednn" not in used
+
+
+def _initializer_model(spec, w, b):
+    """A Conv whose weights and bias are initializers (an exported model's parameters)."""
+    xs, _, stride, padding, dilation, groups = spec
+    nd = len(xs) - 2
+
+    def each(v):
+        return list(v) if isinstance(v, tuple) else [v] * nd
+
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=each(stride),
+                            pads=each(padding) * 2, dilations=each(dilation), group=groups)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * len(xs))],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("align", ALIGNS, ids=[f"align{a}" for a in ALIGNS])
+@pytest.mark.parametrize("spec_id", list(CASES))
+def test_inference_packs_constant_weights_once(spec_id, align, used, monkeypatch):
+    """An InferenceSession's weights never change (passes.inference_folds.freeze_parameters):
+    the forward kernel reorders them into oneDNN's layout once, when it is made, and every run
+    matches PyTorch and onnxruntime."""
+    packed = []
+    real = conv_onednn._packed
+    monkeypatch.setattr(conv_onednn, "_packed",
+                        lambda *args: packed.append(args) or real(*args))
+    spec = CASES[spec_id]
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in (spec[0], spec[1],
+                                                                     (spec[1][0],)))
+    model = _initializer_model(spec, w, b)
+    session = InferenceSession(model.SerializeToString(), channel_align=align)
+    want = TORCH_CONV[x.ndim](*(torch.tensor(a) for a in (x, w, b)), *spec[2:]).numpy()
+    for _ in range(2):  # the packed weights serve every run
+        got = session.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    runtime = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, runtime.run(None, {"x": x})[0], rtol=RTOL, atol=ATOL)
+    if align == 1 and spec_id in FAST:
+        assert used == ["conv_onednn"] and len(packed) == 1, spec_id
+    assert len(packed) == used.count("conv_onednn")

@@ -1,7 +1,8 @@
 """Inference plans fold Conv -> BatchNormalization into one Conv (passes.inference_folds): the
 outputs still match onnxruntime, the BatchNormalization kernels are gone, and nothing is
 folded where it must not be (a Conv output read twice, statistics fed at run time, a training
-session's plans)."""
+session's plans); and their parameters become constants (``freeze_parameters``), a training
+session's stay parameters."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tr_onnx
+from tr_onnx import ir
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 
@@ -83,3 +85,21 @@ def test_training_session_plans_keep_batchnorm():
     session.train_step({"input": x}, np.array([1, 2]))
     ops = [s.label for s in session._active.executor.steps]
     assert any("BatchNorm" in label for label in ops)
+
+
+def _kinds(plan) -> set[str]:
+    return {v.kind for v in plan.graph.values.values()}
+
+
+def test_inference_parameters_are_constants_and_training_ones_are_not():
+    path = str(ZOO / "lenet.onnx")
+    x = np.random.default_rng(3).standard_normal((2, 1, 8, 8), np.float32)
+    session = tr_onnx.InferenceSession(path)
+    ours = session.run(None, {"input": x})
+    (plan,) = session._plans.values()
+    assert ir.PARAM not in _kinds(plan) and ir.CONST in _kinds(plan)
+    np.testing.assert_allclose(ours[0], _ort(path, {"input": x})[0], rtol=1e-5, atol=1e-5)
+    training = tr_onnx.TrainingSession(path, loss="cross_entropy",
+                                       optimizer=tr_onnx.optim.SGD(lr=0.01))
+    training.train_step({"input": x}, np.array([1, 2]))
+    assert ir.PARAM in _kinds(training._active)

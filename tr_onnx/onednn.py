@@ -286,3 +286,11 @@ def bind(primitive: Primitive, args, scratch, ws) -> Bound:
     if scratch is not None:
         args = [*args, ("scratchpad", scratch[0], ws[scratch[1]])]
     return Bound(primitive, args)
+
+
+def execute_once(primitive: Primitive, args) -> None:
+    """Run ``primitive`` now on host arrays (plan-time work, outside any arena), with a
+    scratchpad of its own."""
+    md = primitive.md("scratchpad")
+    scratch = np.empty(-(-md.nbytes // 4), np.float32)
+    bind(primitive, args, (md, 0) if md.nbytes else None, [scratch])()

@@ -27,7 +27,7 @@ from .importer import (
     import_model,
 )
 from .passes.control_flow import output_reader
-from .passes.inference_folds import fold_batchnorm
+from .passes.inference_folds import fold_batchnorm, freeze_parameters
 from .registry import build_registry, default_registry
 
 _TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -51,6 +51,7 @@ def _node_arg(spec: InputSpec) -> NodeArg:
 def _inference_folds(graph) -> None:
     """What an inference plan may rewrite because its parameters never change."""
     fold_batchnorm(graph)
+    freeze_parameters(graph)
 
 
 class InferenceSession:

@@ -6,7 +6,8 @@ Every operand stays where the plan put it (channels-last, padded lanes included:
 and writes through strided memory descriptors of the arena views). Only the weights move: each
 step reorders w (OHWI) into the blocked layout oneDNN's kernel wants, and ConvGradFilter
 reorders its blocked result back into gw; both buffers and every scratchpad are arena
-workspaces. A window oneDNN cannot express (a negative right pad, more than 3 spatial axes)
+workspaces; constant weights (an inference plan's) are reordered once, when the kernel is
+made. A window oneDNN cannot express (a negative right pad, more than 3 spatial axes)
 or a primitive it refuses returns None here, and the caller runs NumPy.
 """
 
@@ -23,18 +24,34 @@ def _strided(info) -> onednn.MemoryDesc:
     return onednn.MemoryDesc.strided(info.shape, info.layout.view_strides(4))
 
 
-def _weights(info, group: int, strided: bool) -> onednn.MemoryDesc:
-    """w [O, Cg, *K] as oneDNN wants it: [G, O/G, Cg, *K] when grouped; the plan's layout
-    (``strided``) or ANY (oneDNN's choice)."""
-    shape = list(info.shape)
-    strides = list(info.layout.view_strides(4)) if strided else None
+def _weights(shape, group: int, byte_strides=None) -> onednn.MemoryDesc:
+    """w [O, Cg, *K] as oneDNN wants it: [G, O/G, Cg, *K] when grouped; over memory with these
+    byte strides (the plan's layout, or a constant's own), or ANY (oneDNN's choice) without."""
+    shape = list(shape)
+    strides = None if byte_strides is None else list(byte_strides)
     if group > 1:
         shape = [group, shape[0] // group, *shape[1:]]
-        if strided:
+        if strides is not None:
             strides = [strides[0] * shape[1], *strides]
-    if strided:
+    if strides is not None:
         return onednn.MemoryDesc.strided(shape, strides)
     return onednn.MemoryDesc.any(shape)
+
+
+def _user_weights(info, group: int) -> onednn.MemoryDesc:
+    return _weights(info.shape, group, info.layout.view_strides(4))
+
+
+def _packed(const: np.ndarray, group: int, blocked: onednn.MemoryDesc) -> np.ndarray:
+    """Constant weights (every weight of an inference plan: ``freeze_parameters``) reordered
+    once into oneDNN's blocked layout. The kernel holds them: weight-sized host memory beside
+    the arena, as onnxruntime's prepacked weights, for a reorder per run saved (~20-40 us
+    each on the zoo models, 2026-12-02)."""
+    w = np.ascontiguousarray(const, np.float32)
+    packed = np.empty(-(-blocked.nbytes // 4), np.float32)
+    user = _weights(w.shape, group, w.strides)
+    onednn.execute_once(onednn.reorder(user, blocked), [("src", user, w), ("dst", blocked, packed)])
+    return packed
 
 
 def _geometry(win: Window):
@@ -65,7 +82,8 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
     64x64, batch 8 (2 threads, 2026-12-01):
 
     - grouped convolutions: oneDNN (NumPy loops over groups: depthwise 3x3 3.0-3.5 ms vs 0.2-0.3);
-    - forward and weight gradient: oneDNN while the weights are smaller than the output map.
+    - forward and weight gradient: oneDNN while the weights are smaller than the output map
+      (forward with constant weights: always, below).
       Past that, its per-step weight reorder and small-map kernels lose to one im2col GEMM
       (512x512x3x3 on 8x2x2: 6.0 vs 2.5 ms forward; 256x256x3x3 on 8x4x4: 3.0-4.8 vs 1.7-2.4
       ms weight gradient); below it oneDNN wins or ties (ResNet-18's stem: 2.6 vs 3.7 ms);
@@ -74,6 +92,11 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
       scatter: 512x256x3x3 stride 2: 1.4 vs 4.3 ms).
     """
     if group > 1:
+        return True
+    if name == "conv_onednn" and ctx.const(1) is not None:
+        # weights reordered once (``_packed``): without the per-run reorder oneDNN won on every
+        # ResNet-18 inference layer but the 1x1 ones (a tie), 512x512x3x3 on 8x2x2 included
+        # (1.2-1.8 vs 2.1-2.8 ms), 2026-12-02
         return True
     if name == "conv_grad_data_onednn":
         return all(s == 1 for s in win.strides) and any(k > 1 for k in win.kernel)
@@ -101,10 +124,10 @@ def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
     geometry = _geometry(win)
     src, dst = _strided(src_info), _strided(dst_info)
     bias = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if with_bias else None
-    forward = onednn.convolution(onednn.FORWARD_TRAINING, src, _weights(w_info, group, False),
+    forward = onednn.convolution(onednn.FORWARD_TRAINING, src, _weights(w_info.shape, group),
                                  bias, dst, *geometry)
     primitive = forward if kind == onednn.FORWARD_TRAINING else onednn.convolution(
-        kind, src, _weights(w_info, group, False), None, dst, *geometry, hint=forward)
+        kind, src, _weights(w_info.shape, group), None, dst, *geometry, hint=forward)
     if primitive.implementation.startswith("ref"):
         raise onednn.OneDnnError(f"only oneDNN's reference loop ({primitive.implementation})")
     return forward, primitive
@@ -114,16 +137,25 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
                      with_bias=False):
     """A kernel whose convolution reads w (Conv, ConvGradData): each step reorders w from the
     plan's layout into oneDNN's blocked one, then runs the convolution, whose other arguments
-    ``conv_args(ins, outs)`` names. None where oneDNN declines."""
+    ``conv_args(ins, outs)`` names; constant weights are reordered once, here (``_packed``).
+    None where oneDNN declines."""
+    const = ctx.const(1)
     try:
         _, conv = _primitives(kind, src_info, w_info, dst_info, win, group, with_bias)
-        user_w = _weights(w_info, group, True)
         blocked = conv.md("weights")
-        to_blocked = onednn.reorder(user_w, blocked)
+        if const is not None:
+            packed = _packed(const, group, blocked)
+        else:
+            user_w = _user_weights(w_info, group)
+            to_blocked = onednn.reorder(user_w, blocked)
     except onednn.OneDnnError:
         return None
+    scratch = onednn.scratchpad(ctx, conv)
+    if const is not None:
+        return _run_bound(lambda ins, outs, ws: [onednn.bind(
+            conv, [*conv_args(ins, outs), ("weights", blocked, packed)], scratch, ws)])
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
-    scratch, reorder_scratch = onednn.scratchpad(ctx, conv), onednn.scratchpad(ctx, to_blocked)
+    reorder_scratch = onednn.scratchpad(ctx, to_blocked)
 
     def make(ins, outs, ws):
         return [onednn.bind(to_blocked, [("src", user_w, ins[1]), ("dst", blocked, ws[w_k])],
@@ -175,7 +207,7 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
             # ~4 ms per call whatever the size (MobileNetV2's 24x144 on 8x16x16: 4.0 ms;
             # 41 us with spinning threads); NumPy's one GEMM takes ~0.1 ms
             return None
-        user_w = _weights(gw_info, group, True)
+        user_w = _user_weights(gw_info, group)
         blocked = conv.md("diff_weights")
         from_blocked = onednn.reorder(blocked, user_w)
     except onednn.OneDnnError:

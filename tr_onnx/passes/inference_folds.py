@@ -6,6 +6,10 @@ statistics becomes one Conv with per-output-channel scaled weights and a bias, a
 and PyTorch's ``fuse_conv_bn_eval`` fold it: ``w' = w * s``, ``b' = (b - mean) * s + beta``
 with ``s = gamma / sqrt(var + eps)``, computed in float64 and rounded once to the weights'
 dtype. One kernel and one pass over the feature map fewer per pair.
+
+``freeze_parameters``: every parameter becomes a constant, so a kernel may prepare it once at
+plan time (``KernelContext.const``): conv_onednn reorders Conv weights into oneDNN's blocked
+layout once instead of on every run.
 """
 
 from __future__ import annotations
@@ -69,3 +73,15 @@ def fold_batchnorm(graph: ir.Graph) -> int:
                 del graph.values[v.name]
         folded += 1
     return folded
+
+
+def freeze_parameters(graph: ir.Graph) -> int:
+    """Make every parameter (a float initializer) a constant; returns how many. Their values
+    stay where they were (the plan's CONST region instead of PARAM): nothing in an inference
+    plan writes either."""
+    frozen = 0
+    for v in graph.values.values():
+        if v.kind == ir.PARAM:
+            v.kind = ir.CONST
+            frozen += 1
+    return frozen
