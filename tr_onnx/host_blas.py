@@ -29,10 +29,9 @@ _SYMBOLS = {np.dtype(np.float32): ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
 
 
 @cache
-def _library() -> ctypes.CDLL | None:
-    """The OpenBLAS library NumPy has loaded (the same handle: its thread pool is NumPy's)."""
-    if os.environ.get("TR_ONNX_NO_CBLAS"):  # the NumPy path, for tests and comparisons
-        return None
+def openblas() -> ctypes.CDLL | None:
+    """The OpenBLAS library NumPy has loaded (the same handle: its thread pool is NumPy's), or
+    None for a NumPy built on another BLAS."""
     libs = os.path.join(os.path.dirname(np.__file__) + ".libs")
     for path in sorted(glob.glob(os.path.join(libs, "*openblas*"))):
         try:
@@ -40,6 +39,12 @@ def _library() -> ctypes.CDLL | None:
         except OSError:
             continue
     return None
+
+
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("TR_ONNX_NO_CBLAS"):  # the NumPy path, for tests and comparisons
+        return None
+    return openblas()
 
 
 @cache

@@ -22,6 +22,8 @@ from functools import cache
 
 import numpy as np
 
+from . import blas_threads
+
 MAX_DIMS = 12
 _Dims = ctypes.c_int64 * MAX_DIMS
 _P = ctypes.c_void_p
@@ -83,7 +85,7 @@ def library() -> _Library | None:
     for path in _library_paths():
         if os.path.exists(path):
             try:
-                return _Library(_load_with_passive_openmp(path))
+                return _Library(_load_openmp_library(path))
             except (OSError, OneDnnError, AttributeError):
                 return None
     return None
@@ -103,12 +105,17 @@ def _library_paths() -> list[str]:
     return found
 
 
-def _load_with_passive_openmp(path: str) -> ctypes.CDLL:
-    """Load the library; its OpenMP runtime (libgomp, which reads the environment once, when
-    it loads) gets OMP_WAIT_POLICY=PASSIVE unless the user chose a policy. Spinning OpenMP
-    threads would hold the cores NumPy's OpenBLAS threads need between two convolutions:
-    ResNet-18's training step took 265 ms with the default policy, 203 ms with PASSIVE
-    (2 threads, 2-core AMD EPYC, 2026-12-01). The process's environment is left as it was."""
+def _load_openmp_library(path: str) -> ctypes.CDLL:
+    """Load the library. Its OpenMP runtime (libgomp) reads the environment once, when it
+    loads. Where NumPy's OpenBLAS can run its jobs on libgomp's threads (``blas_threads``),
+    they share that one pool and libgomp keeps its default wait policy (spin a little, then
+    sleep). Otherwise its threads get OMP_WAIT_POLICY=PASSIVE unless the user chose a policy:
+    spinning OpenMP threads would hold the cores OpenBLAS's own threads need between two
+    convolutions (ResNet-18's training step: 265 ms with the default policy, 203 ms with
+    PASSIVE; 2 threads, 2-core AMD EPYC, 2026-12-01). The process's environment is left as it
+    was."""
+    if blas_threads.share():
+        return ctypes.CDLL(path)
     chosen = os.environ.get("OMP_WAIT_POLICY")
     if chosen is None:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
