@@ -96,6 +96,10 @@ MATMUL = [
     pytest.param((2, 4, 6), (2, 6, 5), np.int32, 13, id="int32"),
     pytest.param((2, 4, 6), (2, 6, 5), np.int64, 13, id="int64"),
     pytest.param((4, 6), (6, 5), np.float32, 1, id="v1"),
+    # both operands stacked alike, float32 (small: NumPy; from 32x32x32 per matrix oneDNN,
+    # test_stacked_matmul_*)
+    pytest.param((2, 3, 5, 7), (2, 3, 7, 4), np.float32, 13, id="stacked-4d"),
+    pytest.param((4, 5, 6), (4, 6, 3), np.float32, 13, id="stacked-3d"),
 ]
 
 
@@ -159,3 +163,54 @@ def test_flattened_feature_map_is_absorbed(flatten, matmul, c, align):
         plan = sess.plan_for(feed)
         assert plan.layout.absorbed_flattens and not plan.layout.transposes
     assert all(pad_lanes_are_zero(plan.executor.arena, t) for t in plan.memory.tensors.values())
+
+
+# products of at least 32x32x32 per matrix (below, NumPy's loop runs them: STACKED_SMALL)
+STACKED = {"4d": ((2, 3, 32, 40), (2, 3, 40, 36)), "3d": ((4, 48, 33), (4, 33, 40)),
+           "attention": ((8, 4, 64, 64), (8, 4, 64, 64))}
+
+
+@pytest.mark.parametrize("case", list(STACKED))
+def test_stacked_matmul_runs_in_onednn_and_its_gradients_match_torch(case, monkeypatch):
+    """Both operands stacked alike, float32: oneDNN's matmul runs the forward and the two
+    backward MatMuls; y, ga and gb match PyTorch autograd in float32."""
+    import platform
+
+    import torch
+    from gradcheck import GradCase, build_model
+
+    from tr_onnx import onednn
+    from tr_onnx.ops import matmul
+    from tr_onnx.training.gradients import vjp
+
+    if not onednn.available():
+        if platform.system() == "Linux" and platform.machine() == "x86_64":
+            pytest.fail("oneDNN (onednn-cpu-gomp, part of the test extra) is not installed")
+        pytest.skip("no oneDNN wheel for this platform")
+    made = []
+    real = matmul._onednn_stacked
+    monkeypatch.setattr(matmul, "_onednn_stacked",
+                        lambda ctx: made.append(real(ctx) is not None) or real(ctx))
+    shape_a, shape_b = STACKED[case]
+    a, b = rand(*shape_a), rand(*shape_b)
+    model = build_model(GradCase("MatMul", "MatMul", [a, b], {}))
+    cot = rand(*np.matmul(a, b).shape)
+    y, grads = vjp(model, {"x0": a, "x1": b}, ["x0", "x1"], cot)
+    assert len(made) == 3 and all(made)  # the forward and both gradients' MatMuls
+    ta, tb = (torch.tensor(v, requires_grad=True) for v in (a, b))
+    ty = ta @ tb
+    ty.backward(torch.tensor(cot))
+    for got, want in ((y, ty.detach()), (grads["x0"], ta.grad), (grads["x1"], tb.grad)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def test_small_stacked_products_stay_in_numpy(monkeypatch):
+    from tr_onnx.ops import matmul
+
+    made = []
+    real = matmul._onednn_stacked
+    monkeypatch.setattr(matmul, "_onednn_stacked",
+                        lambda ctx: made.append(real(ctx) is not None) or real(ctx))
+    feeds = {"a": rand(32, 4, 8, 8), "b": rand(32, 4, 8, 8)}
+    check(model_of("MatMul", feeds, {}, {}, 13), feeds)
+    assert made == [False]

@@ -29,7 +29,9 @@ _Dims = ctypes.c_int64 * MAX_DIMS
 _P = ctypes.c_void_p
 F32 = 3
 CPU = 1
-FORWARD_TRAINING, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 160, 192
+FORWARD_TRAINING, BACKWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 128, 160, 192
+# normalization flags (dnnl_normalization_flags_t)
+USE_SCALE, USE_SHIFT = 0x2, 0x4
 CONVOLUTION_DIRECT = 1
 # dnnl_alg_kind_t of oneDNN 3.x (dnnl_eltwise_relu = 0x20, then in declaration order)
 ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 0x2B, 0x31
@@ -38,7 +40,8 @@ SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO = 8
 QUERY_MD = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133,
             "diff_dst": 134, "scratchpad": 136}
-ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "scratchpad": 80, "diff_src": 129,
+ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "mean": 49, "variance": 50, "scale": 51,
+       "shift": 52, "diff_scale": 255, "diff_shift": 256, "scratchpad": 80, "diff_src": 129,
        "diff_dst": 145, "diff_weights": 161}
 DISTRIBUTION = "onednn-cpu-gomp"
 _LIBRARY_NAMES = ("libdnnl.so.3", "libdnnl.so")
@@ -237,6 +240,39 @@ def eltwise(alg: int, data: MemoryDesc, hint: Primitive | None = None, alpha: fl
             hint.pd, lib.attr)
     lib.check(status, "eltwise primitive descriptor")
     return Primitive(pd, [data])
+
+
+def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc) -> Primitive:
+    """A matmul primitive: dst = src @ weights over the last two axes, for each index of the
+    leading (batch) axes."""
+    lib = library()
+    pd = _P()
+    lib.check(lib.lib.dnnl_matmul_primitive_desc_create(
+        ctypes.byref(pd), lib.engine, src.handle, weights.handle, None, dst.handle, lib.attr),
+        "matmul primitive descriptor")
+    return Primitive(pd, [src, weights, dst])
+
+
+def layer_normalization(data: MemoryDesc, stats: MemoryDesc, epsilon: float, flags: int,
+                        hint: Primitive | None = None) -> Primitive:
+    """A layer normalization over the last axis of ``data`` (source, destination and both
+    gradients share it), ``stats`` the per-row mean and variance: forward training (``src,
+    scale, shift -> dst, mean, variance``) without ``hint``; backward (``src, mean, variance,
+    diff_dst, scale, shift -> diff_src, diff_scale, diff_shift``) with the forward primitive
+    as ``hint``. ``flags``: USE_SCALE, USE_SHIFT."""
+    lib = library()
+    pd = _P()
+    eps = ctypes.c_float(epsilon)
+    if hint is None:
+        status = lib.lib.dnnl_layer_normalization_forward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, FORWARD_TRAINING, data.handle, data.handle,
+            stats.handle, eps, flags, lib.attr)
+    else:
+        status = lib.lib.dnnl_layer_normalization_backward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, BACKWARD, data.handle, data.handle, data.handle,
+            stats.handle, eps, flags, hint.pd, lib.attr)
+    lib.check(status, "layer normalization primitive descriptor")
+    return Primitive(pd, [data, stats])
 
 
 def reorder(src: MemoryDesc, dst: MemoryDesc) -> Primitive:
