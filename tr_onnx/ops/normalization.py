@@ -24,6 +24,7 @@ from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout, channels_last_view
 from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
+from .layer_norm_onednn import layer_norm_grad_onednn, layer_norm_onednn
 from .reduce import reduce_kept
 
 INTERNAL_DOMAIN = "ai.tr_onnx"
@@ -579,6 +580,13 @@ def _plain_rows(info, dtype: np.dtype) -> bool:
         and np.dtype(info.dtype) == dtype
 
 
+def _all_plain_float32(ctx) -> bool:
+    """Every operand a plain float32 tensor: oneDNN's layer normalization (the caller has
+    checked the stash type) runs on the arena's rows as they lie (``layer_norm_onednn``)."""
+    f32 = np.dtype(np.float32)
+    return all(i is None or _plain_rows(i, f32) for i in (*ctx.inputs, *ctx.outputs))
+
+
 def _rows_of(a: np.ndarray, plain: bool, scratch: np.ndarray) -> np.ndarray:
     """``a`` as ``scratch``-shaped ``[outer, inner]`` rows: a view when ``plain``, else a copy."""
     if plain:
@@ -619,6 +627,10 @@ def layer_norm_numpy(ctx):
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis:], dtype=np.int64))
     kept = shape[:axis] + (1,) * (rank - axis)
+    if acc == np.float32 and _all_plain_float32(ctx):
+        fast = layer_norm_onednn(ctx, outer, inner, eps)
+        if fast is not None:
+            return fast
     x_rows, in_y = _plain_rows(x_info, acc), _plain_rows(ctx.outputs[0], acc)
     d_ws = None if in_y else ctx.workspace((outer, inner), acc)
     mean_ws, inv_ws = ctx.workspace((outer, 1), acc), ctx.workspace((outer, 1), acc)
@@ -660,6 +672,10 @@ def layer_norm_grad_numpy(ctx):
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis:], dtype=np.int64))
     rows = (outer, inner)
+    if acc == np.float32 and _all_plain_float32(ctx):
+        fast = layer_norm_grad_onednn(ctx, outer, inner, eps)
+        if fast is not None:
+            return fast
     gy_rows, x_rows = _plain_rows(ctx.inputs[0], acc), _plain_rows(x_info, acc)
     in_gx = ctx.has_output(0) and _plain_rows(ctx.outputs[0], acc)
     xh_ws = ctx.workspace(rows, acc)
