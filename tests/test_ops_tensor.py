@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import pytest
+from onednn_kernels import require_onednn, spy_kernels
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from oracles import ort_run
@@ -184,6 +185,12 @@ MOVES = [
                       channels_last=("x",)), id="transpose-channels-last"),
     pytest.param(Case("Transpose", [feed_("x", rand(4, 5).astype(np.float16))],
                       opset=1), id="transpose-f16-v1"),
+    # float32 from 4096 elements: one oneDNN reorder (test_transpose_through_onednn_*)
+    pytest.param(Case("Transpose", [feed_("x", rand(8, 16, 4, 16))], {"perm": [0, 2, 1, 3]}),
+                 id="transpose-heads"),
+    pytest.param(Case("Transpose", [feed_("x", rand(2, 16, 12, 12))], {"perm": [0, 2, 3, 1]},
+                      channels_last=("x",)), id="transpose-big-channels-last"),
+    pytest.param(Case("Transpose", [feed_("x", rand(96, 80))]), id="transpose-matrix"),
     pytest.param(Case("Concat", [feed_("a", rand(2, 3, 4, 5)), feed_("b", rand(2, 2, 4, 5))],
                       {"axis": 1}, channels_last=("a", "b")), id="concat-channels"),
     pytest.param(Case("Concat", [feed_("a", rand(2, 3, 4, 5)), const("b", rand(2, 3, 1, 5))],
@@ -463,3 +470,25 @@ def test_dtypes_pass_through(dtype):
     check(Case("Pad", [feed_("x", x), const("p", i64(0, 1, 1, 0, 2, 0))], {"mode": "edge"}))
     check(Case("Slice", [feed_("x", x), const("s", i64(2)), const("e", i64(0)),
                          const("a", i64(2)), const("t", i64(-1))]))
+
+
+def test_transpose_through_onednn_moves_bits(monkeypatch):
+    """A float32 Transpose of at least 4096 elements is one oneDNN reorder, which copies bits:
+    NaN payloads, -0, infinities and denormals arrive as they were; a small one stays NumPy."""
+    from tr_onnx.ops import tensor
+
+    require_onednn()
+    x = rand(4, 8, 16, 12)
+    bits = x.view(np.uint32)
+    bits[0, 0, 0, :6] = [0x7FC00001, 0xFFC12345, 0x7F800000, 0xFF800000, 0x80000000, 0x00000001]
+    for perm, shape in (((0, 2, 3, 1), x.shape), ((1, 0, 2, 3), (2, 3, 4, 5))):
+        built = spy_kernels(monkeypatch, tensor, ["_onednn_transpose"])
+        value = x if shape == x.shape else rand(*shape)
+        model = onnx.shape_inference.infer_shapes(helper.make_model(helper.make_graph(
+            [helper.make_node("Transpose", ["x"], ["y"], perm=list(perm))], "t",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+            opset_imports=[helper.make_opsetid("", 21)]))
+        (y,) = tr_onnx.InferenceSession(model).run(None, {"x": value})
+        np.testing.assert_array_equal(y.view(np.uint32), value.transpose(perm).view(np.uint32))
+        assert built == ["_onednn_transpose"] * (value.size >= 4096)

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 from onnx import numpy_helper
 
+from .. import host_blas, onednn
 from ..dtypes import is_float
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
@@ -105,9 +106,46 @@ def reshape_numpy(ctx):
     return _copy_regrouped(ctx)
 
 
+# below this many elements NumPy's strided copy costs about what oneDNN's call does
+_ONEDNN_TRANSPOSE_MIN = 4096
+
+
+def _onednn_transpose(ctx, perm: tuple[int, ...]):
+    """A float32 Transpose as one oneDNN reorder (x's strides permuted into y's layout):
+    vectorised and on its threads, where ``np.copyto`` of a transposed view is one strided
+    element loop (BERT's [8, 64, 4, 64] -> [8, 4, 64, 64]: 29 vs 18 us alone; a [512, 1024]
+    matrix: 2.1 vs 0.36 ms; 2 threads, 2026-12-02). The copy moves bits: NaN payloads, -0 and
+    infinities come through unchanged. None for other dtypes, small tensors, or where oneDNN
+    is not there or offers only its reference loop."""
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    if x.dtype != np.float32 or y.dtype != np.float32 or not 1 <= len(perm) <= onednn.MAX_DIMS \
+            or math.prod(y.shape) < _ONEDNN_TRANSPOSE_MIN or not onednn.available():
+        return None
+    x_strides = x.layout.view_strides(4)
+    src = onednn.MemoryDesc.strided(y.shape, [x_strides[p] for p in perm])
+    dst = onednn.MemoryDesc.strided(y.shape, y.layout.view_strides(4))
+    try:
+        reorder = onednn.reorder(src, dst)
+    except onednn.OneDnnError:
+        return None
+    if reorder.implementation.startswith("ref"):
+        return None
+    scratch = onednn.scratchpad(ctx, reorder)
+    bound = host_blas.PreparedCalls(lambda ins, outs, ws: [onednn.bind(
+        reorder, [("src", src, ins[0]), ("dst", dst, outs[0])], scratch, ws)])
+
+    def run(ins, outs, ws):
+        bound.get(ins, outs, ws)[0]()
+
+    return run
+
+
 def transpose_numpy(ctx):
     rank = len(ctx.inputs[0].shape)
     perm = tuple(ctx.attrs["perm"]) if "perm" in ctx.attrs else tuple(reversed(range(rank)))
+    fast = _onednn_transpose(ctx, perm)
+    if fast is not None:
+        return fast
 
     def run(ins, outs, ws):
         np.copyto(outs[0], ins[0].transpose(perm))
