@@ -10,14 +10,13 @@ require it, so a CI machine without it fails instead of silently testing NumPy t
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
 from gradcheck import GradCase, build_model
+from onednn_kernels import EXPECTED, spy_kernels
 from onnx import TensorProto, helper, numpy_helper
 
 from tr_onnx import InferenceSession, onednn
@@ -101,22 +100,11 @@ def _close(got, want):
 @pytest.fixture
 def used(monkeypatch):
     """Names of the oneDNN kernels that built a step (a factory returning None is not use)."""
-    names = []
-    for name in KERNELS:
-        real = getattr(conv_onednn, name)
-
-        def spy(*args, real=real, name=name):
-            run = real(*args)
-            if run is not None:
-                names.append(name)
-            return run
-
-        monkeypatch.setattr(conv_onednn, name, spy)
-    return names
+    return spy_kernels(monkeypatch, conv_onednn, KERNELS)
 
 
 def test_onednn_is_installed_where_the_test_extra_installs_it():
-    if platform.system() == "Linux" and platform.machine() == "x86_64":
+    if EXPECTED:
         assert onednn.available(), "pip install onednn-cpu-gomp (part of tr_onnx[test])"
 
 

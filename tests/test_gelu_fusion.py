@@ -18,33 +18,28 @@ oneDNN is part of the test extra on Linux x86-64: there the fused path must be t
 from __future__ import annotations
 
 import math
-import platform
 
 import numpy as np
 import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from onednn_kernels import require_onednn
 from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_run
 from torch_parity import ParityCase, assert_parity, export, run_case
 
 import tr_onnx
-from tr_onnx import onednn
 from tr_onnx.ops import unary
 from tr_onnx.passes import fusions
 from tr_onnx.training.gradients import vjp
 
-ONEDNN_EXPECTED = platform.system() == "Linux" and platform.machine() == "x86_64"
 F32_EPS = float(np.finfo(np.float32).eps)
 
 
 @pytest.fixture(autouse=True)
 def needs_onednn():
-    if not onednn.available():
-        if ONEDNN_EXPECTED:
-            pytest.fail("oneDNN is not installed (pip install onednn-cpu-gomp, in tr_onnx[test])")
-        pytest.skip("oneDNN has no wheel for this platform; the chain runs unfused")
+    require_onednn()  # without it the chain runs unfused
 
 
 def _ops(session, feed) -> list[str]:

@@ -9,16 +9,15 @@ require it rather than skip.
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 from gradcheck import GradCase, build_model
+from onednn_kernels import require_onednn, spy_kernels
 from onnx import TensorProto, helper, numpy_helper
 
-from tr_onnx import InferenceSession, onednn
+from tr_onnx import InferenceSession
 from tr_onnx.ops import normalization
 from tr_onnx.training.gradients import vjp
 
@@ -35,22 +34,8 @@ CASES = {  # id: (x shape, axis, bias)
 @pytest.fixture
 def used(monkeypatch):
     """Names of the oneDNN layer-norm kernels that built a step."""
-    if not onednn.available():
-        if platform.system() == "Linux" and platform.machine() == "x86_64":
-            pytest.fail("oneDNN (onednn-cpu-gomp, part of the test extra) is not installed")
-        pytest.skip("no oneDNN wheel for this platform")
-    names = []
-    for name in ("layer_norm_onednn", "layer_norm_grad_onednn"):
-        real = getattr(normalization, name)
-
-        def spy(*args, real=real, name=name):
-            run = real(*args)
-            if run is not None:
-                names.append(name)
-            return run
-
-        monkeypatch.setattr(normalization, name, spy)
-    return names
+    require_onednn()
+    return spy_kernels(monkeypatch, normalization, ("layer_norm_onednn", "layer_norm_grad_onednn"))
 
 
 def _numpy_only(monkeypatch):

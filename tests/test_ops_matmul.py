@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onednn_kernels import require_onednn, spy_kernels
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from oracles import assert_close_relative, ort_run
@@ -13,6 +14,7 @@ from oracles import assert_close_relative, ort_run
 import tr_onnx
 from tr_onnx.dtypes import onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
+from tr_onnx.ops import matmul
 from tr_onnx.registry import default_registry
 
 RNG = np.random.default_rng(0)
@@ -174,29 +176,19 @@ STACKED = {"4d": ((2, 3, 32, 40), (2, 3, 40, 36)), "3d": ((4, 48, 33), (4, 33, 4
 def test_stacked_matmul_runs_in_onednn_and_its_gradients_match_torch(case, monkeypatch):
     """Both operands stacked alike, float32: oneDNN's matmul runs the forward and the two
     backward MatMuls; y, ga and gb match PyTorch autograd in float32."""
-    import platform
-
     import torch
     from gradcheck import GradCase, build_model
 
-    from tr_onnx import onednn
-    from tr_onnx.ops import matmul
     from tr_onnx.training.gradients import vjp
 
-    if not onednn.available():
-        if platform.system() == "Linux" and platform.machine() == "x86_64":
-            pytest.fail("oneDNN (onednn-cpu-gomp, part of the test extra) is not installed")
-        pytest.skip("no oneDNN wheel for this platform")
-    made = []
-    real = matmul._onednn_stacked
-    monkeypatch.setattr(matmul, "_onednn_stacked",
-                        lambda ctx: made.append(real(ctx) is not None) or real(ctx))
+    require_onednn()
+    built = spy_kernels(monkeypatch, matmul, ["_onednn_stacked"])
     shape_a, shape_b = STACKED[case]
     a, b = rand(*shape_a), rand(*shape_b)
     model = build_model(GradCase("MatMul", "MatMul", [a, b], {}))
     cot = rand(*np.matmul(a, b).shape)
     y, grads = vjp(model, {"x0": a, "x1": b}, ["x0", "x1"], cot)
-    assert len(made) == 3 and all(made)  # the forward and both gradients' MatMuls
+    assert built == ["_onednn_stacked"] * 3  # the forward and both gradients' MatMuls
     ta, tb = (torch.tensor(v, requires_grad=True) for v in (a, b))
     ty = ta @ tb
     ty.backward(torch.tensor(cot))
@@ -205,12 +197,7 @@ def test_stacked_matmul_runs_in_onednn_and_its_gradients_match_torch(case, monke
 
 
 def test_small_stacked_products_stay_in_numpy(monkeypatch):
-    from tr_onnx.ops import matmul
-
-    made = []
-    real = matmul._onednn_stacked
-    monkeypatch.setattr(matmul, "_onednn_stacked",
-                        lambda ctx: made.append(real(ctx) is not None) or real(ctx))
+    built = spy_kernels(monkeypatch, matmul, ["_onednn_stacked"])
     feeds = {"a": rand(32, 4, 8, 8), "b": rand(32, 4, 8, 8)}
     check(model_of("MatMul", feeds, {}, {}, 13), feeds)
-    assert made == [False]
+    assert built == []
