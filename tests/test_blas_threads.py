@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +135,29 @@ def test_the_library_is_built_only_in_a_folder_others_cannot_write(tmp_path, mon
     elsewhere = blas_threads._private_folder()
     assert elsewhere != tmp_path / "tr_onnx" and Path(elsewhere).is_dir()
     assert stat.S_IMODE(Path(elsewhere).stat().st_mode) == 0o700
+
+
+def test_a_forked_child_multiplies_on_openblas_own_threads(shared):
+    """libgomp's workers do not exist in a forked child: there OpenBLAS runs on its own
+    threads again (without that, the child's first parallel GEMM waited forever)."""
+    a, b = _operands((512, 256), (256, 1024), np.float32)
+    want = a @ b
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running pytest's teardown
+        try:
+            calls = blas_threads.parallel_calls()
+            ok = np.array_equal(a @ b, want) and blas_threads.parallel_calls() == calls
+            os.write(write, b"ok" if ok else b"wrong")
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's GEMM did not finish in 60 s")
+        time.sleep(0.05)
+    assert os.read(read, 16) == b"ok"
+    os.close(read)

@@ -70,3 +70,26 @@ void tr_onnx_run_blas_jobs(int sync, dojob_fn dojob, int numjobs, size_t elsize,
         run_on_pthreads(dojob, numjobs, elsize, jobdata, dojob_data);
     pthread_mutex_unlock(&lock);
 }
+
+typedef void (*setter_fn)(void *callback);
+static setter_fn installed = NULL;
+
+/* A forked child has none of libgomp's worker threads, and libgomp does not know it: a
+ * parallel region there waits for them forever (seen: the child's first GEMM hung). In the
+ * child OpenBLAS goes back to its own threads, which its fork handler restarts. (oneDNN's
+ * regions hang there the same way, with or without this file: tr_onnx's oneDNN kernels
+ * cannot run in a forked child.) */
+static void in_forked_child(void) {
+    if (installed != NULL)
+        installed(NULL);
+}
+
+/* Install the callback through OpenBLAS's setter (its name varies by build: Python finds
+ * it); 0 on success. */
+int tr_onnx_share_blas_threads(setter_fn setter) {
+    if (pthread_atfork(NULL, NULL, in_forked_child) != 0)
+        return -1;
+    installed = setter;
+    setter((void *)tr_onnx_run_blas_jobs);
+    return 0;
+}

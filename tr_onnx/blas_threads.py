@@ -10,9 +10,12 @@ to sleep between kernels (OMP_WAIT_POLICY=PASSIVE), paying a wake-up per call.
 OpenBLAS (0.3.27 and newer, as in NumPy's wheels) takes a threads callback: ``blas_threads.c``,
 built here once with the C compiler into the user's cache folder, runs a call's jobs in one
 OpenMP parallel region. With the pool shared, libgomp keeps its default wait policy (a short
-spin, then sleep). Where anything is missing (no C compiler, another BLAS, an OpenBLAS without
-the callback, ``TR_ONNX_SEPARATE_POOLS=1``), the pools stay separate and oneDNN's threads
-sleep between kernels, as before. ``shared()`` says which.
+spin, then sleep). A forked child goes back to OpenBLAS's own threads: libgomp's workers
+do not exist there, and a parallel region would wait for them forever (so would oneDNN's
+kernels, as before this module: a forked child cannot run them). Where anything is
+missing (no C compiler, another BLAS, an OpenBLAS without the callback,
+``TR_ONNX_SEPARATE_POOLS=1``), the pools stay separate and oneDNN's threads sleep between
+kernels, as before. ``shared()`` says which.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def _build() -> Path | None:
         tmp.unlink(missing_ok=True)
         return None
     os.replace(tmp, lib)  # atomic: a concurrent build finds a whole library or none
+    for stale in folder.glob("libtr_onnx_blas_threads_*.so"):  # other versions' builds
+        if stale != lib:
+            stale.unlink(missing_ok=True)  # a process that loaded it keeps its mapping
     return lib
 
 
@@ -101,7 +107,9 @@ def share() -> bool:
             lib = ctypes.CDLL(str(prepared()))
         except OSError:
             return False
-        _setter()(ctypes.cast(lib.tr_onnx_run_blas_jobs, ctypes.c_void_p))
+        lib.tr_onnx_share_blas_threads.argtypes = [ctypes.c_void_p]
+        if lib.tr_onnx_share_blas_threads(ctypes.cast(_setter(), ctypes.c_void_p)) != 0:
+            return False
         _shared = lib
     return _shared is not None
 
