@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import host_blas, onednn
+from .. import onednn
 from .conv import Window
 
 
@@ -105,18 +105,6 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
     return int(np.prod(weights.shape)) < int(np.prod(out_map.shape))
 
 
-def _run_bound(make):
-    """The kernel's step: the primitives ``make`` binds to the arena views (made on the first
-    call, again only if the views change: ``host_blas.PreparedCalls``), executed in order."""
-    bound = host_blas.PreparedCalls(make)
-
-    def run(ins, outs, ws):
-        for call in bound.get(ins, outs, ws):
-            call()
-
-    return run
-
-
 def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
     """(forward hint, primitive) for ``kind``; raises OneDnnError if oneDNN refuses, or
     offers only its reference loop (e.g. for channels padded past the logical count, as a
@@ -152,7 +140,7 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
         return None
     scratch = onednn.scratchpad(ctx, conv)
     if const is not None:
-        return _run_bound(lambda ins, outs, ws: [onednn.bind(
+        return onednn.step(lambda ins, outs, ws: [onednn.bind(
             conv, [*conv_args(ins, outs), ("weights", blocked, packed)], scratch, ws)])
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
     reorder_scratch = onednn.scratchpad(ctx, to_blocked)
@@ -163,7 +151,7 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
                 onednn.bind(conv, [*conv_args(ins, outs), ("weights", blocked, ws[w_k])],
                             scratch, ws)]
 
-    return _run_bound(make)
+    return onednn.step(make)
 
 
 def conv_onednn(ctx, win: Window, group: int):
@@ -222,4 +210,4 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
                 onednn.bind(from_blocked, [("src", blocked, ws[w_k]), ("dst", user_w, outs[0])],
                             reorder_scratch, ws)]
 
-    return _run_bound(make)
+    return onednn.step(make)

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .. import host_blas, onednn
+from .. import onednn
 
 
 def _vector(info, size: int) -> bool:
@@ -32,16 +32,13 @@ def _as(a: np.ndarray, shape) -> np.ndarray:
     return view
 
 
-def _prepared(ctx, primitives, args_of):
-    """The step running ``primitives`` in order on the arena views (bound on the first call);
+def _step(ctx, primitives, args_of):
+    """The step running ``primitives`` in order on the arena views (``onednn.step``);
     ``args_of(ins, outs, ws)`` gives each primitive's arguments."""
     scratches = [onednn.scratchpad(ctx, p) for p in primitives]
-
-    def make(ins, outs, ws):
-        return [onednn.bind(p, args, scratch, ws)
-                for p, args, scratch in zip(primitives, args_of(ins, outs, ws), scratches)]
-
-    return host_blas.PreparedCalls(make)
+    return onednn.step(lambda ins, outs, ws: [
+        onednn.bind(p, args, scratch, ws)
+        for p, args, scratch in zip(primitives, args_of(ins, outs, ws), scratches)])
 
 
 def _primitives(outer: int, inner: int, eps: float, flags: int, backward: bool):
@@ -87,10 +84,10 @@ def layer_norm_onednn(ctx, outer: int, inner: int, eps: float):
             args.append(("shift", vector, _as(ins[2], inner)))
         return [args]
 
-    prepared = _prepared(ctx, [forward], args_of)
+    normalise = _step(ctx, [forward], args_of)
 
     def run(ins, outs, ws):
-        prepared.get(ins, outs, ws)[0]()
+        normalise(ins, outs, ws)
         if has_mean:
             np.copyto(_as(outs[1], outer), ws[mean_ws])
         if has_inv:
@@ -136,10 +133,4 @@ def layer_norm_grad_onednn(ctx, outer: int, inner: int, eps: float):
                  ("shift", vector, zero_shift), ("diff_src", data, gx),
                  ("diff_scale", vector, gs), ("diff_shift", vector, gb)]]
 
-    prepared = _prepared(ctx, [forward, backward], args_of)
-
-    def run(ins, outs, ws):
-        for call in prepared.get(ins, outs, ws):
-            call()
-
-    return run
+    return _step(ctx, [forward, backward], args_of)

@@ -22,7 +22,7 @@ import string
 
 import numpy as np
 
-from .. import host_blas, onednn
+from .. import onednn
 from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
 from ..opdef import MATMUL, OpDef
@@ -93,12 +93,7 @@ def _onednn_stacked(ctx):
         return [onednn.bind(primitive, list(zip(("src", "weights", "dst"), mds, views)),
                             scratch, ws)]
 
-    bound = host_blas.PreparedCalls(make)
-
-    def run(ins, outs, ws):
-        bound.get(ins, outs, ws)[0]()
-
-    return run
+    return onednn.step(make)
 
 
 def matmul_numpy(ctx):
