@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 
 import peer_common
 from peer_common import SHAPES, ZOO_SHAPES
 
 # a bench model's forward takes ~100x a zoo model's
-ZOO_REPEAT, BENCH_REPEAT = 50, 10
+ZOO_REPEAT, BENCH_REPEAT = 400, 20
+ROUNDS = 10
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -44,15 +46,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def median_ms(fn, repeat: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return peer_common.median(times)
+def interleaved_median_ms(fns, repeat: int, rounds: int = ROUNDS) -> list[float]:
+    """Median ms per call of each of ``fns``: ``repeat`` timed calls each, made in ``rounds``
+    blocks that take turns (each block after 3 untimed calls). On a shared VM the machine's
+    speed drifts by up to 2x between seconds; timing all of one runtime's calls and then all
+    of the other's would put that drift into the ratio. Blocks, not single calls, because a
+    runtime's threads spin for a while after its call and would slow the other's next one."""
+    times = [[] for _ in fns]
+    for r in range(rounds):
+        for fn, ms in zip(fns, times):
+            for _ in range(3):
+                fn()
+            for _ in range(repeat // rounds + (r < repeat % rounds)):
+                start = time.perf_counter()
+                fn()
+                ms.append((time.perf_counter() - start) * 1e3)
+    return [peer_common.median(ms) for ms in times]
 
 
 def measure(args) -> None:
@@ -62,7 +71,8 @@ def measure(args) -> None:
 
     import tr_onnx
 
-    print(f"{args.threads} threads, median of --repeat runs after 3 untimed; onnxruntime "
+    print(f"{args.threads} threads, median of --repeat runs, in {ROUNDS} blocks per runtime "
+          f"taking turns (3 untimed calls before each); onnxruntime "
           f"{ort.__version__}; numpy's BLAS: {peer_common.blas_kernels()}\n")
     print("| model | batch | runs | tr_onnx align 1 (ms) | tr_onnx align 8 (ms) | "
           "onnxruntime (ms) | tr_onnx / ORT |")
@@ -77,11 +87,9 @@ def measure(args) -> None:
         options.intra_op_num_threads = args.threads
         options.inter_op_num_threads = 1
         ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        t_ort = median_ms(lambda ref=ref, feed=feed: ref.run(None, feed), repeat)
-        ours = []
-        for align in (1, 8):
-            sess = tr_onnx.InferenceSession(path, channel_align=align)
-            ours.append(median_ms(lambda sess=sess, feed=feed: sess.run(None, feed), repeat))
+        sessions = [tr_onnx.InferenceSession(path, channel_align=align) for align in (1, 8)]
+        runs = [partial(sess.run, None, feed) for sess in (*sessions, ref)]
+        *ours, t_ort = interleaved_median_ms(runs, repeat)
         print(f"| {model} | {batch} | {repeat} | {ours[0]:.3f} | {ours[1]:.3f} | {t_ort:.3f} | "
               f"{ours[0] / t_ort:.2f}x |", flush=True)
 

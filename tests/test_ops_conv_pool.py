@@ -531,6 +531,27 @@ def test_global_pool(op, shape):
     _check_global(op, {}, _rand(*shape))
 
 
+@pytest.mark.parametrize("align", ALIGNS)
+def test_global_average_pool_sums_with_blas(align, monkeypatch):
+    """float32 GlobalAveragePool sums each sample as ones @ x[n] through np.matmul on the
+    [N, H*W, C] view of its input, padded channels included (one prepared call per run)."""
+    calls = []
+    real = np.matmul
+
+    def spy(a, b, *args, **kwargs):
+        calls.append(b.shape)
+        return real(a, b, *args, **kwargs)
+
+    x = _rand(3, 13, 5, 7)
+    model = _model("GlobalAveragePool", {}, x)
+    sess = tr_onnx.InferenceSession(model, channel_align=align)
+    monkeypatch.setattr(np, "matmul", spy)
+    got = sess.run(None, {"x": x})[0]
+    monkeypatch.undo()
+    assert (3, 35, 13) in calls
+    _close(got, ort_run(model, {"x": x})[0], 1e-5, 1e-6)
+
+
 @pytest.mark.parametrize("op,attrs,opset", [
     ("GlobalAveragePool", {}, 7), ("GlobalMaxPool", {}, 7), ("GlobalLpPool", {"p": 3}, 7),
     ("GlobalLpPool", {"p": 1}, 22)], ids=["avg_v1", "max_v1", "lp_v2_p3", "lp_v22_p1"])

@@ -139,3 +139,15 @@ class PreparedCalls:
             self.calls = self.make(ins, outs, ws)
             self.key = key
         return self.calls
+
+
+def prepared_step(make):
+    """A kernel's step: the calls ``make(ins, outs, ws)`` prepares on the arena views (made on
+    the first call, again only if the views change: ``PreparedCalls``), run in order."""
+    bound = PreparedCalls(make)
+
+    def run(ins, outs, ws):
+        for call in bound.get(ins, outs, ws):
+            call()
+
+    return run

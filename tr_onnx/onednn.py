@@ -22,7 +22,7 @@ from functools import cache
 
 import numpy as np
 
-from . import blas_threads, host_blas
+from . import blas_threads
 
 MAX_DIMS = 12
 _Dims = ctypes.c_int64 * MAX_DIMS
@@ -329,19 +329,6 @@ def bind(primitive: Primitive, args, scratch, ws) -> Bound:
     if scratch is not None:
         args = [*args, ("scratchpad", scratch[0], ws[scratch[1]])]
     return Bound(primitive, args)
-
-
-def step(make):
-    """A kernel's step: the primitives ``make(ins, outs, ws)`` binds to the arena views (bound
-    on the first call, again only if the views change: ``host_blas.PreparedCalls``), executed
-    in order."""
-    bound = host_blas.PreparedCalls(make)
-
-    def run(ins, outs, ws):
-        for call in bound.get(ins, outs, ws):
-            call()
-
-    return run
 
 
 def execute_once(primitive: Primitive, args) -> None:

@@ -206,7 +206,7 @@ def col2im_nhwc(cols: np.ndarray, xp: np.ndarray, scatter: list[tuple]) -> np.nd
     return xp
 
 
-def _merge_ok(shape, strides) -> int | None:
+def merged_stride(shape, strides) -> int | None:
     """The common stride when the axes can be merged into one (size-1 axes ignored)."""
     inner = None
     for d, st in zip(reversed(shape), reversed(strides)):
@@ -223,8 +223,8 @@ def _merge_ok(shape, strides) -> int | None:
 
 def as_2d(a: np.ndarray, split: int) -> np.ndarray | None:
     """``a`` seen as ``[prod(shape[:split]), prod(shape[split:])]`` without a copy, or None."""
-    rs = _merge_ok(a.shape[:split], a.strides[:split])
-    cs = _merge_ok(a.shape[split:], a.strides[split:])
+    rs = merged_stride(a.shape[:split], a.strides[:split])
+    cs = merged_stride(a.shape[split:], a.strides[split:])
     if rs is None or cs is None:
         return None
     return as_strided(a, (math.prod(a.shape[:split]), math.prod(a.shape[split:])), (rs, cs))
@@ -238,8 +238,8 @@ def mergeable_2d(info, moved: bool, split: int) -> bool:
     if moved:
         shape = (shape[0], *shape[2:], shape[1])
         strides = (strides[0], *strides[2:], strides[1])
-    return _merge_ok(shape[:split], strides[:split]) is not None and \
-        _merge_ok(shape[split:], strides[split:]) is not None
+    return merged_stride(shape[:split], strides[:split]) is not None and \
+        merged_stride(shape[split:], strides[split:]) is not None
 
 
 def matrix_view_or_copy(a: np.ndarray, split: int, ws: np.ndarray | None) -> np.ndarray:

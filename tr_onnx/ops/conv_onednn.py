@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import onednn
+from .. import host_blas, onednn
 from .conv import Window
 
 
@@ -140,7 +140,7 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
         return None
     scratch = onednn.scratchpad(ctx, conv)
     if const is not None:
-        return onednn.step(lambda ins, outs, ws: [onednn.bind(
+        return host_blas.prepared_step(lambda ins, outs, ws: [onednn.bind(
             conv, [*conv_args(ins, outs), ("weights", blocked, packed)], scratch, ws)])
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
     reorder_scratch = onednn.scratchpad(ctx, to_blocked)
@@ -151,7 +151,7 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
                 onednn.bind(conv, [*conv_args(ins, outs), ("weights", blocked, ws[w_k])],
                             scratch, ws)]
 
-    return onednn.step(make)
+    return host_blas.prepared_step(make)
 
 
 def conv_onednn(ctx, win: Window, group: int):
@@ -210,4 +210,4 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
                 onednn.bind(from_blocked, [("src", blocked, ws[w_k]), ("dst", user_w, outs[0])],
                             reorder_scratch, ws)]
 
-    return onednn.step(make)
+    return host_blas.prepared_step(make)

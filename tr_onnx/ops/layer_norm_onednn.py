@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .. import onednn
+from .. import host_blas, onednn
 
 
 def _vector(info, size: int) -> bool:
@@ -33,10 +33,10 @@ def _as(a: np.ndarray, shape) -> np.ndarray:
 
 
 def _step(ctx, primitives, args_of):
-    """The step running ``primitives`` in order on the arena views (``onednn.step``);
+    """The step running ``primitives`` in order on the arena views (``host_blas.prepared_step``);
     ``args_of(ins, outs, ws)`` gives each primitive's arguments."""
     scratches = [onednn.scratchpad(ctx, p) for p in primitives]
-    return onednn.step(lambda ins, outs, ws: [
+    return host_blas.prepared_step(lambda ins, outs, ws: [
         onednn.bind(p, args, scratch, ws)
         for p, args, scratch in zip(primitives, args_of(ins, outs, ws), scratches)])
 

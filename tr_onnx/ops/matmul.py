@@ -22,7 +22,7 @@ import string
 
 import numpy as np
 
-from .. import onednn
+from .. import host_blas, onednn
 from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
 from ..opdef import MATMUL, OpDef
@@ -93,7 +93,7 @@ def _onednn_stacked(ctx):
         return [onednn.bind(primitive, list(zip(("src", "weights", "dst"), mds, views)),
                             scratch, ws)]
 
-    return onednn.step(make)
+    return host_blas.prepared_step(make)
 
 
 def matmul_numpy(ctx):

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 from onnx import numpy_helper
 
-from .. import onednn
+from .. import host_blas, onednn
 from ..dtypes import is_float
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
@@ -131,7 +131,7 @@ def _onednn_transpose(ctx, perm: tuple[int, ...]):
     if reorder.implementation.startswith("ref"):
         return None
     scratch = onednn.scratchpad(ctx, reorder)
-    return onednn.step(lambda ins, outs, ws: [onednn.bind(
+    return host_blas.prepared_step(lambda ins, outs, ws: [onednn.bind(
         reorder, [("src", src, ins[0]), ("dst", dst, outs[0])], scratch, ws)])
 
 

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import onednn
+from .. import host_blas, onednn
 from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
@@ -633,7 +633,7 @@ def _onednn_gelu(ctx, infos):
         views = [*ins[:len(names) - 1], outs[0]]
         return [onednn.bind(primitive, [(n, md, v) for n, v in zip(names, views)], scratch, ws)]
 
-    return onednn.step(make)
+    return host_blas.prepared_step(make)
 
 
 def unary_numpy(entry: Elementwise):
