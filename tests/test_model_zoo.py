@@ -52,7 +52,7 @@ def test_cnn_runs_channels_last_without_transposes(stem):
     assert plan.layout.transposes == []
     assert plan.layout.absorbed_flattens  # the Flatten before the classifier costs nothing
     assert plan.layout.channels_last > 0
-    convs = [n for n in plan.graph.nodes if n.op_type == "Conv"]
+    convs = [n for n in plan.graph.nodes if n.op_type in ("Conv", "FusedConv")]
     assert convs and all(n.inputs[0].get_layout().is_channels_last for n in convs)
     assert all(n.inputs[1].get_layout().kind == "conv_weight" for n in convs)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import math
 import os
 import sys
 from functools import cache
@@ -34,15 +35,18 @@ FORWARD_TRAINING, BACKWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 128, 160, 192
 USE_SCALE, USE_SHIFT = 0x2, 0x4
 CONVOLUTION_DIRECT = 1
 # dnnl_alg_kind_t of oneDNN 3.x (dnnl_eltwise_relu = 0x20, then in declaration order)
-ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 0x2B, 0x31
+ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_CLIP_V2, ELTWISE_GELU_ERF = 0x20, 0x2B, 0x2F, 0x31
+BINARY_ADD = 0x1FFF0
 FORMAT_ANY = 1
 SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO = 8
 QUERY_MD = {"src": 129, "diff_src": 130, "weights": 131, "diff_weights": 132, "dst": 133,
             "diff_dst": 134, "scratchpad": 136}
+# "post_op_0_src_1": the second operand of a binary post-op that comes first,
+# DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1 (oneDNN 3.x's base, 32768)
 ARG = {"src": 1, "dst": 17, "weights": 33, "bias": 41, "mean": 49, "variance": 50, "scale": 51,
        "shift": 52, "diff_scale": 255, "diff_shift": 256, "scratchpad": 80, "diff_src": 129,
-       "diff_dst": 145, "diff_weights": 161}
+       "diff_dst": 145, "diff_weights": 161, "post_op_0_src_1": 32768 | 2}
 DISTRIBUTION = "onednn-cpu-gomp"
 _LIBRARY_NAMES = ("libdnnl.so.3", "libdnnl.so")
 
@@ -195,13 +199,51 @@ class Primitive:
         self._lib.lib.dnnl_primitive_desc_destroy(self.pd)
 
 
+class PostOps:
+    """Primitive attributes with a chain of post-ops, which a forward convolution applies to
+    each output value while it is still in registers: ``add`` (a tensor laid out as ``add``'s
+    memory desc, passed as ``"post_op_0_src_1"``), then ``clip`` (lo, hi: -inf/inf for an open
+    side; Relu is (0, inf)).
+
+    oneDNN's max and min map NaN to the limit (relu(NaN) = 0, measured with oneDNN 3.2), where
+    ONNX's Relu and Clip keep NaN: only a convolution whose output is proven finite may take
+    ``clip`` (``passes.inference_folds.fuse_conv_add_clip``)."""
+
+    def __init__(self, add: MemoryDesc | None = None, clip: tuple[float, float] | None = None):
+        lib = self._lib = library()
+        self.handle, chain = _P(), _P()
+        lib.check(lib.lib.dnnl_primitive_attr_create(ctypes.byref(self.handle)), "attr_create")
+        lib.check(lib.lib.dnnl_primitive_attr_set_scratchpad_mode(self.handle, SCRATCHPAD_USER),
+                  "set_scratchpad_mode")
+        lib.check(lib.lib.dnnl_post_ops_create(ctypes.byref(chain)), "post_ops_create")
+        try:
+            if add is not None:
+                lib.check(lib.lib.dnnl_post_ops_append_binary(chain, BINARY_ADD, add.handle),
+                          "post_ops_append_binary")
+            if clip is not None:
+                lo, hi = clip
+                alg, alpha, beta = (ELTWISE_RELU, 0.0, 0.0) if (lo, hi) == (0.0, math.inf) \
+                    else (ELTWISE_CLIP_V2, lo, hi)
+                lib.check(lib.lib.dnnl_post_ops_append_eltwise(
+                    chain, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
+                    "post_ops_append_eltwise")
+            lib.check(lib.lib.dnnl_primitive_attr_set_post_ops(self.handle, chain),
+                      "set_post_ops")  # the attributes keep a copy of the chain
+        finally:
+            lib.lib.dnnl_post_ops_destroy(chain)
+
+    def __del__(self):
+        if self.handle:
+            self._lib.lib.dnnl_primitive_attr_destroy(self.handle)
+
+
 def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDesc | None,
                 dst: MemoryDesc, strides, dilations, pad_l, pad_r,
-                hint: Primitive | None = None) -> Primitive:
+                hint: Primitive | None = None, post_ops: PostOps | None = None) -> Primitive:
     """A convolution primitive: ``kind`` FORWARD_TRAINING (src, weights, bias, dst),
     BACKWARD_DATA (diff_src, weights, -, diff_dst) or BACKWARD_WEIGHTS (src, diff_weights,
     -, diff_dst); ``dilations`` as ONNX counts them (1 = none); backward ones need the
-    forward primitive as ``hint``."""
+    forward primitive as ``hint``; a forward one may apply ``post_ops``."""
     lib = library()
     pd = _P()
     geometry = (_Dims(*strides), _Dims(*(d - 1 for d in dilations)), _Dims(*pad_l),
@@ -209,7 +251,8 @@ def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDes
     if kind == FORWARD_TRAINING:
         status = lib.lib.dnnl_convolution_forward_primitive_desc_create(
             ctypes.byref(pd), lib.engine, kind, CONVOLUTION_DIRECT, src.handle, weights.handle,
-            bias.handle if bias is not None else None, dst.handle, *geometry, lib.attr)
+            bias.handle if bias is not None else None, dst.handle, *geometry,
+            post_ops.handle if post_ops is not None else lib.attr)
     elif kind == BACKWARD_DATA:
         status = lib.lib.dnnl_convolution_backward_data_primitive_desc_create(
             ctypes.byref(pd), lib.engine, CONVOLUTION_DIRECT, src.handle, weights.handle,
@@ -219,7 +262,7 @@ def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDes
             ctypes.byref(pd), lib.engine, CONVOLUTION_DIRECT, src.handle, weights.handle,
             None, dst.handle, *geometry, hint.pd, lib.attr)
     lib.check(status, "convolution primitive descriptor")
-    return Primitive(pd, [src, weights, bias, dst])
+    return Primitive(pd, [src, weights, bias, dst, post_ops])
 
 
 def eltwise(alg: int, data: MemoryDesc, hint: Primitive | None = None, alpha: float = 0.0,

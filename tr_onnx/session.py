@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,8 @@ from .importer import (
     import_model,
 )
 from .passes.control_flow import output_reader
-from .passes.inference_folds import fold_batchnorm, freeze_parameters
+from .passes.inference_folds import fold_batchnorm, freeze_parameters, fuse_conv_add_clip
+from .passes.value_bounds import BOUNDED_DTYPES
 from .registry import build_registry, default_registry
 
 _TYPE_NAMES = {np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -48,10 +50,25 @@ def _node_arg(spec: InputSpec) -> NodeArg:
     return NodeArg(spec.name, shape, _TYPE_NAMES.get(spec.dtype, f"tensor({spec.dtype.name})"))
 
 
-def _inference_folds(graph) -> None:
-    """What an inference plan may rewrite because its parameters never change."""
+def _inference_folds(graph, registry, backend: str, fuse: bool = True) -> float | None:
+    """What an inference plan may rewrite because its parameters never change and nothing
+    reads its intermediate values afterwards. Returns the limit on the float inputs' values its
+    fused activations need (``fuse_conv_add_clip``), or None."""
     fold_batchnorm(graph)
     freeze_parameters(graph)
+    return fuse_conv_add_clip(graph, registry, backend) if fuse else None
+
+
+_EXACT = ("unfused",)  # the key suffix of a plan without limits on its inputs' values
+
+
+def _within(feed, names: tuple[str, ...], limit: float) -> bool:
+    """Whether the named inputs are finite and within +-``limit`` (NaN fails both tests)."""
+    for name in names:
+        x = feed[name]
+        if x.size and not (x.max() <= limit and x.min() >= -limit):
+            return False
+    return True
 
 
 class InferenceSession:
@@ -115,12 +132,15 @@ class InferenceSession:
         return self._plan(*plan_key(feed, self.imported.const_feeds))
 
     def _plan(self, key: tuple, shapes: dict, const_feeds: dict) -> CompiledPlan:
+        """The plan for ``key``; a key ending in ``_EXACT`` has no fused activations."""
         plan = self._plans.lookup(key)
         if plan is None:
+            transform = partial(_inference_folds, registry=self.imported.registry,
+                                backend=self.backend, fuse=key[-len(_EXACT):] != _EXACT)
             plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
                                 self.channel_align, reuse=self.reuse_memory, device=self.device,
                                 cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes,
-                                transform=_inference_folds)
+                                transform=transform)
             self._plans[key] = plan
             if self._plans.evict():  # their runs go with them (each holds its plan's arena)
                 self._bound = {k: r for k, r in self._bound.items() if k in self._plans}
@@ -142,6 +162,9 @@ class InferenceSession:
         else:  # the same names, order, shapes and dtypes as a feed checked before: it passes
             feed = input_feed
             self._plans.move_to_end(bound.key)
+        if bound.input_limit is not None and \
+                not _within(feed, bound.limited_inputs, bound.input_limit):
+            bound = self._bind(feed, exact=True)  # a value the fused plan is not proven for
         writers = bound.writers
         for name, x in feed.items():
             if name in writers:  # const feeds are part of the plan, not written
@@ -150,9 +173,12 @@ class InferenceSession:
         readers = bound.readers
         return [readers[n]() for n in names]
 
-    def _bind(self, feed: dict[str, np.ndarray]) -> _BoundRun:
-        """The prepared run of the plan for this checked feed, made once per plan."""
+    def _bind(self, feed: dict[str, np.ndarray], exact: bool = False) -> _BoundRun:
+        """The prepared run of the plan for this checked feed, made once per plan (``exact``:
+        of the plan without fused activations)."""
         key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
+        if exact:
+            key = (*key, *_EXACT)
         plan = self._plan(key, shapes, const_feeds)
         bound = self._bound.get(key)
         if bound is None:
@@ -164,7 +190,9 @@ class InferenceSession:
                 {s.name: executor.input_writer(s.name) for s in self.imported.inputs
                  if s.name not in self.imported.const_feeds},
                 {o.name: output_reader(executor, o.name, types[o.name], listed)
-                 for o in self.imported.outputs})
+                 for o in self.imported.outputs},
+                plan.info, tuple(v.name for v in plan.graph.inputs
+                                 if v.dtype in BOUNDED_DTYPES and v.name in feed))
         return bound
 
 
@@ -172,12 +200,16 @@ class InferenceSession:
 class _BoundRun:
     """What ``InferenceSession.run`` does on one plan that no feed value changes, prepared
     once: the plan's cache key, its executor, a writer per data input and a reader per model
-    output (each on views made once; together they were ~30 µs of a 0.1 ms MLP run)."""
+    output (each on views made once; together they were ~30 µs of a 0.1 ms MLP run);
+    ``input_limit``: the plan's fused activations are proven exact only while the float inputs
+    ``limited_inputs`` are finite and within +-``input_limit`` (None: no limit)."""
 
     key: tuple
     executor: ExecutorAPI
     writers: dict[str, Callable[[np.ndarray], None]]
     readers: dict[str, Callable[[], object]]
+    input_limit: float | None = None
+    limited_inputs: tuple[str, ...] = ()
 
 
 def _signature(feed) -> tuple | None:

@@ -270,7 +270,7 @@ def _grid_useful(win: Window, dtype: np.dtype) -> bool:
     return _conv_grid().Grid.useful(win, dtype)
 
 
-def _onednn_kernel(name: str, ctx, win: Window, group: int, dtype: np.dtype):
+def _onednn_kernel(name: str, ctx, win: Window, group: int, dtype: np.dtype, **post_ops):
     """The oneDNN kernel ``name`` of ops.conv_onednn for this node, or None (not installed,
     not float32, a window or primitive oneDNN refuses, a shape NumPy runs faster:
     ``conv_onednn.preferred``): then NumPy runs it."""
@@ -278,7 +278,7 @@ def _onednn_kernel(name: str, ctx, win: Window, group: int, dtype: np.dtype):
 
     if not conv_onednn.usable(win, dtype) or not conv_onednn.preferred(name, ctx, win, group):
         return None
-    return getattr(conv_onednn, name)(ctx, win, group)
+    return getattr(conv_onednn, name)(ctx, win, group, **post_ops)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,6 +286,13 @@ def _onednn_kernel(name: str, ctx, win: Window, group: int, dtype: np.dtype):
 # --------------------------------------------------------------------------------------------
 
 def conv_numpy(ctx):
+    return conv_kernel(ctx)[0]
+
+
+def conv_kernel(ctx, add: bool = False, clip: tuple[float, float] | None = None):
+    """(run, fused): the kernel of a Conv node (or of ops/fused_conv.py's FusedConv, which
+    asks oneDNN to ``add`` its input 3 and ``clip`` to (lo, hi) too); ``fused`` says whether
+    the kernel did that, else the caller does."""
     x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     if len(x_info.shape) < 3 or len(w_info.shape) != len(x_info.shape):
         raise ctx.error(f"weight {list(w_info.shape)} does not fit input {list(x_info.shape)}: "
@@ -299,22 +306,25 @@ def conv_numpy(ctx):
                         f"with group={group}, kernel_shape={list(kernel)}")
     win = Window.for_node(ctx, spatial, kernel)
     dtype = np.dtype(y_info.dtype)
-    fast = _onednn_kernel("conv_onednn", ctx, win, group, dtype)
+    post_ops = {"add": add, "clip": clip} if add or clip else {}
+    fast = _onednn_kernel("conv_onednn", ctx, win, group, dtype, **post_ops)
     if fast is not None:
-        return fast
+        return fast, True
+    if post_ops:
+        return conv_kernel(ctx)[0], False
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
     xp_k = (ctx.workspace((n, *win.padded_shape, c), compute) if win.needs_padding or cast
             else None)
     interior, slabs = padding_slabs_nhwc(win)
     if group == c and group > 1:
-        return _depthwise_conv_numpy(ctx, win, o // c, xp_k, interior, slabs, compute)
+        return _depthwise_conv_numpy(ctx, win, o // c, xp_k, interior, slabs, compute), False
 
     og, taps = o // group, math.prod(kernel)
     rows = n * math.prod(win.out_shape)
     pointwise = taps == 1 and not win.needs_padding and all(s == 1 for s in win.strides)
     if not pointwise and not cast and _grid_useful(win, dtype):
-        return _conv_grid().conv_grid_numpy(ctx, win, group)
+        return _conv_grid().conv_grid_numpy(ctx, win, group), False
     x_rows_ok = pointwise and (xp_k is not None or mergeable_2d(x_info, True, 1 + win.ndim))
     col_k = None if x_rows_ok else ctx.workspace((rows, taps * cg), compute)
     w_k = (None if not cast and mergeable_2d(w_info, True, 1)
@@ -343,7 +353,7 @@ def conv_numpy(ctx):
         if y_k is not None:
             np.copyto(y, y2.reshape(y.shape), casting="same_kind")
 
-    return run
+    return run, False
 
 
 def _depthwise_conv_numpy(ctx, win, mult, xp_k, interior, slabs, compute):

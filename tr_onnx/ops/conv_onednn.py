@@ -105,7 +105,7 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
     return int(np.prod(weights.shape)) < int(np.prod(out_map.shape))
 
 
-def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
+def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False, post_ops=None):
     """(forward hint, primitive) for ``kind``; raises OneDnnError if oneDNN refuses, or
     offers only its reference loop (e.g. for channels padded past the logical count, as a
     3-channel image aligned to 8: ResNet-18's stem took 600 ms there, NumPy 3 ms)."""
@@ -113,7 +113,7 @@ def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
     src, dst = _strided(src_info), _strided(dst_info)
     bias = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if with_bias else None
     forward = onednn.convolution(onednn.FORWARD_TRAINING, src, _weights(w_info.shape, group),
-                                 bias, dst, *geometry)
+                                 bias, dst, *geometry, post_ops=post_ops)
     primitive = forward if kind == onednn.FORWARD_TRAINING else onednn.convolution(
         kind, src, _weights(w_info.shape, group), None, dst, *geometry, hint=forward)
     if primitive.implementation.startswith("ref"):
@@ -122,14 +122,15 @@ def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False):
 
 
 def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_args,
-                     with_bias=False):
+                     with_bias=False, post_ops=None):
     """A kernel whose convolution reads w (Conv, ConvGradData): each step reorders w from the
     plan's layout into oneDNN's blocked one, then runs the convolution, whose other arguments
     ``conv_args(ins, outs)`` names; constant weights are reordered once, here (``_packed``).
     None where oneDNN declines."""
     const = ctx.const(1)
     try:
-        _, conv = _primitives(kind, src_info, w_info, dst_info, win, group, with_bias)
+        _, conv = _primitives(kind, src_info, w_info, dst_info, win, group, with_bias,
+                              post_ops)
         blocked = conv.md("weights")
         if const is not None:
             packed = _packed(const, group, blocked)
@@ -154,21 +155,27 @@ def _reading_weights(ctx, kind, src_info, w_info, dst_info, win, group, conv_arg
     return host_blas.prepared_step(make)
 
 
-def conv_onednn(ctx, win: Window, group: int):
-    """Conv forward: y = conv(x, reorder(w)) + b."""
+def conv_onednn(ctx, win: Window, group: int, add: bool = False,
+                clip: tuple[float, float] | None = None):
+    """Conv forward: y = conv(x, reorder(w)) + b; FusedConv's (ops/fused_conv.py) also adds
+    input 3 (``add``) and clips to ``clip`` as post-ops (``onednn.PostOps``)."""
     x_info, w_info, y_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
     has_bias = ctx.has_input(2)
     if has_bias and tuple(ctx.inputs[2].layout.view_strides(4)) != (4,):
         return None
     x_md, y_md = _strided(x_info), _strided(y_info)
     b_md = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if has_bias else None
+    z_md = _strided(ctx.inputs[3]) if add else None
+    post_ops = onednn.PostOps(z_md, clip) if add or clip else None
 
     def conv_args(ins, outs):
         args = [("src", x_md, ins[0]), ("dst", y_md, outs[0])]
-        return [*args, ("bias", b_md, ins[2])] if has_bias else args
+        if has_bias:
+            args.append(("bias", b_md, ins[2]))
+        return [*args, ("post_op_0_src_1", z_md, ins[3])] if add else args
 
     return _reading_weights(ctx, onednn.FORWARD_TRAINING, x_info, w_info, y_info, win, group,
-                            conv_args, has_bias)
+                            conv_args, has_bias, post_ops)
 
 
 def conv_grad_data_onednn(ctx, win: Window, group: int):

@@ -26,7 +26,7 @@ _STANDARD = ("", "ai.onnx")
 _CONSTANT_RTOL = 1e-6
 
 
-def _is(node: ir.Node | None, op_type: str) -> bool:
+def is_standard(node: ir.Node | None, op_type: str) -> bool:
     return node is not None and node.op_type == op_type and node.domain in _STANDARD
 
 
@@ -55,7 +55,7 @@ def _scalar_operand(node: ir.Node, target: float) -> ir.Value | None:
     return b if _scalar_is(a, target) else None
 
 
-def _sole_consumer(graph: ir.Graph, v: ir.Value | None) -> ir.Node | None:
+def sole_consumer(graph: ir.Graph, v: ir.Value | None) -> ir.Node | None:
     """The one node reading ``v``, when nothing else does (no other node, not a graph output)."""
     if v is None or len(v.consumers) != 1 or v in graph.outputs:
         return None
@@ -66,34 +66,34 @@ def _erf_gelu_chain(graph: ir.Graph, erf: ir.Node) -> tuple[ir.Value, ir.Value, 
     """(x, y, the chain's nodes) of the GELU around this Erf, or None."""
     scaled = erf.inputs[0]
     div = scaled.producer
-    if _is(div, "Div") and _scalar_is(div.inputs[1], math.sqrt(2.0)):
+    if is_standard(div, "Div") and _scalar_is(div.inputs[1], math.sqrt(2.0)):
         x = div.inputs[0]
-    elif _is(div, "Mul"):
+    elif is_standard(div, "Mul"):
         x = _scalar_operand(div, 1.0 / math.sqrt(2.0))
     else:
         return None
-    add = _sole_consumer(graph, erf.outputs[0])
-    if x is None or _sole_consumer(graph, scaled) is not erf or not _is(add, "Add") \
+    add = sole_consumer(graph, erf.outputs[0])
+    if x is None or sole_consumer(graph, scaled) is not erf or not is_standard(add, "Add") \
             or _scalar_operand(add, 1.0) is not erf.outputs[0]:
         return None
     one_plus = add.outputs[0]
-    first = _sole_consumer(graph, one_plus)
-    if not _is(first, "Mul"):
+    first = sole_consumer(graph, one_plus)
+    if not is_standard(first, "Mul"):
         return None
     other = _other(first, one_plus)
     if other is x:  # (x * (1 + erf)) * 0.5
-        last = _sole_consumer(graph, first.outputs[0])
-        if not _is(last, "Mul") or _scalar_operand(last, 0.5) is not first.outputs[0]:
+        last = sole_consumer(graph, first.outputs[0])
+        if not is_standard(last, "Mul") or _scalar_operand(last, 0.5) is not first.outputs[0]:
             return None
         nodes = [div, erf, add, first, last]
-    elif other is not None and _is(other.producer, "Mul") \
+    elif other is not None and is_standard(other.producer, "Mul") \
             and _scalar_operand(other.producer, 0.5) is x \
-            and _sole_consumer(graph, other) is first:  # (x * 0.5) * (1 + erf)
+            and sole_consumer(graph, other) is first:  # (x * 0.5) * (1 + erf)
         last = first
         nodes = [div, erf, add, other.producer, first]
     elif other is not None and _scalar_is(other, 0.5):  # x * ((1 + erf) * 0.5)
-        last = _sole_consumer(graph, first.outputs[0])
-        if not _is(last, "Mul") or _other(last, first.outputs[0]) is not x:
+        last = sole_consumer(graph, first.outputs[0])
+        if not is_standard(last, "Mul") or _other(last, first.outputs[0]) is not x:
             return None
         nodes = [div, erf, add, first, last]
     else:
@@ -113,7 +113,7 @@ def _fast_gelu(dtype: np.dtype, backend: str) -> bool:
 def fuse_erf_gelu(graph: ir.Graph, registry, backend: str) -> int:
     """Replace each erf GELU chain with one Gelu node; returns how many."""
     fused = 0
-    for erf in [n for n in graph.nodes if _is(n, "Erf")]:
+    for erf in [n for n in graph.nodes if is_standard(n, "Erf")]:
         found = _erf_gelu_chain(graph, erf)
         if found is None or not _fast_gelu(found[0].dtype, backend):
             continue

@@ -10,13 +10,26 @@ dtype. One kernel and one pass over the feature map fewer per pair.
 ``freeze_parameters``: every parameter becomes a constant, so a kernel may prepare it once at
 plan time (``KernelContext.const``): conv_onednn reorders Conv weights into oneDNN's blocked
 layout once instead of on every run.
+
+``fuse_conv_add_clip``: Conv -> Add (of a same-shaped tensor) -> Relu or Clip, Conv -> Add,
+or Conv -> Relu/Clip, each intermediate read by nothing else, becomes one FusedConv
+(ops/fused_conv.py), as onnxruntime fuses them: after ``fold_batchnorm``, a ResNet block's
+Conv -> BatchNormalization -> Add -> Relu is one oneDNN call. oneDNN's clip maps NaN to its low
+limit where ONNX's Relu and Clip keep NaN, so a chain fuses only where ``value_bounds`` proves
+its values finite for every run whose float inputs are finite and within +-``input_limit``;
+``InferenceSession`` checks that per run and runs the unfused plan otherwise. A training plan
+keeps the Conv's output for the backward pass, so this is an inference rewrite.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import ir
+from .. import ir, onednn
+from .fusions import is_standard, sole_consumer
+from .value_bounds import magnitude_bounds
+
+FUSED_CONV = ("ai.tr_onnx", "FusedConv", 1)
 
 
 def _constant(v: ir.Value | None) -> bool:
@@ -85,3 +98,108 @@ def freeze_parameters(graph: ir.Graph) -> int:
             v.kind = ir.CONST
             frozen += 1
     return frozen
+
+
+def _residual(add: ir.Node, y: ir.Value) -> ir.Value | None:
+    """The Add's other operand, if it has ``y``'s shape and dtype (no broadcast)."""
+    a, b = add.inputs
+    z = b if a is y else a
+    if (a is y) == (b is y) or z is None or tuple(z.shape) != tuple(y.shape) \
+            or z.dtype != y.dtype:
+        return None
+    return z
+
+
+def _clip_limits(node: ir.Node) -> tuple[float, float] | None:
+    """(lo, hi) of a Relu (0, inf) or of a Clip with constant limits lo <= hi, else None."""
+    if is_standard(node, "Relu"):
+        return 0.0, np.inf
+    if not is_standard(node, "Clip"):
+        return None
+    if node.since_version < 11:
+        limits = [node.attrs.get("min"), node.attrs.get("max")]
+    else:
+        limits = []
+        for i in (1, 2):
+            v = node.inputs[i] if len(node.inputs) > i else None
+            if v is not None and not (_constant(v) and np.size(v.data) == 1):
+                return None
+            limits.append(None if v is None else np.asarray(v.data).reshape(()))
+    lo = -np.inf if limits[0] is None else float(limits[0])
+    hi = np.inf if limits[1] is None else float(limits[1])
+    return (lo, hi) if lo <= hi else None  # oneDNN's clip of lo > hi is not min(max(x, lo), hi)
+
+
+class _Chain:
+    """A Conv and what may fuse into it: ``add`` (the Add node and its other operand ``z``),
+    ``act`` (the Relu/Clip node and its limits)."""
+
+    def __init__(self, graph: ir.Graph, conv: ir.Node):
+        self.conv, self.add, self.z, self.act, self.limits = conv, None, None, None, None
+        nxt = sole_consumer(graph, conv.outputs[0])
+        if is_standard(nxt, "Add"):
+            self.z = _residual(nxt, conv.outputs[0])
+            if self.z is not None:
+                self.add = nxt
+                nxt = sole_consumer(graph, nxt.outputs[0])
+        self.limits = _clip_limits(nxt) if nxt is not None else None
+        if self.limits is not None:
+            self.act = nxt
+
+    def nodes(self) -> list[ir.Node]:
+        return [n for n in (self.conv, self.add, self.act) if n is not None]
+
+    def proven(self, bounds: dict[str, float]) -> bool:
+        """Whether every value the fused node reads or computes is proven finite (an
+        activation's NaN would otherwise become its low limit)."""
+        if self.act is None:
+            return True  # an Add alone computes what the unfused one does, NaN included
+        reads = [self.conv.inputs[0], self.conv.outputs[0], self.z,
+                 self.add.outputs[0] if self.add is not None else None]
+        return all(v is None or v.name in bounds for v in reads)
+
+
+# float inputs up to +-1e6 accepted without a fallback where the bounds allow; less where the
+# weights grow the bounds so far that more chains fuse with a smaller limit
+INPUT_LIMITS = (1e6, 1e4, 1e2, 1e1)
+
+
+def fuse_conv_add_clip(graph: ir.Graph, registry, backend: str) -> float | None:
+    """Fuse each Conv [-> Add] [-> Relu/Clip] chain (one of them at least) whose intermediate
+    values nothing else reads and whose values are proven finite into one FusedConv. Returns
+    the input limit the proof needs (the largest of ``INPUT_LIMITS`` that fuses as many
+    chains as the smallest), or None if nothing fused: where the backend has no FusedConv
+    kernel, the values are not float32, or oneDNN (whose post-ops are the point) is missing."""
+    opdef = registry.lookup(*FUSED_CONV, backend)
+    if opdef is None or backend != "numpy" or not onednn.available():
+        return None
+    chains = [_Chain(graph, n) for n in graph.nodes if is_standard(n, "Conv")
+              and n.outputs[0].dtype == np.float32]
+    chains = [c for c in chains if len(c.nodes()) > 1]
+    if not chains:
+        return None
+    proofs = {limit: magnitude_bounds(graph, limit) for limit in INPUT_LIMITS}
+    counts = {limit: sum(c.proven(b) for c in chains) for limit, b in proofs.items()}
+    limit = max(lim for lim in INPUT_LIMITS if counts[lim] == counts[INPUT_LIMITS[-1]])
+    fused, taken = 0, set()
+    for chain in chains:
+        # two Convs may feed one Add (a ResNet block's downsample and its second Conv)
+        if not chain.proven(proofs[limit]) or taken.intersection(chain.nodes()):
+            continue
+        taken.update(chain.nodes())
+        conv, last = chain.conv, chain.nodes()[-1]
+        inputs = list(conv.inputs) + [None] * (3 - len(conv.inputs))
+        attrs = {**conv.attrs, "activation": ""}
+        if chain.act is not None:
+            relu = chain.limits == (0.0, np.inf)
+            attrs.update(activation="Relu" if relu else "Clip",
+                         activation_params=[] if relu else list(chain.limits))
+        node = ir.Node(conv.name, FUSED_CONV[1], FUSED_CONV[0], FUSED_CONV[2],
+                       inputs[:3] + ([chain.z] if chain.z is not None else []),
+                       [last.outputs[0]], attrs, opdef=opdef)
+        for n in chain.nodes()[:-1]:
+            del graph.values[n.outputs[0].name]
+            graph.remove_node(n)
+        graph.replace_node(last, node)  # x and the residual are ready there
+        fused += 1
+    return limit if fused else None
