@@ -23,6 +23,7 @@ from peer_common import SHAPES, ZOO_SHAPES
 # a bench model's forward takes ~100x a zoo model's
 ZOO_REPEAT, BENCH_REPEAT = 400, 20
 ROUNDS = 10
+IDLE_S = 0.2  # long enough for spinning pool threads to go to sleep
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,11 +51,14 @@ def interleaved_median_ms(fns, repeat: int, rounds: int = ROUNDS) -> list[float]
     """Median ms per call of each of ``fns``: ``repeat`` timed calls each, made in ``rounds``
     blocks that take turns (each block after 3 untimed calls). On a shared VM the machine's
     speed drifts by up to 2x between seconds; timing all of one runtime's calls and then all
-    of the other's would put that drift into the ratio. Blocks, not single calls, because a
-    runtime's threads spin for a while after its call and would slow the other's next one."""
+    of the other's would put that drift into the ratio. Blocks, not single calls, and an idle
+    pause before each: a runtime's threads spin for a while after its call (onnxruntime's by
+    default), and on 2 cores they slowed the next runtime's calls by up to 2x (MobileNetV2:
+    15.7 ms right after onnxruntime's calls, 7.6 ms alone)."""
     times = [[] for _ in fns]
     for r in range(rounds):
         for fn, ms in zip(fns, times):
+            time.sleep(IDLE_S)
             for _ in range(3):
                 fn()
             for _ in range(repeat // rounds + (r < repeat % rounds)):
