@@ -1,5 +1,5 @@
 """Inference plans fuse Conv -> [Add] -> [Relu | Clip] into one FusedConv whose oneDNN kernel
-adds and clips in the convolution's registers (passes.inference_folds.fuse_conv_add_clip), only
+adds and clips in the convolution's registers (passes.inference_folds.finite_rewrites), only
 where passes.value_bounds proves the values finite for inputs within the plan's limit; other
 inputs run the unfused plan. Checked: the bounds hold on real intermediate values
 (onnx.reference), fused outputs equal the unfused plan's bit for bit and match onnxruntime and
@@ -36,7 +36,7 @@ def _unfused(monkeypatch, model, feed, **kwargs) -> tuple[list[np.ndarray], list
     """The outputs and the plan's ops of a session whose plans keep every Conv, Add, Relu and
     Clip node."""
     with monkeypatch.context() as m:
-        m.setattr(session_module, "fuse_conv_add_clip", lambda *a, **k: None)
+        m.setattr(session_module, "finite_rewrites", lambda *a, **k: None)
         sess = tr_onnx.InferenceSession(model, **kwargs)
         return sess.run(None, feed), _ops(sess.plan_for(feed))
 
@@ -323,3 +323,44 @@ def test_training_plans_do_not_fuse():
     session.train_step({"input": x}, np.array([1, 2]))
     ops = [s.label.split("(")[1].split(",")[0] for s in session._active.executor.steps]
     assert "Conv" in ops and "Relu" in ops and "FusedConv" not in ops
+
+
+# ---- MaxPool on proven-finite inputs -----------------------------------------------------------
+
+@pytest.mark.usefixtures("onednn_required")
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [2, 2], "strides": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "dilations": [2, 2]},
+    {"kernel_shape": [3], "strides": [1], "pads": [1, 1]},
+], ids=["2x2", "3x3_pad", "ceil", "dilated", "1d"])
+@pytest.mark.parametrize("align", [1, 8])
+def test_max_pool_of_a_proven_input_runs_onednn(monkeypatch, attrs, align):
+    """A MaxPool reading the (checked) model input runs oneDNN's pooling: the same values as
+    the NumPy kernel bit for bit, and as onnxruntime; a NaN input runs the NumPy kernel (the
+    unfused plan's values, NaN kept)."""
+    made = []
+    real = tr_onnx.onednn.max_pooling
+    monkeypatch.setattr(tr_onnx.onednn, "max_pooling",
+                        lambda *a: made.append(a) or real(*a))
+    shape = [2, 5, 9] if len(attrs["kernel_shape"]) == 1 else [2, 5, 9, 9]
+    graph = helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["y"], **attrs)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    model = onnx.shape_inference.infer_shapes(model)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    sess = tr_onnx.InferenceSession(model, channel_align=align)
+    got = sess.run(None, {"x": x})[0]
+    assert made and sess.plan_for({"x": x}).graph.nodes[0].proven_finite
+    np.testing.assert_array_equal(got, ort_run(model, {"x": x})[0])
+    np.testing.assert_array_equal(got, _unfused(monkeypatch, model, {"x": x},
+                                                channel_align=align)[0][0])
+    x[0, 0, 0] = np.nan
+    got = sess.run(None, {"x": x})[0]
+    want = _unfused(monkeypatch, model, {"x": x}, channel_align=align)[0][0]
+    assert np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)

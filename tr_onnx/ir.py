@@ -74,6 +74,9 @@ class Node:
     opdef: Any = None  # the registry's OpDef, bound at dispatch
     phase: str = "forward"  # which part of a training step runs it (forward, commit, apply)
     grad_of: Node | None = None  # backward nodes: the forward node whose gradient rule made it
+    # the plan proved every value this node reads finite (inference plans whose inputs are
+    # checked: passes.inference_folds), so a kernel that maps NaN elsewhere may run
+    proven_finite: bool = False
 
     @property
     def label(self) -> str:

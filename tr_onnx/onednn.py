@@ -30,13 +30,15 @@ _Dims = ctypes.c_int64 * MAX_DIMS
 _P = ctypes.c_void_p
 F32 = 3
 CPU = 1
-FORWARD_TRAINING, BACKWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 64, 128, 160, 192
+FORWARD_TRAINING, FORWARD_INFERENCE = 64, 96
+BACKWARD, BACKWARD_DATA, BACKWARD_WEIGHTS = 128, 160, 192
 # normalization flags (dnnl_normalization_flags_t)
 USE_SCALE, USE_SHIFT = 0x2, 0x4
 CONVOLUTION_DIRECT = 1
 # dnnl_alg_kind_t of oneDNN 3.x (dnnl_eltwise_relu = 0x20, then in declaration order)
 ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_CLIP_V2, ELTWISE_GELU_ERF = 0x20, 0x2B, 0x2F, 0x31
 BINARY_ADD = 0x1FFF0
+POOLING_MAX = 0x1FF
 FORMAT_ANY = 1
 SCRATCHPAD_USER = 1
 QUERY_IMPL_INFO = 8
@@ -207,7 +209,7 @@ class PostOps:
 
     oneDNN's max and min map NaN to the limit (relu(NaN) = 0, measured with oneDNN 3.2), where
     ONNX's Relu and Clip keep NaN: only a convolution whose output is proven finite may take
-    ``clip`` (``passes.inference_folds.fuse_conv_add_clip``)."""
+    ``clip`` (``passes.inference_folds.finite_rewrites``)."""
 
     def __init__(self, add: MemoryDesc | None = None, clip: tuple[float, float] | None = None):
         lib = self._lib = library()
@@ -283,6 +285,19 @@ def eltwise(alg: int, data: MemoryDesc, hint: Primitive | None = None, alpha: fl
             hint.pd, lib.attr)
     lib.check(status, "eltwise primitive descriptor")
     return Primitive(pd, [data])
+
+
+def max_pooling(src: MemoryDesc, dst: MemoryDesc, strides, kernel, dilations, pad_l,
+                pad_r) -> Primitive:
+    """A max pooling primitive for inference (no workspace); ``dilations`` as ONNX counts
+    them (1 = none). Its max drops NaN: only for inputs proven finite."""
+    lib = library()
+    pd = _P()
+    lib.check(lib.lib.dnnl_pooling_forward_primitive_desc_create(
+        ctypes.byref(pd), lib.engine, FORWARD_INFERENCE, POOLING_MAX, src.handle, dst.handle,
+        _Dims(*strides), _Dims(*kernel), _Dims(*(d - 1 for d in dilations)), _Dims(*pad_l),
+        _Dims(*pad_r), lib.attr), "pooling primitive descriptor")
+    return Primitive(pd, [src, dst])
 
 
 def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc) -> Primitive:

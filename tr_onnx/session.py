@@ -28,7 +28,7 @@ from .importer import (
     import_model,
 )
 from .passes.control_flow import output_reader
-from .passes.inference_folds import fold_batchnorm, freeze_parameters, fuse_conv_add_clip
+from .passes.inference_folds import finite_rewrites, fold_batchnorm, freeze_parameters
 from .passes.value_bounds import BOUNDED_DTYPES
 from .registry import build_registry, default_registry
 
@@ -53,10 +53,10 @@ def _node_arg(spec: InputSpec) -> NodeArg:
 def _inference_folds(graph, registry, backend: str, fuse: bool = True) -> float | None:
     """What an inference plan may rewrite because its parameters never change and nothing
     reads its intermediate values afterwards. Returns the limit on the float inputs' values its
-    fused activations need (``fuse_conv_add_clip``), or None."""
+    fused activations need (``finite_rewrites``), or None."""
     fold_batchnorm(graph)
     freeze_parameters(graph)
-    return fuse_conv_add_clip(graph, registry, backend) if fuse else None
+    return finite_rewrites(graph, registry, backend) if fuse else None
 
 
 _EXACT = ("unfused",)  # the key suffix of a plan without limits on its inputs' values

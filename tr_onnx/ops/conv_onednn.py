@@ -19,7 +19,7 @@ from .. import host_blas, onednn
 from .conv import Window
 
 
-def _strided(info) -> onednn.MemoryDesc:
+def strided(info) -> onednn.MemoryDesc:
     """The tensor's logical [N, C, spatial...] view as the plan lays it out."""
     return onednn.MemoryDesc.strided(info.shape, info.layout.view_strides(4))
 
@@ -54,7 +54,7 @@ def _packed(const: np.ndarray, group: int, blocked: onednn.MemoryDesc) -> np.nda
     return packed
 
 
-def _geometry(win: Window):
+def geometry(win: Window):
     """(strides, dilations, pad_l, pad_r) for oneDNN, whose output size is
     ``(in + pad_l + pad_r - span) // stride + 1`` like ONNX's: the node's own end pads when
     that formula gives the node's output, else the smallest right pad that does; None if no
@@ -73,7 +73,7 @@ def _geometry(win: Window):
 
 def usable(win: Window, dtype) -> bool:
     return (np.dtype(dtype) == np.float32 and 1 <= win.ndim <= 3 and onednn.available()
-            and _geometry(win) is not None)
+            and geometry(win) is not None)
 
 
 def preferred(name: str, ctx, win: Window, group: int) -> bool:
@@ -109,13 +109,13 @@ def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False, p
     """(forward hint, primitive) for ``kind``; raises OneDnnError if oneDNN refuses, or
     offers only its reference loop (e.g. for channels padded past the logical count, as a
     3-channel image aligned to 8: ResNet-18's stem took 600 ms there, NumPy 3 ms)."""
-    geometry = _geometry(win)
-    src, dst = _strided(src_info), _strided(dst_info)
+    window = geometry(win)
+    src, dst = strided(src_info), strided(dst_info)
     bias = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if with_bias else None
     forward = onednn.convolution(onednn.FORWARD_TRAINING, src, _weights(w_info.shape, group),
-                                 bias, dst, *geometry, post_ops=post_ops)
+                                 bias, dst, *window, post_ops=post_ops)
     primitive = forward if kind == onednn.FORWARD_TRAINING else onednn.convolution(
-        kind, src, _weights(w_info.shape, group), None, dst, *geometry, hint=forward)
+        kind, src, _weights(w_info.shape, group), None, dst, *window, hint=forward)
     if primitive.implementation.startswith("ref"):
         raise onednn.OneDnnError(f"only oneDNN's reference loop ({primitive.implementation})")
     return forward, primitive
@@ -163,9 +163,9 @@ def conv_onednn(ctx, win: Window, group: int, add: bool = False,
     has_bias = ctx.has_input(2)
     if has_bias and tuple(ctx.inputs[2].layout.view_strides(4)) != (4,):
         return None
-    x_md, y_md = _strided(x_info), _strided(y_info)
+    x_md, y_md = strided(x_info), strided(y_info)
     b_md = onednn.MemoryDesc.strided((w_info.shape[0],), (4,)) if has_bias else None
-    z_md = _strided(ctx.inputs[3]) if add else None
+    z_md = strided(ctx.inputs[3]) if add else None
     post_ops = onednn.PostOps(z_md, clip) if add or clip else None
 
     def conv_args(ins, outs):
@@ -181,7 +181,7 @@ def conv_onednn(ctx, win: Window, group: int, add: bool = False,
 def conv_grad_data_onednn(ctx, win: Window, group: int):
     """gx = conv backward data(gy, reorder(w))."""
     gy_info, w_info, gx_info = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
-    gy_md, gx_md = _strided(gy_info), _strided(gx_info)
+    gy_md, gx_md = strided(gy_info), strided(gx_info)
     return _reading_weights(
         ctx, onednn.BACKWARD_DATA, gx_info, w_info, gy_info, win, group,
         lambda ins, outs: [("diff_dst", gy_md, ins[0]), ("diff_src", gx_md, outs[0])])
@@ -209,7 +209,7 @@ def conv_grad_filter_onednn(ctx, win: Window, group: int):
         return None
     w_k = ctx.workspace((-(-blocked.nbytes // 4),), np.float32)
     scratch, reorder_scratch = onednn.scratchpad(ctx, conv), onednn.scratchpad(ctx, from_blocked)
-    x_md, gy_md = _strided(x_info), _strided(gy_info)
+    x_md, gy_md = strided(x_info), strided(gy_info)
 
     def make(ins, outs, ws):
         return [onednn.bind(conv, [("src", x_md, ins[0]), ("diff_dst", gy_md, ins[1]),

@@ -2,7 +2,7 @@
 residual branch, input 3, optional), then a Relu or Clip (``activation`` "Relu" or "Clip" with
 ``activation_params`` [lo, hi], optional), as one node; onnxruntime's com.microsoft.FusedConv
 has the same inputs and attributes. Only an inference plan has it, and only where its values
-are proven finite (``passes.inference_folds.fuse_conv_add_clip``).
+are proven finite (``passes.inference_folds.finite_rewrites``).
 
 With oneDNN (float32) the convolution adds and clips each output value while it is still in
 registers (``onednn.PostOps``): neither the Add nor the activation makes a pass over the

@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .. import host_blas
+from .. import host_blas, onednn
 from ..dtypes import accumulator_dtype, is_float
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
@@ -145,9 +145,33 @@ def _tap_index_maps(win: Window, column_major: bool) -> list[np.ndarray]:
     return maps
 
 
+def _onednn_max_pool(ctx, win: Window):
+    """oneDNN's max pooling (one call, ~3x NumPy's taps on LeNet's 2x2 pools: 10 vs 28 us,
+    2026-12-02) where the plan proved the input finite (``ir.Node.proven_finite``): its max
+    drops NaN, ONNX's keeps it. None elsewhere, or where oneDNN declines."""
+    from . import conv_onednn
+
+    if not ctx.node.proven_finite or not conv_onednn.usable(win, ctx.inputs[0].dtype):
+        return None
+    strides, dilations, pad_l, pad_r = conv_onednn.geometry(win)
+    src, dst = conv_onednn.strided(ctx.inputs[0]), conv_onednn.strided(ctx.outputs[0])
+    try:
+        pool = onednn.max_pooling(src, dst, strides, win.kernel, dilations, pad_l, pad_r)
+    except onednn.OneDnnError:
+        return None
+    if pool.implementation.startswith("ref"):
+        return None
+    scratch = onednn.scratchpad(ctx, pool)
+    return host_blas.prepared_step(lambda ins, outs, ws: [onednn.bind(
+        pool, [("src", src, ins[0]), ("dst", dst, outs[0])], scratch, ws)])
+
+
 def max_pool_numpy(ctx):
     with_indices = ctx.has_output(1)
     t = _Tapped(ctx, _lowest, _ceil_mode(ctx), pad_input=with_indices)
+    fast = None if with_indices else _onednn_max_pool(ctx, t.win)
+    if fast is not None:
+        return fast
     if not with_indices:
         pairs = _clipped_taps_nhwc(t.win)
         full = _full_tap(pairs, t.win.out_shape)

@@ -11,14 +11,15 @@ dtype. One kernel and one pass over the feature map fewer per pair.
 plan time (``KernelContext.const``): conv_onednn reorders Conv weights into oneDNN's blocked
 layout once instead of on every run.
 
-``fuse_conv_add_clip``: Conv -> Add (of a same-shaped tensor) -> Relu or Clip, Conv -> Add,
+``finite_rewrites``: Conv -> Add (of a same-shaped tensor) -> Relu or Clip, Conv -> Add,
 or Conv -> Relu/Clip, each intermediate read by nothing else, becomes one FusedConv
 (ops/fused_conv.py), as onnxruntime fuses them: after ``fold_batchnorm``, a ResNet block's
 Conv -> BatchNormalization -> Add -> Relu is one oneDNN call. oneDNN's clip maps NaN to its low
 limit where ONNX's Relu and Clip keep NaN, so a chain fuses only where ``value_bounds`` proves
 its values finite for every run whose float inputs are finite and within +-``input_limit``;
 ``InferenceSession`` checks that per run and runs the unfused plan otherwise. A training plan
-keeps the Conv's output for the backward pass, so this is an inference rewrite.
+keeps the Conv's output for the backward pass, so this is an inference rewrite. MaxPools whose
+input is proven finite run oneDNN's pooling, whose max drops NaN too.
 """
 
 from __future__ import annotations
@@ -164,27 +165,40 @@ class _Chain:
 INPUT_LIMITS = (1e6, 1e4, 1e2, 1e1)
 
 
-def fuse_conv_add_clip(graph: ir.Graph, registry, backend: str) -> float | None:
-    """Fuse each Conv [-> Add] [-> Relu/Clip] chain (one of them at least) whose intermediate
-    values nothing else reads and whose values are proven finite into one FusedConv. Returns
-    the input limit the proof needs (the largest of ``INPUT_LIMITS`` that fuses as many
-    chains as the smallest), or None if nothing fused: where the backend has no FusedConv
-    kernel, the values are not float32, or oneDNN (whose post-ops are the point) is missing."""
+def _max_pools(graph: ir.Graph) -> list[ir.Node]:
+    """float32 MaxPools without the indices output: oneDNN's pooling can run them."""
+    return [n for n in graph.nodes if is_standard(n, "MaxPool") and n.outputs[0].dtype ==
+            np.float32 and (len(n.outputs) < 2 or n.outputs[1] is None)]
+
+
+def finite_rewrites(graph: ir.Graph, registry, backend: str) -> float | None:
+    """What needs values proven finite: fuse each Conv [-> Add] [-> Relu/Clip] chain (one of
+    them at least) whose intermediate values nothing else reads into one FusedConv, and mark
+    MaxPools whose input is proven finite (``ir.Node.proven_finite``: oneDNN's pooling).
+    Returns the input limit the proofs need (the largest of ``INPUT_LIMITS`` that proves as
+    many nodes as the smallest), or None if nothing changed: where the backend has no
+    FusedConv kernel, the values are not float32, or oneDNN (the point of it) is missing."""
     opdef = registry.lookup(*FUSED_CONV, backend)
     if opdef is None or backend != "numpy" or not onednn.available():
         return None
     chains = [_Chain(graph, n) for n in graph.nodes if is_standard(n, "Conv")
               and n.outputs[0].dtype == np.float32]
     chains = [c for c in chains if len(c.nodes()) > 1]
-    if not chains:
+    pools = _max_pools(graph)
+    if not chains and not pools:
         return None
     proofs = {limit: magnitude_bounds(graph, limit) for limit in INPUT_LIMITS}
-    counts = {limit: sum(c.proven(b) for c in chains) for limit, b in proofs.items()}
+    counts = {limit: sum(c.proven(b) for c in chains) + sum(p.inputs[0].name in b for p in pools)
+              for limit, b in proofs.items()}
     limit = max(lim for lim in INPUT_LIMITS if counts[lim] == counts[INPUT_LIMITS[-1]])
-    fused, taken = 0, set()
+    bounds, changed, taken = proofs[limit], 0, set()
+    for pool in pools:
+        if pool.inputs[0].name in bounds:
+            pool.proven_finite = True
+            changed += 1
     for chain in chains:
         # two Convs may feed one Add (a ResNet block's downsample and its second Conv)
-        if not chain.proven(proofs[limit]) or taken.intersection(chain.nodes()):
+        if not chain.proven(bounds) or taken.intersection(chain.nodes()):
             continue
         taken.update(chain.nodes())
         conv, last = chain.conv, chain.nodes()[-1]
@@ -201,5 +215,5 @@ def fuse_conv_add_clip(graph: ir.Graph, registry, backend: str) -> float | None:
             del graph.values[n.outputs[0].name]
             graph.remove_node(n)
         graph.replace_node(last, node)  # x and the residual are ready there
-        fused += 1
-    return limit if fused else None
+        changed += 1
+    return limit if changed else None
