@@ -492,3 +492,51 @@ def test_transpose_through_onednn_moves_bits(monkeypatch):
         (y,) = tr_onnx.InferenceSession(model).run(None, {"x": value})
         np.testing.assert_array_equal(y.view(np.uint32), value.transpose(perm).view(np.uint32))
         assert built == ["_onednn_transpose"] * (value.size >= 4096)
+
+
+# ---- GatherGrad: one-hot GEMM for small tables -------------------------------------------------
+
+def _gather_grad_model(gy_shape, idx_shape, out_shape, axis, elem=TensorProto.FLOAT):
+    graph = helper.make_graph(
+        [helper.make_node("GatherGrad", ["gy", "idx"], ["gx"], domain="ai.tr_onnx", axis=axis)],
+        "gather_grad", [helper.make_tensor_value_info("gy", elem, gy_shape),
+                        helper.make_tensor_value_info("idx", TensorProto.INT64, idx_shape)],
+        [helper.make_tensor_value_info("gx", elem, out_shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("ai.tr_onnx", 1)])
+
+
+@pytest.mark.parametrize("gy_shape,idx,out_shape,axis", [
+    ((8, 3, 16), np.array([[0, 1, 1], [1, 0, -2]] * 4).reshape(8, 3), (2, 16), 0),  # token types
+    ((2, 5, 3), np.array([0, -1, 3, 3, 1]), (2, 4, 3), 1),
+    ((4, 6), np.array(2), (4, 9, 6), 1),  # a scalar index (the pooler's first token)
+    ((64, 4), np.arange(64) % 50, (50, 4), 0),
+], ids=["repeated_2d_index", "negative_axis1", "scalar", "positions"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gather_grad_small_table_is_a_one_hot_product(monkeypatch, gy_shape, idx, out_shape,
+                                                      axis, dtype):
+    """``gx = 0; gx[..., idx, ...] += gy`` as np.add.at computes it (repeated and negative
+    indices), through ``onehot(idx) @ gy``; a NaN or inf in gy takes np.add.at, so rows no
+    index names stay 0."""
+    if idx.ndim == 0:
+        gy_shape = (gy_shape[0], gy_shape[1])
+        out_shape = (gy_shape[0], out_shape[1], gy_shape[1])
+    elem = onnx_elem_type(dtype)
+    sess = tr_onnx.InferenceSession(_gather_grad_model(list(gy_shape), list(idx.shape),
+                                                       list(out_shape), axis, elem))
+    products = []
+    real = np.matmul
+    monkeypatch.setattr(np, "matmul", lambda *a, **k: products.append(1) or real(*a, **k))
+    gy = np.random.default_rng(3).standard_normal(gy_shape).astype(dtype)
+    head = (slice(None),) * axis
+    for case in ("finite", "nan"):
+        if case == "nan":
+            gy[(0,) * gy.ndim] = np.nan
+        want = np.zeros(out_shape, dtype)
+        np.add.at(want, head + (idx,), gy)
+        got = sess.run(None, {"gy": gy, "idx": idx.astype(np.int64)})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                                   atol=1e-6 if dtype == np.float32 else 1e-14)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        if case == "finite":
+            assert products, "the one-hot GEMM did not run"

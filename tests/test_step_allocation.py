@@ -24,3 +24,17 @@ def test_ten_steps_allocate_only_numpy_buffers(stem, align):
     peak, left = step_allocation(sess.plan_for(feed).executor.run)
     assert peak < PEAK_BOUND
     assert left < LEFT_BOUND
+
+
+@pytest.mark.parametrize("stem", ["transformer", "resnet"])
+def test_training_steps_allocate_only_numpy_buffers(stem):
+    """The training step's kernels too: GatherGrad's one-hot GEMM (the transformer's position
+    and token tables) and the convolutions' backward ops take their buffers from the plan."""
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", loss="cross_entropy",
+                                   optimizer=tr_onnx.optim.SGD(lr=0.01))
+    batch = SHAPES[stem][0]
+    x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
+    sess.train_step({"input": x}, np.arange(batch) % 10)
+    peak, left = step_allocation(sess._active.executor.run, steps=3, warm=2)
+    assert peak < PEAK_BOUND
+    assert left < LEFT_BOUND
