@@ -5,9 +5,10 @@ same weights, same batches, same loss, optimizer and thread count.
     python benchmarks/train.py [--models mlp,resnet18] [--batch N] [--threads 2]
                                [--optimizer sgd|adamw] [--lr LR] [--loss cross_entropy|mse]
                                [--warmup N] [--steps N] [--peers tr_onnx,torch,ort]
-                               [--blas-env given|unset|both]
+                               [--rounds 2] [--blas-env given|unset|both]
 
-Every peer trains in a process of its own (its peak RSS is then its own): tr_onnx and PyTorch
+Every peer trains in a process of its own (its peak RSS is then its own), ``--rounds`` times,
+the peers taking turns (their timed steps pooled): tr_onnx and PyTorch
 with this python, ORT training with ``benchmarks/.venv-ort/bin/python`` (``bash
 benchmarks/setup_ort_training.sh`` makes it; without it that column says why it is empty).
 Prints one markdown table per model: median (and min) ms per step over the timed steps,
@@ -62,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    f"models, {BENCH_STEPS[1]} for the others")
     p.add_argument("--blas-env", choices=peer_common.BLAS_MODES, default="both",
                    help="OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as given, unset, or both runs")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="processes per peer, taking turns (the machine's speed drifts)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900, help="seconds per peer process")
     p.add_argument("--keep", type=Path, help="keep job files, results and logs in this folder")
@@ -83,7 +86,7 @@ def plan_of(model: str, args) -> dict:
     warmup, steps = ZOO_STEPS if model in ZOO_SHAPES else BENCH_STEPS
     return {"batch": args.batch or peer_common.default_batch(model),
             "warmup": warmup if args.warmup is None else args.warmup,
-            "steps": steps if args.steps is None else args.steps}
+            "steps": steps if args.steps is None else args.steps, "rounds": args.rounds}
 
 
 def write_data(path: Path, model: str, plan: dict, args) -> None:
@@ -128,9 +131,9 @@ def run_process(cmd: list[str], job: dict, work: Path, tag: str, timeout: float,
         return {"ok": False, "error": f"exit code {proc.returncode}: {tail[0]}"}
 
 
-def run_peer(peer: str, job: dict, work: Path, args, setting: str) -> dict:
+def run_peer(peer: str, job: dict, work: Path, args, setting: str, round_index: int = 0) -> dict:
     """Train ``job`` with ``peer`` in OpenBLAS ``setting``; the peer's result dict."""
-    tag = f"{job['model']}.{setting}.{peer}"
+    tag = f"{job['model']}.{setting}.{peer}.{round_index}"
     if peer in ("tr_onnx", "torch"):
         return run_process([sys.executable, str(HERE / f"peer_{peer}.py")], job, work, tag,
                            args.timeout, peer_common.peer_env(setting))
@@ -149,6 +152,27 @@ def run_peer(peer: str, job: dict, work: Path, args, setting: str) -> dict:
     return result
 
 
+def run_rounds(job: dict, work: Path, args, setting: str) -> dict[str, dict]:
+    """Each peer's result over ``args.rounds`` processes that take turns (peer 1, peer 2, ...,
+    peer 1, ...): this shared VM's speed drifts by up to 2x over minutes, and one process per
+    peer put that drift into the ratio (PyTorch's zoo resnet: 18.1 then 11.7 ms). The timed
+    steps of all rounds pool into one median; peak RSS is the largest; losses are round 1's
+    (every round trains the same steps from the same weights)."""
+    rounds = {peer: [] for peer in args.peers}
+    for index in range(args.rounds):
+        for peer in args.peers:
+            if index and not rounds[peer][0]["ok"]:
+                continue  # a peer that cannot train the model fails the same way again
+            rounds[peer].append(run_peer(peer, job, work, args, setting, index))
+    merged = {}
+    for peer, results in rounds.items():
+        failed = [r for r in results if not r["ok"]]
+        merged[peer] = failed[0] if failed else dict(
+            results[0], ms=[ms for r in results for ms in r["ms"]],
+            peak_rss_mb=max(r["peak_rss_mb"] for r in results))
+    return merged
+
+
 def cell(text: str) -> str:
     """One markdown table cell: no pipes, no line breaks, not too long."""
     text = " ".join(str(text).split()).replace("|", "\\|")
@@ -164,7 +188,8 @@ def table(model: str, runs: dict[str, dict[str, dict]], plan: dict) -> str:
     (setting -> peer -> result); ratios and loss differences are taken within one setting."""
     n = plan["warmup"] + plan["steps"]
     lines = [f"### {model} [{plan['batch']}, {', '.join(map(str, SHAPES[model]))}], "
-             f"{plan['warmup']} warm-up + {plan['steps']} timed steps", "",
+             f"{plan['warmup']} warm-up + {plan['steps']} timed steps per process, "
+             f"{plan['rounds']} processes per peer taking turns", "",
              "| OpenBLAS env | peer | ms/step median (min) | tr_onnx / peer | "
              f"peak RSS MB (after imports) | loss step 1 | loss step {n} | "
              "\\|Δloss\\| vs torch step 1 (max) | BLAS kernel |",
@@ -219,8 +244,7 @@ def main(argv=None) -> int:
                    "data": str(data), "loss": args.loss, "optimizer": args.optimizer,
                    "lr": args.lr, "weight_decay": args.weight_decay, "threads": args.threads,
                    "warmup": plan["warmup"], "batch": plan["batch"]}
-            runs = {s: {peer: run_peer(peer, job, work, args, s) for peer in args.peers}
-                    for s in settings}
+            runs = {s: run_rounds(job, work, args, s) for s in settings}
             print(table(model, runs, plan) + "\n", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other processes on these CPUs "
           "distort the times, most of all with more than one thread)")

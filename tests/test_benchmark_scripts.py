@@ -1,7 +1,7 @@
-"""The benchmark scripts still run and print tables that parse: ``profile_step.py`` and
-``train.py`` on the smallest zoo model, a few steps, tr_onnx and PyTorch (the ORT peer needs a
-venv of its own and is left out). Numbers are not checked, only that a ratio is printed and that
-both peers start from the same loss."""
+"""The benchmark scripts still run and print tables that parse: ``profile_step.py``,
+``forward.py`` and ``train.py`` on the smallest zoo model, a few steps, tr_onnx and PyTorch
+(the ORT training peer needs a venv of its own and is left out). Numbers are not checked, only
+that a ratio is printed and that both peers start from the same loss."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ def test_train_prints_a_ratio_per_peer_and_equal_first_losses():
         assert a[0] == b[0]  # same setting
         assert re.fullmatch(r"\d+\.\d+x", a[3].strip()) and re.fullmatch(r"\d+\.\d+x", b[3].strip())
         assert abs(float(a[5]) - float(b[5])) <= 1e-4
+
+
+def test_forward_prints_a_ratio_per_model():
+    out = run_script("forward.py", "--models", "mlp", "--repeat", "4", "--blas-env", "given")
+    (mlp,) = rows(out, "mlp")
+    ours, ort = float(mlp[3]), float(mlp[5])  # printed to 3 decimals, the ratio from the times
+    assert ours > 0 and ort > 0 and re.fullmatch(r"\d+\.\d\dx", mlp[6])
+    assert abs(float(mlp[6][:-1]) - ours / ort) < 0.02 * ours / ort
