@@ -23,7 +23,7 @@ from functools import cache
 
 import numpy as np
 
-from . import blas_threads
+from . import blas_threads, host_blas
 
 MAX_DIMS = 12
 _Dims = ctypes.c_int64 * MAX_DIMS
@@ -387,6 +387,21 @@ def bind(primitive: Primitive, args, scratch, ws) -> Bound:
     if scratch is not None:
         args = [*args, ("scratchpad", scratch[0], ws[scratch[1]])]
     return Bound(primitive, args)
+
+
+def source_to_destination_step(ctx, make, src: MemoryDesc, dst: MemoryDesc):
+    """The step running ``make()``'s primitive (one source, one destination: a reorder, a
+    pooling) from input 0 to output 0, or None where oneDNN refuses it or offers only its
+    reference loop."""
+    try:
+        primitive = make()
+    except OneDnnError:
+        return None
+    if primitive.implementation.startswith("ref"):
+        return None
+    scratch = scratchpad(ctx, primitive)
+    return host_blas.prepared_step(lambda ins, outs, ws: [bind(
+        primitive, [("src", src, ins[0]), ("dst", dst, outs[0])], scratch, ws)])
 
 
 def execute_once(primitive: Primitive, args) -> None:

@@ -155,15 +155,8 @@ def _onednn_max_pool(ctx, win: Window):
         return None
     strides, dilations, pad_l, pad_r = conv_onednn.geometry(win)
     src, dst = conv_onednn.strided(ctx.inputs[0]), conv_onednn.strided(ctx.outputs[0])
-    try:
-        pool = onednn.max_pooling(src, dst, strides, win.kernel, dilations, pad_l, pad_r)
-    except onednn.OneDnnError:
-        return None
-    if pool.implementation.startswith("ref"):
-        return None
-    scratch = onednn.scratchpad(ctx, pool)
-    return host_blas.prepared_step(lambda ins, outs, ws: [onednn.bind(
-        pool, [("src", src, ins[0]), ("dst", dst, outs[0])], scratch, ws)])
+    return onednn.source_to_destination_step(ctx, lambda: onednn.max_pooling(
+        src, dst, strides, win.kernel, dilations, pad_l, pad_r), src, dst)
 
 
 def max_pool_numpy(ctx):

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 from onnx import numpy_helper
 
-from .. import host_blas, onednn
+from .. import onednn
 from ..dtypes import is_float
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
@@ -124,15 +124,7 @@ def _onednn_transpose(ctx, perm: tuple[int, ...]):
     x_strides = x.layout.view_strides(4)
     src = onednn.MemoryDesc.strided(y.shape, [x_strides[p] for p in perm])
     dst = onednn.MemoryDesc.strided(y.shape, y.layout.view_strides(4))
-    try:
-        reorder = onednn.reorder(src, dst)
-    except onednn.OneDnnError:
-        return None
-    if reorder.implementation.startswith("ref"):
-        return None
-    scratch = onednn.scratchpad(ctx, reorder)
-    return host_blas.prepared_step(lambda ins, outs, ws: [onednn.bind(
-        reorder, [("src", src, ins[0]), ("dst", dst, outs[0])], scratch, ws)])
+    return onednn.source_to_destination_step(ctx, lambda: onednn.reorder(src, dst), src, dst)
 
 
 def transpose_numpy(ctx):
