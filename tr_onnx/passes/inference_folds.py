@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import ir, onednn
 from .fusions import is_standard, sole_consumer
-from .value_bounds import magnitude_bounds
+from .value_bounds import ConstantStats, magnitude_bounds
 
 FUSED_CONV = ("ai.tr_onnx", "FusedConv", 1)
 
@@ -187,7 +187,8 @@ def finite_rewrites(graph: ir.Graph, registry, backend: str) -> float | None:
     pools = _max_pools(graph)
     if not chains and not pools:
         return None
-    proofs = {limit: magnitude_bounds(graph, limit) for limit in INPUT_LIMITS}
+    stats = ConstantStats()
+    proofs = {limit: magnitude_bounds(graph, limit, stats) for limit in INPUT_LIMITS}
     counts = {limit: sum(c.proven(b) for c in chains) + sum(p.inputs[0].name in b for p in pools)
               for limit, b in proofs.items()}
     limit = max(lim for lim in INPUT_LIMITS if counts[lim] == counts[INPUT_LIMITS[-1]])

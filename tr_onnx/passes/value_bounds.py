@@ -34,15 +34,50 @@ BOUNDED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _UNIT = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Softsign", "Sin", "Cos"})
 
 
-def _const(v: ir.Value | None) -> np.ndarray | None:
-    """A constant's float64 values, if it is one and finite."""
-    if v is None or not v.is_constant or v.data is None:
-        return None
-    data = np.asarray(v.data)
-    if data.dtype not in BOUNDED_DTYPES and not np.issubdtype(data.dtype, np.integer):
-        return None
-    data = data.astype(np.float64)
-    return data if np.all(np.isfinite(data)) else None
+class ConstantStats:
+    """What the rules read of the constants, each computed once however many limits are
+    tried (ResNet-18's 11 M weights: reading them took ~0.3 s per pass)."""
+
+    def __init__(self):
+        self._memo: dict[tuple[str, str], object] = {}
+
+    def _get(self, v: ir.Value, what: str, compute):
+        key = (v.name, what)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def data(self, v: ir.Value | None) -> np.ndarray | None:
+        """A constant's float64 values, if it is one and finite."""
+        if v is None or not v.is_constant or v.data is None:
+            return None
+
+        def compute():
+            data = np.asarray(v.data)
+            if data.dtype not in BOUNDED_DTYPES and not np.issubdtype(data.dtype, np.integer):
+                return None
+            data = data.astype(np.float64)
+            return data if np.all(np.isfinite(data)) else None
+
+        return self._get(v, "data", compute)
+
+    def max_abs(self, v: ir.Value | None) -> float | None:
+        data = self.data(v)
+        return None if data is None else self._get(v, "max_abs", lambda: _max_abs(data))
+
+    def largest_sum(self, v: ir.Value | None, axis: int) -> float | None:
+        """The largest sum of |w| over ``axis`` of a constant matrix-like w (Conv: over all
+        but axis 0, per output channel; Gemm/MatMul: over the input axis, per column)."""
+        data = self.data(v)
+        if data is None:
+            return None
+
+        def compute():
+            w = np.abs(data.reshape(data.shape[0], -1)) if axis == 1 else np.abs(data)
+            sums = w.sum(axis=axis)
+            return float(sums.max()) if sums.size else 0.0
+
+        return self._get(v, f"sum{axis}", compute)
 
 
 def _max_abs(data: np.ndarray) -> float:
@@ -54,41 +89,40 @@ def _linear(x_bound: float, row_sums: float, bias: float) -> float:
     return x_bound * row_sums + bias
 
 
-def _conv(node: ir.Node, bound) -> float | None:
-    w = _const(node.inputs[1])
-    b = _const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] is not None \
-        else np.zeros(1)
-    x = bound(node.inputs[0])
-    if w is None or b is None or x is None or w.ndim < 2:
+def _conv(node: ir.Node, bound, stats: ConstantStats) -> float | None:
+    w, x = node.inputs[1], bound(node.inputs[0])
+    has_b = len(node.inputs) > 2 and node.inputs[2] is not None
+    b = stats.max_abs(node.inputs[2]) if has_b else 0.0
+    data = stats.data(w)
+    if data is None or b is None or x is None or data.ndim < 2:
         return None
-    sums = np.abs(w).reshape(w.shape[0], -1).sum(axis=1)  # per output channel
-    return _linear(x, float(sums.max()) if sums.size else 0.0, _max_abs(b))
+    return _linear(x, stats.largest_sum(w, 1), b)  # per output channel
 
 
-def _gemm(node: ir.Node, bound) -> float | None:
-    a, w = bound(node.inputs[0]), _const(node.inputs[1])
-    if a is None or w is None or w.ndim != 2 or int(node.attrs.get("transA", 0)):
+def _gemm(node: ir.Node, bound, stats: ConstantStats) -> float | None:
+    a, w = bound(node.inputs[0]), node.inputs[1]
+    data = stats.data(w)
+    if a is None or data is None or data.ndim != 2 or int(node.attrs.get("transA", 0)):
         return None
-    if int(node.attrs.get("transB", 0)):
-        w = w.T
+    # the sums over the input axis, per output column: axis 1 of B^T, axis 0 of B
+    sums = stats.largest_sum(w, 1 if int(node.attrs.get("transB", 0)) else 0)
     alpha, beta = abs(float(node.attrs.get("alpha", 1.0))), abs(float(node.attrs.get("beta", 1.0)))
     c = node.inputs[2] if len(node.inputs) > 2 else None
     c_bound = 0.0 if c is None else bound(c)
     if c_bound is None:
         return None
-    sums = np.abs(w).sum(axis=0)  # per output column
-    return _linear(a, alpha * float(sums.max()) if sums.size else 0.0, beta * c_bound)
+    return _linear(a, alpha * sums, beta * c_bound)
 
 
-def _matmul(node: ir.Node, bound) -> float | None:
-    a, w = bound(node.inputs[0]), _const(node.inputs[1])
-    if a is None or w is None or w.ndim != 2:
+def _matmul(node: ir.Node, bound, stats: ConstantStats) -> float | None:
+    a, w = bound(node.inputs[0]), node.inputs[1]
+    data = stats.data(w)
+    if a is None or data is None or data.ndim != 2:
         return None
-    sums = np.abs(w).sum(axis=0)
-    return _linear(a, float(sums.max()) if sums.size else 0.0, 0.0)
+    return _linear(a, stats.largest_sum(w, 0), 0.0)
 
 
-def _clip(node: ir.Node, bound) -> float | None:
+def _clip(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     """Both limits finite constants: the clip of a finite x lies between them."""
     x = bound(node.inputs[0])
     if node.since_version < 11:
@@ -98,7 +132,7 @@ def _clip(node: ir.Node, bound) -> float | None:
         limits = []
         for i in (1, 2):
             v = node.inputs[i] if len(node.inputs) > i else None
-            data = _const(v)
+            data = stats.data(v)
             if v is not None and (data is None or data.size != 1):
                 return None  # a runtime or non-finite limit
             limits.append(None if data is None else data.reshape(()))
@@ -109,27 +143,27 @@ def _clip(node: ir.Node, bound) -> float | None:
     return max(x, *(abs(float(v)) for v in limits if v is not None))
 
 
-def _batchnorm(node: ir.Node, bound) -> float | None:
+def _batchnorm(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     x = bound(node.inputs[0])
-    stats = [_const(v) for v in node.inputs[1:5]]
-    if x is None or any(s is None for s in stats) or int(node.attrs.get("training_mode", 0)):
+    values = [stats.data(v) for v in node.inputs[1:5]]
+    if x is None or any(v is None for v in values) or int(node.attrs.get("training_mode", 0)):
         return None
-    gamma, beta, mean, var = stats
+    gamma, beta, mean, var = values
     scale = np.abs(gamma) / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
     return float(np.max(scale)) * (x + _max_abs(mean)) + _max_abs(beta)
 
 
-def _sum(node: ir.Node, bound) -> float | None:
+def _sum(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     parts = [bound(v) for v in node.inputs]
     return None if any(p is None for p in parts) else math.fsum(parts)
 
 
-def _product(node: ir.Node, bound) -> float | None:
+def _product(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     parts = [bound(v) for v in node.inputs]
     return None if any(p is None for p in parts) else math.prod(parts)
 
 
-def _largest(node: ir.Node, bound) -> float | None:
+def _largest(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     parts = [bound(v) for v in node.inputs if v is not None]
     return None if not parts or any(p is None for p in parts) else max(parts)
 
@@ -138,20 +172,22 @@ _RULES: dict[str, Callable] = {
     "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "Clip": _clip,
     "BatchNormalization": _batchnorm, "Add": _sum, "Sub": _sum, "Sum": _sum, "Mul": _product,
     "Concat": _largest, "Max": _largest, "Min": _largest,
-    **{op: lambda node, bound: bound(node.inputs[0]) for op in _SAME},
-    **{op: lambda node, bound: 1.0 if bound(node.inputs[0]) is not None else None
+    **{op: lambda node, bound, stats: bound(node.inputs[0]) for op in _SAME},
+    **{op: lambda node, bound, stats: 1.0 if bound(node.inputs[0]) is not None else None
        for op in _UNIT},
 }
 
 
-def magnitude_bounds(graph: ir.Graph, input_limit: float) -> dict[str, float]:
+def magnitude_bounds(graph: ir.Graph, input_limit: float,
+                     stats: ConstantStats | None = None) -> dict[str, float]:
     """Value name -> a bound of at most ``SAFE`` on |v|, where the rules prove one (see the
-    module's doc)."""
+    module's doc). ``stats``: the constants' numbers, shared by calls for several limits."""
+    stats = stats or ConstantStats()
     bounds: dict[str, float] = {}
     for v in graph.values.values():
-        data = _const(v)
-        if data is not None:
-            bounds[v.name] = _max_abs(data)
+        magnitude = stats.max_abs(v)
+        if magnitude is not None:
+            bounds[v.name] = magnitude
     for v in graph.inputs:
         if v.kind not in (ir.PARAM, ir.CONST) and v.dtype in BOUNDED_DTYPES:
             bounds[v.name] = float(input_limit)
@@ -165,7 +201,7 @@ def magnitude_bounds(graph: ir.Graph, input_limit: float) -> dict[str, float]:
         if rule is None or out is None or out.dtype not in BOUNDED_DTYPES or out.name in bounds:
             continue
         try:
-            value = rule(node, bound)
+            value = rule(node, bound, stats)
         except (ValueError, TypeError, IndexError, ArithmeticError):
             continue  # a malformed node proves nothing; its kernel names what is wrong
         if value is not None and math.isfinite(value) and value <= SAFE:
