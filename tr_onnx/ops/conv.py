@@ -221,13 +221,20 @@ def merged_stride(shape, strides) -> int | None:
     return inner[0] if inner is not None else 0
 
 
+def merged_view(a: np.ndarray, splits: tuple[int, ...]) -> np.ndarray | None:
+    """``a`` without a copy as one axis per group of consecutive axes, the groups split at
+    ``splits`` (an empty group is an axis of 1), or None where a group's strides do not merge."""
+    bounds = (0, *splits, a.ndim)
+    groups = [(a.shape[lo:hi], a.strides[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+    strides = [merged_stride(shape, st) for shape, st in groups]
+    if any(st is None for st in strides):
+        return None
+    return as_strided(a, tuple(math.prod(shape) for shape, _ in groups), tuple(strides))
+
+
 def as_2d(a: np.ndarray, split: int) -> np.ndarray | None:
     """``a`` seen as ``[prod(shape[:split]), prod(shape[split:])]`` without a copy, or None."""
-    rs = merged_stride(a.shape[:split], a.strides[:split])
-    cs = merged_stride(a.shape[split:], a.strides[split:])
-    if rs is None or cs is None:
-        return None
-    return as_strided(a, (math.prod(a.shape[:split]), math.prod(a.shape[split:])), (rs, cs))
+    return merged_view(a, (split,))
 
 
 def mergeable_2d(info, moved: bool, split: int) -> bool:

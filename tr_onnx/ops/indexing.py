@@ -19,13 +19,12 @@ import math
 from functools import partial
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from .. import host_blas
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
-from .conv import merged_stride
+from .conv import merged_view
 from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis, zeros_like
 
 # ---- forward kernels ----------------------------------------------------------------------
@@ -230,17 +229,6 @@ _ONE_HOT_ELEMENTS = 1 << 18
 _ONE_HOT_BYTES = 4 << 20  # the one-hot matrix's workspace
 
 
-def _grouped(a: np.ndarray, splits: tuple[int, int]) -> np.ndarray | None:
-    """``a`` as ``[prod(shape[:i]), prod(shape[i:j]), prod(shape[j:])]`` without a copy, or
-    None (``splits`` = (i, j))."""
-    i, j = splits
-    groups = [(a.shape[lo:hi], a.strides[lo:hi]) for lo, hi in ((0, i), (i, j), (j, a.ndim))]
-    strides = [merged_stride(shape, st) for shape, st in groups]
-    if any(st is None for st in strides):
-        return None
-    return as_strided(a, tuple(math.prod(shape) for shape, _ in groups), tuple(strides))
-
-
 def gather_grad_numpy(ctx):
     """``gx = 0; gx[..., indices, ...] += gy`` along ``axis`` (non-negative attr): repeated
     indices accumulate, negative ones count from the end (input 1). ``np.add.at`` in general;
@@ -269,7 +257,7 @@ def gather_grad_numpy(ctx):
     gy_splits = (axis, axis + len(idx_info.shape))
 
     def make(ins, outs, ws):
-        gy, gx = _grouped(ins[0], gy_splits), _grouped(outs[0], (axis, axis + 1))
+        gy, gx = merged_view(ins[0], gy_splits), merged_view(outs[0], (axis, axis + 1))
         if gy is None or gx is None or not ins[1].flags.c_contiguous:
             return [partial(scatter, ins, outs, ws)]
         onehot, index, negative = ws[onehot_k], ws[index_k], ws[negative_k]
