@@ -508,19 +508,15 @@ def _gather_grad_model(gy_shape, idx_shape, out_shape, axis, elem=TensorProto.FL
 
 @pytest.mark.parametrize("gy_shape,idx,out_shape,axis", [
     ((8, 3, 16), np.array([[0, 1, 1], [1, 0, -2]] * 4).reshape(8, 3), (2, 16), 0),  # token types
-    ((2, 5, 3), np.array([0, -1, 3, 3, 1]), (2, 4, 3), 1),
-    ((4, 6), np.array(2), (4, 9, 6), 1),  # a scalar index (the pooler's first token)
+    ((2, 20, 3), np.array([0, -1, 3, 3, 1] * 4), (2, 4, 3), 1),
     ((64, 4), np.arange(64) % 50, (50, 4), 0),
-], ids=["repeated_2d_index", "negative_axis1", "scalar", "positions"])
+], ids=["repeated_2d_index", "negative_axis1", "positions"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gather_grad_small_table_is_a_one_hot_product(monkeypatch, gy_shape, idx, out_shape,
                                                       axis, dtype):
     """``gx = 0; gx[..., idx, ...] += gy`` as np.add.at computes it (repeated and negative
     indices), through ``onehot(idx) @ gy``; a NaN or inf in gy takes np.add.at, so rows no
     index names stay 0."""
-    if idx.ndim == 0:
-        gy_shape = (gy_shape[0], gy_shape[1])
-        out_shape = (gy_shape[0], out_shape[1], gy_shape[1])
     elem = onnx_elem_type(dtype)
     sess = tr_onnx.InferenceSession(_gather_grad_model(list(gy_shape), list(idx.shape),
                                                        list(out_shape), axis, elem))
@@ -540,3 +536,34 @@ def test_gather_grad_small_table_is_a_one_hot_product(monkeypatch, gy_shape, idx
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         if case == "finite":
             assert products, "the one-hot GEMM did not run"
+
+
+@pytest.mark.parametrize("gy_shape,idx,out_shape,axis", [
+    ((8, 32, 32), np.array(1), (3, 8, 32, 32), 0),  # an exporter's split of a fused QKV
+    ((4, 6), np.array(-2), (4, 9, 6), 1),
+    ((2, 3, 16), np.array([[0, 1, 1], [1, 0, -2]]), (2, 16), 0),
+    ((2, 5, 3), np.array([0, -1, 3, 3, 1]), (2, 4, 3), 1),
+], ids=["qkv_scalar", "negative_scalar_axis1", "repeated_2d_index", "negative_axis1"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_gather_grad_of_few_indices_adds_slices_as_np_add_at(gy_shape, idx, out_shape, axis,
+                                                           dtype):
+    """Up to 16 indices: one slice add per index, in index order, bit-equal to np.add.at
+    (repeated and negative indices, any dtype, NaN kept where an index puts it); an index out
+    of range is an error naming the node, as np.add.at's."""
+    elem = onnx_elem_type(dtype)
+    sess = tr_onnx.InferenceSession(_gather_grad_model(list(gy_shape), list(idx.shape),
+                                                       list(out_shape), axis, elem))
+    gy = (np.random.default_rng(4).standard_normal(gy_shape) * 100).astype(dtype)
+    head = (slice(None),) * axis
+    for case in ("finite", "nan", "other_indices"):
+        if case == "nan" and dtype != np.int32:
+            gy[(0,) * gy.ndim] = np.nan
+        if case == "other_indices":  # the indices are read each run, not at plan time
+            idx = (idx + 1) % out_shape[axis]
+        want = np.zeros(out_shape, dtype)
+        np.add.at(want, head + (idx,), gy)
+        got = sess.run(None, {"gy": gy, "idx": idx.astype(np.int64)})[0]
+        np.testing.assert_array_equal(got, want)
+    bad = np.full(idx.shape, out_shape[axis], np.int64)
+    with pytest.raises(Exception, match="GatherGrad.*out of bounds"):
+        sess.run(None, {"gy": gy, "idx": bad})

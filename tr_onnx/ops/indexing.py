@@ -227,11 +227,16 @@ def reverse_sequence_numpy(ctx):
 # 363 vs ~20 us; token types 2 x 256, 512 indices: 2.4 ms vs ~10 us; 2 threads, 2026-12-02)
 _ONE_HOT_ELEMENTS = 1 << 18
 _ONE_HOT_BYTES = 4 << 20  # the one-hot matrix's workspace
+# up to this many indices, one slice add per index: an exporter's split of a fused QKV
+# projection (Gather of a scalar index from [3, ...]) took ~90 us per call as a one-hot GEMM,
+# ~10 us so (the fill and one add of 8k values; 2 threads, 2026-12-02)
+_SLICE_ADDS = 16
 
 
 def gather_grad_numpy(ctx):
     """``gx = 0; gx[..., indices, ...] += gy`` along ``axis`` (non-negative attr): repeated
     indices accumulate, negative ones count from the end (input 1). ``np.add.at`` in general;
+    for a few indices (<= ``_SLICE_ADDS``) one slice add each, in index order as np.add.at;
     for a small table in float32/64, ``onehot(indices) @ gy`` (one GEMM per head index, BLAS;
     the one-hot workspace is rebuilt each step) where every gy value is finite (else 0 * inf
     would spread NaN to rows no index names)."""
@@ -247,6 +252,9 @@ def gather_grad_numpy(ctx):
     rows = gx_info.shape[axis]
     n = math.prod(idx_info.shape)
     width = math.prod(gx_info.shape[axis + 1:])
+    gy_splits = (axis, axis + len(idx_info.shape))
+    if 0 < n <= _SLICE_ADDS:
+        return host_blas.prepared_step(partial(_slice_adds, scatter, rows, gy_splits, axis))
     if dtype not in (np.float32, np.float64) or not rows or not n \
             or rows * width > _ONE_HOT_ELEMENTS or rows * n * dtype.itemsize > _ONE_HOT_BYTES:
         return scatter
@@ -254,7 +262,6 @@ def gather_grad_numpy(ctx):
     index_k, negative_k = ctx.workspace((n,), np.int64), ctx.workspace((n,), np.bool_)
     finite_k = ctx.workspace(tuple(gy_info.shape), np.bool_)
     table_rows = np.arange(rows).reshape(rows, 1)
-    gy_splits = (axis, axis + len(idx_info.shape))
 
     def make(ins, outs, ws):
         gy, gx = merged_view(ins[0], gy_splits), merged_view(outs[0], (axis, axis + 1))
@@ -279,6 +286,27 @@ def gather_grad_numpy(ctx):
         return [run]
 
     return host_blas.prepared_step(make)
+
+
+def _slice_adds(scatter, rows: int, gy_splits: tuple[int, int], axis: int, ins, outs, ws):
+    """GatherGrad's calls for a few indices: ``gx[:, i] += gy[:, j]`` on the ``[head, index,
+    tail]`` views, made once (``host_blas.prepared_step``); np.add.at where a view would need
+    a copy."""
+    gy, gx = merged_view(ins[0], gy_splits), merged_view(outs[0], (axis, axis + 1))
+    if gy is None or gx is None:
+        return [partial(scatter, ins, outs, ws)]
+    gy_rows = [gy[:, j] for j in range(gy.shape[1])]
+    gx_rows = [gx[:, i] for i in range(rows)]
+    indices, target = ins[1], outs[0]
+
+    def run():
+        target.fill(0)
+        for j, i in enumerate(indices.reshape(-1).tolist()):
+            if not -rows <= i < rows:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {rows}")
+            np.add(gx_rows[i], gy_rows[j], out=gx_rows[i])
+
+    return [run]
 
 
 def gather_nd_grad_numpy(ctx):
