@@ -333,6 +333,29 @@ def layer_normalization(data: MemoryDesc, stats: MemoryDesc, epsilon: float, fla
     return Primitive(pd, [data, stats])
 
 
+def batch_normalization(src: MemoryDesc, dst: MemoryDesc, epsilon: float, flags: int,
+                        hint: Primitive | None = None,
+                        diff_dst: MemoryDesc | None = None) -> Primitive:
+    """A batch normalization over every axis but 1 (the channels), per-channel mean and
+    variance: forward training (``src, scale, shift -> dst, mean, variance``) without
+    ``hint``; backward (``src, mean, variance, diff_dst, scale -> diff_src, diff_scale,
+    diff_shift``; ``dst`` then describes diff_src) with the forward primitive as ``hint``.
+    ``flags``: USE_SCALE, USE_SHIFT."""
+    lib = library()
+    pd = _P()
+    eps = ctypes.c_float(epsilon)
+    if hint is None:
+        status = lib.lib.dnnl_batch_normalization_forward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, FORWARD_TRAINING, src.handle, dst.handle, eps, flags,
+            lib.attr)
+    else:
+        status = lib.lib.dnnl_batch_normalization_backward_primitive_desc_create(
+            ctypes.byref(pd), lib.engine, BACKWARD, dst.handle, diff_dst.handle, src.handle,
+            eps, flags, hint.pd, lib.attr)
+    lib.check(status, "batch normalization primitive descriptor")
+    return Primitive(pd, [src, dst, diff_dst])
+
+
 def reorder(src: MemoryDesc, dst: MemoryDesc) -> Primitive:
     """A primitive copying memory described by ``src`` into the layout ``dst``."""
     lib = library()

@@ -24,6 +24,7 @@ from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout, channels_last_view
 from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
+from . import batch_norm_onednn
 from .layer_norm_onednn import layer_norm_grad_onednn, layer_norm_onednn
 from .reduce import reduce_kept
 
@@ -139,6 +140,17 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     direct = acc == np.dtype(dtype)  # the centred map can live in y
     d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    fast = batch_norm_onednn.training(ctx, eps) if world is None else None
+    if fast is not None:
+        normalise, fast_mean, fast_var = fast
+        correction = local / max(local - 1, 1) if unbiased else 1.0
+
+        def run_onednn(ins, outs, ws):
+            normalise(ins, outs, ws)
+            _write_batch_statistics(ins, outs, slots, ws[fast_mean], ws[fast_var],
+                                    (ws[a_ws], ws[b_ws]), momentum, correction, eps)
+
+        return run_onednn
     channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc, vectors=2)
 
     def run(ins, outs, ws):
@@ -316,9 +328,12 @@ def batch_norm_grad_numpy(ctx):
     acc = _acc_dtype(dtype)
     c = x_info.shape[c_axis]
     training = bool(ctx.attrs["training"])
+    world = _sync_world(ctx) if training else None
+    fast = batch_norm_onednn.grad(ctx) if training and world is None else None
+    if fast is not None:
+        return fast
     in_gx = ctx.has_output(0) and acc == np.dtype(dtype)  # the centred map can live in gx
     t_ws = None if in_gx else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
-    world = _sync_world(ctx) if training else None
     sums_ws, a_ws = ctx.workspace((2 * c + 1,), acc), ctx.workspace((c,), acc)
     k_ws = ctx.workspace((c,), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
