@@ -11,10 +11,13 @@ into the output view itself; with ``keepdims=0`` the kernel writes through
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
+from .. import host_blas
 from ..dtypes import finfo, is_float, onnx_elem_type
 from ..errors import InternalError
 from ..hookspecs import hookimpl
@@ -87,8 +90,67 @@ def _lowest(dtype: np.dtype, which: str):
     return info.min if which == "min" else info.max
 
 
+# Sums over a block of leading or trailing axes of a contiguous float tensor are one
+# matrix-vector product with a ones vector (BLAS), where NumPy starts its inner loop once per
+# row: BERT's bias gradients [512, 256] -> [256] 30 -> 14 us, softmax rows [2048, 64] -> [2048]
+# 85 -> 18 us; [8192, 32] -> [32] 214 -> 28 us (2 threads, 2026-12-02). Leading axes: NumPy
+# too adds row after row, and BLAS's blocked sums were the more accurate of the two on every
+# shape measured. Trailing axes: NumPy sums a row pairwise; up to this length BLAS's few
+# straight-through lanes measured as accurate.
+_ONES_PRODUCT_TRAILING_MAX = 1024
+
+
+def ones_product(x_shape, axes, dtype) -> tuple[bool, int, int] | None:
+    """(leading, rows, columns): how ``ones_sum`` sees a sum of a ``x_shape`` tensor over
+    ``axes`` as a [rows, columns] matrix, or None where it does not apply."""
+    rank, n = len(x_shape), len(axes)
+    if np.dtype(dtype) not in (np.float32, np.float64) or not 0 < n < rank \
+            or 0 in x_shape:
+        return None
+    leading = tuple(axes) == tuple(range(n))
+    if not leading and tuple(axes) != tuple(range(rank - n, rank)):
+        return None
+    split = n if leading else rank - n
+    rows, columns = math.prod(x_shape[:split]), math.prod(x_shape[split:])
+    if not leading and columns > _ONES_PRODUCT_TRAILING_MAX:
+        return None
+    return leading, rows, columns
+
+
+def ones_sum(geometry: tuple[bool, int, int], x: np.ndarray, y: np.ndarray, dtype):
+    """The call summing contiguous ``x`` into contiguous ``y`` (the reduced shape, any
+    keepdims form) as ``ones_product`` describes, or None where a view would need a copy."""
+    leading, rows, columns = geometry
+    if not (x.flags.c_contiguous and y.flags.c_contiguous):
+        return None
+    matrix = x.reshape(rows, columns)
+    if leading:
+        return partial(np.matmul, np.ones(rows, dtype), matrix, out=y.reshape(columns))
+    return partial(np.matmul, matrix, np.ones(columns, dtype), out=y.reshape(rows))
+
+
+def _ones_sum_step(ctx, geometry, mean: bool, fallback):
+    """ReduceSum / ReduceMean as ``ones_sum`` (then / count), made on the first call;
+    ``fallback`` (the generic kernel) where the views are not contiguous."""
+    dtype = ctx.outputs[0].dtype
+    count = dtype.type(geometry[1] if geometry[0] else geometry[2])
+
+    def make(ins, outs, ws):
+        call = ones_sum(geometry, ins[0], outs[0], dtype)
+        if call is None:
+            return [partial(fallback, ins, outs, ws)]
+        if not mean:
+            return [call]
+        y = outs[0]
+        return [call, partial(np.divide, y, count, out=y)]
+
+    return host_blas.prepared_step(make)
+
+
 def reduce_numpy(ctx):
-    """One factory for every Reduce* op: (pre) -> reduce -> (post) into the keepdims view."""
+    """One factory for every Reduce* op: (pre) -> reduce -> (post) into the keepdims view;
+    ReduceSum / ReduceMean over leading or trailing axes as a product with ones
+    (``ones_product``)."""
     op = ctx.node.op_type
     spec = _REDUCERS[op]
     x_info, y_info = ctx.inputs[0], ctx.outputs[0]
@@ -141,6 +203,10 @@ def reduce_numpy(ctx):
         if acc_ws is not None:
             np.copyto(y, r, casting="unsafe")
 
+    geometry = ones_product(x_info.shape, axes, dtype) \
+        if op in ("ReduceSum", "ReduceMean") and x_info.dtype == dtype else None
+    if geometry is not None:
+        return _ones_sum_step(ctx, geometry, op == "ReduceMean", run)
     return run
 
 
@@ -153,8 +219,21 @@ def _softmax_axes(ctx) -> tuple[int, ...]:
     return (axis,)
 
 
+# NumPy's max over the last axis costs ~55 ns per row ([1024, 8]: 60 us); for rows this
+# short, one np.maximum per column over all rows at once is faster (22 us), and exact alike
+_SHORT_ROW = 16
+
+
+def _short_row_max(x2: np.ndarray, m: np.ndarray) -> None:
+    """m = the max of each row of [rows, columns] ``x2``, column by column (NaN kept)."""
+    np.copyto(m, x2[:, 0])
+    for j in range(1, x2.shape[1]):
+        np.maximum(m, x2[:, j], out=m)
+
+
 def softmax_numpy(ctx):
-    """Softmax and LogSoftmax, shifted by the max; float16 sums accumulate in float32."""
+    """Softmax and LogSoftmax, shifted by the max; float16 sums accumulate in float32. The
+    sum over a trailing axis of a contiguous map is a product with ones (``ones_sum``)."""
     log = ctx.node.op_type == "LogSoftmax"
     x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
     axes = _softmax_axes(ctx)
@@ -167,25 +246,35 @@ def softmax_numpy(ctx):
     e_ws = ctx.workspace(x_info.shape, acc) if acc != dtype else None
     if 0 in x_info.shape:
         return lambda ins, outs, ws: None
+    geometry = ones_product(x_info.shape, axes, acc)
 
-    def run(ins, outs, ws):
+    def make(ins, outs, ws):
         x, y, m, s = ins[0], outs[0], ws[m_ws], ws[s_ws]
         e = y if e_ws is None else ws[e_ws]
-        np.max(x, axis=axes, keepdims=True, out=m)
-        np.subtract(x, m, out=e)
-        if log:
-            # (x - m) - log(s): adding log(s) to m first would lose it next to a large m
-            np.exp(e, out=y if e_ws is None else e)
-            np.sum(y if e_ws is None else e, axis=axes, keepdims=True, dtype=acc, out=s)
-            np.log(s, out=s)
-            np.subtract(x, m, out=e)
-            np.subtract(e, s, out=y, casting="same_kind")
-        else:
-            np.exp(e, out=e)
-            np.sum(e, axis=axes, keepdims=True, dtype=acc, out=s)
-            np.divide(e, s, out=y, casting="same_kind")
+        row_sum = ones_sum(geometry, e, s, acc) if geometry is not None else None
+        row_max = partial(np.maximum.reduce, x, axis=axes, keepdims=True, out=m)
+        if row_sum is None:
+            row_sum = partial(np.add.reduce, e, axis=axes, keepdims=True, dtype=acc, out=s)
+        elif not geometry[0] and geometry[2] <= _SHORT_ROW and x.flags.c_contiguous:
+            row_max = partial(_short_row_max, x.reshape(geometry[1], geometry[2]),
+                              m.reshape(geometry[1]))
 
-    return run
+        def run():
+            row_max()
+            np.subtract(x, m, out=e)
+            np.exp(e, out=e)
+            row_sum()
+            if log:
+                # (x - m) - log(s): adding log(s) to m first would lose it next to a large m
+                np.log(s, out=s)
+                np.subtract(x, m, out=e)
+                np.subtract(e, s, out=y, casting="same_kind")
+            else:
+                np.divide(e, s, out=y, casting="same_kind")
+
+        return [run]
+
+    return host_blas.prepared_step(make)
 
 
 def hardmax_numpy(ctx):
