@@ -90,18 +90,20 @@ def _lowest(dtype: np.dtype, which: str):
     return info.min if which == "min" else info.max
 
 
-# Sums over a block of leading or trailing axes of a contiguous float tensor are one
-# matrix-vector product with a ones vector (BLAS), where NumPy starts its inner loop once per
-# row: BERT's bias gradients [512, 256] -> [256] 30 -> 14 us, softmax rows [2048, 64] -> [2048]
-# 85 -> 18 us; [8192, 32] -> [32] 214 -> 28 us (2 threads, 2026-12-02). Leading axes: NumPy
-# too adds row after row, and BLAS's blocked sums were the more accurate of the two on every
-# shape measured. Trailing axes: NumPy sums a row pairwise; up to this length BLAS's few
-# straight-through lanes measured as accurate.
-_ONES_PRODUCT_TRAILING_MAX = 1024
+# Sums over a block of leading or trailing axes of a contiguous float tensor are one einsum
+# over its [rows, columns] matrix: NumPy's add.reduce starts its inner loop once per row where
+# einsum's loops run along the whole matrix (the softmax gradient's row sums [2048, 64] 77 ->
+# 22 us, [1024, 8] 26 -> 8 us; [8192, 32] -> [32] 183 -> 58 us; 2 threads, 2026-12-02).
+# Single-threaded on purpose: a ones-vector BLAS product was as fast alone, but OpenBLAS
+# threads a GEMV from 9216 elements, and waking the thread pool for microseconds of work
+# stalled the zoo transformer's step (median 3.4 -> 5.6 ms). Leading axes: einsum too adds
+# row after row, as add.reduce does. Trailing axes: add.reduce sums a row pairwise, einsum
+# in a few straight-through lanes; up to this length that measured as accurate.
+_MATRIX_SUM_TRAILING_MAX = 1024
 
 
-def ones_product(x_shape, axes, dtype) -> tuple[bool, int, int] | None:
-    """(leading, rows, columns): how ``ones_sum`` sees a sum of a ``x_shape`` tensor over
+def matrix_sum_geometry(x_shape, axes, dtype) -> tuple[bool, int, int] | None:
+    """(leading, rows, columns): how ``matrix_sum`` sees a sum of a ``x_shape`` tensor over
     ``axes`` as a [rows, columns] matrix, or None where it does not apply."""
     rank, n = len(x_shape), len(axes)
     if np.dtype(dtype) not in (np.float32, np.float64) or not 0 < n < rank \
@@ -112,31 +114,32 @@ def ones_product(x_shape, axes, dtype) -> tuple[bool, int, int] | None:
         return None
     split = n if leading else rank - n
     rows, columns = math.prod(x_shape[:split]), math.prod(x_shape[split:])
-    if not leading and columns > _ONES_PRODUCT_TRAILING_MAX:
+    if not leading and columns > _MATRIX_SUM_TRAILING_MAX:
         return None
     return leading, rows, columns
 
 
-def ones_sum(geometry: tuple[bool, int, int], x: np.ndarray, y: np.ndarray, dtype):
+def matrix_sum(geometry: tuple[bool, int, int], x: np.ndarray, y: np.ndarray):
     """The call summing contiguous ``x`` into contiguous ``y`` (the reduced shape, any
-    keepdims form) as ``ones_product`` describes, or None where a view would need a copy."""
+    keepdims form) as ``matrix_sum_geometry`` describes, or None where a view would need a
+    copy."""
     leading, rows, columns = geometry
     if not (x.flags.c_contiguous and y.flags.c_contiguous):
         return None
     matrix = x.reshape(rows, columns)
     if leading:
-        return partial(np.matmul, np.ones(rows, dtype), matrix, out=y.reshape(columns))
-    return partial(np.matmul, matrix, np.ones(columns, dtype), out=y.reshape(rows))
+        return partial(np.einsum, "ij->j", matrix, out=y.reshape(columns))
+    return partial(np.einsum, "ij->i", matrix, out=y.reshape(rows))
 
 
-def _ones_sum_step(ctx, geometry, mean: bool, fallback):
-    """ReduceSum / ReduceMean as ``ones_sum`` (then / count), made on the first call;
+def _matrix_sum_step(ctx, geometry, mean: bool, fallback):
+    """ReduceSum / ReduceMean as ``matrix_sum`` (then / count), made on the first call;
     ``fallback`` (the generic kernel) where the views are not contiguous."""
     dtype = ctx.outputs[0].dtype
     count = dtype.type(geometry[1] if geometry[0] else geometry[2])
 
     def make(ins, outs, ws):
-        call = ones_sum(geometry, ins[0], outs[0], dtype)
+        call = matrix_sum(geometry, ins[0], outs[0])
         if call is None:
             return [partial(fallback, ins, outs, ws)]
         if not mean:
@@ -149,8 +152,8 @@ def _ones_sum_step(ctx, geometry, mean: bool, fallback):
 
 def reduce_numpy(ctx):
     """One factory for every Reduce* op: (pre) -> reduce -> (post) into the keepdims view;
-    ReduceSum / ReduceMean over leading or trailing axes as a product with ones
-    (``ones_product``)."""
+    ReduceSum / ReduceMean over leading or trailing axes as one einsum over a matrix
+    (``matrix_sum_geometry``)."""
     op = ctx.node.op_type
     spec = _REDUCERS[op]
     x_info, y_info = ctx.inputs[0], ctx.outputs[0]
@@ -203,10 +206,10 @@ def reduce_numpy(ctx):
         if acc_ws is not None:
             np.copyto(y, r, casting="unsafe")
 
-    geometry = ones_product(x_info.shape, axes, dtype) \
+    geometry = matrix_sum_geometry(x_info.shape, axes, dtype) \
         if op in ("ReduceSum", "ReduceMean") and x_info.dtype == dtype else None
     if geometry is not None:
-        return _ones_sum_step(ctx, geometry, op == "ReduceMean", run)
+        return _matrix_sum_step(ctx, geometry, op == "ReduceMean", run)
     return run
 
 
@@ -233,7 +236,7 @@ def _short_row_max(x2: np.ndarray, m: np.ndarray) -> None:
 
 def softmax_numpy(ctx):
     """Softmax and LogSoftmax, shifted by the max; float16 sums accumulate in float32. The
-    sum over a trailing axis of a contiguous map is a product with ones (``ones_sum``)."""
+    sum over a trailing axis of a contiguous map is one einsum (``matrix_sum``)."""
     log = ctx.node.op_type == "LogSoftmax"
     x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
     axes = _softmax_axes(ctx)
@@ -246,12 +249,12 @@ def softmax_numpy(ctx):
     e_ws = ctx.workspace(x_info.shape, acc) if acc != dtype else None
     if 0 in x_info.shape:
         return lambda ins, outs, ws: None
-    geometry = ones_product(x_info.shape, axes, acc)
+    geometry = matrix_sum_geometry(x_info.shape, axes, acc)
 
     def make(ins, outs, ws):
         x, y, m, s = ins[0], outs[0], ws[m_ws], ws[s_ws]
         e = y if e_ws is None else ws[e_ws]
-        row_sum = ones_sum(geometry, e, s, acc) if geometry is not None else None
+        row_sum = matrix_sum(geometry, e, s) if geometry is not None else None
         row_max = partial(np.maximum.reduce, x, axis=axes, keepdims=True, out=m)
         if row_sum is None:
             row_sum = partial(np.add.reduce, e, axis=axes, keepdims=True, dtype=acc, out=s)

@@ -1,8 +1,9 @@
-"""ReduceSum / ReduceMean over leading or trailing axes, and Softmax's row sums, as products
-with a ones vector (ops.reduce ``ones_product``), against onnx.reference and onnxruntime: both
-ends, keepdims 0 and 1, float32 and float64, NaN and inf kept, a channels-last feature map
-(not contiguous: the NumPy reduction runs), and Softmax's short-row max on rows with NaN and
--inf. A spy checks the product ran where it should."""
+"""ReduceSum / ReduceMean over leading or trailing axes, and Softmax's row sums, as one einsum
+over a matrix (ops.reduce ``matrix_sum``), against onnx.reference and onnxruntime: both ends,
+keepdims 0 and 1, float32 and float64, NaN and inf kept, a channels-last feature map (not
+contiguous: the NumPy reduction runs), and Softmax's short-row max on rows with NaN, -inf and
+values whose exp overflows unless the max is exact. A spy checks the matrix sum ran where it
+should."""
 
 from __future__ import annotations
 
@@ -44,10 +45,10 @@ def _typed(model, dtype):
 
 
 @pytest.fixture
-def products(monkeypatch):
-    """How many ones products ran (np.matmul with a ones operand)."""
+def summed(monkeypatch):
+    """How many matrix sums ran."""
     calls = []
-    real = reduce_ops.ones_sum
+    real = reduce_ops.matrix_sum
 
     def spy(*args):
         call = real(*args)
@@ -55,7 +56,7 @@ def products(monkeypatch):
             return None
         return lambda: calls.append(1) or call()
 
-    monkeypatch.setattr(reduce_ops, "ones_sum", spy)
+    monkeypatch.setattr(reduce_ops, "matrix_sum", spy)
     return calls
 
 
@@ -68,14 +69,14 @@ def products(monkeypatch):
 @pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
 @pytest.mark.parametrize("keepdims", [0, 1])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sums_over_leading_or_trailing_axes_match_the_references(products, shape, axes, op,
+def test_sums_over_leading_or_trailing_axes_match_the_references(summed, shape, axes, op,
                                                                  keepdims, dtype):
     model = _typed(_model(op, list(shape), {"keepdims": keepdims}, axes), dtype)
     x = np.random.default_rng(0).standard_normal(shape).astype(dtype) * 10
     x.flat[5] = np.nan
     x.flat[-3] = np.inf
     (got,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
-    assert products, "the ones product did not run"
+    assert summed, "the matrix sum did not run"
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     assert got.shape == want.shape
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -83,14 +84,14 @@ def test_sums_over_leading_or_trailing_axes_match_the_references(products, shape
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
-def test_middle_axes_and_non_contiguous_maps_reduce_in_numpy(products):
-    """A middle axis is not a ones product; a channels-last map's logical view is not
+def test_middle_axes_and_non_contiguous_maps_reduce_in_numpy(summed):
+    """A middle axis is not a matrix sum; a channels-last map's logical view is not
     contiguous, so the NumPy reduction runs on it."""
     x = np.random.default_rng(1).standard_normal((2, 3, 4, 5)).astype(np.float32)
     middle = _model("ReduceSum", [2, 3, 4, 5], {"keepdims": 1}, [1])
     (got,) = tr_onnx.InferenceSession(middle).run(None, {"x": x})
     np.testing.assert_allclose(got, x.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
-    assert not products
+    assert not summed
     conv_then_sum = helper.make_model(helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
          helper.make_node("ReduceSum", ["c", "axes"], ["y"], keepdims=0)],
@@ -104,14 +105,14 @@ def test_middle_axes_and_non_contiguous_maps_reduce_in_numpy(products):
     want = ort.InferenceSession(conv_then_sum.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert not products
+    assert not summed
 
 
 @pytest.mark.parametrize("shape,axis", [((32, 4, 8, 8), -1), ((8, 4, 16, 64), -1), ((6, 10), -1),
                                         ((10, 6), 0)],
                          ids=["short_rows", "long_rows", "loss_rows", "axis0_columns"])
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-def test_softmax_rows_match_the_references_with_nan_and_inf(products, shape, axis, op):
+def test_softmax_rows_match_the_references_with_nan_and_inf(summed, shape, axis, op):
     """Each softmax "row" (along ``axis``) with NaN, all -inf, +inf and some -inf."""
     model = _model(op, list(shape), {"axis": axis}, opset=13)
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32) * 5
@@ -123,7 +124,7 @@ def test_softmax_rows_match_the_references_with_nan_and_inf(products, shape, axi
     rows[4, 1] = 200  # exp(200) overflows float32: only the exact row max keeps it finite
     rows[5, -1] = 300
     (got,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
-    assert products
+    assert summed
     # onnx.reference's LogSoftmax is log(Softmax): -inf where exp underflows (rows 4, 5)
     (want,) = ort.InferenceSession(model.SerializeToString(),
                                    providers=["CPUExecutionProvider"]).run(None, {"x": x}) \
