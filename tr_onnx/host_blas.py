@@ -63,60 +63,6 @@ def _gemm_symbol(dtype: np.dtype):
     return None
 
 
-_AXPY_SYMBOLS = {np.dtype(np.float32): ("scipy_cblas_saxpy64_", "cblas_saxpy64_"),
-                 np.dtype(np.float64): ("scipy_cblas_daxpy64_", "cblas_daxpy64_")}
-
-
-@cache
-def _axpy_symbol(dtype: np.dtype):
-    lib = _library()
-    for name in _AXPY_SYMBOLS.get(dtype, ()) if lib is not None else ():
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            scalar = ctypes.c_float if dtype == np.float32 else ctypes.c_double
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            fn.argtypes = [i64, scalar, ptr, i64, ptr, i64]
-            fn.restype = None
-            return fn
-    return None
-
-
-# OpenBLAS's axpy kernels fuse the multiply-add in their vector loop but finish a length that
-# is not a multiple of their block (32 floats on Haswell) in scalar C, two roundings; each
-# thread gets a share of the length. So axpy runs on a multiple of this many elements, and
-# the rest (fewer) is copied into the head of a block of this length (the other entries are
-# don't-care), run whole, and copied back.
-_AXPY_GRAIN = 1024
-_axpy_tails: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}  # per dtype, made once
-
-
-def axpy(alpha, x: np.ndarray, y: np.ndarray, scratch: np.ndarray) -> None:
-    """``y += alpha * x`` with each element rounded once (a fused multiply-add, as
-    PyTorch's ``y.add_(x, alpha=alpha)`` computes it on the CPU), in one BLAS pass over two
-    contiguous arrays of one float dtype. Elsewhere NumPy's product (into ``scratch``, an
-    array of x's shape that is neither x nor y) and sum: two roundings, so the last bit
-    differs from PyTorch's in ~2% of the elements."""
-    fn = _axpy_symbol(y.dtype) if x.dtype == y.dtype else None
-    if fn is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or x.size != y.size:
-        np.multiply(x, y.dtype.type(alpha), out=scratch)
-        np.add(y, scratch, out=y)
-        return
-    n = y.size
-    whole = n - n % _AXPY_GRAIN
-    if whole:
-        fn(whole, alpha, x.ctypes.data, 1, y.ctypes.data, 1)
-    if whole == n:
-        return
-    if y.dtype not in _axpy_tails:
-        _axpy_tails[y.dtype] = (np.zeros(_AXPY_GRAIN, y.dtype), np.zeros(_AXPY_GRAIN, y.dtype))
-    tail_x, tail_y = _axpy_tails[y.dtype]
-    rest = n - whole
-    np.copyto(tail_x[:rest], x.reshape(-1)[whole:])
-    np.copyto(tail_y[:rest], y.reshape(-1)[whole:])
-    fn(_AXPY_GRAIN, alpha, tail_x.ctypes.data, 1, tail_y.ctypes.data, 1)
-    np.copyto(y.reshape(-1)[whole:], tail_y[:rest])
-
-
 def available(dtype) -> bool:
     """Whether GEMMs in ``dtype`` go straight to BLAS (else ``prepared_gemm`` uses NumPy)."""
     return _gemm_symbol(np.dtype(dtype)) is not None

@@ -229,20 +229,18 @@ TR_HD TrSgd tr_sgd_scalars(float lr, long long step, double momentum, double dam
     s.first = step == 1;
     return s;
 }
-// each a + c*b is one fused multiply-add, as torch's add_(b, alpha=c) and the numpy
-// kernel's BLAS axpy (host_blas.axpy) round it
 TR_HD void tr_sgd_update(const TrSgd& s, float& p, float g, float& buf) {
-    float d = s.use_wd ? fmaf(p, s.wd, g) : g;
+    float d = s.use_wd ? g + p * s.wd : g;
     if (s.use_momentum) {
         if (s.first) {
             buf = d;
         } else {
             buf = buf * s.momentum;
-            buf = fmaf(d, s.use_dampening ? s.one_minus_dampening : 1.0f, buf);
+            buf = buf + (s.use_dampening ? s.one_minus_dampening * d : d);
         }
-        d = s.nesterov ? fmaf(buf, s.momentum, d) : buf;
+        d = s.nesterov ? d + s.momentum * buf : buf;
     }
-    p = fmaf(d, s.neg_lr, p);
+    p = p + d * s.neg_lr;
 }
 
 struct TrAdam {
