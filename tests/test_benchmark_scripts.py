@@ -1,7 +1,7 @@
 """The benchmark scripts still run and print tables that parse: ``profile_step.py``,
-``forward.py`` and ``train.py`` on the smallest zoo model, a few steps, tr_onnx and PyTorch
-(the ORT training peer needs a venv of its own and is left out). Numbers are not checked, only
-that a ratio is printed and that both peers start from the same loss."""
+``forward.py``, ``train.py`` and ``step_ab.py`` on the smallest zoo model, a few steps, tr_onnx
+and PyTorch (the ORT training peer needs a venv of its own and is left out). Numbers are not
+checked, only that a ratio is printed and that both peers start from the same loss."""
 
 from __future__ import annotations
 
@@ -64,3 +64,13 @@ def test_forward_prints_a_ratio_per_model():
     ours, ort = float(mlp[3]), float(mlp[5])  # printed to 3 decimals, the ratio from the times
     assert ours > 0 and ort > 0 and re.fullmatch(r"\d+\.\d\dx", mlp[6])
     assert abs(float(mlp[6][:-1]) - ours / ort) < 0.02 * ours / ort
+
+
+def test_step_ab_prints_a_row_per_variant_against_the_first():
+    out = run_script("step_ab.py", "--model", "mlp", "--steps", "3", "--warmup", "1",
+                     "--rounds", "1", "--variant", "base=",
+                     "--variant", "no_cblas=TR_ONNX_NO_CBLAS=1")
+    base, other = rows(out, "base"), rows(out, "no_cblas")
+    assert base and other
+    assert base[0][-1] == "1.00x" and re.fullmatch(r"\d+\.\d+x", other[0][-1])
+    assert float(other[0][1]) > 0
