@@ -32,6 +32,7 @@ from peer_common import ROOT, SHAPES
 CLASSES = 10
 WORKER = """
 import json, sys, time
+from pathlib import Path
 import numpy as np
 import tr_onnx
 spec = json.loads(sys.argv[1])
@@ -45,7 +46,7 @@ for i in range(spec["warmup"] + spec["steps"]):
     session.train_step({"input": x}, y)
     if i >= spec["warmup"]:
         times.append((time.perf_counter() - start) * 1e3)
-print(json.dumps(times))
+print(json.dumps({"times": times, "tr_onnx": str(Path(tr_onnx.__file__).parent)}))
 """
 
 
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
                            "batch": batch, "steps": args.steps, "warmup": args.warmup,
                            "classes": CLASSES})
         times: dict[str, list[float]] = {name: [] for name, _, _ in args.variant}
+        trees: dict[str, str] = {}
         for _ in range(args.rounds):
             for name, env, tree in args.variant:
                 run_env = dict(os.environ, **env)
@@ -105,22 +107,27 @@ def main(argv=None) -> int:
                     run_env[var] = str(args.threads)
                 run_env["PYTHONPATH"] = os.pathsep.join(
                     p for p in (tree or str(ROOT), os.environ.get("PYTHONPATH")) if p)
+                # cwd: ``python -c`` puts it first on sys.path, before PYTHONPATH
                 proc = subprocess.run([sys.executable, "-c", WORKER, spec], env=run_env,
-                                      capture_output=True, text=True, check=False)
+                                      cwd=tmp, capture_output=True, text=True, check=False)
                 if proc.returncode != 0:
                     print(proc.stderr, file=sys.stderr)
                     return proc.returncode
-                times[name] += json.loads(proc.stdout.strip().splitlines()[-1])
+                result = json.loads(proc.stdout.strip().splitlines()[-1])
+                times[name] += result["times"]
+                trees[name] = result["tr_onnx"]
     base = peer_common.median(times[args.variant[0][0]])
     print(f"### {args.model} batch {batch}, {args.threads} threads, {args.rounds} rounds of "
           f"{args.warmup} + {args.steps} steps per variant, one process each\n")
-    print("| variant | ms median | min | p25 | p75 | p90 | median / first |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | ms median | min | p25 | p75 | p90 | median / first "
+          "| tr_onnx imported from |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, _, _ in args.variant:
         t = times[name]
         med = peer_common.median(t)
         print(f"| {name} | {med:.3f} | {min(t):.3f} | {percentile(t, 0.25):.3f} | "
-              f"{percentile(t, 0.75):.3f} | {percentile(t, 0.9):.3f} | {med / base:.2f}x |")
+              f"{percentile(t, 0.75):.3f} | {percentile(t, 0.9):.3f} | {med / base:.2f}x | "
+              f"{trees[name]} |")
     return 0
 
 

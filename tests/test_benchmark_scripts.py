@@ -72,5 +72,6 @@ def test_step_ab_prints_a_row_per_variant_against_the_first():
                      "--variant", "no_cblas=TR_ONNX_NO_CBLAS=1")
     base, other = rows(out, "base"), rows(out, "no_cblas")
     assert base and other
-    assert base[0][-1] == "1.00x" and re.fullmatch(r"\d+\.\d+x", other[0][-1])
+    assert base[0][-2] == "1.00x" and re.fullmatch(r"\d+\.\d+x", other[0][-2])
     assert float(other[0][1]) > 0
+    assert base[0][-1] == other[0][-1] == str(ROOT / "tr_onnx")  # this tree, not another
