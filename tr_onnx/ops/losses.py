@@ -87,13 +87,14 @@ def _log_softmax_class_last(x_cl, lp, m, s) -> None:
     np.subtract(lp, s, out=lp)
 
 
-def _pick(src, idx, flat, out) -> None:
-    """out[...] = src[..., label]: a flat take where src is contiguous (take_along_axis costs
-    ~12 us of Python per call), else take_along_axis (a label-sized temporary)."""
+def _picker(src, out):
+    """A call ``(indices [..., 1], flat positions) -> None`` writing out[...] = src[..., label]:
+    a flat take where src is contiguous (take_along_axis costs ~12 us of Python per call),
+    else take_along_axis (a label-sized temporary)."""
     if src.flags.c_contiguous:
-        np.take(src.reshape(-1), flat, out=out)
-    else:
-        np.copyto(out, np.take_along_axis(src, idx, axis=-1)[..., 0])
+        flat_src = src.reshape(-1)
+        return lambda idx, flat: np.take(flat_src, flat, out=out)
+    return lambda idx, flat: np.copyto(out, np.take_along_axis(src, idx, axis=-1)[..., 0])
 
 
 def _nll_forward(ctx, log_softmax: bool):
@@ -116,6 +117,7 @@ def _nll_forward(ctx, log_softmax: bool):
         m, s, loss = ws[m_ws], ws[s_ws], ws[loss_ws][..., 0]
         log_prob = np.moveaxis(outs[1], 1, -1) if has_log_prob else None
         label_in, weight_in, out = ins[1], ins[2] if has_weights else None, outs[0]
+        pick = _picker(src, loss)
 
         def run():
             if log_softmax:
@@ -123,7 +125,7 @@ def _nll_forward(ctx, log_softmax: bool):
                 if log_prob is not None:
                     np.copyto(log_prob, src, casting="same_kind")
             idx, flat, w = labels.prepare(label_in, weight_in, ws)
-            _pick(src, idx, flat, loss)
+            pick(idx, flat)
             if w is not None:
                 np.multiply(loss, w, out=loss)
             np.negative(loss, out=loss)

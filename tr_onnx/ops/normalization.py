@@ -135,10 +135,6 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     world = _sync_world(ctx)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-    # the sums and, last, the row count travel in one message when synchronised
-    mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
-    direct = acc == np.dtype(dtype)  # the centred map can live in y
-    d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
     fast = batch_norm_onednn.training(ctx, eps) if world is None else None
     if fast is not None:
@@ -151,6 +147,10 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
                                     (ws[a_ws], ws[b_ws]), momentum, correction, eps)
 
         return run_onednn
+    # the sums and, last, the row count travel in one message when synchronised
+    mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
+    direct = acc == np.dtype(dtype)  # the centred map can live in y
+    d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc, vectors=2)
 
     def run(ins, outs, ws):
