@@ -7,7 +7,9 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 from oracles import assert_close_relative, ort_run
 
 import tr_onnx
@@ -67,9 +69,30 @@ def test_transformer_shape_subgraphs_fold_away():
 
 
 def test_zoo_files_are_reproduced_by_the_export_script(tmp_path):
+    """Byte for byte, but for the last bits of values PyTorch computed while exporting: the
+    training-mode exports' BatchNorm running statistics come from a forward pass, whose
+    convolutions sum in another order on another CPU (AVX-512 vs AVX2: up to 3e-8 apart, about
+    1 ulp, in resnet_train.onnx). Everything else (graph, names, metadata, every other value)
+    must be identical."""
     from model_zoo.export_models import export_all
 
     paths = export_all(tmp_path)
     assert set(p.name for p in paths.values()) == {v["file"] for v in MANIFEST.values()}
     for p in paths.values():
-        assert filecmp.cmp(p, ZOO / p.name, shallow=False), f"{p.name} differs from model_zoo/"
+        if filecmp.cmp(p, ZOO / p.name, shallow=False):
+            continue
+        got, want = onnx.load(p), onnx.load(ZOO / p.name)
+        got_values, want_values = (
+            {i.name: numpy_helper.to_array(i) for i in m.graph.initializer} for m in (got, want))
+        assert got_values.keys() == want_values.keys(), p.name
+        moved = [k for k in got_values if k.endswith((".running_mean", ".running_var"))]
+        for name, value in got_values.items():
+            if name in moved:
+                np.testing.assert_allclose(value, want_values[name], rtol=1e-6, atol=1e-7,
+                                           err_msg=f"{p.name}: {name}")
+            else:
+                assert value.tobytes() == want_values[name].tobytes(), f"{p.name}: {name}"
+        for m in (got, want):
+            del m.graph.initializer[:]
+        assert got.SerializeToString() == want.SerializeToString(), \
+            f"{p.name} differs from model_zoo/ beyond its BatchNorm running statistics"

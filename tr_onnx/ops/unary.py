@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -628,12 +629,40 @@ def _onednn_gelu(ctx, infos):
         return None
     names = ("src", "dst") if primitive is forward else ("diff_dst", "src", "diff_src")
     scratch = onednn.scratchpad(ctx, primitive)
+    keep_inf = primitive is forward and _gelu_loses_inf(alg)
 
     def make(ins, outs, ws):
         views = [*ins[:len(names) - 1], outs[0]]
-        return [onednn.bind(primitive, [(n, md, v) for n, v in zip(names, views)], scratch, ws)]
+        bound = onednn.bind(primitive, [(n, md, v) for n, v in zip(names, views)], scratch, ws)
+        if keep_inf:
+            return [partial(_gelu_keeping_inf, bound, ins[0], outs[0])]
+        return [bound]
 
     return host_blas.prepared_step(make)
+
+
+@cache
+def _gelu_loses_inf(alg: int) -> bool:
+    """Whether oneDNN's forward ``alg`` gives NaN for +inf, where x * Phi(x) (and the chain of
+    nodes exporters emit) is +inf: its AVX-512 gelu_erf does, its AVX2 gelu_erf and its
+    gelu_tanh do not (oneDNN 3.2; AMD EPYC with AVX-512, 2026-12-02). Asked of the library
+    once per process, on full vectors and a tail."""
+    x = np.full(67, np.inf, np.float32)
+    y = np.empty_like(x)
+    md = onednn.MemoryDesc.strided(x.shape, x.strides)
+    onednn.execute_once(onednn.eltwise(alg, md), [("src", md, x), ("dst", md, y)])
+    return not bool(np.all(y == np.inf))
+
+
+def _gelu_keeping_inf(gelu, x: np.ndarray, y: np.ndarray) -> None:
+    """``gelu()`` (oneDNN, x -> y), then +inf where x was +inf. One max over x finds out
+    first (y may be x's own memory); only a run whose x holds +inf or NaN pays for the mask
+    (allocated then: a step with an infinite activation is rare, and its update is skipped)."""
+    top = np.maximum.reduce(x, axis=None)
+    where = x == np.inf if not top < np.inf else None
+    gelu()
+    if where is not None:
+        y[where] = np.inf
 
 
 def unary_numpy(entry: Elementwise):
