@@ -28,8 +28,8 @@ def spy_kernels(monkeypatch, module, names) -> list[str]:
     for name in names:
         real = getattr(module, name)
 
-        def spy(*args, real=real, name=name):
-            run = real(*args)
+        def spy(*args, real=real, name=name, **kwargs):
+            run = real(*args, **kwargs)
             if run is not None:
                 built.append(name)
             return run

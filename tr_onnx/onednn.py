@@ -300,15 +300,18 @@ def max_pooling(src: MemoryDesc, dst: MemoryDesc, strides, kernel, dilations, pa
     return Primitive(pd, [src, dst])
 
 
-def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc) -> Primitive:
-    """A matmul primitive: dst = src @ weights over the last two axes, for each index of the
-    leading (batch) axes."""
+def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc,
+           bias: MemoryDesc | None = None) -> Primitive:
+    """A matmul primitive: dst = src @ weights (+ bias, broadcast onto dst) over the last two
+    axes, for each index of the leading (batch) axes; an operand whose leading axes are 1 is
+    broadcast over the others'."""
     lib = library()
     pd = _P()
     lib.check(lib.lib.dnnl_matmul_primitive_desc_create(
-        ctypes.byref(pd), lib.engine, src.handle, weights.handle, None, dst.handle, lib.attr),
+        ctypes.byref(pd), lib.engine, src.handle, weights.handle,
+        bias.handle if bias is not None else None, dst.handle, lib.attr),
         "matmul primitive descriptor")
-    return Primitive(pd, [src, weights, dst])
+    return Primitive(pd, [src, weights, dst, bias])
 
 
 def layer_normalization(data: MemoryDesc, stats: MemoryDesc, epsilon: float, flags: int,

@@ -40,6 +40,12 @@ def gemm_numpy(ctx):
         raise ctx.error(f"A {list(a_shape)} (transA={int(trans_a)}) and B {list(b_shape)} "
                         f"(transB={int(trans_b)}) are not matrices whose product is defined")
     has_c = ctx.has_input(2) and beta != 0.0
+    if alpha == 1.0 and (not has_c or beta == 1.0):
+        fast = _onednn_product(ctx, [(ctx.inputs[0], trans_a), (ctx.inputs[1], trans_b),
+                                     (ctx.outputs[0], False)], need_own_kernel=True,
+                               bias=ctx.inputs[2] if has_c else None)
+        if fast is not None:
+            return fast
     dtype = ctx.outputs[0].dtype
     alpha_t, beta_t = dtype.type(alpha), dtype.type(beta)
     scaled_c = ctx.workspace(ctx.inputs[2].shape, dtype) if has_c and beta != 1.0 else None
@@ -61,39 +67,108 @@ def gemm_numpy(ctx):
 _ONEDNN_MATRIX_MACS = 32 ** 3
 
 
-def _onednn_stacked(ctx):
-    """Stacked matrix products with both operands stacked alike ([..., M, K] @ [..., K, N],
-    the same leading axes: attention's Q @ K^T and P @ V) in float32 through oneDNN's matmul:
-    one call whose threads split the stack, where np.matmul calls BLAS once per matrix (BERT's
-    [8, 4, 64, 64] @ [8, 4, 64, 64]: 32 GEMMs of 64x64x64, 0.30-0.34 ms; oneDNN 0.18 ms;
-    2 threads, 2026-12-02). Below 32x32x32 products per matrix NumPy's loop is as fast or
-    faster (its call costs less than oneDNN's: [32, 4, 8, 8] 36 vs 75 us, [8, 4, 16, 16] 21
-    vs 26 us; [8, 4, 32, 32] 80 vs 46 us). None there, where oneDNN is not installed, for other
-    dtypes or shapes, or where oneDNN offers only its reference loop."""
-    infos = (ctx.inputs[0], ctx.inputs[1], ctx.outputs[0])
-    a, b, y = infos
-    rank = len(y.shape)
-    if rank < 3 or rank > onednn.MAX_DIMS or len(a.shape) != rank or len(b.shape) != rank \
-            or a.shape[:-2] != b.shape[:-2] or any(i.dtype != np.float32 for i in infos) \
-            or 0 in a.shape or 0 in b.shape \
-            or a.shape[-2] * a.shape[-1] * b.shape[-1] < _ONEDNN_MATRIX_MACS \
-            or not onednn.available():
+def _matrices(shape, strides, trans: bool, fold: bool):
+    """(dims, element strides) of a float32 operand as oneDNN's matmul reads it: the last two
+    axes swapped for ``trans``; ``fold``: a stack of matrices whose rows lie evenly apart read
+    as one matrix of all the rows, where its strides allow."""
+    shape, strides = [int(n) for n in shape], [int(s) // 4 for s in strides]
+    if trans:
+        shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
+    if fold and len(shape) > 2 and all(strides[i] == strides[i + 1] * shape[i + 1]
+                                       for i in range(len(shape) - 2)):
+        shape, strides = [math.prod(shape[:-1]), shape[-1]], strides[-2:]
+    return shape, strides
+
+
+def _product_geometry(operands, fold: bool) -> list[tuple[tuple, tuple]]:
+    """(dims, element strides) of the source, weights, destination (and bias) given as
+    (shape, byte strides, transposed): with ``fold`` (a stack times one matrix), the source's
+    and destination's rows as one matrix where both allow it; then leading axes of size 1
+    added up to the longest (an operand broadcast over the others' stack)."""
+    mats = [_matrices(shape, strides, trans, False) for shape, strides, trans in operands]
+    if fold:
+        folded = [_matrices(*operands[i], True) for i in (0, 2)]
+        if all(len(d) == 2 for d, _ in folded):
+            mats[0], mats[2] = folded
+    rank = max(len(d) for d, _ in mats)
+    return [(tuple([1] * (rank - len(d)) + d),
+             tuple([math.prod(d)] * (rank - len(d)) + s)) for d, s in mats]
+
+
+def own_kernel(implementation: str) -> bool:
+    """Whether oneDNN runs a matmul on its own blocked kernels ("brg...": AVX-512 and newer),
+    not its generic GEMM ("gemm:jit")."""
+    return implementation.startswith("brg")
+
+
+def _onednn_product(ctx, operands, need_own_kernel: bool, bias=None):
+    """A float32 matrix product as one oneDNN matmul: ``operands`` are the (ctx info,
+    transposed) of the source, weights and destination, ``bias`` the info of a tensor
+    broadcast onto the destination and added (Gemm's C). A 2-D weight under a stacked source
+    (a transformer's x @ W) is one GEMM over the stack's rows where the strides allow. None
+    where oneDNN is not installed, the operands are not float32, the products are below
+    32x32x32 (NumPy's call costs less), oneDNN refuses them or offers only its reference
+    loop, or (``need_own_kernel``) offers only its generic GEMM.
+
+    Its own blocked kernels ("brg", on AVX-512 machines) ran GEMMs 2x faster than NumPy's
+    OpenBLAS under this machine's OPENBLAS_CORETYPE=Haswell and 1.1-1.2x without it ([512,
+    256] @ [256, 1024]: 638 vs 1208 / 681 us; [32, 64] @ [64, 128] with a bias: 3.7 vs 7.9
+    us; 2 threads, AMD EPYC with AVX-512, 2026-12-02). Held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2)
+    it picks its generic "gemm:jit", as fast as OpenBLAS on large products and slower on
+    small ones ([32, 128] @ [128, 64]: 8.4 vs 7.9 us). So a single product takes oneDNN only
+    with its own kernels; stacks of matrices take it either way (NumPy calls BLAS once per
+    matrix)."""
+    infos = [info for info, _ in operands] + ([bias] if bias is not None else [])
+    if any(i.dtype != np.float32 or 0 in i.shape for i in infos) or not onednn.available():
         return None
-    mds = [onednn.MemoryDesc.strided(i.shape, i.layout.view_strides(4)) for i in infos]
+    fold = len(operands[1][0].shape) == 2
+    trans = [t for _, t in operands] + [False]
+    geometry = _product_geometry(
+        [(i.shape, i.layout.view_strides(4), t) for i, t in zip(infos, trans)], fold)
+    if len(geometry[0][0]) > onednn.MAX_DIMS:
+        return None
+    (a_dims, _), (b_dims, _), *_ = geometry
+    if a_dims[-2] * a_dims[-1] * b_dims[-1] < _ONEDNN_MATRIX_MACS:
+        return None
+    mds = [onednn.MemoryDesc.strided(dims, [s * 4 for s in strides])
+           for dims, strides in geometry]
     try:
-        primitive = onednn.matmul(*mds)
+        primitive = onednn.matmul(*mds[:3], bias=mds[3] if bias is not None else None)
     except onednn.OneDnnError:
         return None
-    if primitive.implementation.startswith("ref"):
+    implementation = primitive.implementation
+    if implementation.startswith("ref") or (need_own_kernel and
+                                            not own_kernel(implementation)):
         return None
     scratch = onednn.scratchpad(ctx, primitive)
+    names = ("src", "weights", "dst", "bias")
 
     def make(ins, outs, ws):
-        views = (ins[0], ins[1], outs[0])
-        return [onednn.bind(primitive, list(zip(("src", "weights", "dst"), mds, views)),
-                            scratch, ws)]
+        views = [ins[0], ins[1], outs[0]] + ([ins[2]] if bias is not None else [])
+        got = _product_geometry([(v.shape, v.strides, t) for v, t in zip(views, trans)], fold)
+        if got != geometry:  # the executor hands a kernel the views the plan described
+            raise ctx.error(f"oneDNN matmul planned for {geometry}, given {got}")
+        return [onednn.bind(primitive, list(zip(names, mds, views)), scratch, ws)]
 
     return host_blas.prepared_step(make)
+
+
+def _onednn_stacked(ctx):
+    """MatMul in float32 through oneDNN (``_onednn_product``): stacked matrix products with
+    the same leading axes (attention's Q @ K^T and P @ V) are one call whose threads split the
+    stack, where np.matmul calls BLAS once per matrix (BERT's [8, 4, 64, 64] @ [8, 4, 64, 64]:
+    32 GEMMs of 64x64x64, 0.30-0.34 ms; oneDNN 0.18 ms; 2 threads, 2026-12-02); below
+    32x32x32 products per matrix NumPy's loop is as fast or faster ([32, 4, 8, 8] 36 vs 75 us,
+    [8, 4, 16, 16] 21 vs 26 us; [8, 4, 32, 32] 80 vs 46 us). A 2-D product or a stack times
+    one matrix (one GEMM over the rows) takes oneDNN only where it has its own kernels."""
+    a, b, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        return None
+    stacked_alike = len(a.shape) == len(b.shape) >= 3 and a.shape[:-2] == b.shape[:-2]
+    if not stacked_alike and (len(a.shape) != len(y.shape) or len(b.shape) != 2):
+        return None
+    return _onednn_product(ctx, [(a, False), (b, False), (y, False)],
+                           need_own_kernel=not stacked_alike)
 
 
 def matmul_numpy(ctx):
