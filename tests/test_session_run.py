@@ -102,3 +102,31 @@ def test_an_evicted_plan_takes_its_prepared_run_and_arena_with_it():
     gc.collect()
     assert executor() is None
     assert len(session._runs) == len(session._bound) == 1
+
+
+def _dividing_model():
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["a", "b"], ["y"])], "div",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("a", "b")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_run_follows_ieee_silently_and_leaves_the_callers_error_state_alone():
+    """1/0, 0/0 and overflow give inf and NaN without a warning or an exception, whatever the
+    caller's np.errstate; after the run, and after a feed that failed its check, the caller's
+    state is back in force (the executor sets NumPy's error state itself, not through
+    np.errstate)."""
+    session = tr_onnx.InferenceSession(_dividing_model())
+    feed = {"a": np.array([1, 0, 3e38], np.float32), "b": np.array([0, 0, 1e-38], np.float32)}
+    with np.errstate(all="raise"):
+        (y,) = session.run(None, feed)
+        np.testing.assert_array_equal(y, [np.inf, np.nan, np.inf])
+        assert np.geterr() == {k: "raise" for k in ("divide", "over", "under", "invalid")}
+        with pytest.raises(tr_onnx.errors.TrOnnxError):
+            session.run(None, {"a": feed["a"], "b": np.zeros(4, np.float32)})
+        assert np.geterr()["divide"] == "raise"
+        with pytest.raises(FloatingPointError):
+            np.divide(np.float32(1), np.float32(0))

@@ -116,6 +116,7 @@ class InferenceSession:
                                                     external_data_dir=external_data_dir,
                                                     fold_limit_bytes=fold_limit_bytes)
         self.reuse_memory = reuse_memory
+        self._output_names = check_output_names(None, self.imported.outputs)  # run(None, ...)
 
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(s) for s in self.imported.inputs]
@@ -151,7 +152,8 @@ class InferenceSession:
             run_options=None) -> list[np.ndarray]:
         """Outputs named in ``output_names`` (all when None), as compact NCHW host arrays. A bad
         feed or output name is an ``InputError`` (``tr_onnx.feeds``) before anything runs."""
-        names = check_output_names(output_names, self.imported.outputs)
+        names = self._output_names if output_names is None else \
+            check_output_names(output_names, self.imported.outputs)
         signature = None if self.imported.const_feeds else _signature(input_feed)
         bound = self._runs.get(signature) if signature is not None else None
         if bound is None:

@@ -20,6 +20,17 @@ from ..memory import (
 )
 from . import ExecutorAPI, HostTransfers
 
+# NumPy 2 keeps its floating-point error handling in a context variable, which np.errstate
+# sets and resets: done here directly it costs 0.2 us where the context manager costs 0.75 us
+# per run (the zoo MLP's whole inference run is ~16 us). Any other NumPy: np.errstate.
+try:
+    from numpy._core.umath import _extobj_contextvar as _FP_STATE
+    from numpy._core.umath import _make_extobj as _make_fp_state
+
+    _FP_STATE.reset(_FP_STATE.set(_make_fp_state(all="ignore")))
+except (ImportError, AttributeError, TypeError, ValueError):
+    _FP_STATE = _make_fp_state = None
+
 
 class KernelError(TrOnnxError):
     """A kernel failed while running; the message names the node."""
@@ -136,8 +147,16 @@ class NumpyExecutor(HostTransfers):
         the padded lanes of what it wrote are still zero, and names the node that broke them.
         Floating-point exceptions follow IEEE (log(0) = -inf, 0/0 = nan) silently, as in other
         ONNX runtimes."""
-        with np.errstate(all="ignore"):
-            self._run(check_pads, self.steps if phase is None else self.phases.get(phase, []))
+        steps = self.steps if phase is None else self.phases.get(phase, [])
+        if _FP_STATE is None:
+            with np.errstate(all="ignore"):
+                self._run(check_pads, steps)
+            return
+        token = _FP_STATE.set(_make_fp_state(all="ignore"))  # np.errstate(all="ignore")
+        try:
+            self._run(check_pads, steps)
+        finally:
+            _FP_STATE.reset(token)
 
     def _run(self, check_pads: bool, steps: list[BoundStep]) -> None:
         for step in steps:
