@@ -166,3 +166,34 @@ def test_gemm_gradients_run_in_onednn_and_match_torch(built):
     for got, want in ((y, ty.detach()), (grads["x0"], tx.grad), (grads["x1"], tw.grad),
                       (grads["x2"], tb.grad)):
         np.testing.assert_allclose(got, want.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def test_a_prepared_step_raises_a_failed_onednn_status_and_ignores_other_results():
+    """A prepared step runs a bound primitive through its ``execute`` (its status returned,
+    no Python frame of its own): a nonzero status raises OneDnnError naming the
+    implementation; a NumPy call's returned array is not a status."""
+    from tr_onnx import host_blas
+
+    require_onednn()
+    dims = [(M, K), (K, N), (M, N)]
+    mds = [onednn.MemoryDesc.strided(d, (d[1] * 4, 4)) for d in dims]
+    primitive = onednn.matmul(*mds)
+    a, b, y = rand(M, K), rand(K, N), np.empty((M, N), np.float32)
+    md = primitive.md("scratchpad")
+    scratch = (md, 0) if md.nbytes else None
+    ws = [np.empty(md.nbytes // 4 + 1, np.float32)]
+    failing = []
+
+    def make(ins, outs, ws):
+        bound = onednn.bind(primitive, list(zip(("src", "weights", "dst"), mds,
+                                                (*ins, outs[0]))), scratch, ws)
+        if failing:
+            bound.execute = lambda: 5  # as dnnl_primitive_execute reports a failure
+        return [bound, lambda: np.add(outs[0], 1, out=outs[0])]  # returns an array
+
+    step = host_blas.prepared_step(make)
+    step([a, b], [y], ws)
+    np.testing.assert_allclose(y, a @ b + 1, rtol=1e-5, atol=1e-5)
+    failing.append(True)
+    with pytest.raises(onednn.OneDnnError, match=r"oneDNN execute \(.+\) failed with status 5"):
+        step([a, b], [y.copy()], ws)  # other views: the calls are made again

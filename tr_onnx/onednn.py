@@ -19,7 +19,7 @@ import importlib.metadata
 import math
 import os
 import sys
-from functools import cache
+from functools import cache, partial
 
 import numpy as np
 
@@ -385,15 +385,18 @@ class Bound:
             self.arrays.append((md, array))
             pairs.append(_Arg(ARG[name], memory))
         self.args = (_Arg * len(pairs))(*pairs)
-        self.call = (lib.lib.dnnl_primitive_execute, primitive.handle, lib.stream, len(pairs),
-                     ctypes.cast(self.args, _P))
+        # returns oneDNN's status: a prepared step calls this and ``failed`` (host_blas)
+        self.execute = partial(lib.lib.dnnl_primitive_execute, primitive.handle, lib.stream,
+                               len(pairs), ctypes.cast(self.args, _P))
 
     def __call__(self) -> None:
-        fn, *args = self.call
-        status = fn(*args)
+        status = self.execute()
         if status != 0:
-            raise OneDnnError(f"oneDNN execute ({self.primitive.implementation}) failed with "
-                              f"status {status}")
+            self.failed(status)
+
+    def failed(self, status: int) -> None:
+        raise OneDnnError(f"oneDNN execute ({self.primitive.implementation}) failed with "
+                          f"status {status}")
 
     def __del__(self):
         for memory in self.memories:

@@ -65,8 +65,9 @@ _EXACT = ("unfused",)  # the key suffix of a plan without limits on its inputs' 
 def _within(feed, names: tuple[str, ...], limit: float) -> bool:
     """Whether the named inputs are finite and within +-``limit`` (NaN fails both tests)."""
     for name in names:
-        x = feed[name]
-        if x.size and not (x.max() <= limit and x.min() >= -limit):
+        x = feed[name]  # the ufuncs' reduce: 2.2 us on LeNet's [32, 1, 8, 8], x.max/min 2.9
+        if x.size and not (np.maximum.reduce(x, axis=None) <= limit and
+                           np.minimum.reduce(x, axis=None) >= -limit):
             return False
     return True
 
