@@ -49,14 +49,21 @@ TORCH_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
 FAST = {"3x3_pad": KERNELS, "stride2": KERNELS, "depthwise": KERNELS,
         "depthwise_stride2_mult": KERNELS, "stem_7x7": KERNELS,
         "pointwise_stride2": ("conv_onednn", "conv_grad_data_onednn")}
-# conv_onednn.preferred: which kernels oneDNN runs by shape (the rest NumPy runs faster)
+# conv_onednn.preferred: which kernels oneDNN runs by shape (the rest NumPy runs faster), where
+# oneDNN runs AVX2 and where it runs AVX-512 (windows wider than 1x1 up to weights 32x the map)
+ALL = KERNELS
 RULE = {
     "resnet18_layer4": (((8, 512, 2, 2), (512, 512, 3, 3), 1, 1, 1, 1),
-                        ("conv_grad_data_onednn",)),
+                        ("conv_grad_data_onednn",), ("conv_grad_data_onednn",)),
+    "resnet18_layer2": (((2, 128, 8, 8), (128, 128, 3, 3), 1, 1, 1, 1),
+                        ("conv_grad_data_onednn",), ALL),
+    "layer4_stride2": (((2, 64, 4, 4), (128, 64, 3, 3), 2, 1, 1, 1), (), ()),
+    "layer3_stride2": (((2, 32, 8, 8), (64, 32, 3, 3), 2, 1, 1, 1), (), ALL),
     "stem": (((2, 3, 32, 32), (16, 3, 7, 7), 2, 3, 1, 1),
-             ("conv_onednn", "conv_grad_filter_onednn")),
-    "pointwise": (((2, 16, 8, 8), (32, 16, 1, 1), 1, 0, 1, 1), ("conv_onednn",)),
-    "depthwise": (CASES["depthwise"], KERNELS),
+             ("conv_onednn", "conv_grad_filter_onednn"), ALL),
+    "pointwise": (((2, 16, 8, 8), (32, 16, 1, 1), 1, 0, 1, 1), ("conv_onednn",),
+                  ("conv_onednn",)),
+    "depthwise": (CASES["depthwise"], KERNELS, KERNELS),
 }
 
 
@@ -126,10 +133,14 @@ def test_conv_matches_torch_and_numpy(spec_id, align, used, monkeypatch):
 
 
 @pytest.mark.parametrize("case_id", list(RULE))
-def test_shape_rule_picks_the_faster_library(case_id, used):
-    spec, kernels = RULE[case_id]
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_shape_rule_picks_the_faster_library(case_id, isa, used, monkeypatch):
+    """Each ISA's rule, whichever this machine has (oneDNN's AVX2 kernels run the AVX-512
+    rule's choices as well; the numbers are checked either way)."""
+    spec, avx2_kernels, avx512_kernels = RULE[case_id]
+    monkeypatch.setattr(onednn, "avx512", lambda: isa == "avx512")
     inputs, got = _ours(spec, 1, he_init=True)
-    assert sorted(set(used)) == sorted(kernels)
+    assert sorted(set(used)) == sorted(avx512_kernels if isa == "avx512" else avx2_kernels)
     _close(got, _torch(spec, *inputs))
 
 

@@ -139,6 +139,19 @@ def available() -> bool:
     return library() is not None
 
 
+# dnnl_cpu_isa_t (oneDNN 3.x): avx2 0x7, avx512_core 0x27, +vnni 0x67, +bf16 0xe7, newer ones
+# add bits above: 0x20 marks the AVX-512 family
+_ISA_AVX512 = 0x20
+
+
+@cache
+def avx512() -> bool:
+    """Whether oneDNN runs its AVX-512 kernels here (the CPU has them and ONEDNN_MAX_CPU_ISA
+    does not hold it lower)."""
+    lib = library()
+    return lib is not None and bool(lib.lib.dnnl_get_effective_cpu_isa() & _ISA_AVX512)
+
+
 class MemoryDesc:
     """A memory descriptor handle, destroyed with this object."""
 

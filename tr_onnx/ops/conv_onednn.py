@@ -76,10 +76,21 @@ def usable(win: Window, dtype) -> bool:
             and geometry(win) is not None)
 
 
+# On AVX-512 machines oneDNN's convolutions of windows wider than 1x1 won while the weights
+# were up to ~20x the map they make (ResNet-18 at 64x64, batch 8, training, per node, 2 threads,
+# AMD EPYC with AVX-512, 2026-12-02: 128x128x3x3 on 8x8 forward 1.20 vs 0.38 ms, weight
+# gradient 0.86 vs 0.37; 256x256x3x3 on 4x4, 18x, 1.15 vs 0.63 and 0.84 vs 0.51; stride-2
+# data gradients 0.59 vs 0.24 and 0.57 vs 0.29) and lost past ~70x (512x512x3x3 on 2x2, 144x:
+# 1.15 vs 1.38 forward; 256 -> 512 3x3 stride 2, 72x: 0.59 vs 0.86, weight gradient 0.56 vs
+# 0.75, data gradient 0.71 vs 0.86). 1x1 windows keep the rule below (one GEMM in NumPy:
+# ResNet-18's 1x1 downsample weight gradient 0.07 vs 0.19 ms).
+AVX512_WEIGHTS_PER_MAP = 32
+
+
 def preferred(name: str, ctx, win: Window, group: int) -> bool:
     """Whether oneDNN's kernel ``name`` should run this node rather than conv.py's NumPy one,
     by the shapes where each won, measured kernel by kernel on ResNet-18 and MobileNetV2 at
-    64x64, batch 8 (2 threads, 2026-12-01):
+    64x64, batch 8 (2 threads, 2026-12-01, an AVX2 machine):
 
     - grouped convolutions: oneDNN (NumPy loops over groups: depthwise 3x3 3.0-3.5 ms vs 0.2-0.3);
     - forward and weight gradient: oneDNN while the weights are smaller than the output map
@@ -90,6 +101,9 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
     - data gradient: oneDNN for stride-1 windows wider than 1x1 (512x512x3x3 on 2x2: 6 vs
       19 ms), NumPy for 1x1 (one GEMM: 0.2 vs 0.4 ms) and strided windows (its strided
       scatter: 512x256x3x3 stride 2: 1.4 vs 4.3 ms).
+
+    Where oneDNN runs AVX-512, windows wider than 1x1 take it up to weights
+    ``AVX512_WEIGHTS_PER_MAP`` times the map, strided data gradients included.
     """
     if group > 1:
         return True
@@ -98,11 +112,18 @@ def preferred(name: str, ctx, win: Window, group: int) -> bool:
         # ResNet-18 inference layer but the 1x1 ones (a tie), 512x512x3x3 on 8x2x2 included
         # (1.2-1.8 vs 2.1-2.8 ms), 2026-12-02
         return True
+    wide = any(k > 1 for k in win.kernel)
+    per_map = AVX512_WEIGHTS_PER_MAP if wide and onednn.avx512() else 1
     if name == "conv_grad_data_onednn":
-        return all(s == 1 for s in win.strides) and any(k > 1 for k in win.kernel)
-    weights = ctx.outputs[0] if name == "conv_grad_filter_onednn" else ctx.inputs[1]
-    out_map = ctx.outputs[0] if name == "conv_onednn" else ctx.inputs[1]
-    return int(np.prod(weights.shape)) < int(np.prod(out_map.shape))
+        if not wide or (per_map == 1 and any(s != 1 for s in win.strides)):
+            return False
+        if all(s == 1 for s in win.strides):
+            return True
+        weights, out_map = ctx.inputs[1], ctx.inputs[0]  # (gy, w): gy is the map it reads
+    else:
+        weights = ctx.outputs[0] if name == "conv_grad_filter_onednn" else ctx.inputs[1]
+        out_map = ctx.outputs[0] if name == "conv_onednn" else ctx.inputs[1]
+    return int(np.prod(weights.shape)) < per_map * int(np.prod(out_map.shape))
 
 
 def _primitives(kind, src_info, w_info, dst_info, win, group, with_bias=False, post_ops=None):
