@@ -182,13 +182,13 @@ def test_stacked_matmul_runs_in_onednn_and_its_gradients_match_torch(case, monke
     from tr_onnx.training.gradients import vjp
 
     require_onednn()
-    built = spy_kernels(monkeypatch, matmul, ["_onednn_stacked"])
+    built = spy_kernels(monkeypatch, matmul, ["_onednn_matmul"])
     shape_a, shape_b = STACKED[case]
     a, b = rand(*shape_a), rand(*shape_b)
     model = build_model(GradCase("MatMul", "MatMul", [a, b], {}))
     cot = rand(*np.matmul(a, b).shape)
     y, grads = vjp(model, {"x0": a, "x1": b}, ["x0", "x1"], cot)
-    assert built == ["_onednn_stacked"] * 3  # the forward and both gradients' MatMuls
+    assert built == ["_onednn_matmul"] * 3  # the forward and both gradients' MatMuls
     ta, tb = (torch.tensor(v, requires_grad=True) for v in (a, b))
     ty = ta @ tb
     ty.backward(torch.tensor(cot))
@@ -197,7 +197,7 @@ def test_stacked_matmul_runs_in_onednn_and_its_gradients_match_torch(case, monke
 
 
 def test_small_stacked_products_stay_in_numpy(monkeypatch):
-    built = spy_kernels(monkeypatch, matmul, ["_onednn_stacked"])
+    built = spy_kernels(monkeypatch, matmul, ["_onednn_matmul"])
     feeds = {"a": rand(32, 4, 8, 8), "b": rand(32, 4, 8, 8)}
     check(model_of("MatMul", feeds, {}, {}, 13), feeds)
     assert built == []

@@ -153,7 +153,7 @@ def _onednn_product(ctx, operands, need_own_kernel: bool, bias=None):
     return host_blas.prepared_step(make)
 
 
-def _onednn_stacked(ctx):
+def _onednn_matmul(ctx):
     """MatMul in float32 through oneDNN (``_onednn_product``): stacked matrix products with
     the same leading axes (attention's Q @ K^T and P @ V) are one call whose threads split the
     stack, where np.matmul calls BLAS once per matrix (BERT's [8, 4, 64, 64] @ [8, 4, 64, 64]:
@@ -175,7 +175,7 @@ def matmul_numpy(ctx):
     """A stack of matrices times one matrix (a transformer's ``x @ W``, x [N, T, K]) is one
     GEMM over the stack's rows when x and y are contiguous: np.matmul would call BLAS once per
     matrix of the stack ([8, 64, 256] @ [256, 1024]: 2.85 ms as 8 GEMMs, 2.25 ms as one)."""
-    fast = _onednn_stacked(ctx)
+    fast = _onednn_matmul(ctx)
     if fast is not None:
         return fast
     stacked = len(ctx.inputs[0].shape) >= 3 and len(ctx.inputs[1].shape) == 2
