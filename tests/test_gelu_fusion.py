@@ -224,3 +224,26 @@ def test_onednn_gelu_special_values_are_numpys(approximate, monkeypatch):
     for got, want in ((fast[0], numpy_kernels[0]), (fast[1]["x"], numpy_kernels[1]["x"])):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_restoring_inf_after_onednn_gelu(approximate, monkeypatch):
+    """Where oneDNN's gelu loses +inf (its AVX-512 gelu_erf: ``unary._gelu_loses_inf``), the
+    kernel puts +inf back where x is +inf and changes nothing else; forced here, so that the
+    path runs on any machine. A run without +inf (or NaN) in x skips the mask."""
+    require_onednn()
+    monkeypatch.setattr(unary, "_gelu_loses_inf", lambda alg: True)
+    x = _grid()
+    x[0, :4] = [np.inf, np.nan, -np.inf, np.inf]
+    session = tr_onnx.InferenceSession(_gelu_model(x.shape, approximate))
+    with np.errstate(all="ignore"):
+        (y,) = session.run(None, {"x": x})
+        monkeypatch.setattr(unary, "_onednn_gelu", lambda ctx, infos: None)
+        (want,) = tr_onnx.InferenceSession(_gelu_model(x.shape, approximate)).run(
+            None, {"x": x})
+    assert y[0, 0] == np.inf and y[0, 3] == np.inf and np.isnan(y[0, 1])
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_allclose(y[~np.isnan(y)], want[~np.isnan(want)], rtol=1e-5, atol=1e-6)
+    finite = _grid()
+    (y_finite,) = session.run(None, {"x": finite})
+    assert np.all(np.isfinite(y_finite))

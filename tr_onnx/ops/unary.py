@@ -650,7 +650,10 @@ def _gelu_loses_inf(alg: int) -> bool:
     x = np.full(67, np.inf, np.float32)
     y = np.empty_like(x)
     md = onednn.MemoryDesc.strided(x.shape, x.strides)
-    onednn.execute_once(onednn.eltwise(alg, md), [("src", md, x), ("dst", md, y)])
+    try:
+        onednn.execute_once(onednn.eltwise(alg, md), [("src", md, x), ("dst", md, y)])
+    except onednn.OneDnnError:
+        return True  # not asked: the kernel then restores +inf whatever the library does
     return not bool(np.all(y == np.inf))
 
 
