@@ -358,3 +358,31 @@ def test_max_pool_of_a_proven_input_runs_onednn(monkeypatch, attrs, align):
     want = _unfused(monkeypatch, model, {"x": x}, channel_align=align)[0][0]
     assert np.isnan(got).any()
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_input_check_at_the_limit(dtype):
+    """The per-run check of a fused plan's inputs (a sum of squares first, then the max and
+    the min): a value just past the limit fails wherever it sits, among many values whose
+    squares add up past the limit too; values at the limit, and many values whose squares
+    together exceed it, pass; NaN and infinities fail; strided and empty inputs are checked
+    as well."""
+    from tr_onnx.session import _within
+
+    limit = 100.0
+    just_past = np.nextafter(dtype(limit), dtype(np.inf))
+    x = np.full(10_000, limit * 0.3, dtype)  # sum of squares 9e6 > limit^2: max/min decide
+    assert _within({"x": x}, ("x",), limit)
+    small = np.ones(64, dtype)  # sum of squares 64 <= (limit / 2)^2: the dot decides
+    assert _within({"x": small}, ("x",), limit)
+    for base in (x, small):
+        for where in (0, len(base) // 2, -1):
+            for value in (just_past, -just_past, np.nan, np.inf, -np.inf):
+                bad = base.copy()
+                bad[where] = value
+                assert not _within({"x": bad}, ("x",), limit), (len(base), where, value)
+    assert _within({"x": np.full(64, -limit, dtype)}, ("x",), limit)
+    strided = np.zeros((8, 8), dtype)[:, ::2]
+    strided[3, 1] = just_past
+    assert not _within({"x": strided}, ("x",), limit)
+    assert _within({"x": np.zeros((0, 3), dtype)}, ("x",), limit)

@@ -63,13 +63,27 @@ _EXACT = ("unfused",)  # the key suffix of a plan without limits on its inputs' 
 
 
 def _within(feed, names: tuple[str, ...], limit: float) -> bool:
-    """Whether the named inputs are finite and within +-``limit`` (NaN fails both tests)."""
+    """Whether the named inputs are finite and within +-``limit`` (NaN fails both tests).
+
+    A sum of squares first, one BLAS dot (0.6-0.8 us on LeNet's [32, 1, 8, 8] and the MLP's
+    [32, 64], where the max and the min take 2.2-2.8): at most (limit / 2)^2, every |x| is
+    below the limit, float32 rounding included for fewer than 10^7 elements (the sum is then
+    within 60% of the exact one). A larger sum, inf or NaN leaves it to the max and the min."""
     for name in names:
-        x = feed[name]  # the ufuncs' reduce: 2.2 us on LeNet's [32, 1, 8, 8], x.max/min 2.9
-        if x.size and not (np.maximum.reduce(x, axis=None) <= limit and
-                           np.minimum.reduce(x, axis=None) >= -limit):
+        x = feed[name]
+        if not x.size:
+            continue
+        if x.size < _SQUARES_EXACT_ENOUGH and x.flags.c_contiguous:
+            flat = x.reshape(-1)
+            if np.dot(flat, flat) <= (limit / 2) ** 2:
+                continue
+        if not (np.maximum.reduce(x, axis=None) <= limit and
+                np.minimum.reduce(x, axis=None) >= -limit):
             return False
     return True
+
+
+_SQUARES_EXACT_ENOUGH = 10 ** 7
 
 
 class InferenceSession:
