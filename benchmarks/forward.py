@@ -35,37 +35,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, help=f"timed runs; default {ZOO_REPEAT} for zoo models, "
                    f"{BENCH_REPEAT} for the others")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help="blocks per runtime, taking turns (each a share of --repeat)")
     p.add_argument("--blas-env", choices=peer_common.BLAS_MODES, default="both",
                    help="OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as given, unset, or both runs")
     # set by the parent process for the run of one OpenBLAS setting
     p.add_argument("--blas-setting", help=argparse.SUPPRESS)
     p.add_argument("--bench-dir", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     args.models = [m for m in args.models.split(",") if m]
     if peer_common.check_models(args.models):
         p.error(peer_common.check_models(args.models))
     return args
 
 
-def interleaved_median_ms(fns, repeat: int, rounds: int = ROUNDS) -> list[float]:
-    """Median ms per call of each of ``fns``: ``repeat`` timed calls each, made in ``rounds``
-    blocks that take turns (each block after 3 untimed calls). On a shared VM the machine's
-    speed drifts by up to 2x between seconds; timing all of one runtime's calls and then all
-    of the other's would put that drift into the ratio. Blocks, not single calls, and an idle
-    pause before each: a runtime's threads spin for a while after its call (onnxruntime's by
-    default), and on 2 cores they slowed the next runtime's calls by up to 2x (MobileNetV2:
-    15.7 ms right after onnxruntime's calls, 7.6 ms alone)."""
-    times = [[] for _ in fns]
+def interleaved_blocks_ms(fns, repeat: int, rounds: int = ROUNDS) -> list[list[list[float]]]:
+    """ms of each call of each of ``fns``, per block: ``repeat`` timed calls each, made in
+    ``rounds`` blocks that take turns (each block after 3 untimed calls); ``[fn][block]``. On a
+    shared VM the machine's speed drifts by up to 2x between seconds; timing all of one
+    runtime's calls and then all of the other's would put that drift into the ratio. Blocks,
+    not single calls, and an idle pause before each: a runtime's threads spin for a while after
+    its call (onnxruntime's by default), and on 2 cores they slowed the next runtime's calls by
+    up to 2x (MobileNetV2: 15.7 ms right after onnxruntime's calls, 7.6 ms alone)."""
+    times = [[[] for _ in range(rounds)] for _ in fns]
     for r in range(rounds):
-        for fn, ms in zip(fns, times):
+        for fn, blocks in zip(fns, times):
             time.sleep(IDLE_S)
             for _ in range(3):
                 fn()
             for _ in range(repeat // rounds + (r < repeat % rounds)):
                 start = time.perf_counter()
                 fn()
-                ms.append((time.perf_counter() - start) * 1e3)
-    return [peer_common.median(ms) for ms in times]
+                blocks[r].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def paired_ratios(ours: list[list[float]], theirs: list[list[float]]) -> list[float]:
+    """Per round, the median of our block over the median of theirs (blocks of the same round
+    run seconds apart, so the VM's drift between rounds cancels in each ratio); rounds
+    without timed calls are left out."""
+    return [peer_common.median(a) / peer_common.median(b)
+            for a, b in zip(ours, theirs) if a and b]
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(lower quartile, median, upper quartile), each a median of a half for the quartiles."""
+    s = sorted(values)
+    half = len(s) // 2
+    low, high = (s[:half], s[half + len(s) % 2:]) if half else (s, s)
+    return peer_common.median(low), peer_common.median(s), peer_common.median(high)
 
 
 def measure(args) -> None:
@@ -75,12 +95,14 @@ def measure(args) -> None:
 
     import tr_onnx
 
-    print(f"{args.threads} threads, median of --repeat runs, in {ROUNDS} blocks per runtime "
-          f"taking turns (3 untimed calls before each); onnxruntime "
+    print(f"{args.threads} threads, median of --repeat runs, in {args.rounds} blocks per "
+          f"runtime taking turns (3 untimed calls before each); the last column: align 1's "
+          f"block median over onnxruntime's in the same round, the median and quartiles of "
+          f"those {args.rounds} ratios; onnxruntime "
           f"{ort.__version__}; numpy's BLAS: {peer_common.blas_kernels()}\n")
     print("| model | batch | runs | tr_onnx align 1 (ms) | tr_onnx align 8 (ms) | "
-          "onnxruntime (ms) | tr_onnx / ORT |")
-    print("|---|---|---|---|---|---|---|")
+          "onnxruntime (ms) | tr_onnx / ORT | per block: median (quartiles) |")
+    print("|---|---|---|---|---|---|---|---|")
     for model in args.models:
         path = peer_common.model_path(model, args.bench_dir)
         batch = args.batch or peer_common.default_batch(model)
@@ -93,11 +115,13 @@ def measure(args) -> None:
         ref = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         sessions = [tr_onnx.InferenceSession(path, channel_align=align) for align in (1, 8)]
         runs = [partial(sess.run, None, feed) for sess in (*sessions, ref)]
-        *ours, t_ort = interleaved_median_ms(runs, repeat)
+        blocks = interleaved_blocks_ms(runs, repeat, args.rounds)
+        *ours, t_ort = [peer_common.median([t for b in fn for t in b]) for fn in blocks]
+        low, mid, high = quartiles(paired_ratios(blocks[0], blocks[2]))
         # 4 significant digits: a zoo model's run is ~0.01-0.02 ms on a fast machine, where 3
         # decimals would round the times by up to 5% and the ratio would not follow from them
         print(f"| {model} | {batch} | {repeat} | {ours[0]:.4g} | {ours[1]:.4g} | {t_ort:.4g} | "
-              f"{ours[0] / t_ort:.2f}x |", flush=True)
+              f"{ours[0] / t_ort:.2f}x | {mid:.2f}x ({low:.2f}-{high:.2f}) |", flush=True)
 
 
 def main(argv=None) -> int:

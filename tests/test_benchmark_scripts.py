@@ -5,6 +5,7 @@ checked, only that a ratio is printed and that both peers start from the same lo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -26,6 +27,16 @@ def run_script(*args: str) -> str:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
+
+
+def load_script(name: str):
+    """A benchmark script as a module (its folder on the path: it imports peer_common)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{Path(name).stem}", BENCH / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def rows(text: str, first: str) -> list[list[str]]:
@@ -64,6 +75,21 @@ def test_forward_prints_a_ratio_per_model():
     ours, ort = float(mlp[3]), float(mlp[5])  # 4 significant digits
     assert ours > 0 and ort > 0 and re.fullmatch(r"\d+\.\d\dx", mlp[6])
     assert abs(float(mlp[6][:-1]) - ours / ort) < 0.02 * ours / ort
+    # per block: the median and quartiles of the paired ratios, in order
+    paired = re.fullmatch(r"(\d+\.\d\d)x \((\d+\.\d\d)-(\d+\.\d\d)\)", mlp[7])
+    assert paired
+    mid, low, high = (float(g) for g in paired.groups())
+    assert 0 < low <= mid <= high
+
+
+def test_forward_pairs_each_block_with_the_same_rounds_onnxruntime_block():
+    forward = load_script("forward.py")
+    ours = [[2.0, 4.0, 3.0], [], [1.0]]
+    theirs = [[1.0, 2.0, 1.0], [5.0], [2.0]]
+    assert forward.paired_ratios(ours, theirs) == [3.0, 0.5]  # the empty block is left out
+    assert forward.quartiles([0.5, 3.0]) == (0.5, 1.75, 3.0)
+    assert forward.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (1.5, 3.0, 4.5)
+    assert forward.quartiles([2.0]) == (2.0, 2.0, 2.0)
 
 
 def test_step_ab_prints_a_row_per_variant_against_the_first():
