@@ -38,6 +38,7 @@ CONVOLUTION_DIRECT = 1
 # dnnl_alg_kind_t of oneDNN 3.x (dnnl_eltwise_relu = 0x20, then in declaration order)
 ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_CLIP_V2, ELTWISE_GELU_ERF = 0x20, 0x2B, 0x2F, 0x31
 BINARY_ADD = 0x1FFF0
+SOFTMAX_ACCURATE = 0x30000
 POOLING_MAX = 0x1FF
 FORMAT_ANY = 1
 SCRATCHPAD_USER = 1
@@ -325,6 +326,17 @@ def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc,
         bias.handle if bias is not None else None, dst.handle, lib.attr),
         "matmul primitive descriptor")
     return Primitive(pd, [src, weights, dst, bias])
+
+
+def softmax(data: MemoryDesc, axis: int) -> Primitive:
+    """A forward softmax over ``axis`` of ``data`` (source and destination share it):
+    exp(x - max) / sum, each row shifted by its max."""
+    lib = library()
+    pd = _P()
+    lib.check(lib.lib.dnnl_softmax_forward_primitive_desc_create(
+        ctypes.byref(pd), lib.engine, FORWARD_INFERENCE, SOFTMAX_ACCURATE,
+        data.handle, data.handle, axis, lib.attr), "softmax primitive descriptor")
+    return Primitive(pd, [data])
 
 
 def layer_normalization(data: MemoryDesc, stats: MemoryDesc, epsilon: float, flags: int,
