@@ -428,6 +428,14 @@ class Bound:
             self._lib.lib.dnnl_memory_destroy(memory)
 
 
+def reshaped(a: np.ndarray, shape) -> np.ndarray:
+    """``a`` viewed with ``shape``; raises rather than copy (a copy would lose what oneDNN
+    writes into it, or hold stale values where the kernel reads it)."""
+    view = a.view()
+    view.shape = shape
+    return view
+
+
 def scratchpad(ctx, primitive: Primitive) -> tuple[MemoryDesc, int] | None:
     """(memory desc, workspace key) of a primitive's scratchpad, reserved as an arena workspace
     with the kernel context's ``ctx.workspace``, or None if it needs none."""

@@ -24,14 +24,6 @@ def _vector(info, size: int) -> bool:
     return info is None or math.prod(info.shape) == size
 
 
-def _as(a: np.ndarray, shape) -> np.ndarray:
-    """``a`` viewed with ``shape``; raises rather than copy (a copy would lose what oneDNN
-    writes into it)."""
-    view = a.view()
-    view.shape = shape
-    return view
-
-
 def _step(ctx, primitives, args_of):
     """The step running ``primitives`` in order on the arena views (``host_blas.prepared_step``);
     ``args_of(ins, outs, ws)`` gives each primitive's arguments."""
@@ -76,12 +68,12 @@ def layer_norm_onednn(ctx, outer: int, inner: int, eps: float):
     mean_ws, var_ws = (ctx.workspace((outer,), np.float32) for _ in range(2))
 
     def args_of(ins, outs, ws):
-        args = [("src", data, _as(ins[0], (outer, inner))),
-                ("dst", data, _as(outs[0], (outer, inner))),
-                ("scale", vector, _as(ins[1], inner)),
+        args = [("src", data, onednn.reshaped(ins[0], (outer, inner))),
+                ("dst", data, onednn.reshaped(outs[0], (outer, inner))),
+                ("scale", vector, onednn.reshaped(ins[1], inner)),
                 ("mean", stats, ws[mean_ws]), ("variance", stats, ws[var_ws])]
         if has_bias:
-            args.append(("shift", vector, _as(ins[2], inner)))
+            args.append(("shift", vector, onednn.reshaped(ins[2], inner)))
         return [args]
 
     normalise = _step(ctx, [forward], args_of)
@@ -89,13 +81,13 @@ def layer_norm_onednn(ctx, outer: int, inner: int, eps: float):
     def run(ins, outs, ws):
         normalise(ins, outs, ws)
         if has_mean:
-            np.copyto(_as(outs[1], outer), ws[mean_ws])
+            np.copyto(onednn.reshaped(outs[1], outer), ws[mean_ws])
         if has_inv:
             inv = ws[var_ws]
             np.add(inv, np.float32(eps), out=inv)
             np.sqrt(inv, out=inv)
             np.reciprocal(inv, out=inv)
-            np.copyto(_as(outs[2], outer), inv)
+            np.copyto(onednn.reshaped(outs[2], outer), inv)
 
     return run
 
@@ -121,15 +113,15 @@ def layer_norm_grad_onednn(ctx, outer: int, inner: int, eps: float):
     zero_shift = np.zeros(inner, f32)  # read only: oneDNN's shift operand, 0 + x = x
 
     def args_of(ins, outs, ws):
-        x, scale = _as(ins[1], rows), _as(ins[2], inner)
-        gx, gs, gb = (ws[spare[i]] if i in spare else _as(outs[i], shape)
+        x, scale = onednn.reshaped(ins[1], rows), onednn.reshaped(ins[2], inner)
+        gx, gs, gb = (ws[spare[i]] if i in spare else onednn.reshaped(outs[i], shape)
                       for i, shape in enumerate((rows, inner, inner)))
         mean, var = ws[mean_ws], ws[var_ws]
         return [[("src", data, x), ("dst", data, ws[y_ws]), ("scale", vector, scale),
                  ("shift", vector, zero_shift), ("mean", stats, mean),
                  ("variance", stats, var)],
                 [("src", data, x), ("mean", stats, mean), ("variance", stats, var),
-                 ("diff_dst", data, _as(ins[0], rows)), ("scale", vector, scale),
+                 ("diff_dst", data, onednn.reshaped(ins[0], rows)), ("scale", vector, scale),
                  ("shift", vector, zero_shift), ("diff_src", data, gx),
                  ("diff_scale", vector, gs), ("diff_shift", vector, gb)]]
 
