@@ -28,7 +28,12 @@ from .importer import (
     import_model,
 )
 from .passes.control_flow import output_reader
-from .passes.inference_folds import finite_rewrites, fold_batchnorm, freeze_parameters
+from .passes.inference_folds import (
+    finite_rewrites,
+    fold_batchnorm,
+    freeze_parameters,
+    fuse_matmul_bias,
+)
 from .passes.value_bounds import BOUNDED_DTYPES
 from .registry import build_registry, default_registry
 
@@ -56,7 +61,9 @@ def _inference_folds(graph, registry, backend: str, fuse: bool = True) -> float 
     fused activations need (``finite_rewrites``), or None."""
     fold_batchnorm(graph)
     freeze_parameters(graph)
-    return finite_rewrites(graph, registry, backend) if fuse else None
+    limit = finite_rewrites(graph, registry, backend) if fuse else None
+    fuse_matmul_bias(graph, registry, backend)  # exact: in the unfused plan too
+    return limit
 
 
 _EXACT = ("unfused",)  # the key suffix of a plan without limits on its inputs' values
