@@ -9,11 +9,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from onednn_kernels import require_onednn, spy_kernels
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from oracles import ort_run
 
 import tr_onnx
+from tr_onnx.ops import matmul
 
 RNG = np.random.default_rng(5)
 K, N = 48, 40
@@ -128,3 +130,21 @@ def test_training_plans_keep_matmul_and_add():
     labels = [s.label for s in sess._train_plan({"x": x}).executor.steps]
     assert any("(MatMul," in label for label in labels)
     assert not any("MatMulBias" in label for label in labels)
+
+
+# at least 32x32x32 products, below which NumPy runs them anyway
+@pytest.mark.parametrize("x_shape, bias_shape", [((40, K), (N,)), ((4, 10, K), (1, N)),
+                                                 ((2, 3, 8, K), (1, 1, N))],
+                         ids=["2d", "3d", "4d"])
+def test_the_bias_inside_onednn_s_matmul(monkeypatch, x_shape, bias_shape):
+    """Where oneDNN has its own matmul kernels (AVX-512) it adds the bias; its generic GEMM is
+    accepted here too, so that every machine runs that path."""
+    require_onednn()
+    monkeypatch.setattr(matmul, "own_kernel", lambda implementation: True)
+    built = spy_kernels(monkeypatch, matmul, ["_onednn_product"])
+    x = rand(*x_shape)
+    model = model_of([helper.make_node("MatMul", ["x", "w"], ["p"]),
+                      helper.make_node("Add", ["p", "b"], ["y"])],
+                     {"x": x}, {"w": rand(K, N), "b": rand(*bias_shape)})
+    assert run_and_check(model, {"x": x}) == ["MatMulBias"]
+    assert "_onednn_product" in built
