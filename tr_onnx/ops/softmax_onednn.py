@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from .. import host_blas, onednn
+from ..layouts import compact_strides
 
 
 def contiguous_rows(info, axes: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
@@ -35,8 +36,7 @@ def contiguous_rows(info, axes: tuple[int, ...]) -> tuple[tuple[int, ...], int] 
     shape = tuple(int(n) for n in info.shape)
     if info.dtype != np.float32 or not shape or 0 in shape or len(shape) > onednn.MAX_DIMS:
         return None
-    strides = [int(s) for s in info.layout.view_strides(4)]
-    if strides != [4 * math.prod(shape[i + 1:]) for i in range(len(shape))]:
+    if tuple(int(s) for s in info.layout.view_strides(4)) != tuple(compact_strides(shape, 4)):
         return None
     if len(axes) == 1:
         return shape, axes[0]
@@ -56,8 +56,7 @@ def softmax_step(ctx, axes: tuple[int, ...], exact):
             or contiguous_rows(y_info, axes) != rows:
         return None
     shape, axis = rows
-    md = onednn.MemoryDesc.strided(shape, [4 * math.prod(shape[i + 1:])
-                                           for i in range(len(shape))])
+    md = onednn.MemoryDesc.strided(shape, compact_strides(shape, 4))
     try:
         primitive = onednn.softmax(md, axis)
     except onednn.OneDnnError:
