@@ -428,6 +428,64 @@ class Bound:
             self._lib.lib.dnnl_memory_destroy(memory)
 
 
+class Copier:
+    """A float32 copy between two strided layouts of one shape as a oneDNN reorder, on arrays
+    given per call (``copier(src, dst)``): a session's feed written into its channels-last arena
+    view, an output read into a new array. The reorder moves bits (NaN payloads, -0 and
+    infinities come through) and never writes outside ``dst``'s view."""
+
+    def __init__(self, primitive: Primitive, src: MemoryDesc, dst: MemoryDesc):
+        lib = self._lib = library()
+        self.primitive, self.memories = primitive, []
+        scratch_md = primitive.md("scratchpad")
+        self._scratch = np.empty(-(-scratch_md.nbytes // 4), np.float32)
+        pairs = []
+        for name, md, handle in (("src", src, None), ("dst", dst, None),
+                                 ("scratchpad", scratch_md, self._scratch.ctypes.data)):
+            if name == "scratchpad" and not scratch_md.nbytes:
+                continue
+            memory = _P()
+            lib.check(lib.lib.dnnl_memory_create(ctypes.byref(memory), md.handle, lib.engine,
+                                                 _P(handle)), "memory_create")
+            self.memories.append(memory)
+            pairs.append(_Arg(ARG[name], memory))
+        self.mds = (src, dst, scratch_md)  # the memories refer to them
+        self.args = (_Arg * len(pairs))(*pairs)
+        set_handle = lib.lib.dnnl_memory_set_data_handle
+        set_handle.argtypes = [_P, _P]
+        self._set_src = partial(set_handle, self.memories[0])
+        self._set_dst = partial(set_handle, self.memories[1])
+        self._execute = partial(lib.lib.dnnl_primitive_execute, primitive.handle, lib.stream,
+                                len(pairs), ctypes.cast(self.args, _P))
+
+    def __call__(self, src: np.ndarray, dst: np.ndarray) -> None:
+        status = self._set_src(src.ctypes.data) or self._set_dst(dst.ctypes.data) or \
+            self._execute()
+        if status != 0:
+            raise OneDnnError(f"oneDNN copy ({self.primitive.implementation}) failed with "
+                              f"status {status}")
+
+    def __del__(self):
+        for memory in self.memories:
+            self._lib.lib.dnnl_memory_destroy(memory)
+
+
+def copier(shape, src_byte_strides, dst_byte_strides) -> Copier | None:
+    """A ``Copier`` for float32 arrays of ``shape`` with these byte strides, or None where
+    oneDNN is not there, refuses, or offers only its reference loop."""
+    if not available() or not 1 <= len(shape) <= MAX_DIMS:
+        return None
+    try:
+        src = MemoryDesc.strided(shape, src_byte_strides)
+        dst = MemoryDesc.strided(shape, dst_byte_strides)
+        primitive = reorder(src, dst)
+    except OneDnnError:
+        return None
+    if primitive.implementation.startswith("ref"):
+        return None
+    return Copier(primitive, src, dst)
+
+
 def reshaped(a: np.ndarray, shape) -> np.ndarray:
     """``a`` viewed with ``shape``; raises rather than copy (a copy would lose what oneDNN
     writes into it, or hold stale values where the kernel reads it)."""

@@ -66,6 +66,8 @@ class NumpyExecutor(HostTransfers):
     def __init__(self, plan: MemoryPlan, steps: list[tuple[str, Callable, list, list, list]]):
         self.plan = plan
         self.arena = allocate_arena(plan.total_bytes)
+        self._writers: dict[str, Callable[[np.ndarray], None]] = {}  # write_input's, made once
+        self._readers: dict[str, Callable[[], np.ndarray]] = {}
         tensors = plan.tensors
 
         shared = plan.padded_in_shared_slots()
@@ -102,12 +104,19 @@ class NumpyExecutor(HostTransfers):
         return self.plan
 
     def write_input(self, name: str, array) -> None:
-        write_host(self.arena, self.plan.tensors[name], array)
+        # a training step writes its batch here every step: the writer is made once
+        writer = self._writers.get(name)
+        if writer is None:
+            writer = self._writers[name] = self.input_writer(name)
+        write_host(self.arena, self.plan.tensors[name], array, writer=writer)
 
     write_tensor = write_input
 
     def read_output(self, name: str) -> np.ndarray:
-        return read_host(self.arena, self.plan.tensors[name])
+        reader = self._readers.get(name)
+        if reader is None:
+            reader = self._readers[name] = self.output_reader(name)
+        return read_host(self.arena, self.plan.tensors[name], reader=reader)
 
     def input_writer(self, name: str) -> Callable[[np.ndarray], None]:
         return host_writer(self.arena, self.plan.tensors[name])

@@ -110,7 +110,7 @@ def reshape_numpy(ctx):
 _ONEDNN_TRANSPOSE_MIN = 4096
 
 
-def _onednn_transpose(ctx, perm: tuple[int, ...]):
+def onednn_transpose(ctx, perm: tuple[int, ...]):
     """A float32 Transpose as one oneDNN reorder (x's strides permuted into y's layout):
     vectorised and on its threads, where ``np.copyto`` of a transposed view is one strided
     element loop (BERT's [8, 64, 4, 64] -> [8, 4, 64, 64]: 29 vs 18 us alone; a [512, 1024]
@@ -130,7 +130,7 @@ def _onednn_transpose(ctx, perm: tuple[int, ...]):
 def transpose_numpy(ctx):
     rank = len(ctx.inputs[0].shape)
     perm = tuple(ctx.attrs["perm"]) if "perm" in ctx.attrs else tuple(reversed(range(rank)))
-    fast = _onednn_transpose(ctx, perm)
+    fast = onednn_transpose(ctx, perm)
     if fast is not None:
         return fast
 
