@@ -24,6 +24,11 @@ from peer_common import SHAPES, ZOO_SHAPES
 ZOO_REPEAT, BENCH_REPEAT = 400, 20
 ROUNDS = 10
 IDLE_S = 0.2  # long enough for spinning pool threads to go to sleep
+# untimed calls before each block: at least WARM_CALLS, and for WARM_S. After the pause both
+# runtimes' first calls are slow (zoo MLP, median over 20 blocks, 2-core Zen 3 VM, 2026-12-02:
+# ours 0.097 ms for calls 1-5, 0.085 for 11-20, 0.073 from the 40th on; onnxruntime's 0.067,
+# 0.061, 0.059), so blocks of a dozen calls after 3 untimed ones timed mostly the warming-up
+WARM_CALLS, WARM_S = 3, 0.005
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,8 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def interleaved_blocks_ms(fns, repeat: int, rounds: int = ROUNDS) -> list[list[list[float]]]:
     """ms of each call of each of ``fns``, per block: ``repeat`` timed calls each, made in
-    ``rounds`` blocks that take turns (each block after 3 untimed calls); ``[fn][block]``. On a
-    shared VM the machine's speed drifts by up to 2x between seconds; timing all of one
+    ``rounds`` blocks that take turns (each block after untimed calls: ``WARM_CALLS``, and
+    for ``WARM_S``); ``[fn][block]``. On a shared VM the machine's speed drifts by up to 2x
+    between seconds; timing all of one
     runtime's calls and then all of the other's would put that drift into the ratio. Blocks,
     not single calls, and an idle pause before each: a runtime's threads spin for a while after
     its call (onnxruntime's by default), and on 2 cores they slowed the next runtime's calls by
@@ -63,8 +69,10 @@ def interleaved_blocks_ms(fns, repeat: int, rounds: int = ROUNDS) -> list[list[l
     for r in range(rounds):
         for fn, blocks in zip(fns, times):
             time.sleep(IDLE_S)
-            for _ in range(3):
+            warm_until, calls = time.perf_counter() + WARM_S, 0
+            while calls < WARM_CALLS or time.perf_counter() < warm_until:
                 fn()
+                calls += 1
             for _ in range(repeat // rounds + (r < repeat % rounds)):
                 start = time.perf_counter()
                 fn()
@@ -96,7 +104,8 @@ def measure(args) -> None:
     import tr_onnx
 
     print(f"{args.threads} threads, median of --repeat runs, in {args.rounds} blocks per "
-          f"runtime taking turns (3 untimed calls before each); the last column: align 1's "
+          f"runtime taking turns (untimed calls for {WARM_S * 1e3:g} ms, at least "
+          f"{WARM_CALLS}, before each); the last column: align 1's "
           f"block median over onnxruntime's in the same round, the median and quartiles of "
           f"those {args.rounds} ratios; onnxruntime "
           f"{ort.__version__}; numpy's BLAS: {peer_common.blas_kernels()}\n")

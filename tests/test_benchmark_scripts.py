@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,27 @@ def test_forward_pairs_each_block_with_the_same_rounds_onnxruntime_block():
     assert forward.quartiles([0.5, 3.0]) == (0.5, 1.75, 3.0)
     assert forward.quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (1.5, 3.0, 4.5)
     assert forward.quartiles([2.0]) == (2.0, 2.0, 2.0)
+
+
+def test_forward_warms_each_block_up_for_a_while_before_timing(monkeypatch):
+    """Every block is preceded by untimed calls: at least WARM_CALLS, and for WARM_S (a fast
+    model's first calls after the pause are its slowest)."""
+    forward = load_script("forward.py")
+    monkeypatch.setattr(forward, "IDLE_S", 0.0)
+    monkeypatch.setattr(forward, "WARM_S", 0.02)
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.05)  # one call outlasts WARM_S: WARM_CALLS decide
+
+    blocks = forward.interleaved_blocks_ms([fast, slow], repeat=4, rounds=2)
+    assert [len(b) for b in blocks[0]] == [2, 2] and [len(b) for b in blocks[1]] == [2, 2]
+    assert calls["slow"] == 2 * (forward.WARM_CALLS + 2)
+    assert calls["fast"] > 2 * (forward.WARM_CALLS + 2) + 100  # 20 ms of near-empty calls
 
 
 def test_step_ab_prints_a_row_per_variant_against_the_first():
