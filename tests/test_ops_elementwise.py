@@ -136,6 +136,12 @@ UNARY_CASES = [
     ("leakyrelu", "LeakyRelu", [X], {}, 17, F32),
     ("leakyrelu_alpha", "LeakyRelu", [X], {"alpha": 0.3}, 17, F32),
     ("leakyrelu_f64", "LeakyRelu", [randn(4, 3, dtype=np.float64)], {"alpha": 0.2}, 17, F32),
+    # the kernel's three forms (max for slopes in [0, 1], min above, two halves for negative
+    # ones) on NaN, infinities, signed zeros, subnormals; 0 * -inf is NaN as in the reference
+    *[(f"leakyrelu_special_{alpha}", "LeakyRelu", [SPECIAL], {"alpha": alpha}, 17, F32)
+      for alpha in (0.01, 0.0, 1.0, 2.5, -0.5)],
+    ("leakyrelu_chunked", "LeakyRelu", [randn(4, 8, 32, 32, scale=3)], {"alpha": 0.1}, 17, F32),
+    ("leakyrelu_chunked_steep", "LeakyRelu", [randn(4, 8, 32, 32)], {"alpha": 3.0}, 17, F32),
     ("elu", "Elu", [X], {"alpha": 0.5}, 17, F32),
     ("selu", "Selu", [X], {}, 17, F32),
     ("selu_attrs", "Selu", [X], {"alpha": 2.0, "gamma": 3.0}, 17, F32),

@@ -204,9 +204,20 @@ def _mish(x, y, t, a):
 
 
 def _leaky_relu(x, y, t, a):
-    np.minimum(x, 0, out=t[0])
-    t[0] *= a.alpha
-    positive_plus(x, y, t[0])
+    # x < 0 ? alpha x : x is max(x, alpha x) for 0 < alpha <= 1 and min(x, alpha x) above 1,
+    # exactly (NaN stays NaN, -0.0 stays -0.0, infinities keep their sign): two vector passes,
+    # where NumPy's max and min against the scalar 0 run a scalar loop ([8, 64, 32, 32]:
+    # 1366 -> 344 us, 2 threads, Zen 3, 2026-12-02)
+    if 0 < a.alpha_f <= 1:
+        np.multiply(x, a.alpha, out=t[0])
+        np.maximum(x, t[0], out=y)
+    elif a.alpha_f > 1:
+        np.multiply(x, a.alpha, out=t[0])
+        np.minimum(x, t[0], out=y)
+    else:  # alpha = 0 (0 * inf is NaN) or a negative slope: the two halves apart
+        np.minimum(x, 0, out=t[0])
+        t[0] *= a.alpha
+        positive_plus(x, y, t[0])
 
 
 def _elu(x, y, t, a):
