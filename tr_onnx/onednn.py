@@ -72,6 +72,7 @@ class _Library:
         lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
         lib.dnnl_memory_desc_get_size.argtypes = [_P]
         lib.dnnl_primitive_execute.argtypes = [_P, _P, ctypes.c_int, _P]
+        lib.dnnl_memory_set_data_handle.argtypes = [_P, _P]  # Copier's per-call pointers
         self.engine, self.stream = _P(), _P()
         self.check(lib.dnnl_engine_create(ctypes.byref(self.engine), CPU, 0), "engine_create")
         self.check(lib.dnnl_stream_create(ctypes.byref(self.stream), self.engine, 1),
@@ -452,7 +453,6 @@ class Copier:
         self.mds = (src, dst, scratch_md)  # the memories refer to them
         self.args = (_Arg * len(pairs))(*pairs)
         set_handle = lib.lib.dnnl_memory_set_data_handle
-        set_handle.argtypes = [_P, _P]
         self._set_src = partial(set_handle, self.memories[0])
         self._set_dst = partial(set_handle, self.memories[1])
         self._execute = partial(lib.lib.dnnl_primitive_execute, primitive.handle, lib.stream,
