@@ -487,6 +487,14 @@ def copier(shape, src_byte_strides, dst_byte_strides) -> Copier | None:
     return Copier(primitive, src, dst)
 
 
+def finite(flat: np.ndarray) -> bool:
+    """Whether every value of the float32 vector ``flat`` is finite (and below ~1.8e19 in
+    magnitude): the sum of its squares, one BLAS dot, is finite; NaN compares False. The
+    per-run guard of the kernels whose NaN and infinities oneDNN handles otherwise than ONNX
+    (Softmax's max and sum skip them; an eltwise kernel's handling depends on the ISA)."""
+    return np.dot(flat, flat) < np.inf
+
+
 def reshaped(a: np.ndarray, shape) -> np.ndarray:
     """``a`` viewed with ``shape``; raises rather than copy (a copy would lose what oneDNN
     writes into it, or hold stale values where the kernel reads it)."""

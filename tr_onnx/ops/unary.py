@@ -729,7 +729,7 @@ def _onednn_finite_eltwise(ctx, a, exact):
 
 
 def _finite_or_exact(flat, fast, gamma, y, exact) -> None:
-    if np.dot(flat, flat) < np.inf:  # NaN compares False: the NumPy body
+    if onednn.finite(flat):  # else the NumPy body
         fast()
         if gamma is not None:
             np.multiply(y, gamma, out=y)
