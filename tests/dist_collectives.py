@@ -34,6 +34,10 @@ def main(out: Path) -> None:
     world.allreduce_mean_(m)
     seen["mean"] = m.tolist()
 
+    flags = np.array([float(r == 1), 0.0, -r], dtype=np.float32)  # a flag raised on rank 1
+    world.allreduce_max_(flags)
+    seen["max"] = flags.tolist()
+
     b = np.full(4, r + 7, dtype=np.int64)
     world.bcast_(b, root=1)
     seen["bcast_from_1"] = b.tolist()

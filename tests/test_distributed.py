@@ -131,6 +131,7 @@ def test_each_collective_on_two_ranks_and_the_deadline(collectives):
         np.testing.assert_array_equal(s["sum"], 2 * np.arange(5) + 10)
         assert s["sum_in_place"]
         np.testing.assert_array_equal(s["mean"], [1.5] * 3)
+        assert s["max"] == [1.0, 0.0, 0.0]
         np.testing.assert_array_equal(s["bcast_from_1"], [8] * 4)
         assert s["started"] == [[3.0] * 3, [0.0, 3.0, 6.0, 9.0]]
         assert s["scalars"] == [1.0, 5.0, -1.0]

@@ -232,10 +232,10 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
     ex = sess._active.executor
     dev, info = ex.device, sess._active.info
     span = ex.memory.tensors[info.grads_span]
-    calls = [c for c in dev.calls if c.op == "nccl_all_reduce"]
+    calls = [c for c in dev.calls if c.op == "nccl_all_reduce" and c.phase == "reduce"]
     assert [c.capturing for c in calls] == [False, True]  # step 3 replays the graph
     for c in calls:
-        assert c.phase == "reduce" and "(GradAllReduceWait, ai.tr_onnx v1)" in c.node
+        assert "(GradAllReduceWait, ai.tr_onnx v1)" in c.node
         buf = c.args["buf"]
         assert (buf.ptr, buf.nbytes, buf.writes) == (dev.arena_base + span.offset, span.nbytes,
                                                      True)
@@ -243,8 +243,9 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
             span.nbytes // 4, nccl.NCCL_DTYPES["float32"], nccl.NCCL_AVG)
         assert c.args["comm"].size == 1 and c.args["comm"].rank == 0
     # what ran: eager, then the graph's launch twice, on the emulator's host arena
-    assert [c["call"] for c in host_nccl.calls] == ["allReduce"] * 3
-    assert {(c["send"] == c["recv"], c["count"], c["stream"]) for c in host_nccl.calls} == {
+    averages = [c for c in host_nccl.calls if c.get("op") == nccl.NCCL_AVG]
+    assert [c["call"] for c in averages] == ["allReduce"] * 3
+    assert {(c["send"] == c["recv"], c["count"], c["stream"]) for c in averages} == {
         (True, span.nbytes // 4, 0)}
     assert not [c for c in dev.calls if c.op == "launch" and c.phase == "reduce"]
     poison = [c for c in dev.calls if c.op == "launch"
@@ -268,8 +269,10 @@ def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, kw, device,
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
     starts = [n for n in nccl_path._active.graph.nodes if n.op_type == "GradAllReduceStart"]
     assert len(starts) > 1 if "grad_bucket_mb" in kw else len(starts) == 1
-    reduces = [c for c in host_nccl.calls if c["call"] == "allReduce"]
+    reduces = [c for c in host_nccl.calls if c.get("op") == nccl.NCCL_AVG]
     assert len(reduces) == nccl_path.step  # one all-reduce per applied step
+    flags = [c for c in host_nccl.calls if c.get("op") == nccl.NCCL_MAX]
+    assert len(flags) == 4 and {c["count"] for c in flags} == {1}  # one per micro-batch
     broadcasts = [c for c in host_nccl.calls if c["call"] == "broadcast"]
     stats = nccl_path._active.info.running_stats
     assert len(broadcasts) == 4 * len(stats)  # one per running statistic and micro-batch
@@ -295,6 +298,36 @@ def test_a_rank_with_a_non_finite_loss_sends_nan_gradients(device, host_nccl, lo
         assert np.isnan(grads).all()
     else:
         np.testing.assert_array_equal(grads, before)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_the_bad_batch_flag_is_the_ranks_maximum_in_the_guard_before_anything_reads_it(
+        device, host_nccl, accumulation):
+    """Ranks that judged a micro-batch alone would drop different ones, and one would then
+    reduce while another accumulates: the flag StepCheck sets is all-reduced (ncclMax) right
+    after it, before the commits, the discard, the update and the report read it."""
+    sess = _session("mlp", device, True, grad_accumulation=accumulation)
+    for i in range(3):
+        sess.train_step(*_batch("mlp", i))
+    ex = sess._active.executor
+    dev, guard = ex.device, sess._active.info.step_guard
+    flag = ex.memory.tensors[guard.bad_batch]
+    calls = [c for c in dev.calls if c.op == "nccl_all_reduce" and c.phase == "guard"]
+    assert len(calls) >= 2 and any(c.capturing for c in calls)
+    for c in calls:
+        assert "(StepCheck, ai.tr_onnx v1)" in c.node
+        assert (c.args["buf"].ptr, c.args["buf"].writes, c.args["count"], c.args["dtype"],
+                c.args["redop"]) == (dev.arena_base + flag.offset, True, 1,
+                                     nccl.NCCL_DTYPES["float32"], nccl.NCCL_MAX)
+    for key in ex.graphs:
+        steps = ex.steps(key)
+        check = next(k for k, s in enumerate(steps) if "StepCheck" in s.label)
+        # nothing before it reads the flag (a step that applies reduces its gradients first)
+        assert {s.phase for s in steps[:check]} <= {"compute", "reduce"}
+    plain = _session("mlp", device, False, grad_accumulation=accumulation)
+    plain.train_step(*_batch("mlp", 0))
+    assert not [bound for bound in plain._active.executor.bound if
+                bound.node.op_type == "StepCheck" and "world" in bound.node.attrs]
 
 
 def test_a_non_finite_step_is_dropped_as_without_the_nccl_path(device, host_nccl):
@@ -362,7 +395,8 @@ def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistic
 # Two ranks, emulated: the NCCL path's all-reduce is MPI's on the host emulator's arena
 # --------------------------------------------------------------------------------------------
 
-EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1", "resnet-bn-ddp"]
+EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1", "resnet-bn-ddp",
+            "mlp-accum-inf-on-rank1"]
 
 
 @pytest.fixture(scope="module")
@@ -390,6 +424,9 @@ def test_two_emulated_cuda_ranks_train_as_two_numpy_ranks(two_ranks, case):
             np.testing.assert_allclose(r[k], r[k.replace("cuda/", "numpy/", 1)], rtol=2e-4,
                                        atol=2e-6, err_msg=k)
     steps, bad = r0["cuda/counts"]
-    if case.startswith("mlp-inf"):
-        assert bad == 0 and steps == 4  # the inf step dropped on both ranks, then recovered
+    if "inf-on-rank1" in case:  # the inf micro-batch dropped on both ranks, then recovered
         assert not np.isfinite(r1["cuda/losses"][2]) and np.isfinite(r0["cuda/losses"][2])
+    if case == "mlp-inf-on-rank1":
+        assert bad == 0 and steps == 4
+    if case == "mlp-accum-inf-on-rank1":  # 6 micro-batches of 2 per step, the third dropped
+        assert bad == 0 and steps == 2  # (so are the ones accumulated with it: none here)

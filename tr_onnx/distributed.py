@@ -107,12 +107,20 @@ class World:
     def allreduce_sum_(self, array: np.ndarray) -> np.ndarray:
         """Sum ``array`` over all ranks, in place (``MPI_IN_PLACE``: no copy); returns it.
         ``array`` must be C-contiguous and of a dtype MPI knows (float32/64, ints)."""
+        return self._allreduce(array, "SUM", "allreduce_sum_")
+
+    def allreduce_max_(self, array: np.ndarray) -> np.ndarray:
+        """``array`` replaced by its elementwise maximum over all ranks, in place (a flag any
+        rank raised, raised on all); returns it. As ``allreduce_sum_`` for the rest."""
+        return self._allreduce(array, "MAX", "allreduce_max_")
+
+    def _allreduce(self, array: np.ndarray, op: str, what: str) -> np.ndarray:
         if self.size == 1:
             return array
         from mpi4py import MPI
-        self._check_buffer(array, "allreduce_sum_")
-        req = self.comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM)
-        self.wait(req, f"allreduce_sum_ of {_describe(array)}", keep=array)
+        self._check_buffer(array, what)
+        req = self.comm.Iallreduce(MPI.IN_PLACE, array, op=getattr(MPI, op))
+        self.wait(req, f"{what} of {_describe(array)}", keep=array)
         return array
 
     def start_allreduce_sum_(self, array: np.ndarray) -> None:

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ..distributed import lookup
 from ..hookspecs import hookimpl
 from ..opdef import STRIDED_TO_PLAIN, LayoutRule, OpDef
 
@@ -112,9 +113,13 @@ def step_check_numpy(ctx):
     loss (or, with ``grads``, a gradient) is not finite; reject = the step was launched with a
     step number that assumed an earlier step applied which did not (step != applied + 1), and
     a rejected step is a bad one; ``found_inf`` (loss scaling's overflow flag) starts the step
-    as bad, so the update skips itself and the scale backs off."""
+    as bad, so the update skips itself and the scale backs off. With attribute ``world`` (data
+    parallelism) the batch is bad on every rank when it is on any: ranks that decided alone
+    would drop different micro-batches, then one would reduce its gradients while another
+    accumulated -- collectives out of step, a hang."""
     grads = 5 if ctx.has_input(5) else None
     found = 6 if ctx.has_input(6) else None
+    world = lookup(int(ctx.attrs["world"])) if "world" in ctx.attrs else None
 
     def run(ins, outs, ws):
         bad, reject, loss, step, applied = ins[:5]
@@ -123,6 +128,8 @@ def step_check_numpy(ctx):
         rejected = _scalar(step) != _scalar(applied) + 1
         reject[...] = float(rejected)
         bad[...] = float(is_bad or rejected)
+        if world is not None:
+            world.allreduce_max_(bad.reshape(-1))
         if found is not None:
             ins[found][...] = bad
 

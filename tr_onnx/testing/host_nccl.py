@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends.cuda.nccl import NCCL_AVG, NCCL_DTYPES, NCCL_SUM
+from ..backends.cuda.nccl import NCCL_AVG, NCCL_DTYPES, NCCL_MAX, NCCL_SUM
 
 _NUMPY = {code: name for name, code in NCCL_DTYPES.items()}
 
@@ -60,13 +60,17 @@ class HostCommunicator:
                                 "count": count, "dtype": datatype, "op": op, "stream": stream})
         if sendbuf != recvbuf:
             raise RuntimeError("the host communicator reduces in place only")
-        if op not in (NCCL_SUM, NCCL_AVG):
-            raise RuntimeError(f"ncclRedOp_t {op}: the host communicator sums or averages")
+        if op not in (NCCL_SUM, NCCL_MAX, NCCL_AVG):
+            raise RuntimeError(f"ncclRedOp_t {op}: the host communicator sums, averages or "
+                               f"takes the maximum")
         dtype = np.dtype(_NUMPY[datatype])
         world = self.nccl.world
-        if world.size == 1:  # the sum over one rank is the buffer itself
+        if world.size == 1:  # the reduction over one rank is the buffer itself
             return
         array = _host_array(recvbuf, count, dtype)
+        if op == NCCL_MAX:
+            world.allreduce_max_(array)
+            return
         world.allreduce_sum_(array)
         if op == NCCL_AVG:
             np.divide(array, world.size, out=array)

@@ -85,6 +85,6 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
         info.loss_scaling = add_loss_scaling(graph, info, cfg.loss_scale, registry, backend,
                                              guarded=cfg.step_guard)
     if cfg.step_guard:  # the step runs as one cuda graph, guarded on the device
-        info.step_guard = add_step_guard(graph, info, registry, backend)
+        info.step_guard = add_step_guard(graph, info, registry, backend, world=cfg.world)
     info.grads_overwritten = fold_accumulators(graph, info, cfg, registry, backend)
     return info

@@ -566,9 +566,10 @@ class TrainingSession:
         if report.bad:  # nothing changed; the micro-batches accumulated since the last step
             self.micro_step = 0  # were dropped too
             self.bad_steps += 1
-            warnings.warn(f"step {self.step + 1}: non-finite loss ({loss}) or gradient; the "
-                          f"step was not applied ({self.bad_steps} in a row)", RuntimeWarning,
-                          stacklevel=4)
+            where = f" on one of the {self.world.size} ranks" if self.world is not None else ""
+            warnings.warn(f"step {self.step + 1}: non-finite loss ({loss}) or gradient{where}; "
+                          f"the step was not applied ({self.bad_steps} in a row)",
+                          RuntimeWarning, stacklevel=4)
             if self.bad_steps >= self.options["max_bad_steps"]:
                 raise TrainingDiverged(f"{self.bad_steps} steps in a row had a non-finite loss "
                                        f"or gradient (last at step {self.step + 1}); weights "

@@ -577,7 +577,7 @@ def set_step_outputs(graph: Graph, loss: Value, model_outputs: list[Value],
 
 
 def add_step_guard(graph: Graph, info: TrainInfo, registry: OpRegistry,
-                   backend: str) -> StepGuard:
+                   backend: str, world: int | None = None) -> StepGuard:
     """The on-device step guard, so the cuda executor can run a training step as one CUDA
     graph and decide there whether the batch is kept (``CudaExecutor.run_step``): OPT_STATE
     tensors (``StepGuard``) and nodes in three phases the host never waits between --
@@ -585,7 +585,12 @@ def add_step_guard(graph: Graph, info: TrainInfo, registry: OpRegistry,
     (ZeroFill of GRAD when the batch was bad, after ``commit``) and ``report`` (StepReport,
     last) -- and flag inputs on the commits and the update, which skip themselves on a bad
     batch (with loss scaling the update already skips on its overflow flag, which StepCheck
-    sets for a bad batch). StepAdvance counts applied steps after the update."""
+    sets for a bad batch). StepAdvance counts applied steps after the update.
+
+    ``world`` (data parallelism: the id ``distributed.register`` gave it): StepCheck makes a
+    batch bad on every rank when it is on any (its ``world`` attribute), so the ranks drop the
+    same micro-batches and count the same steps and bad steps: their collectives stay in step.
+    """
     guard = StepGuard()
     f32 = np.dtype(np.float32)
     for name, shape, dtype in ((guard.bad_batch, (), f32), (guard.reject, (), f32),
@@ -603,16 +608,16 @@ def add_step_guard(graph: Graph, info: TrainInfo, registry: OpRegistry,
     if not scaling:
         set_optional_input(graph, update, update_skip_index(update), bad)
 
-    def add(op_type: str, phase: str, inputs: list) -> Node:
+    def add(op_type: str, phase: str, inputs: list, attrs: dict | None = None) -> Node:
         node = internal_node(graph, registry, backend, op_type, f"{guard.bad_batch}/{op_type}",
-                         inputs, [], {})
+                             inputs, [], attrs or {})
         node.phase = phase
         graph.append(node)
         return node
 
     check = [bad, reject, v[info.loss], v[info.step], v[guard.applied]]
     check += [None, v[scaling.found_inf]] if scaling else [v[info.grads_span]]
-    add("StepCheck", "guard", check)
+    add("StepCheck", "guard", check, {"world": world} if world is not None else None)
     add("ZeroFill", "discard", [v[info.grads_span], bad])
     add("StepAdvance", "apply", [v[guard.applied], skip])
     if scaling:

@@ -29,9 +29,9 @@ from .capture import DeviceBuffer
 # ncclDataType_t and ncclRedOp_t of nccl.h: the C ABI NCCL keeps across releases (CuPy names
 # them NCCL_FLOAT32, NCCL_SUM...; written here so planning needs no libnccl)
 NCCL_DTYPES = {"float16": 6, "float32": 7, "float64": 8, "bfloat16": 9}
-NCCL_SUM, NCCL_AVG = 0, 4
+NCCL_SUM, NCCL_MAX, NCCL_AVG = 0, 2, 4
 """ncclAvg (NCCL >= 2.10) divides by the number of ranks inside the reduction, so a mean
-costs no kernel of its own."""
+costs no kernel of its own; ncclMax spreads a rank's bad-batch flag to all (StepCheck)."""
 
 
 def nccl_module():
@@ -125,5 +125,5 @@ class NcclBroadcast:
             device.begin_node(label, phase)
 
 
-__all__ = ["BROADCAST_PHASE", "NCCL_AVG", "NCCL_DTYPES", "NCCL_SUM", "NcclAllReduce",
+__all__ = ["BROADCAST_PHASE", "NCCL_AVG", "NCCL_DTYPES", "NCCL_MAX", "NCCL_SUM", "NcclAllReduce",
            "NcclBroadcast", "communicator", "nccl_dtype", "nccl_module"]

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ....distributed import lookup
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
@@ -36,6 +37,7 @@ from ..bind import (
 )
 from ..capture import DeviceBuffer
 from ..device import BLOCK
+from ..nccl import NCCL_MAX, NcclAllReduce, communicator, nccl_dtype
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 # ---- kernels/optimizers.cu and kernels/amp.cu: the families' name tables ------------------------
@@ -237,7 +239,9 @@ def bind_loss_scale_update(b: BindContext, node) -> list:
 
 def bind_step_check(b: BindContext, node) -> list:
     """StepCheck(bad, reject, loss, step, applied[, grads][, found_inf]): bad = non-finite
-    loss (or gradient); reject = step != applied + 1 (then bad too); found_inf = bad."""
+    loss (or gradient); reject = step != applied + 1 (then bad too); with attribute ``world``,
+    bad = the maximum over the ranks (one NCCL all-reduce of the flag on the step's stream,
+    captured with the step); found_inf = bad."""
     bad, reject, loss, step, applied = node.inputs[:5]
     grads, found = _input(node, 5), _input(node, 6)
     bad_buf = _flag(b, bad, True)
@@ -253,6 +257,11 @@ def bind_step_check(b: BindContext, node) -> list:
     calls.append(b.launch("tr_step_check", 1, [b.buf(step), b.buf(applied),
                                                 _flag(b, reject, True), bad_buf],
                           single_block=True))
+    if "world" in node.attrs:
+        world = lookup(int(node.attrs["world"]))
+        comm = communicator(world, getattr(b.device, "device_id", 0))
+        calls.append(NcclAllReduce(comm, bad_buf, 1, nccl_dtype(np.float32), NCCL_MAX,
+                                   world.rank, world.size))
     if found is not None:
         found_buf = _flag(b, found, True)
         calls += [b.launch("tr_zero_lanes_b4", 1, [found_buf, i64(1), i64(0), i64(1)]),
