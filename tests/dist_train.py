@@ -22,7 +22,8 @@ from tr_onnx import distributed
 from tr_onnx.optim import SGD, AdamW
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
-SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16)}
+SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16),
+          "mobilenet_train": (3, 16, 16)}
 
 # small all-reduce buckets, so that the models' gradients travel in several of them
 BUCKETS = {"grad_bucket_mb": 1 / 64}
@@ -44,6 +45,9 @@ CASES = {
                    "torch", None),
     "resnet-sync-batchnorm": ("resnet", SGD(lr=0.01, momentum=0.9), 10, 4,
                               {"sync_batchnorm": True}, "single", None),
+    # Dropout(0.2) before the classifier: each rank draws its rows of the global batch's mask
+    "mobilenet-dropout-sync-batchnorm": ("mobilenet_train", SGD(lr=0.05, momentum=0.9), 10, 4,
+                                         {"sync_batchnorm": True}, "single", None),
 }
 
 

@@ -110,19 +110,23 @@ def test_extremum_ties_go_to_the_first_input(op):
 
 # ---- ai.tr_onnx.DropoutTraining ---------------------------------------------------------------
 
-def dropout_model(shape, ratio, seed, dtype=TensorProto.DOUBLE, pre_pool=False):
-    """x -> [1x1 MaxPool ->] DropoutTraining(x, step) -> (y, mask); step a graph input."""
+def dropout_model(shape, ratio, seed, dtype=TensorProto.DOUBLE, pre_pool=False,
+                  rows_before=False):
+    """x -> [1x1 MaxPool ->] DropoutTraining(x, step[, rows_before]) -> (y, mask); step (and
+    rows_before) graph inputs."""
     nodes = []
     x = "x"
     if pre_pool:  # makes x a channels-last (padded) feature map
         nodes.append(helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[1, 1]))
         x = "p"
-    nodes.append(helper.make_node("DropoutTraining", [x, "step"], ["y", "mask"],
+    extra = ["rows_before"] if rows_before else []
+    nodes.append(helper.make_node("DropoutTraining", [x, "step", *extra], ["y", "mask"],
                                   domain="ai.tr_onnx", ratio=ratio, seed=seed))
     graph = helper.make_graph(
         nodes, "dropout_training",
         [helper.make_tensor_value_info("x", dtype, shape),
-         helper.make_tensor_value_info("step", TensorProto.INT64, [])],
+         helper.make_tensor_value_info("step", TensorProto.INT64, [])] + [
+            helper.make_tensor_value_info(n, TensorProto.INT64, []) for n in extra],
         [helper.make_tensor_value_info("y", dtype, shape),
          helper.make_tensor_value_info("mask", TensorProto.BOOL, shape)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
@@ -157,6 +161,30 @@ def test_dropout_training_mask_is_a_function_of_seed_and_step():
     np.testing.assert_array_equal(m5, m5_again)
     np.testing.assert_array_equal(m5, m5_f32)  # the uniforms are float64 whatever x's dtype
     assert (m5 != m6).mean() > 0.2 and (m5 != m5_seed).mean() > 0.2
+
+
+@pytest.mark.parametrize(("shape", "split", "pre_pool"), [
+    ((10, 7), (3, 3, 4), False), ((9, 3, 5), (4, 5), False), ((6, 2, 3, 3), (1, 2, 3), False),
+    ((6, 2, 3, 3), (1, 2, 3), True), ((5, 3, 2, 2), (2, 3), True)])
+def test_dropout_training_draws_a_ranks_rows_of_the_global_batchs_mask(shape, split, pre_pool):
+    """Data parallelism: with ``rows_before`` (the global batch's rows before this shard),
+    each shard's mask is its rows of the mask one process draws for the whole batch -- shards
+    whose uniforms start amid a Philox counter's four (7, 15 or 18 values per row) and a
+    channels-last x included -- so the ranks' masks are disjoint draws, not one repeated."""
+    x = RNG.standard_normal(shape)
+    whole = tr_onnx.InferenceSession(dropout_model(list(shape), 0.4, 7, pre_pool=pre_pool))
+    _, want = whole.run(None, {"x": x, "step": np.array(3, np.int64)})
+    start = 0
+    for rows in split:
+        part = (rows, *shape[1:])
+        sess = tr_onnx.InferenceSession(dropout_model(list(part), 0.4, 7, pre_pool=pre_pool,
+                                                      rows_before=True))
+        y, mask = sess.run(None, {"x": x[start:start + rows], "step": np.array(3, np.int64),
+                                  "rows_before": np.array(start, np.int64)})
+        np.testing.assert_array_equal(mask, want[start:start + rows], err_msg=f"rows {start}+")
+        np.testing.assert_array_equal(y, np.where(mask, x[start:start + rows] * _scale(0.4), 0))
+        start += rows
+    assert 0.3 < (~want).mean() < 0.5  # a mask that drops, so equal masks are no accident
 
 
 def test_dropout_training_same_step_same_session():

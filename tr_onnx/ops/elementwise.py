@@ -17,6 +17,7 @@ The tables' ``vjp`` column holds each op's gradient rule: it builds IR nodes (se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -582,11 +583,16 @@ _VARIADIC = {  # op: (versions, ufunc, gradient rule)
 # ---- training-mode dropout -------------------------------------------------------------------
 
 def dropout_training_numpy(ctx):
-    """``ai.tr_onnx.DropoutTraining(x, step) -> (y, mask)``: mask = u >= ratio for uniforms u
-    drawn from Philox(key=seed) jumped ``step`` times, y = x * mask / (1 - ratio). The stream is
-    counter-based: the mask of a step depends only on (seed, step), so a run resumed from a
-    checkpoint redraws it bitwise. The uniforms are float64 in the logical C order of x's shape
-    whatever x's dtype and layout, so the mask does not depend on either."""
+    """``ai.tr_onnx.DropoutTraining(x, step[, rows_before]) -> (y, mask)``: mask = u >= ratio
+    for uniforms u drawn from Philox(key=seed) jumped ``step`` times, y = x * mask / (1 -
+    ratio). The stream is counter-based: the mask of a step depends only on (seed, step), so a
+    run resumed from a checkpoint redraws it bitwise. The uniforms are float64 in the logical C
+    order of x's shape whatever x's dtype and layout, so the mask does not depend on either.
+
+    ``rows_before`` (int64 scalar, data parallelism): x is this rank's rows of a batch-major
+    tensor with that many rows of the global batch before them; the stream is skipped past
+    their uniforms (one 64-bit draw each, four per Philox counter), so the mask is the one a
+    single process with the global batch draws for these rows, and no two ranks' overlap."""
     missing = [k for k in ("ratio", "seed") if k not in ctx.attrs]
     if missing:
         raise ctx.error(f"DropoutTraining needs the attributes {missing} (internal ops have "
@@ -602,14 +608,22 @@ def dropout_training_numpy(ctx):
 
         return run
     k = ctx.workspace(ctx.inputs[0].shape, np.float64)
+    shape = ctx.inputs[0].shape
+    per_row = math.prod(shape[1:]) if ctx.has_input(2) else 0
+    skipped = ctx.workspace((3,), np.float64) if per_row else None
     stream = np.random.Philox(key=int(ctx.attrs["seed"]) % 2**64)  # a negative seed wraps
 
     def run(ins, outs, ws):
-        x, step = ins
+        x, step = ins[:2]
         u, (y, mask) = ws[k], outs
         # jumped() leaves ``stream`` as it is; the small Generator/Philox pair it makes per
         # step is an unavoidable temporary (the stream position changes every step)
-        rng = np.random.Generator(stream.jumped(int(step.reshape(()))))
+        bits = stream.jumped(int(step.reshape(())))
+        rng = np.random.Generator(bits)
+        if per_row:
+            before = int(ins[2].reshape(())) * per_row
+            bits.advance(before // 4)
+            rng.random(out=ws[skipped][:before % 4])
         rng.random(out=u.reshape(-1))
         np.greater_equal(u, ratio, out=mask)
         np.multiply(x, mask, out=y)
@@ -629,9 +643,10 @@ def _dropout_training_shape(node, shapes, dtypes):
 def _dropout_training_vjp(b, node, gys, needed):
     """gx = gy * mask / (1 - ratio); the step counter gets nothing."""
     gy, mask = gys[0], node.outputs[1]
+    rest = [None] * (len(node.inputs) - 1)
     if gy is None or not needed[0]:
-        return [None, None]
-    return [masked(b, mask, scaled(b, gy, _dropout_scale(float(node.attrs["ratio"])))), None]
+        return [None, *rest]
+    return [masked(b, mask, scaled(b, gy, _dropout_scale(float(node.attrs["ratio"])))), *rest]
 
 
 @hookimpl
@@ -658,6 +673,7 @@ def tr_onnx_op_definitions():
               shape=_dropout_training_shape, differentiable=True,
               gradient=_dropout_training_vjp, grad_inputs=(0,),
               doc="Training-mode dropout with a counter-based mask: inputs (x, step: int64 "
-                  "scalar), attributes ratio (float), seed (int); outputs (y, mask: bool)."),
+                  "scalar[, rows_before: int64 scalar, the global batch's rows before x's]), "
+                  "attributes ratio (float), seed (int); outputs (y, mask: bool)."),
     ]
     return defs

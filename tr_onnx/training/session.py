@@ -76,6 +76,7 @@ from .train_pass import (
     LOSS_SCALE,
     LR,
     RNG,
+    SAMPLE_OFFSET,
     STEP,
     TrainConfig,
     TrainInfo,
@@ -92,6 +93,7 @@ class _Launch:
     plan: CompiledPlan
     rng: int
     apply: bool
+    rows_before: int = 0  # data parallelism: the global batch's rows before this rank's
     token: Any = None
     report: StepReport | None = None
     outputs: dict[str, np.ndarray] | None = None  # read back with the step (launch_step)
@@ -449,7 +451,7 @@ class TrainingSession:
                 executor.write_input(name, x)
         executor.write_input(self.label_name, labels)
         launch = _Launch(plan, self.rng_counter, self.micro_step + 1 ==
-                         self.options["grad_accumulation"])
+                         self.options["grad_accumulation"], self._rows_before(plan, feed))
         self.rng_counter += 1
         self._last = launch
         pending = PendingStep(self, launch)
@@ -469,6 +471,17 @@ class TrainingSession:
             self._inflight.clear()
             raise
         return pending
+
+    def _rows_before(self, plan: CompiledPlan, feed: dict[str, np.ndarray]) -> int:
+        """Data parallelism, in a model with dropout: the rows of the global batch on the ranks
+        before this one (their batches' axis-0 extents summed), so this rank's batch-major
+        dropout masks are those rows of the global batch's (``train_pass.sample_offset``).
+        Every rank's plans convert the same Dropout nodes, so every rank makes this collective
+        or none does, whatever its batch."""
+        if self.world is None or not plan.info.converted.get("Dropout"):
+            return 0
+        rows = {np.shape(x)[0] for x in feed.values() if np.ndim(x)}
+        return self.world.exscan_sum(rows.pop() if len(rows) == 1 else 0)
 
     def _broadcast_state(self, plan: CompiledPlan) -> None:
         """Every rank takes rank 0's training state (parameters, optimizer state, running
@@ -527,6 +540,8 @@ class TrainingSession:
         ex.write_scalar(RNG, launch.rng)
         if self.world is not None:  # the gradients are reduced on the steps that apply
             ex.write_scalar(REDUCE, float(launch.apply))
+            if SAMPLE_OFFSET in ex.memory.tensors:
+                ex.write_scalar(SAMPLE_OFFSET, launch.rows_before)
         if self._pipelined(launch.plan):
             want = [self.output_name] if self.output_name in ex.step_outputs else []
             launch.token = ex.launch_step(launch.apply, want)

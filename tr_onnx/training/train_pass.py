@@ -51,6 +51,9 @@ LR, STEP, GRAD_SCALE, RNG = "__lr", "__step", "__grad_scale", "__rng_counter"
 LOSS_SCALE = "__loss_scale"
 # the flat spans the update runs over (``add_spans``)
 PARAMS_SPAN, GRADS_SPAN = "__params", "__grads"
+# data parallelism: the rows of the global batch before this rank's, written each step, so a
+# batch-major dropout mask is the global batch's, rows of this rank (``sample_offset``)
+SAMPLE_OFFSET = "__sample_offset"
 # the step guard's OPT_STATE tensors (``add_step_guard``)
 BAD_BATCH, REJECT, APPLIED, STEP_REPORT = "__bad_batch", "__reject", "__applied", "__step_report"
 INTERNAL = "ai.tr_onnx"
@@ -215,9 +218,11 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             if mask is None:
                 mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
                 graph.values[mask.name] = mask
+            offset = sample_offset(graph, cfg, node.inputs[0])
             new = internal_node(graph, registry, backend, "DropoutTraining", node.name,
-                            [node.inputs[0], counter], [y, mask],
-                            {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
+                                [node.inputs[0], counter, *([offset] if offset else [])],
+                                [y, mask],
+                                {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
             graph.replace_node(node, new)
             if old_mask is not None and old_mask is not mask:
                 _legacy_mask(graph, registry, backend, new, old_mask)
@@ -229,6 +234,26 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
             graph.replace_node(node, new)
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return commits, counts
+
+
+def sample_offset(graph: Graph, cfg: TrainConfig, x: Value) -> Value | None:
+    """Data parallelism: the per-step input ``SAMPLE_OFFSET`` (made on first use) for a dropout
+    of ``x`` whose axis 0 is the batch -- the extent the model's data inputs share on axis 0 --
+    so rank r draws the mask rows one process with the whole global batch would draw for its
+    rows (``DropoutTraining``'s third input). None without a world or when axis 0 is not the
+    batch (a sequence-first [S, B, D] tensor): then every rank draws the same mask."""
+    if cfg.world is None or x.rank == 0:
+        return None
+    rows = {graph.values[n].shape[0] for n in cfg.data_inputs
+            if n in graph.values and graph.values[n].rank > 0}
+    if rows != {x.shape[0]}:
+        return None
+    offset = graph.values.get(SAMPLE_OFFSET)
+    if offset is None:
+        offset = Value(SAMPLE_OFFSET, (), np.dtype(np.int64), ir.INPUT)
+        graph.values[offset.name] = offset
+        graph.inputs.append(offset)
+    return offset
 
 
 def _legacy_mask(graph: Graph, registry: OpRegistry, backend: str, dropout: Node,
