@@ -215,6 +215,7 @@ TRAIN_CASES = ["mlp-SGD", "mlp-AdamW", "lenet-SGD", "lenet-AdamW",
                "resnet-ddp", "mobilenet-dropout-sync-batchnorm"]
 # one process with the doubled batch: losses and weights within 1e-6; with BatchNorm
 # synchronised, within 1e-5 (the issue's bounds); PyTorch DDP: within 1e-4
+CASES_ACCUMULATING = {"mlp-accumulate", "mlp-inf-in-a-micro-batch"}  # grad_accumulation=2
 TOLERANCE = {"resnet-sync-batchnorm": 1e-5, "resnet-ddp": 1e-4,
              "mobilenet-dropout-sync-batchnorm": 1e-5}
 
@@ -253,6 +254,8 @@ def test_the_ranks_end_with_the_same_weights(trained, case):
     DDP-style BatchNorm statistics differ (rank 1's last step used its own batch)."""
     got = trained[case]
     assert got["steps_applied"] == got["rank1_steps_applied"]
+    # one micro-batch per step: gradients computed straight into GRAD (fold_accumulators)
+    assert bool(got["grads_overwritten"]) == (case not in CASES_ACCUMULATING)
     for name in (k.removeprefix("got/") for k in got if k.startswith("got/")):
         if case == "resnet-ddp" and name.endswith(("running_mean", "running_var")):
             continue

@@ -476,8 +476,8 @@ def add_grad_accumulators(b: GradBuilder, trainable: list[Value],
 
 def fold_accumulators(graph: Graph, info: TrainInfo, cfg: TrainConfig, registry: OpRegistry,
                       backend: str) -> bool:
-    """With one micro-batch per optimizer step, in one process, on numpy, the step decided on
-    the host (a graph with the on-device step guard keeps GRAD as the cuda backend has it):
+    """With one micro-batch per optimizer step, on numpy, the step decided on the host (a
+    graph with the on-device step guard keeps GRAD as the cuda backend has it):
     GRAD never accumulates, so each parameter's gradient is computed straight into its
     accumulator (the node producing it writes the GRAD value instead of a temporary; numpy
     kernels write through their outputs' logical views, whatever the layout) or, where that
@@ -487,8 +487,7 @@ def fold_accumulators(graph: Graph, info: TrainInfo, cfg: TrainConfig, registry:
     slot (the host still zeroes GRAD after a bad batch, which is harmless). Runs last, on the
     final dtypes (half precision casts some gradients on their way to GRAD). Returns whether
     it folded (``TrainInfo.grads_overwritten``)."""
-    if (cfg.grad_accumulation != 1 or cfg.world is not None or backend != "numpy"
-            or cfg.step_guard):
+    if cfg.grad_accumulation != 1 or backend != "numpy" or cfg.step_guard:
         return False
     accumulators = {info.grads[p] for p in info.trainable}
     outputs = set(map(id, graph.outputs))
@@ -497,9 +496,12 @@ def fold_accumulators(graph: Graph, info: TrainInfo, cfg: TrainConfig, registry:
         acc, g = node.inputs
         producer = g.producer
         # g.kind: a gradient folded into an earlier accumulator is that GRAD value now
+        # data parallel: the slot is summed in place while the backward pass goes on, so a
+        # later reader of the gradient must keep reading its own copy
         if (producer is None or g.kind != ir.ACTIVATION or id(g) in outputs
                 or producer.opdef.alias_output or g.dtype != acc.dtype or g.shape != acc.shape
-                or g.alias_of is not None):
+                or g.alias_of is not None
+                or cfg.world is not None and any(c is not node for c in g.consumers)):
             copy = internal_node(graph, registry, backend, "Assign", node.name, [acc, g], [], {})
             copy.phase = node.phase
             graph.replace_node(node, copy)
