@@ -1,8 +1,8 @@
-"""Run under ``mpiexec -n 2`` by tests/test_distributed.py: data-parallel training of model-zoo
-models, each rank on its shard of every global batch (rank r: rows [r*b, (r+1)*b)), and the
-oracles next to it -- one process with the whole global batch (rank 0 runs it), or PyTorch
-DDP (gloo) in the same two processes. Writes ``<out>/<case>.npz`` (rank 0) with the curves
-and the final parameters of both sides.
+"""Run under ``mpiexec -n 2`` (or 3) by tests/test_distributed.py: data-parallel training of
+model-zoo models, each rank on its shard of every global batch (rank r: rows [r*b, (r+1)*b)),
+and the oracles next to it -- one process with the whole global batch (rank 0 runs it), or
+PyTorch DDP (gloo; two processes). Writes ``<out>/<case>.npz`` (rank 0) with the curves and
+the final parameters of both sides and every rank's (``rank<r>/...``).
 
 Usage: ``dist_train.py OUT CASE [CASE ...]`` with cases from ``CASES``.
 """
@@ -97,14 +97,15 @@ def run_case(world, name: str, out: Path) -> None:
               "computed_after_first_start": sum(
                   n.phase == "compute" and n.domain != "ai.tr_onnx"
                   or n.op_type.endswith("Grad") for n in nodes[starts[0]:])}
-    if world.rank == 1:  # rank 1's parameters and curve, for rank 0 to write
+    if world.rank > 0:  # every other rank's parameters and curve, for rank 0 to write
         world.comm.send((params, local, session.step), dest=0)
     else:
-        other, other_local, other_steps = world.comm.recv(source=1)
-        result["rank1_local_losses"] = other_local
-        result["rank1_steps_applied"] = other_steps
-        for k, v in other.items():
-            result[f"rank1/{k}"] = v
+        for r in range(1, world.size):
+            other, other_local, other_steps = world.comm.recv(source=r)
+            result[f"rank{r}_local_losses"] = other_local
+            result[f"rank{r}_steps_applied"] = other_steps
+            for k, v in other.items():
+                result[f"rank{r}/{k}"] = v
     if oracle == "torch":
         want_local, want_params = torch_ddp(world, model, opt, data, shard)
         if world.rank == 0:
@@ -112,7 +113,7 @@ def run_case(world, name: str, out: Path) -> None:
             result["want_rank1_local_losses"] = world.comm.recv(source=1)
             for k, v in want_params.items():
                 result[f"want/{k}"] = v
-        else:
+        elif world.rank == 1:
             world.comm.send(want_local, dest=0)
     elif world.rank == 0:
         single = tr_onnx.TrainingSession(
