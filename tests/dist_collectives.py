@@ -13,7 +13,8 @@ import numpy as np
 
 import tr_onnx
 from tr_onnx import distributed
-from tr_onnx.errors import DistributedError
+from tr_onnx.errors import CheckpointError, DistributedError
+from tr_onnx.training import storage
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 
@@ -52,6 +53,18 @@ def main(out: Path) -> None:
     seen["scalars"] = world.allreduce_scalars([r, 2.5, -r])
     seen["object"] = world.bcast_object({"from": r, "list": [r] * 3} if r == 0 else None)
     world.barrier()
+
+    # a file on rank 0's machine only (rank 1's path names nothing), on every rank, broadcast
+    # in 7-byte pieces
+    storage.BCAST_CHUNK = 7
+    mine = out / f"only-on-rank-{r}.bin"
+    if r == 0:
+        mine.write_bytes(bytes(range(40)))
+    seen["shared_file"] = list(storage.shared_checkpoint(mine, world))
+    try:
+        storage.shared_checkpoint(out / "nowhere.bin", world)
+    except CheckpointError as exc:
+        seen["shared_missing"] = str(exc)
 
     # the deadline: rank 0 waits 0.5 s for an all-reduce rank 1 joins only after 1.5 s; rank 0
     # raises, then both match up so that the job ends cleanly

@@ -186,6 +186,9 @@ def test_each_collective_on_two_ranks_and_the_deadline(collectives):
         np.testing.assert_array_equal(s["mean"], [1.5] * 3)
         assert s["max"] == [1.0, 0.0, 0.0]
         assert s["exscan"] == 3 * r
+        assert s["shared_file"] == list(range(40))
+        assert s["shared_missing"].endswith("nowhere.bin: no such checkpoint file (on rank 0, "
+                                            "which reads it for all ranks)")
         np.testing.assert_array_equal(s["bcast_from_1"], [8] * 4)
         assert s["started"] == [[3.0] * 3, [0.0, 3.0, 6.0, 9.0]]
         assert s["scalars"] == [1.0, 5.0, -1.0]

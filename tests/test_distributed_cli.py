@@ -120,6 +120,39 @@ def test_a_killed_rank_ends_the_run_and_its_checkpoint_resumes_on_one_rank(tmp_p
     assert_same_epochs(tmp_path / "metrics.jsonl", reference / "metrics.jsonl")
 
 
+def test_a_checkpoint_on_rank_0s_machine_alone_resumes_on_two_ranks(tmp_path, reference):
+    """Machines without a shared file system: each rank runs in its own folder (hydra's
+    ``-wdir``), every path relative, and only rank 0's folder has the checkpoint (rank 0
+    alone writes them). Rank 0 reads it and broadcasts it, so the run resumes to the model of
+    the uninterrupted one; and when rank 0 has none either, both ranks fail saying so."""
+    first, rank1 = tmp_path / "machine0", tmp_path / "machine1"
+    rank1.mkdir()
+    run = ["--checkpoint-dir", "ckpt", "--metrics", "metrics.jsonl", "--out", "model.onnx",
+           "--no-progress", "--batch-size", "16"]
+    first.mkdir()
+    assert main([*TRAIN[:-2], "--epochs", "1", "--backend", "numpy", "--checkpoint-dir",
+                 str(first / "ckpt"), "--batch-size", "32", "--no-progress",
+                 "--out", str(first / "epoch1.onnx")]) == 0  # one rank, one epoch of two
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+    def two_machines():
+        rank = [sys.executable, "-m", "tr_onnx", *TRAIN, "--resume", *run]
+        return subprocess.run(["mpiexec", "-n", "1", "-wdir", str(first), *rank, ":",
+                               "-n", "1", "-wdir", str(rank1), *rank], env=env,
+                              capture_output=True, text=True, timeout=240)
+
+    proc = two_machines()
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from ckpt/last.ckpt.npz: epoch 2" in proc.stdout
+    assert_same_model(first / "model.onnx", reference / "model.onnx")
+    assert not (rank1 / "ckpt").exists() and not (rank1 / "model.onnx").exists()
+    (first / "ckpt" / CHECKPOINT_NAME).unlink()
+    proc = two_machines()
+    assert proc.returncode != 0
+    assert "--resume: no checkpoint ckpt/last.ckpt.npz" in proc.stderr, proc.stderr
+
+
 def test_a_hung_rank_makes_the_other_fail_within_the_timeout(tmp_path):
     proc, seconds = mpiexec(str(TESTS / "dist_cli_fault.py"), "hang", "1", "2", *TRAIN,
                             "--batch-size", "16", "--dist-timeout", "2", "--no-progress",

@@ -160,7 +160,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     if args.resume and not args.checkpoint_dir:
         raise TrOnnxError("--resume needs --checkpoint-dir (where last.ckpt.npz is)")
     ckpt = Path(args.checkpoint_dir) / CHECKPOINT_NAME if args.checkpoint_dir else None
-    if args.resume and not ckpt.exists():
+    if args.resume and world.is_root and not ckpt.exists():  # the other ranks get rank 0's
         raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
     out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
     _check_outputs(args, out, ckpt)

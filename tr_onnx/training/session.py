@@ -70,7 +70,13 @@ from .precision import (
     check_loss_scale,
     check_precision,
 )
-from .storage import CHECKPOINT_FORMAT, atomic_write, checkpoint_model, read_checkpoint
+from .storage import (
+    CHECKPOINT_FORMAT,
+    atomic_write,
+    checkpoint_model,
+    read_checkpoint,
+    shared_checkpoint,
+)
 from .train_pass import (
     GRAD_SCALE,
     LOSS_SCALE,
@@ -740,9 +746,15 @@ class TrainingSession:
         entry missing or garbled, pickled objects, arrays that do not fit the model, a model
         referencing external data) is a ``CheckpointError`` naming it and what is wrong; arrays
         of the optimizer's state are checked against the plan before the first step writes
-        anything."""
+        anything.
+
+        With ``distributed=`` a world of several ranks, rank 0 reads the file and broadcasts
+        it (``storage.shared_checkpoint``): the other ranks' machines need no copy of it."""
         path = Path(path)
-        meta, model, state = read_checkpoint(path)
+        world = overrides.get("distributed")
+        shared = shared_checkpoint(path, world) if world is not None and world.size > 1 \
+            else None
+        meta, model, state = read_checkpoint(path, shared)
         cfg = dict(meta["config"])
         try:
             loss = cfg.pop("loss")

@@ -9,6 +9,7 @@ through here; ``TrainingSession.from_checkpoint`` reads through ``read_checkpoin
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -151,14 +152,41 @@ def checkpoint_model(path: Path, data: bytes, what: str) -> onnx.ModelProto:
     return model
 
 
-def read_checkpoint(path: Path) -> tuple[dict, onnx.ModelProto, dict[str, np.ndarray]]:
-    """A checkpoint's meta data, model and state arrays. Anything wrong with the file is a
+BCAST_CHUNK = 1 << 30
+"""Bytes per broadcast of a shared checkpoint (an MPI count is a C int: at most 2 GiB - 1)."""
+
+
+def shared_checkpoint(path: Path, world) -> bytes:
+    """The bytes of checkpoint ``path`` as rank 0 of ``world`` reads them, on every rank (a
+    data-parallel resume: the file need only be on rank 0's machine, as rank 0 alone writes
+    checkpoints). A file rank 0 cannot read is the same ``CheckpointError`` on every rank."""
+    error, data = None, b""
+    if world.is_root:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            error = f"{path}: no such checkpoint file (on rank 0, which reads it for all ranks)"
+        except OSError as exc:
+            error = f"{path}: cannot read the checkpoint on rank 0 ({_os_reason(exc)})"
+    error, size = world.bcast_object((error, len(data)))
+    if error is not None:
+        raise CheckpointError(error)
+    buf = np.frombuffer(bytearray(data) if world.is_root else bytearray(size), np.uint8)
+    for lo in range(0, size, BCAST_CHUNK):
+        world.bcast_(buf[lo:lo + BCAST_CHUNK])
+    return buf.tobytes() if not world.is_root else data
+
+
+def read_checkpoint(path: Path, data: bytes | None = None
+                    ) -> tuple[dict, onnx.ModelProto, dict[str, np.ndarray]]:
+    """A checkpoint's meta data, model and state arrays, from the file or from its ``data``
+    (``shared_checkpoint``; errors still name ``path``). Anything wrong with the file is a
     ``CheckpointError`` naming it and what; pickled objects are never loaded."""
-    if not path.is_file():
+    if data is None and not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     arrays, key = {}, None
     try:
-        data = np.load(path, allow_pickle=False)
+        data = np.load(path if data is None else io.BytesIO(data), allow_pickle=False)
         if not isinstance(data, np.lib.npyio.NpzFile):
             raise CheckpointError(f"{path}: not a tr_onnx checkpoint (one .npy array, not the "
                                   ".npz archive save_checkpoint writes)")

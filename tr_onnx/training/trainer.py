@@ -389,9 +389,10 @@ class Trainer:
         different one is an error), ``epochs`` defaulting to the saved total. The data must be
         the same as when the checkpoint was written (checked by a CRC of its arrays).
 
-        On several ranks every rank resumes, from the same file, a ``session`` made with
-        ``TrainingSession.from_checkpoint(path, distributed=world)``; the checkpoint's global
-        batch is split over them (``resumed_batch_size``), whatever world size wrote it."""
+        On several ranks every rank resumes a ``session`` made with
+        ``TrainingSession.from_checkpoint(path, distributed=world)`` (rank 0 reads the file and
+        broadcasts it: the other machines need no copy); the checkpoint's global batch is split
+        over them (``resumed_batch_size``), whatever world size wrote it."""
         path = Path(checkpoint_dir) / CHECKPOINT_NAME
         if session is None:
             if not path.exists():
