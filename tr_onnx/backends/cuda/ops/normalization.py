@@ -34,14 +34,16 @@ from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 def normalization_source() -> KernelSource:
     """kernels/normalization.cu: LayerNormalization and LayerNormGrad; BatchNormalization's
-    inference and running statistics."""
+    inference and running statistics, and synchronised BatchNorm's training kernels."""
     return kernel_source(
         "normalization",
         instantiate("TR_LAYERNORM({T}, {dt})", ("tr_layernorm_fwd_{dt}", "tr_layernorm_bwd_dx_{dt}",
                                                 "tr_layernorm_bwd_params_{dt}"), STORAGE),
-        instantiate("TR_BATCHNORM({T}, {dt})", ("tr_bn_running_{dt}", "tr_bn_infer_{dt}"),
-                    STORAGE),
-        plain("tr_bn_running_finish"))
+        instantiate("TR_BATCHNORM({T}, {dt})", (
+            "tr_bn_running_{dt}", "tr_bn_infer_{dt}", "tr_bn_sums_{dt}", "tr_bn_normalize_{dt}",
+            "tr_bn_grad_sums_{dt}", "tr_bn_grad_dx_{dt}"), STORAGE),
+        plain("tr_bn_running_finish", "tr_bn_sum_chunks", "tr_bn_sync_mean",
+              "tr_bn_sync_finish", "tr_bn_grad_params"))
 
 
 KERNELS = normalization_source()
@@ -74,9 +76,10 @@ def bind_batch_norm_inference(b: BindContext, node) -> list:
 
 
 BN_TILE = 32
-"""Channels per block of ``tr_bn_running_<dt>`` (``TR_BN_TILE`` in kernels/normalization.cu)."""
+"""Channels per block of the per-chunk sums (``TR_BN_TILE`` in kernels/normalization.cu)."""
 BN_BLOCKS = 1024
-"""About this many blocks (chunks x channel tiles) in the running statistics' sums..."""
+"""About this many blocks (chunks x channel tiles) in the per-channel sums (the running
+statistics', a synchronised BatchNorm's)..."""
 BN_MAX_CHUNKS = 256
 """...in at most this many chunks of rows (the finishing kernel's loop per channel)..."""
 BN_MIN_ROWS = 64
@@ -84,8 +87,8 @@ BN_MIN_ROWS = 64
 
 
 def bn_chunks(rows: int, c: int) -> tuple[int, int]:
-    """(chunks, chunk_rows) of the running statistics' per-channel sums over ``rows`` rows of
-    ``c`` channels: fixed by the shape alone, so the summation order is the same every step."""
+    """(chunks, chunk_rows) of the per-channel sums over ``rows`` rows of ``c`` channels:
+    fixed by the shape alone, so the summation order is the same every step."""
     tiles = -(-c // BN_TILE)
     target = max(1, min(BN_MAX_CHUNKS, BN_BLOCKS // tiles))
     chunk_rows = max(BN_MIN_ROWS, -(-rows // target))
