@@ -7,12 +7,12 @@ over ``tr_onnx.testing.host_emulator`` instead of a GPU.
     python scripts/gpu_check.py --dry-run [--out DIR]
 
 Parity (``forward_parity``, ``gradient_parity``, ``training_parity``, ``replay_parity``,
-``precision_parity``, ``export_parity``, ``nccl_parity``; the GPU tests in
-tests/test_cuda_gpu.py call the same functions): a model_zoo model through ``backend="cuda"``
+``precision_parity``, ``export_parity``, ``nccl_parity``, ``sync_batchnorm_parity``; the GPU tests
+in tests/test_cuda_gpu.py call the same functions): a model_zoo model through ``backend="cuda"``
 against ``backend="numpy"``, fp32, with the tolerances in ``TOL`` (they leave room for TF32 in
 cuDNN's fp32 convolutions, about 1e-3 relative), fp16/bf16 training against the fp32 curve
-(``HALF_TOL``), and the model trained on cuda and exported, run by onnxruntime (CUDA provider
-where onnxruntime-gpu is installed).
+(``HALF_TOL``), and the model trained on cuda and exported, run by onnxruntime (CUDA provider where
+onnxruntime-gpu is installed).
 
 Benchmark (``--benchmark``): training images/s and peak GPU memory, same batch, SGD momentum:
 tr_onnx cuda in fp32 and fp16 (bf16 too on ResNet-50; the session's ``train_step`` waited and
@@ -226,6 +226,47 @@ def nccl_parity(stem: str, device=None, steps: int = 5, batch: int = 4) -> dict:
     return {"nccl": worst, "steps": world.step, "captured_graphs": list(ex.graphs),
             "ok": worst == 0.0 and world.step == steps and len(nodes) == 1
             and list(ex.graphs) == [ex.step_phases()] and "reduce" in ex.step_phases()}
+
+
+def sync_batchnorm_parity(stem: str, device=None, steps: int = 5, batch: int = 4) -> dict:
+    """Synchronised BatchNorm at a world of 1 through NCCL (``sync_batchnorm=True`` under
+    ``testing.host_nccl.with_nccl_path``: BatchNorm's own kernels, their float64 sums NCCL
+    all-reduced inside the step's graph, no cuDNN BatchNorm) against the plain cuda session
+    (cuDNN's BatchNorm) and the numpy backend: ``steps`` SGD steps, captured
+    (``cuda_graphs="require"``). ``loss``: the largest per-step |a-b|/|b|, ``weights``: the
+    largest per-tensor ||a-b||/||b|| (running statistics included), over both references;
+    ``vs``: each reference's own."""
+    from tr_onnx.backends.cuda.bind import CudnnCall
+    from tr_onnx.backends.cuda.nccl import NcclAllReduce
+    from tr_onnx.testing.host_nccl import with_nccl_path
+
+    sync = with_nccl_path(_session(stem, _cuda_kwargs(device), cuda_graphs="require",
+                                   sync_batchnorm=True))
+    refs = {"cudnn": _session(stem, _cuda_kwargs(device), cuda_graphs="require"),
+            "numpy": _session(stem, {"backend": "numpy"})}
+    vs = {name: {"loss": 0.0, "weights": 0.0} for name in refs}
+    for i in range(steps):
+        feed, y = _batch(stem, batch, 70 + i), _labels(batch, i)
+        got = sync.train_step(feed, y)
+        for name, ref in refs.items():
+            want = ref.train_step(feed, y)
+            vs[name]["loss"] = max(vs[name]["loss"], abs(got - want) / max(abs(want), 1e-12))
+    a = sync.parameters()
+    for name, ref in refs.items():
+        b = ref.parameters()
+        vs[name]["weights"] = max(_rel(a[k], b[k]) for k in b)
+    ex = sync._active.executor
+    nodes = [bn for bn in ex.bound if "world" in bn.node.attrs
+             and bn.node.op_type in ("BatchNormTraining", "BatchNormGrad")]
+    calls = [c for bn in nodes for c in bn.calls]
+    loss, weights = (max(v[k] for v in vs.values()) for k in ("loss", "weights"))
+    return {"loss": loss, "weights": weights, "vs": vs, "steps": sync.step,
+            "sync_nodes": len(nodes),
+            "all_reduces": sum(isinstance(c, NcclAllReduce) for c in calls),
+            "captured_graphs": list(ex.graphs),
+            "ok": loss <= TOL["loss"] and weights <= TOL["weights"] and sync.step == steps
+            and bool(nodes) and not any(isinstance(c, CudnnCall) for c in calls)
+            and list(ex.graphs) == [ex.step_phases()]}
 
 
 def precision_parity(stem: str, device=None, precision: str = "fp16",

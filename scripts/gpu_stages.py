@@ -691,10 +691,12 @@ def stage_nccl(ctx: Context) -> str:
     """Data parallelism's NCCL path at a world of 1 (``gpu_check.nccl_parity``): the plan's
     GradAllReduce as one NCCL all-reduce captured in the step's graph (and, on the ResNet,
     BroadcastStats as NCCL broadcasts), the same losses and weights as without it, bit for bit
-    (cuDNN's deterministic engines). A real NCCL communicator of one rank; several ranks need
-    a machine with several GPUs (one rank per GPU: NCCL refuses two ranks of a communicator on
-    one device). Dry run: the host emulator, ``testing.host_nccl`` in place of
-    ``cupy.cuda.nccl``."""
+    (cuDNN's deterministic engines). The ResNet with ``sync_batchnorm=True`` too
+    (``gpu_check.sync_batchnorm_parity``): BatchNorm's own kernels with NCCL sums between them in
+    the captured step, against cuDNN's BatchNorm and numpy within ``gpu_check.TOL``. A real NCCL
+    communicator of one rank; several ranks need a machine with several GPUs (one rank per GPU: NCCL
+    refuses two ranks of a communicator on one device). Dry run: the host emulator,
+    ``testing.host_nccl`` in place of ``cupy.cuda.nccl``."""
     note = deterministic_cudnn()
     if ctx.dry:
         from tr_onnx import distributed
@@ -718,7 +720,12 @@ def stage_nccl(ctx: Context) -> str:
         row = ctx.check(f"{stem} world of 1 via nccl",
                         lambda s=stem: gpu_check.nccl_parity(s, ctx.device, 2 if ctx.dry else 5))
         worst = max(worst, row.get("nccl", float("inf")))
-    return f"{len(stems)} models, world of 1 through NCCL vs without: max diff {worst:g}"
+    sync = ctx.check("resnet sync_batchnorm world of 1 via nccl",
+                     lambda: gpu_check.sync_batchnorm_parity("resnet", ctx.device,
+                                                             2 if ctx.dry else 5))
+    return (f"{len(stems)} models, world of 1 through NCCL vs without: max diff {worst:g}; "
+            f"sync_batchnorm vs cuDNN's and numpy's: loss {sync.get('loss', float('inf')):.2g}"
+            f", weights {sync.get('weights', float('inf')):.2g}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ CASES = {
     "lenet-small-buckets": ("lenet", 4, 4, {"grad_bucket_mb": 1 / 64}, None),
     "mlp-inf-on-rank1": ("mlp", 5, 4, {}, (2, 1)),
     "resnet-bn-ddp": ("resnet", 3, 4, {}, None),  # rank 0's running statistics every step
+    # the batch statistics over both ranks' rows (NCCL sums between the BatchNorm kernels)
+    "resnet-sync-batchnorm": ("resnet", 3, 4, {"sync_batchnorm": True}, None),
     "mlp-accum-inf-on-rank1": ("mlp", 6, 4, {"grad_accumulation": 2}, (2, 1)),  # a micro-step
 }
 

@@ -52,6 +52,7 @@ from tr_onnx.backends.cuda.ops import unary as cuda_unary
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
+from tr_onnx.ops import normalization as np_norm
 from tr_onnx.ops import optimizers as np_optim
 from tr_onnx.testing.host_emulator import build_host_library, host_compiler
 from tr_onnx.training.gradients import vjp
@@ -1011,6 +1012,121 @@ def test_bn_running_statistics_match_a_float64_variance(host, case, dt):
     var = (sq.sum(axis=0) / rows).astype(np.float32)
     np.testing.assert_array_equal(new_rm, rm * momentum + mean * coef)
     assert_close_f32(new_rv, rv * momentum + var * var_coef, 1, what=f"{case} running var")
+
+
+def _numpy_batch_norm(factory, attrs, ins, out_shapes):
+    """A BatchNorm kernel of ops/normalization.py (``factory``) on plain NCHW float32 arrays,
+    one process (no ``world``): the reference a synchronised BatchNorm's ranks together equal."""
+    def info(name, a):
+        return TensorInfo(name, a.shape, a.dtype, StridedLayout.plain(a.shape), a.shape)
+
+    outs = [np.full(shape, np.nan, np.float32) for shape in out_shapes]
+    node = SimpleNamespace(attrs=attrs, since_version=1, name="bn", label="bn",
+                           op_type="BatchNorm")
+    ctx = KernelContext(node, [info(f"in{k}", a) for k, a in enumerate(ins)],
+                        [info(f"out{k}", a) for k, a in enumerate(outs)], [], "numpy")
+    run = factory(ctx)
+    run(ins, outs, [np.zeros(shape, dtype) for shape, dtype in ctx.workspace_requests])
+    return outs
+
+
+def _nccl_sum(buffers):
+    """What NCCL's in-place all-reduce (sum) leaves in every rank's buffer."""
+    total = np.sum(buffers, axis=0)
+    for buf in buffers:
+        buf[...] = total
+
+
+SYNC_BN = {  # id: (x shape NCHW, two ranks' halves along N; unbiased running variance)
+    "12_of_16_lanes": ((4, 12, 5, 7), False),  # 35 rows a rank: one chunk, padded lanes
+    "37_of_40_lanes_two_tiles_chunks_unbiased": ((4, 37, 12, 12), True),  # 288 rows: 5 chunks
+}
+
+
+@pytest.mark.parametrize("dt", list(STORAGE))
+@pytest.mark.parametrize("case", list(SYNC_BN))
+def test_sync_batch_norm_kernels_on_two_ranks_equal_numpy_on_the_whole_batch(host, case, dt):
+    """Synchronised BatchNorm's kernels as its bindings launch them, each rank on its half of
+    the batch (channels-last, garbage in the pad lanes), the NCCL all-reduces between them done
+    by hand: every rank's statistics, y and gx equal the NumPy kernels' over the whole batch
+    in one process; gscale / gbias are each rank's own (the NumPy kernels' on its half)."""
+    shape, unbiased = SYNC_BN[case]
+    rng = np.random.default_rng(13)
+    _, store, load = STORAGE[dt]
+    x, gy = (load(store(rng.standard_normal(shape) * 1.5 + 0.75)) for _ in range(2))
+    c, half = shape[1], shape[0] // 2
+    scale, bias, rm = (rng.standard_normal(c).astype(np.float32) for _ in range(3))
+    rv = rng.random(c).astype(np.float32) + 0.5
+    ranks = [slice(0, half), slice(half, None)]
+    xs, gys = ([_nhwc_padded(a[r], dt) for r in ranks] for a in (x, gy))
+    ld = xs[0].shape[-1]
+    rows = xs[0].size // ld
+    chunks, chunk_rows = cuda_norm.bn_chunks(rows, c)
+    geom = (LL(rows), LL(c), LL(ld), LL(chunks), LL(chunk_rows))
+    partial = [np.full((chunks, 2 * c), np.nan) for _ in ranks]
+    sums, sq, grad = ([np.full(n, np.nan) for _ in ranks] for n in (c + 1, c, 2 * c + 1))
+    mean, inv, new_rm, new_rv, gscale, gbias = (
+        [np.full(c, np.nan, np.float32) for _ in ranks] for _ in range(6))
+    ys, gxs = ([poisoned(xs[0].shape, dt) for _ in ranks] for _ in range(2))
+    for k in (0, 1):  # forward: [sum x | rows], all-reduced
+        host(f"tr_bn_sums_{dt}", xs[k], partial[k], *geom)
+        host("tr_bn_sum_chunks", partial[k], sums[k], LL(c), LL(chunks), LL(c + 1), LL(rows))
+    assert [s[c] for s in sums] == [rows, rows]
+    _nccl_sum(sums)
+    for k in (0, 1):  # the mean; the sums of squares, all-reduced
+        host("tr_bn_sync_mean", sums[k], mean[k], LL(c))
+        host(f"tr_bn_running_{dt}", xs[k], mean[k], partial[k], *geom)
+        host("tr_bn_sum_chunks", partial[k], sq[k], LL(c), LL(chunks), LL(c), LL(rows))
+    _nccl_sum(sq)
+    for k in (0, 1):
+        host("tr_bn_sync_finish", sums[k], sq[k], mean[k], rm, rv, inv[k], new_rm[k],
+             new_rv[k], LL(c), F32(0.9), F32(1.0 - 0.9), F64(1.0 - 0.9), I32(unbiased),
+             F32(1e-5))
+        host(f"tr_bn_normalize_{dt}", xs[k], scale, bias, mean[k], inv[k], ys[k],
+             LL(xs[k].size), LL(c), LL(ld))
+    for stat in (mean, inv, new_rm, new_rv):  # every rank the same statistics
+        np.testing.assert_array_equal(stat[0], stat[1])
+    want = _numpy_batch_norm(
+        np_norm.batch_norm_training_numpy,
+        {"epsilon": 1e-5, "momentum": 0.9, "unbiased_running_var": int(unbiased)},
+        [x, scale, bias, rm, rv], [shape] + [(c,)] * 4)
+    y = np.concatenate([_from_nhwc(v, c, dt) for v in ys])
+    for k in (0, 1):  # backward: this rank's gscale, gbias; gx from the all-reduced sums
+        assert not STORAGE[dt][2](ys[k])[..., c:].any(), "pad lanes must be written zero"
+        host(f"tr_bn_grad_sums_{dt}", gys[k], xs[k], mean[k], partial[k], *geom)
+        host("tr_bn_sum_chunks", partial[k], grad[k], LL(2 * c), LL(chunks), LL(2 * c + 1),
+             LL(rows))
+        host("tr_bn_grad_params", grad[k], inv[k], gscale[k], gbias[k], LL(c))
+    _nccl_sum(grad)
+    for k in (0, 1):
+        host(f"tr_bn_grad_dx_{dt}", gys[k], xs[k], scale, mean[k], inv[k], grad[k], gxs[k],
+             LL(xs[k].size), LL(c), LL(ld))
+        assert not STORAGE[dt][2](gxs[k])[..., c:].any(), "pad lanes must be written zero"
+    gx = np.concatenate([_from_nhwc(v, c, dt) for v in gxs])
+    grad_ins = [gy, x, scale, mean[0], inv[0]]  # both sides read the kernels' statistics
+    want_gx = _numpy_batch_norm(np_norm.batch_norm_grad_numpy, {"training": 1}, grad_ins,
+                                [shape, (c,), (c,)])
+    own = [_numpy_batch_norm(np_norm.batch_norm_grad_numpy, {"training": 1},
+                             [a[r] for a in grad_ins[:2]] + grad_ins[2:],
+                             [x[r].shape, (c,), (c,)]) for r in ranks]
+    got = {"mean": mean[0], "inv_std": inv[0], "running_mean": new_rm[0],
+           "running_var": new_rv[0], "gscale": np.stack(gscale), "gbias": np.stack(gbias)}
+    ref = {"mean": want[1], "inv_std": want[2], "running_mean": want[3],
+           "running_var": want[4], "gscale": np.stack([o[1] for o in own]),
+           "gbias": np.stack([o[2] for o in own])}
+    maps = {"y": (y, ys, want[0]), "gx": (gx, gxs, want_gx[0])}
+    if dt == "f32":
+        got.update({name: m[0] for name, m in maps.items()})
+        ref.update({name: m[2] for name, m in maps.items()})
+    else:  # the maps as stored: within 1 ulp of the reference rounded to the storage type
+        for name, (_, stored, w) in maps.items():
+            assert_storage_within_1ulp(np.concatenate([v[..., :c] for v in stored]),
+                                       np.concatenate([np.moveaxis(w[r], 1, -1) for r in ranks]),
+                                       dt, f"{case} {name}")
+    # fp64 sums against NumPy's float32 ones: within 32 ulp of the largest value (1.1e-6 seen)
+    for name in got:
+        np.testing.assert_allclose(got[name], ref[name], rtol=0,
+                                   atol=32 * F32_EPS * np.abs(ref[name]).max(), err_msg=name)
 
 
 @pytest.mark.parametrize("dt", list(STORAGE))

@@ -5,6 +5,11 @@
 * The prepared call: ``NcclAllReduce`` goes through ``DeviceAPI.nccl_all_reduce``; on the real
   device that is ``allReduce(ptr, ptr, count, dtype, op, stream)`` on the step's stream; the
   recorder checks its buffer like a launch's (position in the plan, the phase's regions).
+* Synchronised BatchNorm (``sync_batchnorm=True``): its own kernels with NCCL sums of float64
+  between them, at a world of 1 against cuDNN's BatchNorm and numpy, and on two emulated ranks
+  against two numpy ranks. A caution for new tests: the host emulator runs a cuDNN node through
+  its NumPy kernel, which honours a ``world`` attribute itself (MPI), so a synchronised node
+  wrongly bound to cuDNN would still train synchronised here; the bound calls say which it is.
 """
 
 from __future__ import annotations
@@ -16,16 +21,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 from test_distributed import mpiexec  # the mpich wheel's launcher, beside the interpreter
 
 import tr_onnx
 from tr_onnx import distributed
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import nccl
-from tr_onnx.backends.cuda.bind import Unbound
+from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.backends.cuda.capture import DeviceBuffer
 from tr_onnx.backends.cuda.device import CupyDevice
-from tr_onnx.backends.cuda.ops import normalization
 from tr_onnx.compiler import cuda_executor
 from tr_onnx.errors import DistributedError
 from tr_onnx.memory import Region
@@ -381,14 +387,125 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(device, host_nccl, monkeypatc
     assert opened == [3]
 
 
-def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistics(device):
-    world = distributed.World()
-    node = SimpleNamespace(attrs={"world": distributed.register(world)})
-    ctx = SimpleNamespace(attrs={"unbiased_running_var": 1}, has_output=lambda i: False,
-                          workspace=lambda shape, dtype: 0, inputs=[], node=node)
-    bind = normalization.bn_training_factory(ctx)
-    with pytest.raises(Unbound, match="sync_batchnorm"):
-        bind(None, node)
+# --------------------------------------------------------------------------------------------
+# Synchronised BatchNorm: its own kernels, NCCL all-reduces of float64 sums between them
+# --------------------------------------------------------------------------------------------
+
+def _padded_bn_model():
+    """x [N, 3, 8, 8] -> Conv(6) -> BatchNorm(6) -> Relu -> Conv(12) -> BatchNorm(12) -> Relu
+    -> GlobalAveragePool -> Flatten -> Gemm(10): BatchNorm over 6 of 8 and 12 of 16 lanes."""
+    rng = np.random.default_rng(3)
+    inits = []
+
+    def init(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def conv_bn(x, k, cin, c):
+        return [helper.make_node("Conv", [x, init(f"w{k}", rng.standard_normal((c, cin, 3, 3))
+                                                  * 0.3)], [f"conv{k}"], pads=[1, 1, 1, 1]),
+                helper.make_node("BatchNormalization", [
+                    f"conv{k}", init(f"scale{k}", rng.uniform(0.5, 2, c)),
+                    init(f"bias{k}", rng.standard_normal(c) * 0.1), init(f"mean{k}", np.zeros(c)),
+                    init(f"var{k}", np.ones(c))], [f"bn{k}"]),
+                helper.make_node("Relu", [f"bn{k}"], [f"relu{k}"])]
+
+    nodes = [*conv_bn("input", 0, 3, 6), *conv_bn("relu0", 1, 6, 12),
+             helper.make_node("GlobalAveragePool", ["relu1"], ["pool"]),
+             helper.make_node("Flatten", ["pool"], ["flat"]),
+             helper.make_node("Gemm", ["flat", init("fc", rng.standard_normal((10, 12)) * 0.3),
+                                       init("fc_bias", np.zeros(10))], ["logits"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "padded_bn", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                           ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+
+
+def _sync_bn_nodes(executor) -> list:
+    return [bound for bound in executor.bound
+            if bound.node.op_type in ("BatchNormTraining", "BatchNormGrad")]
+
+
+def test_sync_batchnorm_all_reduces_float64_sums_between_its_kernels_in_the_captured_step(
+        device, host_nccl):
+    """Forward: [sum x | rows] (C + 1) then the sums of (x - mean)^2 (C); backward:
+    [sum gy (x - mean) | sum gy | rows] (2C + 1): ncclSum of float64, in place in the node's
+    own scratch, between the kernels that need them; no cuDNN call, no broadcast of rank 0's
+    running statistics."""
+    sess = _session("resnet", device, True, sync_batchnorm=True)
+    for i in range(3):  # eager, captured, replayed
+        sess.train_step(*_batch("resnet", i))
+    ex = sess._active.executor
+    dev, scratch = ex.device, {t.name: t for t in ex.memory.all_tensors()}
+    bound = _sync_bn_nodes(ex)
+    assert len(bound) == 12 and all("world" in bn.node.attrs for bn in bound)
+    f64, total = nccl.NCCL_DTYPES["float64"], nccl.NCCL_SUM
+    want = {}
+    for bn in bound:
+        forward = bn.node.op_type == "BatchNormTraining"
+        c = bn.node.inputs[0 if forward else 1].shape[1]
+        want[bn.label] = [(c + 1, f64, total), (c, f64, total)] if forward else \
+            [(2 * c + 1, f64, total)]
+        steps = ["allReduce" if isinstance(call, nccl.NcclAllReduce) else call.kernel.name
+                 for call in bn.calls]
+        assert steps == ([
+            "tr_bn_sums_f32", "tr_bn_sum_chunks", "allReduce", "tr_bn_sync_mean",
+            "tr_bn_running_f32", "tr_bn_sum_chunks", "allReduce", "tr_bn_sync_finish",
+            "tr_bn_normalize_f32"] if forward else [
+            "tr_bn_grad_sums_f32", "tr_bn_sum_chunks", "tr_bn_grad_params", "allReduce",
+            "tr_bn_grad_dx_f32"]), bn.label
+    check_launch_arguments([c for bn in bound for c in bn.calls if isinstance(c, Launch)], ex,
+                           kernel_signatures())
+    calls = [c for c in dev.calls if c.op == "nccl_all_reduce" and c.phase == "compute"]
+    per_step = sum(len(w) for w in want.values())
+    assert per_step == 18 and [c.capturing for c in calls] == [False] * 18 + [True] * 18
+    for step in (calls[:18], calls[18:]):
+        got = {}
+        for c in step:
+            got.setdefault(c.node, []).append((c.args["count"], c.args["dtype"],
+                                               c.args["redop"]))
+            buf, t = c.args["buf"], scratch[c.args["buf"].name]
+            assert t.region == Region.WORKSPACE and buf.name.startswith(c.node.split("'")[1])
+            assert (buf.ptr, buf.nbytes, buf.writes) == (dev.arena_base + t.offset,
+                                                         8 * c.args["count"], True)
+        assert got == want
+    sums = [(c["count"], c["dtype"]) for c in host_nccl.calls if c.get("op") == total]
+    assert len(sums) == 3 * 18 and {d for _, d in sums} == {f64}  # eager, then two replays
+    assert not [n for n in sess._active.graph.nodes if n.op_type == "BroadcastStats"]
+    assert not [c for c in host_nccl.calls if c["call"] == "broadcast"]
+
+
+SYNC_MODELS = {"resnet": lambda: ROOT / "model_zoo" / "resnet.onnx",
+               "padded_lanes": _padded_bn_model}
+
+
+@pytest.mark.parametrize("model", list(SYNC_MODELS))
+def test_a_world_of_one_with_sync_batchnorm_trains_as_cudnn_and_numpy(model, device, host_nccl):
+    """A world of 1 through the NCCL path, sync_batchnorm: the same losses, parameters,
+    running statistics and optimizer state as the plain cuda session (cuDNN's BatchNorm, here
+    its NumPy emulation) and the numpy backend, within float32 rounding."""
+    shape = SHAPES["resnet"] if model == "resnet" else (4, 3, 8, 8)
+    kw = {"channel_align": 8, "optimizer": SGD(lr=0.05, momentum=0.9)}
+    sync = with_nccl_path(tr_onnx.TrainingSession(
+        SYNC_MODELS[model](), backend="cuda", device=device, sync_batchnorm=True, **kw))
+    refs = {"cudnn": tr_onnx.TrainingSession(SYNC_MODELS[model](), backend="cuda",
+                                             device=device, **kw),
+            "numpy": tr_onnx.TrainingSession(SYNC_MODELS[model](), backend="numpy", **kw)}
+    for i in range(4):
+        feed = {"input": np.random.default_rng(i).standard_normal(shape).astype(np.float32)}
+        y = np.arange(shape[0]) % 10
+        loss = sync.train_step(feed, y)
+        for name, ref in refs.items():
+            np.testing.assert_allclose(loss, ref.train_step(feed, y), rtol=1e-5, err_msg=name)
+    assert len(_sync_bn_nodes(sync._active.executor)) == (12 if model == "resnet" else 4)
+    got = sync.state_arrays()
+    for name, ref in refs.items():
+        want = ref.state_arrays()
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=2e-4, atol=2e-6,
+                                       err_msg=f"{name}: {k}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -396,7 +513,7 @@ def test_a_sync_batchnorm_node_is_refused_on_cuda_not_bound_with_local_statistic
 # --------------------------------------------------------------------------------------------
 
 EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1", "resnet-bn-ddp",
-            "mlp-accum-inf-on-rank1"]
+            "mlp-accum-inf-on-rank1", "resnet-sync-batchnorm"]
 
 
 @pytest.fixture(scope="module")
@@ -413,9 +530,10 @@ def two_ranks(tmp_path_factory):
 def test_two_emulated_cuda_ranks_train_as_two_numpy_ranks(two_ranks, case):
     r0, r1 = (np.load(two_ranks / f"{case}-rank{r}.npz") for r in (0, 1))
     params = [k for k in r0.files if k.startswith(("cuda/param/", "cuda/stat/"))]
-    assert params and (case != "resnet-bn-ddp" or "cuda/stat/" in " ".join(params))
+    assert params and (not case.startswith("resnet") or "cuda/stat/" in " ".join(params))
+    synchronised = case == "resnet-sync-batchnorm"
     for k in params:  # one average, one update: the ranks' parameters stay identical
-        if "/stat/" not in k:  # a step ends with each rank's own statistics (as DDP's)
+        if "/stat/" not in k or synchronised:  # else each rank's own statistics (as DDP's)
             np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
     for r in (r0, r1):
         np.testing.assert_allclose(r["cuda/losses"], r["numpy/losses"], rtol=1e-5)

@@ -74,6 +74,8 @@ def test_the_dry_run_result_lines_carry_numbers(dry_run):
     assert by[("5-convnets", "resnet training")]["ok"]
     nccl = by[("5c-nccl", "mlp world of 1 via nccl")]
     assert nccl["ok"] and nccl["nccl"] == 0.0 and "reduce" in nccl["captured_graphs"][0]
+    sync = by[("5c-nccl", "resnet sync_batchnorm world of 1 via nccl")]
+    assert sync["ok"] and (sync["sync_nodes"], sync["all_reduces"]) == (12, 18), sync
 
 
 def test_the_benchmark_stage_writes_the_readme_table_as_before(dry_run):

@@ -200,7 +200,9 @@ class TrainingSession:
     ``load_parameters`` (every rank calls it; rank 0's values win). BatchNorm running
     statistics are rank 0's, broadcast every step (DDP's default); ``sync_batchnorm=True``
     computes the batch statistics (and their gradients) over every rank's batch instead, as
-    ``torch.nn.SyncBatchNorm``. A non-finite loss or gradient on any rank skips the step on
+    ``torch.nn.SyncBatchNorm`` (numpy: MPI all-reduces of the per-channel sums; cuda: NCCL
+    all-reduces inside the captured step, between kernels of its own instead of cuDNN's
+    BatchNorm). A non-finite loss or gradient on any rank skips the step on
     all of them. ``train_step`` returns this rank's loss. ``grad_bucket_mb``: the gradients
     are all-reduced in buckets of about this size, each started as soon as the backward pass
     has finished it (DDP's ``bucket_cap_mb``).
@@ -260,9 +262,6 @@ class TrainingSession:
                 or max_bad_steps < 1:
             raise OptionError(f"max_bad_steps={max_bad_steps!r}: must be an integer >= 1 (the "
                               "non-finite steps in a row that stop training)")
-        if sync_batchnorm and self.backend != "numpy":  # a binding would ignore the world
-            raise OptionError(f"sync_batchnorm=True is implemented by the numpy backend's "
-                              f"BatchNorm only, not by backend {self.backend!r}")
         if isinstance(grad_bucket_mb, bool) or not isinstance(grad_bucket_mb, numbers.Real) \
                 or not 0 < grad_bucket_mb < math.inf:
             raise OptionError(f"grad_bucket_mb={grad_bucket_mb!r}: must be a finite number > 0 "

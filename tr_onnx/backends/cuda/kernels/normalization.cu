@@ -1,7 +1,7 @@
 // Normalizations (tr_onnx/ops/normalization.py): LayerNormalization and its backward
 // (LayerNormGrad), and BatchNormalization beside cuDNN's training graph: inference with fixed
-// statistics, and ONNX's running statistics (biased variance) from x and the batch mean cuDNN
-// saved. fp32/fp16/bf16 storage of x and y, float32 statistics and BatchNorm parameters, fp32
+// statistics, ONNX's running statistics (biased variance) from x and the batch mean cuDNN
+// saved, and synchronised BatchNorm's training kernels (sync_batchnorm, no cuDNN). fp32/fp16/bf16 storage of x and y, float32 statistics and BatchNorm parameters, fp32
 // compute (fp64 sums).
 // LayerNormalization over rows of m elements (the normalized axes flattened, compact):
 // tr_layernorm_fwd_<dt>(x, scale, bias, y, mean_out, inv_out, rows, m, eps)
@@ -9,13 +9,28 @@
 // tr_layernorm_bwd_params_<dt>(gy, x, mean, inv, gscale, gbias, rows, m)
 //     one thread per row (fwd, bwd_dx) or per normalized element (bwd_params); the row's mean
 //     and 1/sqrt(var + eps) pass from bwd_dx to bwd_params through float32 scratch.
-// BatchNormalization, channels-last x as rows of ld lanes, c channels:
+// BatchNormalization, channels-last x as rows of ld lanes, c channels (fp64 per-chunk sums,
+// chunks of chunk_rows rows: one block per (chunk, 32 channels), a fixed-order block reduction,
+// so deterministic; tr_bn_sum_chunks adds a channel's chunks in order):
 // tr_bn_running_<dt>(x, mean, partial, rows, c, ld, chunks, chunk_rows)
-//     each chunk's sum of (x - mean)^2 per channel into fp64 partial[chunks, c]: one block per
-//     (chunk of rows, 32 channels), a fixed-order block reduction (deterministic)
+//     each chunk's sum of (x - mean)^2 per channel into fp64 partial[chunks, c]
 // tr_bn_running_finish(partial, mean, rm, rv, new_rm, new_rv, rows, c, chunks, momentum,
 //                      mean_coef, var_coef)   one thread per channel, the chunks in order
 // tr_bn_infer_<dt>(x, scale, bias, mean, var, y, n, c, ld, eps)   one thread per element
+// Synchronised BatchNorm (sync_batchnorm: statistics over every rank's batch; the bindings put
+// an NCCL all-reduce of the fp64 sums between these kernels):
+// tr_bn_sums_<dt>(x, partial, rows, c, ld, chunks, chunk_rows)     partial[chunks, c] of x
+// tr_bn_sum_chunks(partial, out, width, chunks, n, count)
+//     out[j] = the chunks' total of column j < width; out[width] = count when n > width
+// tr_bn_sync_mean(sums, mean, c)                                   mean = sums[:c] / sums[c]
+// tr_bn_sync_finish(sums, sq, mean, rm, rv, inv, new_rm, new_rv, c, momentum, mean_coef,
+//                   var_coef, unbiased, eps)   inv_std and the running statistics
+// tr_bn_normalize_<dt>(x, scale, bias, mean, inv, y, n, c, ld)     y = (x - mean) scale inv + bias
+// tr_bn_grad_sums_<dt>(gy, x, mean, partial, rows, c, ld, chunks, chunk_rows)
+//     partial[chunks, 2c]: sums of gy (x - mean), then of gy
+// tr_bn_grad_params(sums, inv, gscale, gbias, c)   this rank's gscale, gbias (either may be null)
+// tr_bn_grad_dx_<dt>(gy, x, scale, mean, inv, sums, gx, n, c, ld)
+//     gx from the world's [sum gy (x - mean) | sum gy | count]
 // The instantiations (TR_LAYERNORM(T, dt), TR_BATCHNORM(T, dt) lines) are appended by
 // tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
@@ -101,10 +116,67 @@ TR_HD void tr_row_moments(const T* x, long long m, float eps, float* mean, float
         }                                                                                      \
     }
 
-// the running statistics' sums of squares: a block's 256 lanes are TR_BN_TILE consecutive
-// channels (one row's channels read together) by TR_BN_ROW_LANES rows
+// the per-chunk sums: a block's 256 lanes are TR_BN_TILE consecutive channels (one row's
+// channels read together) by TR_BN_ROW_LANES rows
 #define TR_BN_TILE 32
 #define TR_BN_ROW_LANES (TR_RED_BLOCK / TR_BN_TILE)
+
+// partial[k * width + ch] (fp64) = the sum of term(r, ch) over chunk k's rows (chunk_rows of
+// them, the last chunk ragged), ch < c: one block per (chunk, TR_BN_TILE channels),
+// grid-stride, each lane's rows in order, then a fixed-order block reduction (deterministic)
+template <class Term>
+TR_HD void tr_bn_chunk_sums(const Term& term, double* partial, long long width, long long rows,
+                            long long c, long long chunks, long long chunk_rows) {
+    TR_SHARED double part[TR_RED_BLOCK];
+    long long tiles = (c + TR_BN_TILE - 1) / TR_BN_TILE;
+    TR_BLOCK_STRIDE(u, chunks * tiles) {
+        long long k = u / tiles, ch0 = (u % tiles) * TR_BN_TILE;
+        long long lo = k * chunk_rows, hi = lo + chunk_rows < rows ? lo + chunk_rows : rows;
+        TR_LANES(t) {
+            long long ch = ch0 + t % TR_BN_TILE;
+            double acc = 0.0;
+            if (ch < c) {
+                for (long long r = lo + t / TR_BN_TILE; r < hi; r += TR_BN_ROW_LANES) {
+                    acc += term(r, ch);
+                }
+            }
+            part[t] = acc;
+        }
+        tr_block_tree_sum(part, TR_BN_TILE);
+        TR_LANES(t) {
+            if (t < TR_BN_TILE && ch0 + t < c) partial[k * width + ch0 + t] = part[t];
+        }
+        TR_SYNC();
+    }
+}
+
+// the terms tr_bn_chunk_sums adds, over a channels-last map of rows of ld lanes: v itself,
+// (x - mean)^2 and gy (x - mean) (the difference in fp32, as the kernels read x)
+template <class T> struct tr_bn_value {
+    const T* v;
+    long long ld;
+    TR_HD double operator()(long long r, long long ch) const {
+        return (double)tr_get(v, r * ld + ch);
+    }
+};
+template <class T> struct tr_bn_square {
+    const T* x;
+    const float* mean;
+    long long ld;
+    TR_HD double operator()(long long r, long long ch) const {
+        double d = (double)(tr_get(x, r * ld + ch) - mean[ch]);
+        return d * d;
+    }
+};
+template <class T> struct tr_bn_product {
+    const T* gy;
+    const T* x;
+    const float* mean;
+    long long ld;
+    TR_HD double operator()(long long r, long long ch) const {
+        return (double)tr_get(gy, r * ld + ch) * (double)(tr_get(x, r * ld + ch) - mean[ch]);
+    }
+};
 
 // ONNX's running statistics from tr_bn_running_<dt>'s per-chunk sums (one thread per channel,
 // the chunks in order): var = sum / rows, the biased batch variance;
@@ -123,36 +195,59 @@ TR_KERNEL void tr_bn_running_finish(const double* partial, const float* mean, co
     }
 }
 
+// the chunks' totals of partial[chunks, width], each column's chunks in order; then the row
+// count (the all-reduce that follows sums the ranks' counts with their sums)
+TR_KERNEL void tr_bn_sum_chunks(const double* partial, double* out, long long width,
+                                long long chunks, long long n, long long count) {
+    TR_GRID_STRIDE(j, n) {
+        double acc = 0.0;
+        for (long long k = 0; k < chunks && j < width; ++k) acc += partial[k * width + j];
+        out[j] = j < width ? acc : (double)count;
+    }
+}
+
+// the world's batch mean from its [sums | count]
+TR_KERNEL void tr_bn_sync_mean(const double* sums, float* mean, long long c) {
+    TR_GRID_STRIDE(ch, c) mean[ch] = (float)(sums[ch] / sums[c]);
+}
+
+// from the world's count (sums[c]) and sums of squares sq: the biased variance, its
+// 1 / sqrt(var + eps) (inv) and, where new_rm / new_rv are not null, the running statistics
+// rm * momentum + mean * mean_coef and rv * momentum + var * (var_coef [* count / (count - 1)
+// when unbiased]), the factor in fp64 and then rounded, as the NumPy kernel's
+TR_KERNEL void tr_bn_sync_finish(const double* sums, const double* sq, const float* mean,
+                                 const float* rm, const float* rv, float* inv, float* new_rm,
+                                 float* new_rv, long long c, float momentum, float mean_coef,
+                                 double var_coef, int unbiased, float eps) {
+    TR_GRID_STRIDE(ch, c) {
+        double count = sums[c];
+        float var = (float)(sq[ch] / count);
+        inv[ch] = 1.0f / sqrtf(var + eps);
+        double factor = unbiased ? var_coef * (count / fmax(count - 1.0, 1.0)) : var_coef;
+        if (new_rm) new_rm[ch] = rm[ch] * momentum + mean[ch] * mean_coef;
+        if (new_rv) new_rv[ch] = rv[ch] * momentum + var * (float)factor;
+    }
+}
+
+// this rank's gscale = inv * sum gy (x - mean), gbias = sum gy (torch.nn.SyncBatchNorm's: the
+// gradient all-reduce averages them over the ranks with the other parameters' gradients)
+TR_KERNEL void tr_bn_grad_params(const double* sums, const float* inv, float* gscale,
+                                 float* gbias, long long c) {
+    TR_GRID_STRIDE(ch, c) {
+        if (gscale) gscale[ch] = (float)sums[ch] * inv[ch];
+        if (gbias) gbias[ch] = (float)sums[c + ch];
+    }
+}
+
 #define TR_BATCHNORM(T, dt)                                                                    \
     /* sums of (x - mean)^2 of channels-last x ([rows, ld], c channels) over row chunks of     \
-       chunk_rows: partial[k, ch] (fp64) for chunk k; one block per (chunk, TR_BN_TILE          \
-       channels), grid-stride; tr_bn_running_finish turns them into the running statistics */ \
+       chunk_rows: partial[k, ch] (fp64) for chunk k; tr_bn_running_finish turns them into   \
+       the running statistics, tr_bn_sum_chunks into a synchronised BatchNorm's variance */   \
     TR_KERNEL void tr_bn_running_##dt(const T* x, const float* mean, double* partial,          \
                                       long long rows, long long c, long long ld,               \
                                       long long chunks, long long chunk_rows) {                \
-        TR_SHARED double part[TR_RED_BLOCK];                                                   \
-        long long tiles = (c + TR_BN_TILE - 1) / TR_BN_TILE;                                   \
-        TR_BLOCK_STRIDE(u, chunks * tiles) {                                                   \
-            long long k = u / tiles, ch0 = (u % tiles) * TR_BN_TILE;                           \
-            long long lo = k * chunk_rows, hi = lo + chunk_rows < rows ? lo + chunk_rows : rows; \
-            TR_LANES(t) {                                                                      \
-                long long ch = ch0 + t % TR_BN_TILE;                                           \
-                double acc = 0.0;                                                              \
-                if (ch < c) {                                                                  \
-                    float mu = mean[ch];                                                       \
-                    for (long long r = lo + t / TR_BN_TILE; r < hi; r += TR_BN_ROW_LANES) {    \
-                        double d = (double)(tr_get(x, r * ld + ch) - mu);                      \
-                        acc += d * d;                                                          \
-                    }                                                                          \
-                }                                                                              \
-                part[t] = acc;                                                                 \
-            }                                                                                  \
-            tr_block_tree_sum(part, TR_BN_TILE);                                               \
-            TR_LANES(t) {                                                                      \
-                if (t < TR_BN_TILE && ch0 + t < c) partial[k * c + ch0 + t] = part[t];         \
-            }                                                                                  \
-            TR_SYNC();                                                                         \
-        }                                                                                      \
+        tr_bn_chunk_sums(tr_bn_square<T>{x, mean, ld}, partial, c, rows, c, chunks,            \
+                         chunk_rows);                                                          \
     }                                                                                          \
     /* inference BatchNormalization over rows of ld lanes (channels-last, or [N, C] with       \
        ld = C): a = scale / sqrt(var + eps), b = bias - mean * a, y = x * a + b as the numpy  \
@@ -165,5 +260,49 @@ TR_KERNEL void tr_bn_running_finish(const double* partial, const float* mean, co
             float a = ch < c ? scale[ch] / sqrtf(var[ch] + eps) : 0.0f;                       \
             float b = ch < c ? bias[ch] - mean[ch] * a : 0.0f;                                 \
             tr_put(y, j, ch < c ? tr_get(x, j) * a + b : 0.0f);                                \
+        }                                                                                      \
+    }                                                                                          \
+    /* per-chunk sums of x: partial[k, ch] (fp64), as tr_bn_running_##dt's */                 \
+    TR_KERNEL void tr_bn_sums_##dt(const T* x, double* partial, long long rows, long long c,  \
+                                   long long ld, long long chunks, long long chunk_rows) {    \
+        tr_bn_chunk_sums(tr_bn_value<T>{x, ld}, partial, c, rows, c, chunks, chunk_rows);     \
+    }                                                                                          \
+    /* training BatchNormalization with given statistics, as the numpy kernel:                \
+       y = (x - mean) * (scale * inv) + bias; lanes ch >= c are written 0 */                  \
+    TR_KERNEL void tr_bn_normalize_##dt(const T* x, const float* scale, const float* bias,    \
+                                        const float* mean, const float* inv, T* y,            \
+                                        long long n, long long c, long long ld) {             \
+        TR_GRID_STRIDE(j, n) {                                                                 \
+            long long ch = j % ld;                                                             \
+            tr_put(y, j, ch < c ? (tr_get(x, j) - mean[ch]) * (scale[ch] * inv[ch]) + bias[ch] \
+                                : 0.0f);                                                       \
+        }                                                                                      \
+    }                                                                                          \
+    /* per-chunk sums of gy (x - mean) (columns [0, c)) and of gy (columns [c, 2c)):           \
+       partial[k, 2c] (fp64) */                                                                \
+    TR_KERNEL void tr_bn_grad_sums_##dt(const T* gy, const T* x, const float* mean,           \
+                                        double* partial, long long rows, long long c,         \
+                                        long long ld, long long chunks, long long chunk_rows) { \
+        tr_bn_chunk_sums(tr_bn_product<T>{gy, x, mean, ld}, partial, 2 * c, rows, c, chunks,   \
+                         chunk_rows);                                                          \
+        tr_bn_chunk_sums(tr_bn_value<T>{gy, ld}, partial + c, 2 * c, rows, c, chunks,          \
+                         chunk_rows);                                                          \
+    }                                                                                          \
+    /* BatchNormGrad (training) from the world's sums = [sum gy (x - mean) | sum gy | M]:     \
+       gx = scale inv (gy - sum gy / M - (x - mean) inv^2 sum gy (x - mean) / M), as the numpy \
+       kernel; lanes ch >= c are written 0 */                                                 \
+    TR_KERNEL void tr_bn_grad_dx_##dt(const T* gy, const T* x, const float* scale,            \
+                                      const float* mean, const float* inv, const double* sums, \
+                                      T* gx, long long n, long long c, long long ld) {        \
+        double per_row = 1.0 / sums[2 * c];                                                    \
+        TR_GRID_STRIDE(j, n) {                                                                 \
+            long long ch = j % ld;                                                             \
+            float v = 0.0f;                                                                    \
+            if (ch < c) {                                                                      \
+                float k = (float)(sums[ch] * per_row) * inv[ch] * inv[ch];                     \
+                float t = (tr_get(x, j) - mean[ch]) * k + (float)(sums[c + ch] * per_row);    \
+                v = (tr_get(gy, j) - t) * (scale[ch] * inv[ch]);                               \
+            }                                                                                  \
+            tr_put(gx, j, v);                                                                  \
         }                                                                                      \
     }

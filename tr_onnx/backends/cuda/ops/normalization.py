@@ -1,7 +1,16 @@
 """cuda bindings of ``ops/normalization.py``: BatchNormalization with fixed statistics (a
 kernel), the training pass's BatchNormTraining / BatchNormGrad (cuDNN graphs; ONNX's running
 statistics with the biased variance are a kernel after the graph), LayerNormalization and its
-backward LayerNormGrad (``kernels/normalization.cu``)."""
+backward LayerNormGrad (``kernels/normalization.cu``).
+
+A synchronised BatchNorm (``sync_batchnorm``: the node carries a ``world`` attribute) is no
+cuDNN graph: its per-channel sums are kernels, and NCCL all-reduces them between the kernels
+(``nccl.NcclAllReduce`` on the step's stream, captured with the step like the gradient
+all-reduce), as the NumPy kernels' MPI all-reduces: forward [sum x | rows], then the sums of
+(x - mean)^2; backward [sum gy (x - mean) | sum gy | rows]. The sums are fp64 per-chunk
+partials added in an order fixed by the shape (``bn_chunks``), so a step is deterministic.
+The saved statistics are cuDNN's (mean and 1 / sqrt(var + eps), float32), so either
+BatchNormGrad reads either forward's."""
 
 from __future__ import annotations
 
@@ -9,6 +18,7 @@ import math
 
 import numpy as np
 
+from ....distributed import lookup
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
 from ..bind import (
@@ -19,29 +29,35 @@ from ..bind import (
     cudnn_binding,
     cudnn_workspace,
     f32,
+    f64,
     float_dt,
     geometry,
+    i32,
     i64,
     need_compact,
     operand_spec,
     out_geometry,
     row_split,
+    same_layout,
 )
 from ..device import BLOCK
+from ..nccl import NCCL_SUM, NcclAllReduce, communicator, nccl_dtype
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 # ---- kernels/normalization.cu: the family's name table ------------------------------------------
 
 def normalization_source() -> KernelSource:
     """kernels/normalization.cu: LayerNormalization and LayerNormGrad; BatchNormalization's
-    inference and running statistics."""
+    inference and running statistics, and synchronised BatchNorm's training kernels."""
     return kernel_source(
         "normalization",
         instantiate("TR_LAYERNORM({T}, {dt})", ("tr_layernorm_fwd_{dt}", "tr_layernorm_bwd_dx_{dt}",
                                                 "tr_layernorm_bwd_params_{dt}"), STORAGE),
-        instantiate("TR_BATCHNORM({T}, {dt})", ("tr_bn_running_{dt}", "tr_bn_infer_{dt}"),
-                    STORAGE),
-        plain("tr_bn_running_finish"))
+        instantiate("TR_BATCHNORM({T}, {dt})", (
+            "tr_bn_running_{dt}", "tr_bn_infer_{dt}", "tr_bn_sums_{dt}", "tr_bn_normalize_{dt}",
+            "tr_bn_grad_sums_{dt}", "tr_bn_grad_dx_{dt}"), STORAGE),
+        plain("tr_bn_running_finish", "tr_bn_sum_chunks", "tr_bn_sync_mean",
+              "tr_bn_sync_finish", "tr_bn_grad_params"))
 
 
 KERNELS = normalization_source()
@@ -74,9 +90,10 @@ def bind_batch_norm_inference(b: BindContext, node) -> list:
 
 
 BN_TILE = 32
-"""Channels per block of ``tr_bn_running_<dt>`` (``TR_BN_TILE`` in kernels/normalization.cu)."""
+"""Channels per block of the per-chunk sums (``TR_BN_TILE`` in kernels/normalization.cu)."""
 BN_BLOCKS = 1024
-"""About this many blocks (chunks x channel tiles) in the running statistics' sums..."""
+"""About this many blocks (chunks x channel tiles) in the per-channel sums (the running
+statistics', a synchronised BatchNorm's)..."""
 BN_MAX_CHUNKS = 256
 """...in at most this many chunks of rows (the finishing kernel's loop per channel)..."""
 BN_MIN_ROWS = 64
@@ -84,8 +101,8 @@ BN_MIN_ROWS = 64
 
 
 def bn_chunks(rows: int, c: int) -> tuple[int, int]:
-    """(chunks, chunk_rows) of the running statistics' per-channel sums over ``rows`` rows of
-    ``c`` channels: fixed by the shape alone, so the summation order is the same every step."""
+    """(chunks, chunk_rows) of the per-channel sums over ``rows`` rows of ``c`` channels:
+    fixed by the shape alone, so the summation order is the same every step."""
     tiles = -(-c // BN_TILE)
     target = max(1, min(BN_MAX_CHUNKS, BN_BLOCKS // tiles))
     chunk_rows = max(BN_MIN_ROWS, -(-rows // target))
@@ -100,7 +117,13 @@ def _rows_channels(shape) -> tuple[int, int]:
 def bn_training_factory(ctx: KernelContext):
     """BatchNormTraining: cuDNN's training graph; where the node asks for ONNX's running
     statistics (the biased variance), two kernels after it rewrite them, over float64 scratch
-    of per-chunk sums of squares (``bn_chunks``)."""
+    of per-chunk sums of squares (``bn_chunks``). Synchronised (a ``world`` attribute):
+    ``bind_sync_bn_training``, no cuDNN."""
+    if "world" in ctx.attrs:
+        rows, c = _rows_channels(ctx.inputs[0].shape)
+        sync_ws = (ctx.workspace((bn_chunks(rows, c)[0], c), np.float64),
+                   ctx.workspace((c + 1,), np.float64), ctx.workspace((c,), np.float64))
+        return lambda b, node: bind_sync_bn_training(b, node, *sync_ws)
     k = cudnn_workspace(ctx)
     partial_ws = None
     if not ctx.attrs.get("unbiased_running_var", 0) and (ctx.has_output(3)
@@ -109,13 +132,124 @@ def bn_training_factory(ctx: KernelContext):
         partial_ws = ctx.workspace((bn_chunks(rows, c)[0], c), np.float64)
 
     def bind(b: BindContext, node) -> list:
-        if "world" in node.attrs:  # never the rank's own statistics in place of the world's
-            raise Unbound("sync_batchnorm (batch statistics over every rank) has no cuda "
-                          "binding yet; train without sync_batchnorm, or on numpy")
         calls = b.cudnn(node, k)
         return calls + bn_running(b, node, calls[0].desc, partial_ws)
 
     return bind
+
+
+def bn_grad_factory(ctx: KernelContext):
+    """BatchNormGrad: cuDNN's backward graph; synchronised (a ``world`` attribute, training
+    statistics): ``bind_sync_bn_grad``, over float64 scratch of per-chunk sums of gy (x - mean)
+    and gy, and their totals with the row count."""
+    if "world" in ctx.attrs and int(ctx.attrs.get("training", 1)):
+        rows, c = _rows_channels(ctx.inputs[1].shape)
+        sync_ws = (ctx.workspace((bn_chunks(rows, c)[0], 2 * c), np.float64),
+                   ctx.workspace((2 * c + 1,), np.float64))
+        return lambda b, node: bind_sync_bn_grad(b, node, *sync_ws)
+    return cudnn_binding()(ctx)
+
+
+def _sync_geometry(b: BindContext, x, *maps) -> tuple[int, int, int]:
+    """(rows, c, ld) of a synchronised BatchNorm's channels-last feature map ``x`` (rows of
+    ld = Cp lanes), which ``maps`` (y, gy, gx) share."""
+    g = geometry(b.t(x))
+    if g is None or g.kind != "channels_last" or b.t(x).layout.kind != "channels_last":
+        raise Unbound(f"a {b.t(x).layout.describe()} input; the per-channel kernels read a "
+                      "channels-last feature map")
+    for v in maps:
+        if v is not None:
+            same_layout(b, x, v)
+    return g.n // g.cp, g.c, g.cp
+
+
+def _need_float32(b: BindContext, *vs) -> None:
+    for v in vs:
+        if v is not None and b.t(v).dtype != np.float32:
+            raise Unbound(f"{v.name!r} must be float32 (the per-channel vectors are)")
+
+
+def _sync_sums(b: BindContext, node, sums: int, count: int) -> NcclAllReduce:
+    """The in-place NCCL sum over the node's world of the first ``count`` float64 values of
+    scratch buffer ``sums``."""
+    world = lookup(int(node.attrs["world"]))
+    comm = communicator(world, getattr(b.device, "device_id", 0))
+    return NcclAllReduce(comm, b.ws(sums), count, nccl_dtype(np.float64), NCCL_SUM, world.rank,
+                         world.size)
+
+
+def _chunk_sums(b: BindContext, name: str, inputs: list, rows_c_ld: tuple[int, int, int],
+                partial: int, out: int, width: int, n: int) -> list:
+    """Per-chunk sums kernel ``name`` over ``inputs`` into scratch ``partial`` [chunks, width]
+    (one block per chunk and 32 channels), then ``tr_bn_sum_chunks``: their totals into the
+    first ``n`` values of scratch ``out`` (the row count last when ``n > width``)."""
+    rows, c, ld = rows_c_ld
+    chunks, chunk_rows = bn_chunks(rows, c)
+    if b.workspaces[partial].shape != (chunks, width):
+        raise Unbound(f"no scratch of {chunks} x {width} partial sums was reserved")
+    return [b.launch(name, chunks * -(-c // BN_TILE) * BLOCK,
+                     [*inputs, b.ws(partial), i64(rows), i64(c), i64(ld), i64(chunks),
+                      i64(chunk_rows)]),
+            b.launch("tr_bn_sum_chunks", n, [b.ws(partial, writes=False), b.ws(out), i64(width),
+                                             i64(chunks), i64(n), i64(rows)])]
+
+
+def bind_sync_bn_training(b: BindContext, node, partial: int, sums: int, sq: int) -> list:
+    """BatchNormTraining over the world's batch, as the NumPy kernel's two passes: [sum x |
+    rows] all-reduced into the mean (the saved mean), then the sums of (x - mean)^2
+    all-reduced into the biased variance: the saved 1 / sqrt(var + eps), the running
+    statistics (momentum; PyTorch's count / (count - 1) with ``unbiased_running_var``, the
+    world's count), and y. Scratch: ``partial`` [chunks, c], ``sums`` [c + 1], ``sq`` [c]
+    (float64)."""
+    x, scale, bias, rm, rv = node.inputs[:5]
+    y, mean, inv, new_rm, new_rv = (list(node.outputs) + [None] * 5)[:5]
+    if mean is None or inv is None:
+        raise Unbound("a synchronised BatchNorm writes the saved mean and inv_std")
+    _need_float32(b, scale, bias, rm, rv, mean, inv, new_rm, new_rv)
+    rows, c, ld = shape = _sync_geometry(b, x, y)
+    dt = float_dt(b, x, y)
+    momentum = float(node.attrs.get("momentum", 0.9))
+    n = rows * ld
+    return [*_chunk_sums(b, f"tr_bn_sums_{dt}", [b.buf(x)], shape, partial, sums, c, c + 1),
+            _sync_sums(b, node, sums, c + 1),
+            b.launch("tr_bn_sync_mean", c, [b.ws(sums, writes=False), b.buf(mean, True), i64(c)]),
+            *_chunk_sums(b, f"tr_bn_running_{dt}", [b.buf(x), b.buf(mean)], shape, partial, sq,
+                         c, c),
+            _sync_sums(b, node, sq, c),
+            b.launch("tr_bn_sync_finish", c, [
+                b.ws(sums, writes=False), b.ws(sq, writes=False), b.buf(mean), b.buf(rm),
+                b.buf(rv), b.buf(inv, True), b.buf(new_rm, True), b.buf(new_rv, True), i64(c),
+                f32(momentum), f32(1.0 - momentum), f64(1.0 - momentum),
+                i32(int(node.attrs.get("unbiased_running_var", 0))),
+                f32(float(node.attrs.get("epsilon", 1e-5)))]),
+            b.launch(f"tr_bn_normalize_{dt}", n, [
+                b.buf(x), b.buf(scale), b.buf(bias), b.buf(mean), b.buf(inv), b.buf(y, True),
+                i64(n), i64(c), i64(ld)])]
+
+
+def bind_sync_bn_grad(b: BindContext, node, partial: int, sums: int) -> list:
+    """BatchNormGrad (training statistics) over the world's batch, as the NumPy kernel and
+    ``torch.nn.SyncBatchNorm``: gscale and gbias are this rank's sums (the gradient
+    all-reduce averages them), gx reads [sum gy (x - mean) | sum gy | rows] all-reduced.
+    Scratch: ``partial`` [chunks, 2c], ``sums`` [2c + 1] (float64)."""
+    gy, x, scale, mean, inv = node.inputs[:5]
+    gx, gscale, gbias = (list(node.outputs) + [None] * 3)[:3]
+    _need_float32(b, scale, mean, inv, gscale, gbias)
+    rows, c, ld = shape = _sync_geometry(b, x, gy, gx)
+    dt = float_dt(b, gy, x, gx)
+    calls = _chunk_sums(b, f"tr_bn_grad_sums_{dt}", [b.buf(gy), b.buf(x), b.buf(mean)], shape,
+                        partial, sums, 2 * c, 2 * c + 1)
+    if gscale is not None or gbias is not None:
+        calls.append(b.launch("tr_bn_grad_params", c, [
+            b.ws(sums, writes=False), b.buf(inv), b.buf(gscale, True), b.buf(gbias, True),
+            i64(c)]))
+    if gx is None:  # the NumPy kernel's sums stay local then too
+        return calls
+    n = rows * ld
+    return calls + [_sync_sums(b, node, sums, 2 * c + 1),
+                    b.launch(f"tr_bn_grad_dx_{dt}", n, [
+                        b.buf(gy), b.buf(x), b.buf(scale), b.buf(mean), b.buf(inv),
+                        b.ws(sums, writes=False), b.buf(gx, True), i64(n), i64(c), i64(ld)])]
 
 
 def bn_running(b: BindContext, node, desc, partial_ws: int | None) -> list:
@@ -211,6 +345,6 @@ def layer_norm_grad_factory(ctx: KernelContext):
 def tr_onnx_op_definitions():
     return [KernelDef("BatchNormalization", "cuda", binding(bind_batch_norm_inference)),
             KernelDef("BatchNormTraining", "cuda", bn_training_factory, domain=INTERNAL),
-            KernelDef("BatchNormGrad", "cuda", cudnn_binding(), domain=INTERNAL),
+            KernelDef("BatchNormGrad", "cuda", bn_grad_factory, domain=INTERNAL),
             KernelDef("LayerNormalization", "cuda", binding(bind_layer_norm)),
             KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL)]
