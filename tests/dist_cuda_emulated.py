@@ -35,7 +35,13 @@ CASES = {
     # the batch statistics over both ranks' rows (NCCL sums between the BatchNorm kernels)
     "resnet-sync-batchnorm": ("resnet", 3, 4, {"sync_batchnorm": True}, None),
     "mlp-accum-inf-on-rank1": ("mlp", 6, 4, {"grad_accumulation": 2}, (2, 1)),  # a micro-step
+    # half precision on the cuda side only (numpy trains float32): the half GRAD buckets, the
+    # float32 loss deciding the poison; fp16's loss scaling with an inf batch on rank 1
+    "mlp-fp16-inf-on-rank1": ("mlp", 5, 4, {}, (2, 1)),
+    "resnet-bf16-ddp": ("resnet", 3, 4, {}, None),
 }
+CUDA_ONLY = {"mlp-fp16-inf-on-rank1": {"precision": "fp16"},
+             "resnet-bf16-ddp": {"precision": "bf16"}}
 
 
 def main(out: Path, lib: Path, cases: list[str]) -> None:
@@ -50,7 +56,8 @@ def main(out: Path, lib: Path, cases: list[str]) -> None:
         sessions = {name: tr_onnx.TrainingSession(
             ZOO / f"{model}.onnx", optimizer=SGD(lr=0.05, momentum=0.9), channel_align=8,
             distributed=world, **kw, **opts) for name, kw in (
-                ("cuda", {"backend": "cuda", "device": device}), ("numpy", {"backend": "numpy"}))}
+                ("cuda", {"backend": "cuda", "device": device, **CUDA_ONLY.get(case, {})}),
+                ("numpy", {"backend": "numpy"}))}
         losses = {name: [] for name in sessions}
         for step in range(steps):
             x = rng.standard_normal((2 * batch, *SHAPES[model])).astype(np.float32)

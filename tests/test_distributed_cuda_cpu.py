@@ -263,7 +263,10 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
 
 @pytest.mark.parametrize(("stem", "kw"), [
     ("mlp", {}), ("lenet", {"grad_bucket_mb": 0.01}), ("mlp", {"grad_accumulation": 2}),
-    ("resnet", {})], ids=["mlp", "lenet-small-buckets", "mlp-accumulation", "resnet-bn"])
+    ("resnet", {}), ("mlp", {"precision": "fp16"}),
+    ("lenet", {"precision": "bf16", "grad_bucket_mb": 0.01}), ("resnet", {"precision": "fp16"})],
+    ids=["mlp", "lenet-small-buckets", "mlp-accumulation", "resnet-bn", "mlp-fp16",
+         "lenet-bf16-small-buckets", "resnet-fp16"])
 def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, kw, device, host_nccl):
     plain, nccl_path = _session(stem, device, False, **kw), _session(stem, device, True, **kw)
     for i in range(4):
@@ -513,7 +516,12 @@ def test_a_world_of_one_with_sync_batchnorm_trains_as_cudnn_and_numpy(model, dev
 # --------------------------------------------------------------------------------------------
 
 EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1", "resnet-bn-ddp",
-            "mlp-accum-inf-on-rank1", "resnet-sync-batchnorm"]
+            "mlp-accum-inf-on-rank1", "resnet-sync-batchnorm", "mlp-fp16-inf-on-rank1",
+            "resnet-bf16-ddp"]
+# cuda in half precision against numpy in float32: (losses' rtol, parameters' atol) of the
+# storage's rounding -- fp16 keeps 11 significant bits, bf16 8 (an ulp of bf16 at 1.5, the
+# largest ResNet weight, is 7.8e-3); measured 1.4e-5 / 1.6e-5 and 6e-4 / 1.5e-3
+HALF = {"mlp-fp16-inf-on-rank1": (1e-4, 1e-4), "resnet-bf16-ddp": (2e-3, 4e-3)}
 
 
 @pytest.fixture(scope="module")
@@ -535,16 +543,17 @@ def test_two_emulated_cuda_ranks_train_as_two_numpy_ranks(two_ranks, case):
     for k in params:  # one average, one update: the ranks' parameters stay identical
         if "/stat/" not in k or synchronised:  # else each rank's own statistics (as DDP's)
             np.testing.assert_array_equal(r0[k], r1[k], err_msg=k)
+    loss_rtol, param_atol = HALF.get(case, (1e-5, 2e-6))
     for r in (r0, r1):
-        np.testing.assert_allclose(r["cuda/losses"], r["numpy/losses"], rtol=1e-5)
+        np.testing.assert_allclose(r["cuda/losses"], r["numpy/losses"], rtol=loss_rtol)
         np.testing.assert_array_equal(r["cuda/counts"], r["numpy/counts"])
         for k in params:
             np.testing.assert_allclose(r[k], r[k.replace("cuda/", "numpy/", 1)], rtol=2e-4,
-                                       atol=2e-6, err_msg=k)
+                                       atol=param_atol, err_msg=k)
     steps, bad = r0["cuda/counts"]
     if "inf-on-rank1" in case:  # the inf micro-batch dropped on both ranks, then recovered
         assert not np.isfinite(r1["cuda/losses"][2]) and np.isfinite(r0["cuda/losses"][2])
-    if case == "mlp-inf-on-rank1":
+    if case in ("mlp-inf-on-rank1", "mlp-fp16-inf-on-rank1"):
         assert bad == 0 and steps == 4
     if case == "mlp-accum-inf-on-rank1":  # 6 micro-batches of 2 per step, the third dropped
         assert bad == 0 and steps == 2  # (so are the ones accumulated with it: none here)

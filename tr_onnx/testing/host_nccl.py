@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends.cuda.nccl import NCCL_AVG, NCCL_DTYPES, NCCL_MAX, NCCL_SUM
+from ..dtypes import BFLOAT16
 
 _NUMPY = {code: name for name, code in NCCL_DTYPES.items()}
 
@@ -63,17 +64,22 @@ class HostCommunicator:
         if op not in (NCCL_SUM, NCCL_MAX, NCCL_AVG):
             raise RuntimeError(f"ncclRedOp_t {op}: the host communicator sums, averages or "
                                f"takes the maximum")
-        dtype = np.dtype(_NUMPY[datatype])
+        dtype = _numpy_dtype(datatype)
         world = self.nccl.world
         if world.size == 1:  # the reduction over one rank is the buffer itself
             return
         array = _host_array(recvbuf, count, dtype)
+        # MPI has no half types: half values are reduced in float32 and rounded once, as one
+        # NCCL half add over two ranks rounds (its average scales by 1/2, exact in binary)
+        wide = array.astype(np.float32) if dtype.itemsize == 2 else array
         if op == NCCL_MAX:
-            world.allreduce_max_(array)
-            return
-        world.allreduce_sum_(array)
-        if op == NCCL_AVG:
-            np.divide(array, world.size, out=array)
+            world.allreduce_max_(wide)
+        else:
+            world.allreduce_sum_(wide)
+            if op == NCCL_AVG:
+                np.divide(wide, world.size, out=wide)
+        if wide is not array:
+            array[...] = wide.astype(dtype)  # round to nearest even, as the device does
 
     def broadcast(self, sendbuf: int, recvbuf: int, count: int, datatype: int, root: int,
                   stream: int) -> None:
@@ -83,8 +89,14 @@ class HostCommunicator:
         if sendbuf != recvbuf:
             raise RuntimeError("the host communicator broadcasts in place only")
         if self.nccl.world.size > 1:
-            self.nccl.world.bcast_(_host_array(recvbuf, count, np.dtype(_NUMPY[datatype])),
-                                   root)
+            self.nccl.world.bcast_(_host_array(recvbuf, count, _numpy_dtype(datatype))
+                                   .view(np.uint8), root)
+
+
+def _numpy_dtype(datatype: int) -> np.dtype:
+    """The NumPy dtype of an ``ncclDataType_t`` (bfloat16: ml_dtypes', as tr_onnx's)."""
+    name = _NUMPY[datatype]
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
 
 
 def _host_array(ptr: int, count: int, dtype: np.dtype) -> np.ndarray:

@@ -159,11 +159,17 @@ def check_precision(precision: str, backend: str) -> str:
 # Ports that stay float32 in a half graph, as cuDNN's BatchNorm takes them (fp16 x/y/dy/dx,
 # fp32 per-channel scale, bias, statistics and their gradients): op -> (inputs, outputs).
 FP32_PORTS = {"BatchNormTraining": ({1, 2, 3, 4}, {1, 2, 3, 4}),
-              "BatchNormGrad": ({2, 3, 4}, {1, 2})}
+              "BatchNormGrad": ({2, 3, 4}, {1, 2}),
+              # data parallel: a bucket of the half GRAD, the float32 loss that decides
+              # whether it is poisoned, the float32 reduce flag
+              "GradAllReduceStart": ({1, 2}, set())}
+ALL_FP32_INPUTS = ("BroadcastStats",)  # rank 0's running statistics, float32 in PARAM
 
 
 def _fp32_ports(node) -> tuple[set, set]:
     if node.domain == INTERNAL:
+        if node.op_type in ALL_FP32_INPUTS:
+            return set(range(len(node.inputs))), set()
         return FP32_PORTS.get(node.op_type, (set(), set()))
     return set(), set()
 
@@ -311,8 +317,12 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
             out = _cast(graph, v, half, registry, backend)
             for n, k in readers:
                 graph.replace_input(n, k, out)
-    for name in list(info.grads.values()) + [info.grads_span]:
+    grads = {*info.grads.values(), info.grads_span}
+    for name in grads:
         graph.values[name].dtype = half
+    for v in graph.values.values():  # the data-parallel all-reduce's buckets of them
+        if v.kind == ir.GRAD and v.span_of and all(m.name in grads for m in v.span_of):
+            v.dtype = half
     span = Value(HALF_SPAN, (0,), half, ir.STATE, span_of=copies)
     graph.values[span.name] = span
     update = next(n for n in graph.nodes if n.name == info.update)

@@ -495,7 +495,7 @@ class TrainingSession:
         self._drain()
         state = self._read_state(plan)
         for name in self._mutable_names(plan):  # the same plan, so the same order everywhere
-            value = np.ascontiguousarray(state[name])
+            value = np.array(state[name], order="C")  # a scalar stays 0-d (not ascontiguous)
             self.world.bcast_(value.reshape(-1).view(np.uint8))
             state[name] = value
         self._write_state(plan, state)
