@@ -205,16 +205,17 @@ def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
     return {"replay": diff, "captured_graphs": graphs}
 
 
-def nccl_parity(stem: str, device=None, steps: int = 5, batch: int = 4) -> dict:
+def nccl_parity(stem: str, device=None, steps: int = 5, batch: int = 4, **options) -> dict:
     """Data parallelism's NCCL path at a world of 1 (``testing.host_nccl.with_nccl_path``: the
     plan carries GradAllReduce, bound to one NCCL all-reduce in the step's graph) against the
     same cuda session without it: ``steps`` SGD steps, captured (``cuda_graphs="require"``:
     a capture that fails raises), the losses and weights bit for bit (``nccl``: the largest
-    difference)."""
+    difference). ``options``: both sessions' (``precision="fp16"``: half GRAD buckets)."""
     from tr_onnx.testing.host_nccl import with_nccl_path
 
-    plain = _session(stem, _cuda_kwargs(device), cuda_graphs="require")
-    world = with_nccl_path(_session(stem, _cuda_kwargs(device), cuda_graphs="require"))
+    plain = _session(stem, _cuda_kwargs(device), cuda_graphs="require", **options)
+    world = with_nccl_path(_session(stem, _cuda_kwargs(device), cuda_graphs="require",
+                                    **options))
     worst = 0.0
     for i in range(steps):
         feed, y = _batch(stem, batch, 50 + i), _labels(batch, i)

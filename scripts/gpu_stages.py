@@ -714,11 +714,14 @@ def stage_nccl(ctx: Context) -> str:
             return {"version": nccl_module().get_version(), "cudnn": note}
 
         ctx.check("nccl version", version)
-    stems = ["mlp"] if ctx.dry else ["mlp", "resnet"]  # resnet: BroadcastStats too
+    # resnet: BroadcastStats too; fp16: half GRAD buckets and the loss scale's step guard
+    stems = [("mlp", {}), ("mlp", {"precision": "fp16"})] + ([] if ctx.dry else [("resnet", {})])
     worst = 0.0
-    for stem in stems:
-        row = ctx.check(f"{stem} world of 1 via nccl",
-                        lambda s=stem: gpu_check.nccl_parity(s, ctx.device, 2 if ctx.dry else 5))
+    for stem, options in stems:
+        label = " ".join([stem, *options.values()])
+        row = ctx.check(f"{label} world of 1 via nccl",
+                        lambda s=stem, o=options: gpu_check.nccl_parity(
+                            s, ctx.device, 2 if ctx.dry else 5, **o))
         worst = max(worst, row.get("nccl", float("inf")))
     sync = ctx.check("resnet sync_batchnorm world of 1 via nccl",
                      lambda: gpu_check.sync_batchnorm_parity("resnet", ctx.device,

@@ -72,8 +72,9 @@ def test_the_dry_run_result_lines_carry_numbers(dry_run):
     assert by[("4b-models-tf32-off", "settings")]["tf32_override"] == "0"
     assert by[("4-models", "mlp replay")]["replay"] == 0.0
     assert by[("5-convnets", "resnet training")]["ok"]
-    nccl = by[("5c-nccl", "mlp world of 1 via nccl")]
-    assert nccl["ok"] and nccl["nccl"] == 0.0 and "reduce" in nccl["captured_graphs"][0]
+    for label in ("mlp", "mlp fp16"):
+        nccl = by[("5c-nccl", f"{label} world of 1 via nccl")]
+        assert nccl["ok"] and nccl["nccl"] == 0.0 and "reduce" in nccl["captured_graphs"][0]
     sync = by[("5c-nccl", "resnet sync_batchnorm world of 1 via nccl")]
     assert sync["ok"] and (sync["sync_nodes"], sync["all_reduces"]) == (12, 18), sync
 
