@@ -485,7 +485,8 @@ class TrainingSession:
         or none does, whatever its batch."""
         if self.world is None or not plan.info.converted.get("Dropout"):
             return 0
-        rows = {np.shape(x)[0] for x in feed.values() if np.ndim(x)}
+        rows = {np.shape(x)[0] for name, x in feed.items()
+                if np.ndim(x) and name not in self.imported.const_feeds}
         return self.world.exscan_sum(rows.pop() if len(rows) == 1 else 0)
 
     def _broadcast_state(self, plan: CompiledPlan) -> None:

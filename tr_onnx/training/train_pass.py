@@ -219,9 +219,9 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
                 mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
                 graph.values[mask.name] = mask
             offset = sample_offset(graph, cfg, node.inputs[0])
+            inputs = [node.inputs[0], counter] + ([offset] if offset is not None else [])
             new = internal_node(graph, registry, backend, "DropoutTraining", node.name,
-                                [node.inputs[0], counter, *([offset] if offset else [])],
-                                [y, mask],
+                                inputs, [y, mask],
                                 {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
             graph.replace_node(node, new)
             if old_mask is not None and old_mask is not mask:
@@ -244,8 +244,8 @@ def sample_offset(graph: Graph, cfg: TrainConfig, x: Value) -> Value | None:
     batch (a sequence-first [S, B, D] tensor): then every rank draws the same mask."""
     if cfg.world is None or x.rank == 0:
         return None
-    rows = {graph.values[n].shape[0] for n in cfg.data_inputs
-            if n in graph.values and graph.values[n].rank > 0}
+    data = [graph.values[n] for n in cfg.data_inputs if n in graph.values]
+    rows = {v.shape[0] for v in data if v.kind == ir.INPUT and v.rank > 0}  # no plan constant
     if rows != {x.shape[0]}:
         return None
     offset = graph.values.get(SAMPLE_OFFSET)
