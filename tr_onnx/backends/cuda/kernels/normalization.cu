@@ -1,7 +1,8 @@
 // Normalizations (tr_onnx/ops/normalization.py): LayerNormalization and its backward
 // (LayerNormGrad), and BatchNormalization beside cuDNN's training graph: inference with fixed
 // statistics, ONNX's running statistics (biased variance) from x and the batch mean cuDNN
-// saved, and synchronised BatchNorm's training kernels (sync_batchnorm, no cuDNN). fp32/fp16/bf16 storage of x and y, float32 statistics and BatchNorm parameters, fp32
+// saved, and synchronised BatchNorm's training kernels (sync_batchnorm, no cuDNN).
+// fp32/fp16/bf16 storage of x and y, float32 statistics and BatchNorm parameters, fp32
 // compute (fp64 sums).
 // LayerNormalization over rows of m elements (the normalized axes flattened, compact):
 // tr_layernorm_fwd_<dt>(x, scale, bias, y, mean_out, inv_out, rows, m, eps)
