@@ -25,7 +25,8 @@ from tr_onnx.testing.host_emulator import host_emulator
 from tr_onnx.testing.host_nccl import HostNccl
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
-SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16)}
+SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16),
+          "mobilenet_train": (3, 16, 16)}
 # case -> (model, steps, per-rank batch, options, (step, rank) whose first row is +inf)
 CASES = {
     "mlp": ("mlp", 6, 4, {}, None),
@@ -39,6 +40,9 @@ CASES = {
     # float32 loss deciding the poison; fp16's loss scaling with an inf batch on rank 1
     "mlp-fp16-inf-on-rank1": ("mlp", 5, 4, {}, (2, 1)),
     "resnet-bf16-ddp": ("resnet", 3, 4, {}, None),
+    # Dropout(0.2): each rank draws its rows of the global batch's mask, on the device too
+    "mobilenet-dropout-sync-batchnorm": ("mobilenet_train", 3, 4, {"sync_batchnorm": True},
+                                         None),
 }
 CUDA_ONLY = {"mlp-fp16-inf-on-rank1": {"precision": "fp16"},
              "resnet-bf16-ddp": {"precision": "bf16"}}

@@ -545,14 +545,21 @@ def copy_numpy(ctx):
     return run
 
 
-def dropout_numpy(ctx):
-    """Inference Dropout: y = x, the optional mask all ones (True). Training mode with a
-    constant ratio of 0 drops nothing, so it is the same; any other training mode is not."""
+def check_inference_dropout(ctx) -> None:
+    """Inference Dropout only: training mode with a constant ratio of 0 drops nothing, so it
+    is the same; any other training mode is an error naming the node (every backend's
+    kernel factory calls this)."""
     if ctx.since_version >= 12:
         training, ratio = ctx.const(2), ctx.const(1)
         drops = ratio is None or float(np.asarray(ratio).reshape(())) != 0.0  # default 0.5
         if training is not None and bool(np.asarray(training).reshape(())) and drops:
             raise ctx.error("training-mode Dropout needs the training session")
+
+
+def dropout_numpy(ctx):
+    """Inference Dropout: y = x, the optional mask all ones (True)
+    (``check_inference_dropout``)."""
+    check_inference_dropout(ctx)
     with_mask = ctx.has_output(1)
 
     def run(ins, outs, ws):
@@ -600,7 +607,7 @@ def dropout_training_numpy(ctx):
     ratio = float(ctx.attrs["ratio"])
     if not 0.0 <= ratio <= 1.0:
         raise ctx.error(f"ratio {ratio} is not in [0, 1]")
-    scale = ctx.inputs[0].dtype.type(_dropout_scale(ratio))
+    scale = ctx.inputs[0].dtype.type(dropout_scale(ratio))
     if ratio == 0.0:
         def run(ins, outs, ws):
             np.copyto(outs[0], ins[0])
@@ -632,7 +639,8 @@ def dropout_training_numpy(ctx):
     return run
 
 
-def _dropout_scale(ratio: float) -> float:
+def dropout_scale(ratio: float) -> float:
+    """1 / (1 - ratio), 0 when everything is dropped."""
     return 0.0 if ratio >= 1.0 else 1.0 / (1.0 - ratio)
 
 
@@ -646,7 +654,7 @@ def _dropout_training_vjp(b, node, gys, needed):
     rest = [None] * (len(node.inputs) - 1)
     if gy is None or not needed[0]:
         return [None, *rest]
-    return [masked(b, mask, scaled(b, gy, _dropout_scale(float(node.attrs["ratio"])))), *rest]
+    return [masked(b, mask, scaled(b, gy, dropout_scale(float(node.attrs["ratio"])))), *rest]
 
 
 @hookimpl

@@ -1,5 +1,5 @@
 """cuda bindings of ``ops/elementwise.py``: broadcasting Add/Sub/Mul/Div/Sum, comparisons,
-Where, Cast and Identity (``kernels/elementwise.cu``).
+Where, Cast, Identity and Dropout, inference and training (``kernels/elementwise.cu``).
 
 Operands are indexed by the output's elements through specs (``bind.operand_spec``): the same
 layout, a scalar, a trailing broadcast, or a change between compact and padded channels-last.
@@ -16,6 +16,7 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
+from ....ops.elementwise import check_inference_dropout, dropout_scale
 from ..bind import (
     TO_PADDED,
     BindContext,
@@ -24,6 +25,8 @@ from ..bind import (
     collapse,
     contiguous_strides,
     copy_of,
+    f32,
+    f64,
     float_dt,
     geometry,
     i32,
@@ -61,7 +64,8 @@ def elementwise_source() -> KernelSource:
         instantiate("TR_WHERE({T}, {dt})", "tr_where_{dt}", STORAGE),
         instantiate("TR_BCAST_BINARY({T}, {dt})", "tr_bcast_binary_{dt}", STORAGE),
         instantiate("TR_CONVERT({S}, {sdt}, {D}, {ddt})", "tr_convert_{sdt}_{ddt}",
-                    storage_pairs(CONVERT_PAIRS)))
+                    storage_pairs(CONVERT_PAIRS)),
+        instantiate("TR_DROPOUT({T}, {dt})", "tr_dropout_{dt}", STORAGE))
 
 
 KERNELS = elementwise_source()
@@ -198,10 +202,60 @@ def bind_copy(b: BindContext, node) -> list:
     return [copy_of(b, x, y)]
 
 
+def _dropout(b: BindContext, x, y, mask, step, rows_before, seed: int, ratio: float,
+             scale: float) -> list:
+    """``tr_dropout_<dt>`` over compact x, y and mask (one launch per Philox block of 4)."""
+    need_compact(b, x, y, mask)
+    if b.t(mask).dtype != np.bool_:
+        raise Unbound(f"the mask {mask.name!r} must be bool")
+    for v in (step, rows_before):
+        if v is not None and (b.t(v).dtype != np.int64 or math.prod(b.t(v).shape) != 1):
+            raise Unbound(f"{v.name!r} must be an int64 scalar")
+    n = math.prod(b.t(x).shape)
+    per_row = n // b.t(x).shape[0] if rows_before is not None else 0
+    seed = seed % 2**64
+    return [b.launch(f"tr_dropout_{float_dt(b, x, y)}", -(-n // 4) + 1, [
+        b.buf(x), b.buf(y, True), b.buf(mask, True), i64(n), b.buf(step), b.buf(rows_before),
+        i64(per_row), i64(seed - 2**64 if seed >= 2**63 else seed), f64(ratio), f32(scale)])]
+
+
+def dropout_training_factory(ctx):
+    """DropoutTraining(x, step[, rows_before]): the numpy kernel's masks bit for bit (NumPy's
+    Philox, drawn on the device), y = (x * mask) * scale in x's storage."""
+    ratio = float(ctx.attrs.get("ratio", 0.5))
+    scale = float(dropout_scale(ratio))
+
+    def bind(b: BindContext, node) -> list:
+        x, step = node.inputs[:2]
+        rows_before = node.inputs[2] if len(node.inputs) > 2 else None
+        return _dropout(b, x, node.outputs[0], node.outputs[1], step, rows_before,
+                        int(node.attrs["seed"]), ratio, scale)
+
+    return bind
+
+
+def dropout_inference_factory(ctx):
+    """Inference Dropout (``ops.elementwise.check_inference_dropout`` refuses a training-mode
+    one): y = x, the optional mask all ones."""
+    check_inference_dropout(ctx)
+
+    def bind(b: BindContext, node) -> list:
+        x, y = node.inputs[0], node.outputs[0]
+        mask = node.outputs[1] if len(node.outputs) > 1 else None
+        if mask is None:
+            return bind_copy(b, node)
+        return _dropout(b, x, y, mask, None, None, 0, 0.0, 1.0)
+
+    return bind
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return ([KernelDef(op, "cuda", binding(bind_binary)) for op in BINARY]
             + [KernelDef(op, "cuda", binding(bind_compare)) for op in COMPARE]
             + [KernelDef("Where", "cuda", binding(bind_where)),
                KernelDef("Cast", "cuda", binding(bind_cast)),
-               KernelDef("Identity", "cuda", binding(bind_copy))])
+               KernelDef("Identity", "cuda", binding(bind_copy)),
+               KernelDef("Dropout", "cuda", dropout_inference_factory),
+               KernelDef("DropoutTraining", "cuda", dropout_training_factory,
+                         domain="ai.tr_onnx")])
