@@ -51,7 +51,7 @@ from tr_onnx.training.train_pass import STEP
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "model_zoo"
 SHAPES = {"mlp": (64,), "lenet": (1, 8, 8), "resnet": (3, 16, 16), "mobilenet": (3, 16, 16),
-          "transformer": None}
+          "mobilenet_train": (3, 16, 16), "transformer": None}
 PARITY_MODELS = ["mlp", "resnet", "mobilenet", "lenet", "transformer"]
 TOL = {"forward": 2e-3, "gradient": 5e-3, "loss": 2e-3, "weights": 1e-2, "replay": 0.0,
        "export": 2e-3}

@@ -660,11 +660,16 @@ def stage_models_tf32_off(ctx: Context) -> str:
 
 
 def stage_convnets(ctx: Context) -> str:
-    """ResNet and MobileNet: forward, gradients, 10 SGD steps, replay == eager."""
+    """ResNet and MobileNet: forward, gradients, 10 SGD steps, replay == eager; and MobileNet
+    exported in training mode (its Dropout: the device's Philox masks against numpy's),
+    gradients and SGD steps (an inference session refuses its training-mode Dropout)."""
     stems = ["resnet"] if ctx.dry else ["resnet", "mobilenet"]
     checks = ("forward", "training") if ctx.dry else ("forward", "gradient", "training",
                                                       "replay")
-    return _parity(ctx, stems, 2 if ctx.dry else 10, checks)
+    steps = 2 if ctx.dry else 10
+    summary = _parity(ctx, stems, steps, checks)
+    dropout = _parity(ctx, ["mobilenet_train"], steps, ("gradient", "training"))
+    return f"{summary}; with Dropout: {dropout.split('; worst ', 1)[-1]}"
 
 
 def stage_precision_export(ctx: Context) -> str:
@@ -777,10 +782,12 @@ STAGES = [
     Stage("4-models", 55, stage_models, what="mlp, lenet, transformer (TF32 default)"),
     Stage("4b-models-tf32-off", 45, stage_models_tf32_off, {"NVIDIA_TF32_OVERRIDE": "0"},
           what="the same, TF32 off, deterministic cuDNN engines"),
-    Stage("5-convnets", 60, stage_convnets, what="resnet, mobilenet training parity"),
+    Stage("5-convnets", 60, stage_convnets,
+          what="resnet, mobilenet training parity; mobilenet_train's Dropout"),
     Stage("5b-precision-export", 50, stage_precision_export,
           what="fp16/bf16 against the fp32 curve, onnxruntime runs the exported model"),
-    Stage("5c-nccl", 20, stage_nccl, what="a world of 1 through NCCL in the captured step"),
+    Stage("5c-nccl", 20, stage_nccl, what="a world of 1 through NCCL in the captured step "
+          "(fp32, fp16, sync_batchnorm)"),
     Stage("6-benchmark", 80, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
 ]
 STAGE_BY_NAME = {s.name: s for s in STAGES}
