@@ -99,6 +99,22 @@ class NcclAllReduce:
         device.nccl_all_reduce(self.comm, self.buf, self.count, self.dtype, self.op)
 
 
+def node_communicator(b, node) -> tuple[Any, Any]:
+    """(world, NCCL communicator) of a collective node: the ``distributed.World`` its
+    ``world`` attribute names, on the device the plan is bound to (``b``: the BindContext)."""
+    from ...distributed import lookup
+
+    world = lookup(int(node.attrs["world"]))
+    return world, communicator(world, getattr(b.device, "device_id", 0))
+
+
+def node_all_reduce(b, node, buf: DeviceBuffer, count: int, dtype: int,
+                    op: int) -> NcclAllReduce:
+    """The in-place all-reduce of ``count`` elements of ``buf`` over ``node``'s world."""
+    world, comm = node_communicator(b, node)
+    return NcclAllReduce(comm, buf, count, dtype, op, world.rank, world.size)
+
+
 BROADCAST_PHASE = "broadcast"
 """The write policy a broadcast of rank 0's running statistics runs under
 (``capture.WRITE_POLICY``): it writes PARAM at the start of the step, before any BatchNorm reads
@@ -126,4 +142,5 @@ class NcclBroadcast:
 
 
 __all__ = ["BROADCAST_PHASE", "NCCL_AVG", "NCCL_DTYPES", "NCCL_MAX", "NCCL_SUM", "NcclAllReduce",
-           "NcclBroadcast", "communicator", "nccl_dtype", "nccl_module"]
+           "NcclBroadcast", "communicator", "nccl_dtype", "nccl_module", "node_all_reduce",
+           "node_communicator"]

@@ -29,12 +29,11 @@ import math
 
 import numpy as np
 
-from ....distributed import lookup
 from ....errors import DistributedError
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ..bind import INTERNAL, BindContext, Unbound, binding, i64
-from ..nccl import NCCL_AVG, NcclAllReduce, NcclBroadcast, communicator, nccl_dtype
+from ..nccl import NCCL_AVG, NcclBroadcast, nccl_dtype, node_all_reduce, node_communicator
 
 
 def _span(b: BindContext, g) -> tuple[int, int]:
@@ -67,18 +66,14 @@ def bind_grad_all_reduce_wait(b: BindContext, node) -> list:
     place, as one NCCL all-reduce on the step's stream."""
     g = node.inputs[0]
     count, dtype = _span(b, g)
-    world = lookup(int(node.attrs["world"]))
-    comm = communicator(world, getattr(b.device, "device_id", 0))
-    return [NcclAllReduce(comm, b.buf(g, writes=True), count, dtype, NCCL_AVG, world.rank,
-                          world.size)]
+    return [node_all_reduce(b, node, b.buf(g, writes=True), count, dtype, NCCL_AVG)]
 
 
 def bind_broadcast_stats(b: BindContext, node) -> list:
     """BroadcastStats(stat...): rank 0's running statistics into every rank's, in place, one
     NCCL broadcast per tensor (``nccl.NcclBroadcast``, under the ``broadcast`` write policy:
     PARAM, at the start of the step)."""
-    world = lookup(int(node.attrs["world"]))
-    comm = communicator(world, getattr(b.device, "device_id", 0))
+    _, comm = node_communicator(b, node)
     calls = []
     for v in node.inputs:
         count, dtype = _span(b, v)

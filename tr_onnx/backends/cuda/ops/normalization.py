@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 
-from ....distributed import lookup
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
 from ..bind import (
@@ -41,7 +40,7 @@ from ..bind import (
     same_layout,
 )
 from ..device import BLOCK
-from ..nccl import NCCL_SUM, NcclAllReduce, communicator, nccl_dtype
+from ..nccl import NCCL_SUM, nccl_dtype, node_all_reduce
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 # ---- kernels/normalization.cu: the family's name table ------------------------------------------
@@ -169,13 +168,10 @@ def _need_float32(b: BindContext, *vs) -> None:
             raise Unbound(f"{v.name!r} must be float32 (the per-channel vectors are)")
 
 
-def _sync_sums(b: BindContext, node, sums: int, count: int) -> NcclAllReduce:
+def _sync_sums(b: BindContext, node, sums: int, count: int):
     """The in-place NCCL sum over the node's world of the first ``count`` float64 values of
     scratch buffer ``sums``."""
-    world = lookup(int(node.attrs["world"]))
-    comm = communicator(world, getattr(b.device, "device_id", 0))
-    return NcclAllReduce(comm, b.ws(sums), count, nccl_dtype(np.float64), NCCL_SUM, world.rank,
-                         world.size)
+    return node_all_reduce(b, node, b.ws(sums), count, nccl_dtype(np.float64), NCCL_SUM)
 
 
 def _chunk_sums(b: BindContext, name: str, inputs: list, rows_c_ld: tuple[int, int, int],
@@ -270,9 +266,7 @@ def bn_running(b: BindContext, node, desc, partial_ws: int | None) -> list:
     gx = geometry(b.t(x))
     if gx is None or gx.kind != "channels_last":
         raise Unbound("the running-statistics kernel reads a channels-last x")
-    for v in (node.inputs[3], node.inputs[4], outs[1], outs[3], outs[4]):
-        if b.t(v).dtype != np.float32:
-            raise Unbound(f"{v.name!r} must be float32")
+    _need_float32(b, node.inputs[3], node.inputs[4], outs[1], outs[3], outs[4])
     rows, c = gx.n // gx.cp, gx.c
     chunks, chunk_rows = bn_chunks(rows, c)
     if partial_ws is None or b.workspaces[partial_ws].shape != (chunks, c):

@@ -15,7 +15,6 @@ import math
 
 import numpy as np
 
-from ....distributed import lookup
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
@@ -37,7 +36,7 @@ from ..bind import (
 )
 from ..capture import DeviceBuffer
 from ..device import BLOCK
-from ..nccl import NCCL_MAX, NcclAllReduce, communicator, nccl_dtype
+from ..nccl import NCCL_MAX, nccl_dtype, node_all_reduce
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 # ---- kernels/optimizers.cu and kernels/amp.cu: the families' name tables ------------------------
@@ -258,10 +257,7 @@ def bind_step_check(b: BindContext, node) -> list:
                                                 _flag(b, reject, True), bad_buf],
                           single_block=True))
     if "world" in node.attrs:
-        world = lookup(int(node.attrs["world"]))
-        comm = communicator(world, getattr(b.device, "device_id", 0))
-        calls.append(NcclAllReduce(comm, bad_buf, 1, nccl_dtype(np.float32), NCCL_MAX,
-                                   world.rank, world.size))
+        calls.append(node_all_reduce(b, node, bad_buf, 1, nccl_dtype(np.float32), NCCL_MAX))
     if found is not None:
         found_buf = _flag(b, found, True)
         calls += [b.launch("tr_zero_lanes_b4", 1, [found_buf, i64(1), i64(0), i64(1)]),
