@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
+"""The model zoo's folder (the repository's ``model_zoo/``)."""
+
 
 def unwritable_folder(tmp_path: Path) -> tuple[Path, str]:
     """An existing folder in which no file can be created, and the reason the OS gives: a

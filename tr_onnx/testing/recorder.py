@@ -1,7 +1,8 @@
 """The recording device: a ``DeviceAPI`` without a device, for the CPU tests and for planning.
 
 ``FakeRecorder`` records every call and checks what the GPU would only tell by crashing or by
-silently wrong results. Always: every pointer inside ``[arena_base, arena_base +
+silently wrong results. Always: every launch's arguments against its kernel's PTX parameter
+list (``ptx.check_launch``); every pointer inside ``[arena_base, arena_base +
 plan.total_bytes)``, within one region, at the offset the MemoryPlan gives the named tensor;
 writes only to the regions the current phase may write (``capture.WRITE_POLICY``: e.g. PARAM
 only in ``commit``/``apply``). While capturing: no allocation, no synchronize, no synchronous
@@ -26,7 +27,9 @@ from ..backends.cuda.capture import (
     RegionViolation,
     SyncDuringCapture,
 )
+from ..backends.cuda.device import KernelRef
 from ..memory import MemoryPlan, Region
+from . import ptx
 
 
 @dataclass
@@ -146,6 +149,10 @@ class FakeRecorder:
     def launch(self, kernel, grid: tuple, block: tuple, args: Sequence[Any]) -> None:
         self._record("launch", kernel=kernel, grid=tuple(grid), block=tuple(block),
                      args=tuple(args))
+        # the arguments as the device will read them (testing/ptx.py); a kernel that is no
+        # KernelRef is a test's stand-in with no source
+        if isinstance(kernel, KernelRef) and ptx.available():
+            ptx.check_launch(kernel, args, self.node)
         for a in args:
             if isinstance(a, DeviceBuffer):
                 self.check_buffer(a)
