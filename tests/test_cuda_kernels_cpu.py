@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import re
 import subprocess
 import time
@@ -71,6 +72,19 @@ def test_source_compiles_with_nvrtc_for_sm90(family):
     missing = [k for k in sources.SOURCES[family].kernels if k.encode() + b"\0" not in cubin]
     assert not missing, f"{family}: the cubin lacks {missing}"
     assert elapsed < 20, f"{family}: NVRTC took {elapsed:.1f} s"
+
+
+def test_nvrtc_is_the_version_the_tests_meant():
+    """The test extra's NVRTC (13.x), or the one tests/test_gpu_image_versions.py loaded for
+    this run (``TR_ONNX_EXPECT_NVRTC``): the GPU image's 13.0."""
+    from cupy.cuda import nvrtc
+
+    major, minor = nvrtc.getVersion()
+    expected = os.environ.get("TR_ONNX_EXPECT_NVRTC")
+    if expected:
+        assert f"{major}.{minor}" == expected
+    else:
+        assert major == 13
 
 
 def test_compile_all_nvrtc_covers_every_family():

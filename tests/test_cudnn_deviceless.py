@@ -14,6 +14,7 @@ without the running statistics (issue 10, finding 1).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,21 @@ def test_every_declared_cudnn_graph_plans_on_an_h200(stem, mode):
     if mode in ("fp16", "bf16"):
         assert all(r.dtypes.startswith({"fp16": "HALF", "bf16": "BFLOAT16"}[mode]) for r in rows
                    if r.kind in CONV)
+
+
+EXPECTED_VERSION = "TR_ONNX_EXPECT_CUDNN"
+"""Set by tests/test_cudnn_versions.py when it runs this module against another cuDNN."""
+
+
+def test_the_checks_run_on_the_cudnn_they_were_meant_for():
+    """The test extra's cuDNN (9.28 or later), or the one tests/test_cudnn_versions.py put on
+    LD_LIBRARY_PATH: a run meant for cuDNN 9.19 that loaded another proves nothing."""
+    version = int(load_cudnn().backend_version())
+    expected = os.environ.get(EXPECTED_VERSION)
+    if expected:
+        assert version == int(expected)
+    else:
+        assert version >= 92800
 
 
 def test_the_stand_in_driver_is_loaded_only_where_no_driver_is():

@@ -171,10 +171,12 @@ def __getattr__(name: str):
 
 
 def cuda_include_dir() -> str:
-    """A directory holding ``cuda_fp16.h`` / ``cuda_bf16.h``: the ``nvidia-cuda-runtime`` wheel
-    or a toolkit, as ``cuda.pathfinder`` (a CuPy 14 dependency) finds them, else ``$CUDA_PATH``
-    / ``$CUDA_HOME`` / ``/usr/local/cuda``."""
-    candidates = []
+    """A directory holding ``cuda_fp16.h`` / ``cuda_bf16.h``: ``$CUDA_PATH`` / ``$CUDA_HOME``
+    when set (what a user names wins over what is found), else the ``nvidia-cuda-runtime``
+    wheel or a toolkit as ``cuda.pathfinder`` (a CuPy 14 dependency) finds them, else
+    ``/usr/local/cuda``."""
+    candidates = [os.path.join(os.environ[env], "include") for env in ("CUDA_PATH", "CUDA_HOME")
+                  if os.environ.get(env)]
     try:
         from cuda.pathfinder import find_nvidia_header_directory
 
@@ -183,9 +185,6 @@ def cuda_include_dir() -> str:
             candidates.append(found)
     except ImportError:
         pass
-    for env in ("CUDA_PATH", "CUDA_HOME"):
-        if os.environ.get(env):
-            candidates.append(os.path.join(os.environ[env], "include"))
     candidates.append("/usr/local/cuda/include")
     for d in candidates:
         if os.path.isfile(os.path.join(d, "cuda_fp16.h")):
