@@ -16,6 +16,7 @@
 #                 rewritten after every line
 #   results.json, results.md   the benchmark stage's table (the README table), as before
 #   gpu_check.log everything printed
+#   cudnn_errors.log, nccl.*.log   cuDNN's (CUDNN_LOGERR_DBG) and NCCL's (NCCL_DEBUG=WARN) own logs
 # Stages: 0-versions, 1-kernels (NVRTC per family + 12 one-node kernels vs numpy), 2-capture
 # (pinned buffers, events, captured copy+kernel replayed, invalidated capture -> CaptureError),
 # 3-cudnn (every cuDNN graph kind x fp32/fp16/bf16 vs numpy, captured and replayed), 4-models
@@ -78,9 +79,37 @@ need pluggy pluggy
 need ml_dtypes ml_dtypes
 if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing ${missing[*]}"
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "${missing[@]}" && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    if $PY -m pip --version >/dev/null 2>&1; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$SITE" "${missing[@]}"
+    else  # an interpreter without pip: a wheel is a zip archive of what goes in site-packages
+        echo "== no pip: unpacking the wheels into $SITE"
+        $PY - "$SITE" "${missing[@]}" <<'PYEOF'
+import sys, zipfile
+for whl in sys.argv[2:]:
+    zipfile.ZipFile(whl).extractall(sys.argv[1])
+PYEOF
+    fi
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# The frontend finds libcudnn only under the interpreter's purelib (or on LD_LIBRARY_PATH, which
+# it searches first), and cuDNN finds cuBLAS through RUNPATHs relative to its own folder; name
+# both folders of the installed wheels, or cuDNN aborts the process at its first matmul plan.
+libdirs=$($PY - <<'PYEOF'
+import glob, os, site, sysconfig
+roots = [sysconfig.get_path("purelib"), *site.getsitepackages()]
+found = []
+for pattern in ("nvidia/cudnn/lib/libcudnn.so.9", "nvidia/*/lib/libcublasLt.so.*"):
+    for root in roots:
+        hits = sorted(glob.glob(os.path.join(root, pattern)))
+        if hits:
+            found.append(os.path.dirname(hits[0]))
+            break
+print(":".join(dict.fromkeys(found)))
+PYEOF
+)
+[ -n "$libdirs" ] && export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "== LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 if ! $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1; then
     echo "== pip install -e . failed; using PYTHONPATH"
 fi
@@ -109,6 +138,9 @@ print('tr_onnx', tr_onnx.__file__, '| cupy', cupy.__version__, '| cudnn frontend
       cudnn.__version__, '| onnx', onnx.__version__, '| cuda:', r() or 'usable')"
 
 fi  # installs: the GPU machine only (the dry run uses this machine's environment)
+# cuDNN's and NCCL's own error logs go into the output folder with the rest
+export CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG="$OUT_DIR/cudnn_errors.log"
+export NCCL_DEBUG=WARN NCCL_DEBUG_FILE="$OUT_DIR/nccl.%h.%p.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # -- the stages ------------------------------------------------------------------------------
