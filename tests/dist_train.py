@@ -121,13 +121,44 @@ def run_case(world, name: str, out: Path) -> None:
             **{k: v for k, v in options.items() if k not in ("sync_batchnorm", *BUCKETS)})
         result["want_losses"] = train(single, data)
         result["want_steps_applied"] = single.step
-        for k, v in single.parameters().items():
+        want = single.parameters()
+        for k, v in want.items():
             result[f"want/{k}"] = v
+        if name in ORACLE_SPREAD_CASES:
+            for k, v in oracle_spread(model, opt, options, data, want).items():
+                result[f"spread/{k}"] = v
     if world.rank == 0:
         for k, v in params.items():
             result[f"got/{k}"] = v
         np.savez(out / f"{name}.npz", **result)
     world.barrier()
+
+
+# cases whose single-process oracle is itself only known to float32 rounding amplified by
+# training: a ReLU6 or dropout-scaled activation near a kink flips with a 1-ulp change of the
+# input, and ten momentum steps carry the flip to ~2e-5 in the first convolution's weights
+# (measured: one of three 1-ulp perturbations moves the oracle by 1.9e-5). Summing the
+# BatchNorm statistics per rank is such a 1-ulp change, so the test allows the oracle's own
+# spread on top of its bound; without synchronised BatchNorm the ranks differ by 0.14.
+ORACLE_SPREAD_CASES = {"mobilenet-dropout-sync-batchnorm"}
+SPREAD_TRIALS = 4
+
+
+def oracle_spread(model: str, opt, options: dict, data, want: dict) -> dict:
+    """Per parameter, the largest distance from ``want`` of the single-process run trained on
+    the same batches with every input element moved by one float32 ulp (random sign)."""
+    rng = np.random.default_rng(1)
+    spread = {k: np.float32(0) for k in want}
+    for _ in range(SPREAD_TRIALS):
+        moved = [((x * (1 + rng.choice([-1.0, 1.0], x.shape) * 2.0**-23)).astype(np.float32), y)
+                 for x, y in data]
+        session = tr_onnx.TrainingSession(
+            ZOO / f"{model}.onnx", optimizer=copy.deepcopy(opt), backend="numpy",
+            **{k: v for k, v in options.items() if k not in ("sync_batchnorm", *BUCKETS)})
+        train(session, moved)
+        for k, v in session.parameters().items():
+            spread[k] = max(spread[k], np.abs(v - want[k]).max())
+    return spread
 
 
 def torch_ddp(world, model: str, opt, data, shard):

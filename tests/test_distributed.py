@@ -247,7 +247,8 @@ def test_two_ranks_train_as_the_oracle(trained, case):
     names = [k.removeprefix("got/") for k in got if k.startswith("got/")]
     assert names and all(f"want/{n}" in got for n in names)
     for name in names:
-        np.testing.assert_allclose(got[f"got/{name}"], got[f"want/{name}"], rtol=0, atol=tol,
+        bound = tol + 2 * float(got.get(f"spread/{name}", 0.0))  # as on three ranks, below
+        np.testing.assert_allclose(got[f"got/{name}"], got[f"want/{name}"], rtol=0, atol=bound,
                                    err_msg=f"{case}: {name}")
 
 
@@ -271,7 +272,10 @@ def test_three_ranks_train_as_one_process_and_stay_bitwise_equal(trained_on_thre
     names = [k.removeprefix("got/") for k in got if k.startswith("got/")]
     assert names and all(f"want/{n}" in got for n in names)
     for name in names:
-        np.testing.assert_allclose(got[f"got/{name}"], got[f"want/{name}"], rtol=0, atol=tol,
+        # where the oracle moves under a 1-ulp change of its input, by that much more
+        # (tests/dist_train.py: ORACLE_SPREAD_CASES); a wrong synchronisation is 0.14 away
+        bound = tol + 2 * float(got.get(f"spread/{name}", 0.0))
+        np.testing.assert_allclose(got[f"got/{name}"], got[f"want/{name}"], rtol=0, atol=bound,
                                    err_msg=f"{case}: {name}")
         for r in (1, 2):  # running statistics too: synchronised, or none
             np.testing.assert_array_equal(got[f"rank{r}/{name}"], got[f"got/{name}"],
