@@ -808,13 +808,13 @@ def conv_vjp(b, node, gys, needed):
     return grads
 
 
-def conv_transpose_vjp(b, node, gys, needed):
-    """ConvTranspose is the adjoint of a Conv with the same weight: gx = Conv(gy, w) over gy
-    padded back to the uncropped frame, gw = ConvGradFilter(gy, x) (roles swapped)."""
-    gy = gys[0]
-    grads = [None] * len(node.inputs)
-    if gy is None:
-        return grads
+def conv_transpose_adjoint_attrs(node) -> dict:
+    """The attributes of the Conv whose adjoint ``node`` (a ConvTranspose) is: the Conv over
+    ConvTranspose's output that gives its input's spatial shape with the same weight, strides,
+    dilations and group, its pads those of the uncropped frame. Its gradient is that Conv (gx)
+    and a ConvGradFilter; the cuda backend runs the ConvTranspose itself as that Conv's cuDNN
+    data gradient. Raises UnsupportedModelError where the output extends past the full
+    result (negative pads, an output_padding beyond the end pad by a stride)."""
     x, w = node.inputs[:2]
     spatial = x.shape[2:]
     nd = len(spatial)
@@ -827,11 +827,22 @@ def conv_transpose_vjp(b, node, gys, needed):
     conv_end = [max(0, e - op) for e, op in zip(end, out_pad)]
     if min(begin) < 0 or any(e - op <= -st for e, op, st in zip(end, out_pad, strides)):
         raise UnsupportedModelError(
-            f"{node.label}: no gradient for a ConvTranspose whose output extends past its full "
-            f"result (pads {list(begin) + list(end)}, output_padding {out_pad})", [])
-    attrs = {"kernel_shape": list(kernel), "strides": strides, "dilations": dilations,
-             "pads": list(begin) + conv_end, "auto_pad": "NOTSET",
-             "group": int(node.attrs["group"])}
+            f"{node.label}: no adjoint Conv for a ConvTranspose whose output extends past its "
+            f"full result (pads {list(begin) + list(end)}, output_padding {out_pad})", [])
+    return {"kernel_shape": list(kernel), "strides": strides, "dilations": dilations,
+            "pads": list(begin) + conv_end, "auto_pad": "NOTSET",
+            "group": int(node.attrs["group"])}
+
+
+def conv_transpose_vjp(b, node, gys, needed):
+    """ConvTranspose is the adjoint of a Conv with the same weight: gx = Conv(gy, w) over gy
+    padded back to the uncropped frame, gw = ConvGradFilter(gy, x) (roles swapped)."""
+    gy = gys[0]
+    grads = [None] * len(node.inputs)
+    if gy is None:
+        return grads
+    x, w = node.inputs[:2]
+    attrs = conv_transpose_adjoint_attrs(node)
     if needed[0]:
         grads[0] = b.op("Conv", [gy, w], attrs, like=x)
     if needed[1]:

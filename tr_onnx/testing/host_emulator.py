@@ -21,6 +21,7 @@ Importing this module needs no GPU and does not import CuPy.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import hashlib
 import os
@@ -207,7 +208,7 @@ class HostEmulator(FakeRecorder):
             fn.argtypes, fn.restype = [type(a) for a in args], None
             fn(*args)
         elif call.op == "cudnn_execute":
-            self.numpy_node(call.node)
+            self.numpy_node(call.node, call.args.get("node_inputs"))
             for label in self.fused.get(call.node, ()):
                 self.numpy_node(label)
         elif call.op == "nccl_all_reduce":  # a host communicator (the tests'), host pointers
@@ -222,14 +223,18 @@ class HostEmulator(FakeRecorder):
             a = call.args
             ctypes.memmove(self.addr(a["dst"]), self.addr(a["src"]), a["nbytes"])
 
-    def numpy_node(self, label: str) -> None:
+    def numpy_node(self, label: str, inputs: tuple[int, ...] | None = None) -> None:
         """Node ``label``'s numpy kernel (made from the registry's OpDef, with scratch of its
-        own outside the arena), on this arena's views of its tensors."""
+        own outside the arena), on this arena's views of its tensors; ``inputs``: only those
+        of its inputs (what a cuDNN graph computes with, ``GraphDesc.node_inputs``)."""
         bound = self._numpy.get(label)
         if bound is None:
             from ..compiler import kernel_context
 
             node = self.nodes[label]
+            if inputs is not None:
+                node = copy.copy(node)
+                node.inputs = [node.inputs[k] for k in inputs]
             ctx = kernel_context(node, "numpy")
             run = node.opdef.kernels["numpy"](ctx)
             scratch = [np.zeros(shape, dtype) for shape, dtype in ctx.workspace_requests]

@@ -161,7 +161,7 @@ class FakeRecorder:
         """``graph`` is a ``BuiltGraph`` or a ``GraphDesc`` (both describe their tensors)."""
         desc = getattr(graph, "desc", graph)
         self._record("cudnn_execute", kind=desc.kind, pointers=dict(pointers),
-                     workspace=workspace)
+                     workspace=workspace, node_inputs=desc.node_inputs)
         tensors = desc.tensors()
         missing = {p for p, t in tensors.items() if not t.virtual} - set(pointers)
         if missing:

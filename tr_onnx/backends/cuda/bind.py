@@ -197,6 +197,11 @@ def i32(x) -> np.int32:
 # The bind context
 # --------------------------------------------------------------------------------------------
 
+Describe = Callable[[ir.Node, MemoryPlan, tuple[int, int]], Any]
+"""A family's description of a node's cuDNN graph: ``(node, memory plan, (workspace offset,
+bytes)) -> cudnn_graphs.GraphDesc``, raising ``CudnnGraphError`` for a form it cannot take."""
+
+
 class BindContext:
     """What a binding may use when its node is bound: arena pointers of the plan's tensors,
     the node's own scratch (``ws``), kernel references and launches, cuDNN graphs.
@@ -272,12 +277,16 @@ class BindContext:
         return self.launch(f"tr_zero_lanes_b{t.dtype.itemsize}", g.n,
                            [self.buf(v, True), i64(rows), i64(g.c), i64(g.cp)])
 
-    def cudnn(self, node: ir.Node, workspace: int, activation=None) -> list:
+    def cudnn(self, node: ir.Node, workspace: int, activation=None,
+              describe: Describe | None = None) -> list:
         """The node's cuDNN graph over its scratch buffer ``workspace`` (the limit its plans
-        are deselected above); ``activation``: a Relu to fuse into a conv's epilogue."""
+        are deselected above); ``activation``: a Relu to fuse into a conv's epilogue.
+        ``describe``: the family's description of the node's graph (``Describe``) where
+        ``cudnn_graphs.describe_node`` has none (an op set's own cuDNN graph)."""
         ws = self.workspaces[workspace]
         try:
-            desc = describe_node(node, self.memory, activation, (ws.offset, ws.nbytes))
+            desc = (describe_node(node, self.memory, activation, (ws.offset, ws.nbytes))
+                    if describe is None else describe(node, self.memory, (ws.offset, ws.nbytes)))
             # a graph cuDNN cannot build on this device is the node's binding refusing it:
             # MatMul then takes its own kernel, other ops are listed with every node that
             # cannot run (never a crash of the session)
@@ -318,16 +327,17 @@ def cudnn_workspace(ctx: KernelContext, need: int = 0) -> int:
     return ctx.workspace((max(CUDNN_WORKSPACE, need),), np.uint8)
 
 
-def cudnn_binding(workspace_bytes: Callable[[KernelContext], int] | None = None
-                  ) -> Callable[[KernelContext], Bind]:
+def cudnn_binding(workspace_bytes: Callable[[KernelContext], int] | None = None,
+                  describe: Describe | None = None) -> Callable[[KernelContext], Bind]:
     """The factory of a node cuDNN runs: reserves the graph's workspace (``CUDNN_WORKSPACE``,
-    or ``workspace_bytes(ctx)`` when larger) and binds the graph."""
+    or ``workspace_bytes(ctx)`` when larger) and binds the graph (``describe``: the family's
+    description of it, see ``BindContext.cudnn``)."""
 
     def factory(ctx: KernelContext) -> Bind:
         k = cudnn_workspace(ctx, workspace_bytes(ctx) if workspace_bytes else 0)
 
         def bind(b: BindContext, node: ir.Node) -> list:
-            return b.cudnn(node, k)
+            return b.cudnn(node, k, describe=describe)
 
         return bind
 

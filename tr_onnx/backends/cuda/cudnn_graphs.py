@@ -123,7 +123,10 @@ class GraphDesc:
     attributes (``pre_padding``, ``post_padding``, ``stride``, ``dilation``); ``epilogue``
     the fused pointwise ops after it (``bias``, ``relu``) with ``relu_clip`` (lower, upper)
     for a clipped ReLU; ``workspace`` the arena range (offset, bytes) the plan reserves for
-    per-node scratch, which the graph's workspace must fit.
+    per-node scratch, which the graph's workspace must fit. ``node_inputs``: which of the
+    node's inputs the graph computes with, where it leaves some to a kernel of its own (a
+    ConvTranspose's bias); None: all of them (what the host emulator runs as the node's numpy
+    kernel).
     """
 
     kind: str
@@ -141,6 +144,7 @@ class GraphDesc:
     notes: tuple[str, ...] = ()
     intermediate_data_type: str = "FLOAT"
     compute_data_type: str = "FLOAT"
+    node_inputs: tuple[int, ...] | None = None
 
     def tensors(self) -> dict[str, TensorDesc]:
         return {**self.inputs, **self.outputs}
@@ -229,9 +233,9 @@ def _feature_map(index: _PlanIndex, t: DTensor, port: str, padded: bool,
 # Convolutions
 # --------------------------------------------------------------------------------------------
 
-def _window(node, x_spatial, kernel, y_spatial) -> Window:
+def _window(node, x_spatial, kernel, y_spatial, attrs=None) -> Window:
     try:
-        win = Window.resolve(node.attrs, x_spatial, kernel)
+        win = Window.resolve(node.attrs if attrs is None else attrs, x_spatial, kernel)
     except ValueError as e:
         raise CudnnGraphError(f"{node.label}: {e}") from None
     if tuple(win.out_shape) != tuple(y_spatial):
@@ -266,17 +270,23 @@ def _padded_groups(x: DTensor, w: DTensor, y: DTensor, group: int) -> tuple[bool
     return True, ""
 
 
-def _conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTensor,
-               inputs: dict[str, str], outputs: dict[str, str], bias: DTensor | None = None,
-               epilogue_out: DTensor | None = None, relu_clip=None) -> GraphDesc:
-    """``inputs``/``outputs`` map ports to the roles 'x', 'w', 'y'."""
+def conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTensor,
+              inputs: dict[str, str], outputs: dict[str, str], bias: DTensor | None = None,
+              epilogue_out: DTensor | None = None, relu_clip=None,
+              attrs: dict | None = None) -> GraphDesc:
+    """The ``kind`` graph (conv_fprop, conv_dgrad, conv_wgrad) of the convolution x -> y with
+    weight w; ``inputs``/``outputs`` map ports to the roles 'x', 'w', 'y'. ``attrs``: the
+    convolution's attributes when they are not the node's own (ConvTranspose runs as the data
+    gradient of its adjoint Conv, ``backends/cuda/ops/conv.py``). ``bias`` is added to the
+    graph's output in its epilogue."""
+    attrs = node.attrs if attrs is None else attrs
     index = _PlanIndex(plan)
-    group = int(node.attrs.get("group", 1))
-    kernel = tuple(int(k) for k in (node.attrs.get("kernel_shape") or w.shape[2:]))
+    group = int(attrs.get("group", 1))
+    kernel = tuple(int(k) for k in (attrs.get("kernel_shape") or w.shape[2:]))
     if tuple(w.shape[2:]) != kernel or w.shape[1] * group != x.shape[1] or w.shape[0] % group:
         raise CudnnGraphError(f"{node.label}: weight {list(w.shape)} does not fit input "
                               f"{list(x.shape)} with group={group}, kernel_shape={list(kernel)}")
-    win = _window(node, x.shape[2:], kernel, y.shape[2:])
+    win = _window(node, x.shape[2:], kernel, y.shape[2:], attrs)
     padded, note = _padded_groups(x, w, y, group)
     roles = {"x": x, "w": w, "y": y}
 
@@ -290,7 +300,7 @@ def _conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTe
     outs = {port: desc(role, port) for port, role in outputs.items()}
     epilogue: tuple[str, ...] = ()
     if bias is not None:
-        channels = outs["Y"].dims[1]
+        channels = next(iter(outs.values())).dims[1]
         ins["bias"] = _vector(index, bias, "bias", len(y.shape), channels, node.label)
         epilogue += ("bias",)
     if epilogue_out is not None:
@@ -515,15 +525,15 @@ def describe_node(node, plan: MemoryPlan, activation=None,
         if activation is not None:
             act, clip = activation
             act_out = t[act.outputs[0].name]
-        desc = _conv_desc(node, plan, kind, x, w, y, {"image": "x", "weight": "w"},
+        desc = conv_desc(node, plan, kind, x, w, y, {"image": "x", "weight": "w"},
                           {"Y": "y"}, bias=bias, epilogue_out=act_out, relu_clip=clip)
     elif kind == "conv_dgrad":
         gy, w, gx = t[node.inputs[0].name], t[node.inputs[1].name], t[node.outputs[0].name]
-        desc = _conv_desc(node, plan, kind, gx, w, gy, {"loss": "y", "filter": "w"},
+        desc = conv_desc(node, plan, kind, gx, w, gy, {"loss": "y", "filter": "w"},
                           {"DX": "x"})
     elif kind == "conv_wgrad":
         x, gy, gw = t[node.inputs[0].name], t[node.inputs[1].name], t[node.outputs[0].name]
-        desc = _conv_desc(node, plan, kind, x, gw, gy, {"image": "x", "loss": "y"},
+        desc = conv_desc(node, plan, kind, x, gw, gy, {"image": "x", "loss": "y"},
                           {"DW": "w"})
     elif kind == "batchnorm":
         desc = _batchnorm_desc(node, plan)
@@ -609,17 +619,21 @@ def _op_conv(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
     p = desc.params
     kw = {k: p[k] for k in ("pre_padding", "post_padding", "stride", "dilation")}
     if desc.kind == "conv_dgrad":
-        return {"DX": g.conv_dgrad(loss=ins["loss"], filter=ins["filter"], name="dgrad", **kw)}
-    if desc.kind == "conv_wgrad":
-        return {"DW": g.conv_wgrad(image=ins["image"], loss=ins["loss"], name="wgrad", **kw)}
-    y = g.conv_fprop(image=ins["image"], weight=ins["weight"], name="fprop", **kw)
+        port = "DX"
+        y = g.conv_dgrad(loss=ins["loss"], filter=ins["filter"], name="dgrad", **kw)
+    elif desc.kind == "conv_wgrad":
+        port = "DW"
+        y = g.conv_wgrad(image=ins["image"], loss=ins["loss"], name="wgrad", **kw)
+    else:
+        port = "Y"
+        y = g.conv_fprop(image=ins["image"], weight=ins["weight"], name="fprop", **kw)
     if "bias" in desc.epilogue:
         y = g.bias(input=y, bias=ins["bias"], name="bias")
     if "relu" in desc.epilogue:
         lower, upper = desc.relu_clip or (None, None)
         clips = {k: v for k, v in (("lower_clip", lower), ("upper_clip", upper)) if v is not None}
         y = g.relu(input=y, name="relu", **clips)
-    return {"Y": y}
+    return {port: y}
 
 
 def _op_batchnorm(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
@@ -736,5 +750,5 @@ def build_pygraph(desc: GraphDesc, cudnn, handle, kernel_cache=None) -> BuiltGra
 
 
 __all__ = ["CUDNN_OPS", "BuiltGraph", "CudnnGraphError", "GraphDesc", "ScalarDesc", "TensorDesc",
-           "build_pygraph", "declare_pygraph", "describe_graph", "describe_node",
+           "build_pygraph", "conv_desc", "declare_pygraph", "describe_graph", "describe_node",
            "fusable_activation"]
