@@ -101,7 +101,8 @@ def signatures():
 ELEM = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.float16): TP.FLOAT16, BFLOAT16: TP.BFLOAT16,
         np.dtype(np.int32): TP.INT32, np.dtype(np.int64): TP.INT64, np.dtype(np.bool_): TP.BOOL,
         np.dtype(np.uint8): TP.UINT8, np.dtype(np.uint32): TP.UINT32,
-        np.dtype(np.uint64): TP.UINT64, np.dtype(np.int8): TP.INT8}
+        np.dtype(np.uint64): TP.UINT64, np.dtype(np.int8): TP.INT8,
+        np.dtype(np.float64): TP.DOUBLE}
 RNG = np.random.default_rng(7)
 CONV_W = RNG.standard_normal((C, 3, 3, 3)).astype(np.float32)
 
@@ -711,3 +712,83 @@ def test_squeeze_excite_after_a_conv_trains_once_reduce_binds(device, signatures
     sess, got = _train("squeeze_excite_after_conv", backend="cuda", device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     check_plan(sess._active, signatures, {"tr_bcast_binary_f32"})
+
+
+# ---- Where ---------------------------------------------------------------------------------------
+
+WHERE_CASES = {  # id: (cond shape, a shape, b shape, dtype)
+    "attention_mask": ((N, 1, 1, 6), (N, 3, 6, 6), (), np.float32),
+    "mask_first_axis": ((N, 1, 1), (N, 4, 5), (1, 4, 1), np.float16),
+    "int64_select": ((3, 1), (3, 4), (1, 4), np.int64),
+    "bool_values": ((2, 3, 1), (3, 4), (2, 1, 4), np.bool_),
+}
+
+
+@pytest.mark.parametrize("case", list(WHERE_CASES))
+def test_where_of_broadcast_masks_copies_bit_patterns(case, device, signatures):
+    shape_c, shape_a, shape_b, dtype = WHERE_CASES[case]
+    rng = np.random.default_rng(6)
+    feed = {"cond": rng.random(shape_c) < 0.5, "a": _values(dtype, shape_a, rng),
+            "b": _values(dtype, shape_b, rng)}
+    out = np.broadcast_shapes(shape_c, shape_a, shape_b)
+    model = make_model([helper.make_node("Where", ["cond", "a", "b"], ["y"])],
+                       {k: (v.dtype, v.shape) for k, v in feed.items()}, {"y": (dtype, out)})
+    (got,), (want,), plan = run_both(model, feed, device)
+    check_plan(plan, signatures, {f"tr_bcast_where_b{np.dtype(dtype).itemsize}"})
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
+
+
+def test_where_over_a_padded_map_and_a_compact_mask(device, signatures):
+    rng = np.random.default_rng(8)
+    feed = {"x": rng.standard_normal((N, 3, H, W)).astype(np.float32),
+            "keep": rng.random((N, 1, H, 1)) < 0.5}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Where", ["keep", "c", "fill"], ["y"])]
+    model = make_model(nodes, {k: (v.dtype, v.shape) for k, v in feed.items()},
+                       {"y": (np.float32, (N, C, H, W))}, {"w": CONV_W,
+                                                           "fill": np.float32(-2.5)})
+    (got,), (want,), plan = run_both(model, feed, device)
+    check_plan(plan, signatures, {"tr_bcast_where_b4", "tr_zero_lanes_b4"})
+    np.testing.assert_array_equal(got, want)
+
+
+# ---- legacy broadcasting, refusals ---------------------------------------------------------
+
+@pytest.mark.parametrize("op, attrs, shape", [("PRelu", {}, (C,)),
+                                              ("Add", {"broadcast": 1, "axis": 1}, (C,)),
+                                              ("Mul", {"broadcast": 1, "axis": 1}, (C, H))])
+def test_opset_6_axis_broadcast_is_converted_and_bound(op, attrs, shape, device, signatures):
+    rng = np.random.default_rng(12)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["c", "s"], ["y"], **attrs)]
+    model = make_model(nodes, {"x": (np.float32, (N, 3, H, W))},
+                       {"y": (np.float32, (N, C, H, W))},
+                       {"w": CONV_W, "s": rng.standard_normal(shape).astype(np.float32)},
+                       opset=6)
+    feed = {"x": rng.standard_normal((N, 3, H, W)).astype(np.float32)}
+    (got,), (want,), plan = run_both(model, feed, device)
+    check_plan(plan, signatures, {"tr_bcast_binary_f32"})
+    np.testing.assert_array_equal(got, want)
+
+
+REFUSED = {  # id: (op, input dtypes, output dtype, attrs, the reason's words)
+    "cast_f16_to_bf16": ("Cast", (np.float16,), BFLOAT16, {"to": TP.BFLOAT16},
+                         "Cast float16 -> bfloat16"),
+    "pow_int_exponent": ("Pow", (np.float32, np.int64), np.float32, {}, "mixed dtypes"),
+    "mean_of_ints": ("Mean", (np.int64, np.int64), np.int64, {}, "Mean of int64 operands"),
+    "and_of_ints": ("And", (np.int32, np.int32), np.int32, {}, "And of int32 operands"),
+    "float64_add": ("Add", (np.float64, np.float64), np.float64, {}, "dtype float64"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_forms_without_a_kernel_are_refused_with_the_reason(case, device):
+    op, dtypes, out, attrs, words = REFUSED[case]
+    names = [f"x{k}" for k in range(len(dtypes))]
+    model = make_model([helper.make_node(op, names, ["y"], **attrs)],
+                       {n: (d, (2, 3)) for n, d in zip(names, dtypes)}, {"y": (out, (2, 3))})
+    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    feed = {n: np.ones((2, 3), d) for n, d in zip(names, dtypes)}
+    with pytest.raises(tr_onnx.backends.cuda.bind.CudaUnsupported) as info:
+        sess.run(None, feed)
+    assert words in str(info.value), str(info.value)

@@ -22,6 +22,8 @@
 //     logic (bool: And, Or, Xor), op (tr_intop): 0 add, 1 sub, 2 mul, 3 div (truncating), 4 fmod (C %), 5 mod
 //     (floored, np.remainder), 6 max, 7 min, 8 and, 9 or, 10 xor, 11 <<, 12 >>; division by
 //     zero gives 0 (as NumPy), shifts by the width or more give 0.
+// tr_bcast_where_b<bytes>(cond, a, b, y, n, dims, cs, as, bs, ys)   Where of any broadcast and
+//     layout mix, on bit patterns (cond: bool): a [N,1,1,S] attention mask against [N,H,S,S].
 // tr_int_unary_<t>(x, y, n, op)   op 0: logical not (Not on bool), 1: bitwise not.
 // tr_float_test_<dt>(x, y, n, op)   y: bool; op 0 isnan, 1 isinf, 2 == +inf, 3 == -inf,
 //     4 false (IsInf with both detections off).
@@ -242,6 +244,15 @@ TR_HD void tr_bcast_offsets(long long j, const long long* d, const long long* sa
     TR_KERNEL void tr_bcast_int_##t(const T* a, const T* b, T* y, long long n, int op,        \
                                     TR_BCAST_ARGS) {                                           \
         TR_BCAST_BODY(y[iy] = tr_intop(op, a[ia], b[ib], (U)0))                                \
+    }
+
+#define TR_BCAST_WHERE(U, bytes)                                                               \
+    TR_KERNEL void tr_bcast_where_b##bytes(const unsigned char* cond, const U* a, const U* b,  \
+                                           U* y, long long n, TR_DIMS6, TR_STRIDES6(cs),       \
+                                           TR_STRIDES6(as), TR_STRIDES6(bs),                   \
+                                           TR_STRIDES6(ys)) {                                  \
+        const long long sc[6] = {cs0, cs1, cs2, cs3, cs4, cs5};                                \
+        TR_BCAST_BODY(y[iy] = cond[tr_strided_offset(j, d, sc)] ? a[ia] : b[ib])               \
     }
 
 #define TR_INT_UNARY(T, t)                                                                     \

@@ -42,6 +42,7 @@ from ..bind import (
     i64,
     keeps_pads_zero,
     logical_strides,
+    move_kernel,
     need_compact,
     operand_spec,
     operand_specs,
@@ -56,6 +57,7 @@ from ..sources import (
     kernel_source,
     storage_pairs,
     values,
+    widths,
 )
 
 # ---- kernels/elementwise.cu: the family's name table --------------------------------------------
@@ -133,6 +135,8 @@ def elementwise_source() -> KernelSource:
         instantiate("TR_BCAST_COMPARE({T}, {dt})", "tr_bcast_compare_{dt}", STORAGE),
         instantiate("TR_BCAST_COMPARE({T}, {t})", "tr_bcast_compare_{t}", ints),
         instantiate("TR_BCAST_INT({T}, {U}, {t})", "tr_bcast_int_{t}", ints),
+        instantiate("TR_BCAST_WHERE({U}, {bytes})", "tr_bcast_where_b{bytes}",
+                    widths(1, 2, 4, 8)),
         instantiate("TR_INT_UNARY({T}, {t})", "tr_int_unary_{t}", ints),
         instantiate("TR_FLOAT_TEST({T}, {dt})", "tr_float_test_{dt}", STORAGE),
         instantiate("TR_CONVERT({S}, {sdt}, {D}, {ddt})", "tr_convert_{sdt}_{ddt}",
@@ -179,39 +183,30 @@ def bind_binary_specs(b: BindContext, node) -> list:
     return calls
 
 
-def aligned_shape(node, k: int, v, rank: int) -> tuple[tuple[int, ...], int]:
-    """(shape, trailing unit axes added) of operand ``k`` as numpy broadcasting aligns it with
-    the output: legacy ``broadcast=1, axis`` (opset < 7) and PRelu < 7's per-channel 1-D slope
-    put unit axes after it (``ops/elementwise.py`` ``_legacy_broadcast_index``)."""
-    shape = tuple(v.shape)
-    extra = 0
-    if k == 1 and node.since_version < 7:
-        first = tuple(node.inputs[0].shape)
-        if node.op_type == "PRelu":
-            if len(shape) == 1 and len(first) >= 3 and shape[0] not in (1,) and \
-                    shape[0] == first[1]:
-                extra = len(first) - 2
-        elif node.attrs.get("broadcast") and "axis" in node.attrs:
-            extra = max(len(first) - int(node.attrs["axis"]) % max(len(first), 1) - len(shape),
-                        0)
-    shape += (1,) * extra
-    if len(shape) > rank:
-        raise Unbound(f"operand {v.name!r} {list(v.shape)} has more axes than the output")
-    return shape, extra
+def check_numpy_broadcasting(node) -> None:
+    """Before opset 7, ``broadcast=1, axis`` (and PRelu's per-channel 1-D slope) aligned the
+    second operand from an axis rather than from the end. Import converts such models to
+    opset 7 (the version converter rewrites the operand); a node still in that form is
+    refused rather than broadcast the numpy way."""
+    if node.since_version < 7 and len(node.inputs) > 1 and (
+            node.attrs.get("broadcast") or node.op_type == "PRelu"):
+        raise Unbound(f"{node.op_type}-{node.since_version} broadcasts from an axis (opset < 7)")
 
 
 def broadcast_walk(b: BindContext, node, operands, y) -> tuple[int, list]:
-    """(n, the strided kernels' dims and stride arguments) for ``y = f(*operands)``
-    (``operands``: (value, its input position, None for the output read back)): the
-    output's logical axes, ordered by its own strides (so consecutive threads write
-    consecutive elements), each operand's element strides along them (0 on a broadcast axis),
-    collapsed (``bind.collapse``) to ``MAX_DIMS`` axes."""
+    """(n, the strided kernels' dims and stride arguments) for ``y = f(*operands)`` (an
+    operand may be ``y`` itself, read back by a fold): the output's logical axes, ordered by
+    its own strides (so consecutive threads write consecutive elements), each operand's
+    element strides along them (0 on a broadcast axis), collapsed (``bind.collapse``) to
+    ``MAX_DIMS`` axes."""
     out = tuple(b.t(y).shape)
     rank = len(out)
     sets = []
-    for v, k in operands:
-        shape, extra = aligned_shape(node, k, v, rank)
-        strides = logical_strides(b, v) + [0] * extra
+    check_numpy_broadcasting(node)
+    for v in operands:
+        shape, strides = tuple(b.t(v).shape), logical_strides(b, v)
+        if len(shape) > rank:
+            raise Unbound(f"operand {v.name!r} {list(shape)} has more axes than the output")
         lead = rank - len(shape)
         shape, strides = (1,) * lead + shape, [0] * lead + strides
         for i in range(rank):
@@ -256,12 +251,10 @@ def fold_strided(b: BindContext, node, kernel: str, codes: list[int], scalars=()
     applied to x0 and x0: max(x, x) = x, bit for bit). Then the padded lanes zeroed."""
     ins = [v for v in node.inputs if v is not None]
     y = node.outputs[0]
-    pairs = list(zip([(ins[0], 0)] + [(y, None)] * (len(ins) - 2),
-                     [(v, k + 1) for k, v in enumerate(ins[1:])])) or [((ins[0], 0),) * 2]
+    pairs = list(zip([ins[0]] + [y] * (len(ins) - 2), ins[1:])) or [(ins[0], ins[0])]
     calls = []
-    for ((acc, ka), (other, kb)), code, extra in zip(pairs, codes,
-                                                     scalars or [()] * len(pairs)):
-        n, walk = broadcast_walk(b, node, [(acc, ka), (other, kb)], y)
+    for (acc, other), code, extra in zip(pairs, codes, scalars or [()] * len(pairs)):
+        n, walk = broadcast_walk(b, node, [acc, other], y)
         if n:
             calls.append(b.launch(kernel, n, [b.buf(acc), b.buf(other), b.buf(y, True), i64(n),
                                               i32(code), *extra] + walk))
@@ -310,6 +303,7 @@ def bind_binary(b: BindContext, node) -> list:
     """Add/Sub/Mul/Div/Sum through operand specs (``bind_binary_specs``) where they express the
     node, else the strided kernels; Pow, Max, Min, Mean, Mod, PRelu, the logic and bitwise
     ops always through those."""
+    check_numpy_broadcasting(node)
     ins = [v for v in node.inputs if v is not None]
     y = node.outputs[0]
     if np.dtype(b.t(y).dtype).name in DT:
@@ -342,7 +336,7 @@ def bind_compare(b: BindContext, node) -> list:
         except Unbound:
             pass
     t = DT.get(name) or int_dt(b, a, "operand")
-    n, walk = broadcast_walk(b, node, [(a, 0), (c, 1)], y)
+    n, walk = broadcast_walk(b, node, [a, c], y)
     calls = [b.launch(f"tr_bcast_compare_{t}", n, [
         b.buf(a), b.buf(c), b.buf(y, True), i64(n), i32(COMPARE_CODES[node.op_type])] + walk)]
     return (calls if n else []) + pads_zeroed(b, y)
@@ -362,6 +356,23 @@ def bind_compare_specs(b: BindContext, node) -> list:
 
 
 def bind_where(b: BindContext, node) -> list:
+    """Where through operand specs (``tr_where_<dt>``) where they express it, else the strided
+    ``tr_bcast_where`` on bit patterns (any dtype, any broadcast: masks)."""
+    try:
+        return bind_where_specs(b, node)
+    except Unbound:
+        pass
+    cond, a, c = node.inputs[:3]
+    y = node.outputs[0]
+    if b.t(cond).dtype != np.bool_ or not b.t(a).dtype == b.t(c).dtype == b.t(y).dtype:
+        raise Unbound("Where needs a bool condition and two operands of the output's dtype")
+    n, walk = broadcast_walk(b, node, [cond, a, c], y)
+    calls = [b.launch(f"tr_bcast_where_{move_kernel(b, y)}", n, [
+        b.buf(cond), b.buf(a), b.buf(c), b.buf(y, True), i64(n)] + walk)]
+    return (calls if n else []) + pads_zeroed(b, y)
+
+
+def bind_where_specs(b: BindContext, node) -> list:
     cond, a, c = node.inputs[:3]
     y = node.outputs[0]
     dt = b.dt(y)
