@@ -332,6 +332,20 @@ UNARY = {
     "Sign": Unary("Sign", "sign", opset=13),
     "Clip": Unary("Clip", "clip", ab=(np.float32(-1.5), np.float32(2.25)),
                   consts=(np.float32(-1.5), np.float32(2.25)), opset=13),
+    # the forward-only ops (their gradients are chains of standard nodes); tolerances in
+    # tests/test_cuda_elementwise_ops_cpu.py's docstring
+    **{op: Unary(op, op.lower(), ulps=LIBM, opset=22) for op in (
+        "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh")},
+    **{op: Unary(op, op.lower(), opset=22) for op in ("Reciprocal", "Floor", "Ceil", "Round",
+                                                      "Softsign")},
+    "Celu": Unary("Celu", "celu", {"alpha": 0.7}, (np.float32(0.7), 0.0), ulps=LIBM),
+    "Selu": Unary("Selu", "selu", {"alpha": 1.5, "gamma": 1.2},
+                  (np.float32(1.5), np.float32(1.2)), ulps=LIBM),
+    "Mish": Unary("Mish", "mish", ulps=LIBM),
+    "Shrink": Unary("Shrink", "shrink", {"bias": 0.25, "lambd": 0.5},
+                    (np.float32(0.25), np.float32(0.5)), opset=9),
+    "ThresholdedRelu": Unary("ThresholdedRelu", "thresholded_relu", {"alpha": 0.3},
+                             (np.float32(0.3), 0.0), opset=22),
 }
 
 
@@ -1211,8 +1225,9 @@ def test_data_movement_kernels_match_numpy(host):
     # a broadcast Sub of [2, 3, 4, 1] from [2, 3, 4, 5] (the softmax gradient's)
     b = rng.standard_normal((2, 3, 4, 1)).astype(np.float32)
     y = np.full(x.shape, np.nan, np.float32)
-    host("tr_bcast_binary_f32", x, b, y, LL(x.size), I32(1),
-         *[LL(v) for v in [1, 1, 1, 1, 24, 5] + [0] * 4 + [5, 1] + [0] * 4 + [1, 0]])
+    host("tr_bcast_binary_f32", x, b, y, LL(x.size), I32(1), F32(0.0),
+         *[LL(v) for v in [1, 1, 1, 1, 24, 5] + [0] * 4 + [5, 1] + [0] * 4 + [1, 0]
+           + [0] * 4 + [5, 1]])
     np.testing.assert_array_equal(y, x - b)
     # ReduceMean over the middle axis, batched MatMul with a broadcast right operand
     r = np.full((2, 20), np.nan, np.float32)

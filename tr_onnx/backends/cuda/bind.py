@@ -497,6 +497,21 @@ def collapse(dims, stride_sets) -> tuple[list[int], list[list[int]]]:
     return [1] * pad + dims, [[0] * pad + s for s in sets]
 
 
+def logical_strides(b: BindContext, v: ir.Value) -> list[int]:
+    """Element strides of ``v``'s logical axes in its physical layout: row-major for a compact
+    tensor, ``[N, *S, Cp]`` order for a channels-last one (the strided kernels: copies,
+    broadcasting elementwise ops)."""
+    t = b.t(v)
+    g = geometry(t)
+    if g is not None and g.kind == "flat":
+        return contiguous_strides(t.shape)
+    if g is not None and g.kind == "channels_last" and t.layout.kind == "channels_last":
+        phys = contiguous_strides(t.layout.phys_shape)  # [N, *S, Cp]
+        return [phys[0], phys[-1], *phys[1:-1]]
+    raise Unbound(f"{v.name!r} is {t.layout.describe()}; the strided kernels read compact or "
+                  "channels-last tensors")
+
+
 def const_ints(v: ir.Value | None, what: str) -> list[int] | None:
     if v is None:
         return None

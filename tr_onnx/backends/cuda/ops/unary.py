@@ -33,7 +33,10 @@ from ..sources import STORAGE, KernelSource, instantiate, kernel_source, values
 # ---- kernels/unary.cu: the family's name table --------------------------------------------------
 
 UNARY_OPS = ("relu", "leaky_relu", "elu", "sigmoid", "hardsigmoid", "hardswish", "tanh", "gelu",
-             "gelu_tanh", "softplus", "exp", "log", "sqrt", "neg", "abs", "sign", "clip")
+             "gelu_tanh", "softplus", "exp", "log", "sqrt", "neg", "abs", "sign", "clip",
+             "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+             "atanh", "reciprocal", "floor", "ceil", "round", "celu", "selu", "mish",
+             "softsign", "shrink", "thresholded_relu")
 """Kernel stems of ``tr_<op>_fwd_<dt>`` / ``tr_<op>_bwd_<dt>``."""
 
 ONNX_UNARY = {
@@ -43,6 +46,13 @@ ONNX_UNARY = {
     "Softplus": ("softplus", ()), "Exp": ("exp", ()), "Log": ("log", ()), "Sqrt": ("sqrt", ()),
     "Neg": ("neg", ()), "Abs": ("abs", ()), "Sign": ("sign", ()),
     "Clip": ("clip", ("min", "max")),
+    "Sin": ("sin", ()), "Cos": ("cos", ()), "Tan": ("tan", ()), "Asin": ("asin", ()),
+    "Acos": ("acos", ()), "Atan": ("atan", ()), "Sinh": ("sinh", ()), "Cosh": ("cosh", ()),
+    "Asinh": ("asinh", ()), "Acosh": ("acosh", ()), "Atanh": ("atanh", ()),
+    "Reciprocal": ("reciprocal", ()), "Floor": ("floor", ()), "Ceil": ("ceil", ()),
+    "Round": ("round", ()), "Celu": ("celu", ("alpha",)), "Selu": ("selu", ("alpha", "gamma")),
+    "Mish": ("mish", ()), "Softsign": ("softsign", ()), "Shrink": ("shrink", ("bias", "lambd")),
+    "ThresholdedRelu": ("thresholded_relu", ("alpha",)),
 }
 """ONNX op -> (kernel stem, the attributes passed as the kernels' ``a``, ``b``). Gelu with
 ``approximate="tanh"`` uses ``gelu_tanh``; Clip's bounds (inputs from opset 11) go in ``a, b``
@@ -74,10 +84,16 @@ KERNELS = unary_source()
 
 def zero_preserving(stem: str, a: float, b: float) -> bool:
     """f(+0) is +0 bit for bit, so the kernel keeps padded lanes zero by itself."""
-    if stem in ("relu", "hardswish", "tanh", "gelu", "gelu_tanh", "sqrt", "abs"):
+    if stem in ("relu", "hardswish", "tanh", "gelu", "gelu_tanh", "sqrt", "abs", "sin", "tan",
+                "asin", "atan", "sinh", "asinh", "atanh", "floor", "ceil", "round", "mish",
+                "softsign", "thresholded_relu"):
         return True
-    if stem in ("leaky_relu", "elu"):
+    if stem in ("leaky_relu", "elu", "celu"):
         return a >= 0
+    if stem == "selu":
+        return a >= 0 and b >= 0
+    if stem == "shrink":  # 0 is inside the band: +0, else 0 - bias
+        return b >= 0
     if stem == "clip":
         return a <= 0 <= b
     return False
