@@ -32,8 +32,8 @@ import numpy as np
 from ....hookspecs import hookimpl
 from ....ir import Node
 from ....opdef import KernelContext, KernelDef
-from ....ops.resize import node_spec, resize_inputs, resize_plan, transpose_table
 from ....ops.resize import geometry as axis_geometry
+from ....ops.resize import node_spec, resize_inputs, resize_plan, transpose_table
 from ..bind import DT, INTERNAL, BindContext, Unbound, copy_of, f32, f64, i64, same_layout
 from ..capture import DeviceBuffer
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain, storage_pairs
