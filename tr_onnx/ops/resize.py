@@ -392,14 +392,19 @@ def separable_numpy(ctx, tables: list[Table], fill_mask=None, fill_value: float 
     return run
 
 
+def resize_inputs(ctx, op: str, version: int):
+    """(roi, scales, sizes) of a Resize/Upsample (``op`` of ``version``) from the node's
+    constant inputs 1-3 (ResizeGrad has the forward's); absent ones are None."""
+    const = [ctx.const(i) for i in range(1, 4)]
+    if op == "Upsample" or version < 11:
+        return None, const[0], None  # Upsample 9 / Resize 10: (X, scales)
+    return tuple(const)
+
+
 def _plan_of(ctx, op: str, version: int, in_shape) -> ResizePlan:
     """The plan of a Resize/Upsample (``op`` of ``version``) over ``in_shape``, from the
     node's attributes and constant inputs 1-3 (ResizeGrad has the forward's)."""
-    const = [ctx.const(i) for i in range(1, 4)]
-    if op == "Upsample" or version < 11:
-        roi, scales, sizes = None, const[0], None  # Upsample 9 / Resize 10: (X, scales)
-    else:
-        roi, scales, sizes = const
+    roi, scales, sizes = resize_inputs(ctx, op, version)
     try:
         plan = resize_plan(op, version, ctx.attrs, in_shape, roi, scales, sizes)
     except ValueError as e:
