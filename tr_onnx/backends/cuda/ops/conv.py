@@ -26,15 +26,17 @@ from ..bind import (
     INTERNAL,
     BindContext,
     Unbound,
+    collapse,
     cudnn_binding,
     cudnn_workspace,
+    f32,
     float_dt,
     geometry,
     i32,
     i64,
 )
 from ..cudnn_graphs import CudnnGraphError, GraphDesc, conv_desc, fusable_activation
-from .elementwise import BCAST_OPS
+from .elementwise import BCAST_FLOAT
 
 # op -> (index of the weight-shaped tensor, index of the output-sized feature map), as
 # ("in"|"out", position)
@@ -100,11 +102,11 @@ def conv_transpose_factory(ctx: KernelContext):
                 len(tb.shape) != 1 or max(tb.slot_bytes, tb.nbytes) < row_bytes:
             raise Unbound(f"the bias add reads {y.name!r} channels-last and {bias.name!r} as "
                           "a vector over its padded channels")
-        dims, strides_y, strides_b = [1, 1, 1, 1, g.n // g.cp, g.cp], [0, 0, 0, 0, g.cp, 1], \
-            [0, 0, 0, 0, 0, 1]
+        # rows x padded channels: y (read and written) walks both, the bias only the channels
+        dims, (sy, sb, sy_out) = collapse([g.n // g.cp, g.cp], [[g.cp, 1], [0, 1], [g.cp, 1]])
         calls.append(b.launch(f"tr_bcast_binary_{float_dt(b, y, bias)}", g.n, [
             b.buf(y), b.tensor_buf(tb, nbytes=row_bytes), b.buf(y, True), i64(g.n),
-            i32(BCAST_OPS["Add"])] + [i64(v) for v in dims + strides_y + strides_b]))
+            i32(BCAST_FLOAT["Add"]), f32(0)] + [i64(v) for v in dims + sy + sb + sy_out]))
         return calls + ([b.zero_lanes(y, g)] if g.padded else [])
 
     return bind
