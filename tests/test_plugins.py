@@ -88,7 +88,14 @@ def test_installed_plugins_are_listed_with_origin_ops_and_overrides(capsys):
     assert set(qat["ops"]) == {"gradient of ai.onnx.Round", "com.example.quant.FakeQuantize"}
     assert not any(name.startswith("tr_onnx.ops.") for name in info["plugins"])
     ste = [line for line in info["overrides"] if "Round" in line]
-    assert len(ste) == 2 and all(line.startswith("qat adds a gradient of op Round") for line in ste)
+    # the gradient goes to every registered binding of Round: each version on each backend
+    bound = [(k.since_version, k.backend) for k in default_registry().keys()
+             if k.op_type == "Round" and k.domain == ""]
+    assert {"numpy", "cuda"} <= {backend for _, backend in bound}
+    assert sorted(ste) == sorted(
+        f"qat adds a gradient of op Round (domain 'ai.onnx', since_version {v}, backend '{b}')"
+        f" ({'tr_onnx.ops.unary' if b == 'numpy' else 'tr_onnx.backends.cuda.ops.unary'})"
+        for v, b in bound)
     assert ste == [line for line in default_registry().overrides if "Round" in line]
     assert cli_main(["plugins"]) == 0
     text = capsys.readouterr().out
