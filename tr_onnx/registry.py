@@ -51,7 +51,8 @@ BUILTIN_OPSETS = (
 # backend's libraries: CuPy is imported only when a device is made)
 BUILTIN_BACKEND_KERNELS = tuple(f"tr_onnx.backends.cuda.ops.{family}" for family in (
     "elementwise", "unary", "tensor", "indexing", "matmul", "conv", "pool", "normalization",
-    "reduce", "losses", "layout_convert", "optimizers", "collective", "resize"))
+    "reduce", "losses", "layout_convert", "optimizers", "collective", "resize", "attention",
+    "recurrent", "spatial_transform", "quantize", "random", "lrn"))
 ONNX_DOMAINS = ("", "ai.onnx")
 
 

@@ -1,0 +1,10 @@
+"""cuda bindings of ``ops/lrn.py`` (being written: the family registers its KernelDefs here)."""
+
+from __future__ import annotations
+
+from ....hookspecs import hookimpl
+
+
+@hookimpl
+def tr_onnx_op_definitions():
+    return []
