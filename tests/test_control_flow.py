@@ -13,8 +13,8 @@ from oracles import ort_run
 from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
-from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
+from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.passes import control_flow
 from tr_onnx.testing.recorder import FakeRecorder
 from tr_onnx.training.gradients import vjp
