@@ -119,6 +119,9 @@ class _Layer:
         self.dt = float_dt(b, *floats, *(v for v in self.outs if v is not None))
         self.item = np.dtype(b.t(x).dtype).itemsize
         self.move = move_kernel(b, x)
+        # the bound as the storage type rounds it: a clipped value stored in float16 then sits
+        # on the bound, outside the clip's derivative mask (|a| < clip), as NumPy's does
+        self.clip = f32(np.asarray(sp.clip, b.t(x).dtype).astype(np.float32))
         lens = self.ins[_SEQ_LENS]
         if lens is not None and np.dtype(b.t(lens).dtype) != np.int32:
             raise Unbound(f"sequence_lens {lens.name!r} is {np.dtype(b.t(lens).dtype).name}; "
@@ -235,7 +238,7 @@ def _forward(L: _Layer, node) -> list:
             gates = saved.at(L.step_at(d, s), n * gh)
             hs = saved.at(L.h_at(d, s), n * h)
             L.gemm(hp, rd, ws["hr"].at(), n, h, gh, (h, 1), (1, h))
-            step = [i64(s), i64(n), i64(h), f32(sp.clip)]
+            step = [i64(s), i64(n), i64(h), L.clip]
             if sp.cell == "LSTM":
                 cp = ws["c0"].at() if s == 0 else saved.at(L.mid_at(d, s - 1), n * h)
                 L.launch("tr_lstm_fwd", n * h,
@@ -247,7 +250,7 @@ def _forward(L: _Layer, node) -> list:
                 lbr = sp.linear_before_reset
                 L.launch("tr_gru_fwd_gates", n * h,
                          [xw, ws["hr"].at(), bd, hp, gates, mid, ws["q"].at(), i64(n), i64(h),
-                          f32(sp.clip), i32(lbr), *_act_args(acts, 1)])
+                          L.clip, i32(lbr), *_act_args(acts, 1)])
                 if not lbr:  # the candidate's product of the reset state
                     L.gemm(ws["q"].at(), r.at(d * gh * h + 2 * h * h, h * h), ws["qr"].at(),
                            n, h, h, (h, 1), (1, h))
@@ -310,7 +313,7 @@ def _previous_states(L: _Layer, saved: _Span, d: int) -> None:
 
 def _backward(L: _Layer, n_in: int) -> list:
     sp, ins, ws = L.sp, L.ins, L.ws
-    t, n, h, gh, x_size = L.t, L.n, L.h, L.gh, L.x_size
+    t, n, h, gh = L.t, L.n, L.h, L.gh
     lstm, gru = sp.cell == "LSTM", sp.cell == "GRU"
     outs = L.outs + [None] * (7 - len(L.outs))
     x, w, r = (L.span(v) for v in ins[:3])
@@ -334,7 +337,7 @@ def _backward(L: _Layer, n_in: int) -> list:
             gx = ws["gx"].at(s * n * gh, n * gh)
             hp = ws["hprev"].at(s * n * h, n * h)
             gy = ws["gy"].at(s * n * h, n * h) if g_y is not None else None
-            step = [L.lens, i64(s), i64(n), i64(h), f32(sp.clip)]
+            step = [L.lens, i64(s), i64(n), i64(h), L.clip]
             extra = None
             if lstm:
                 c, cp = saved.at(L.mid_at(d, s), n * h), ws["cprev"].at(s * n * h, n * h)
@@ -358,7 +361,7 @@ def _backward(L: _Layer, n_in: int) -> list:
                            (h, 1), (h, 1))
                     L.launch("tr_gru_bwd_reset", n * h,
                              [gates, hp, ws["t0"].at(), gx, ws["gr3"].at(), ws["t1"].at(),
-                              i64(n), i64(h), f32(sp.clip), *_act_args(acts, 1)])
+                              i64(n), i64(h), L.clip, *_act_args(acts, 1)])
                 left, extra = ws["gr3"].at(), ws["t1"].at()
             else:
                 L.launch("tr_rnn_bwd", n * h, [gates, ws["dh"].at(), gy, gx, *step,
