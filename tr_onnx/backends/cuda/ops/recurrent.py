@@ -213,60 +213,85 @@ def recurrent_factory(ctx: KernelContext):
     return bind
 
 
-def _forward(L: _Layer, node) -> list:
-    sp, b = L.sp, L.b
-    t, n, h, gh, x_size = L.t, L.n, L.h, L.gh, L.x_size
-    ins, n_out = L.ins, _N_OUT[sp.cell]
-    outs = L.outs + [None] * (n_out + 1 - len(L.outs))
-    saved = L.span(outs[n_out], True) if node.domain == INTERNAL else L.ws["saved"]
-    x, w, r, bias = (L.span(v) for v in ins[:4])
-    p = L.span(ins[7]) if sp.cell == "LSTM" else None
-    ws = L.ws
+def _forward(layer: _Layer, node) -> list:
+    sp, ws, ins = layer.sp, layer.ws, layer.ins
+    t, n, h, gh, x_size = layer.t, layer.n, layer.h, layer.gh, layer.x_size
+    n_out = _N_OUT[sp.cell]
+    outs = layer.outs + [None] * (n_out + 1 - len(layer.outs))
+    saved = layer.span(outs[n_out], True) if node.domain == INTERNAL else ws["saved"]
+    x, w = layer.span(ins[0]), layer.span(ins[1])
     for d, reverse in enumerate(sp.reverse):
-        L.gather(x.at(), ws["xs"].at(), t, x_size, n * x_size, 1, 0, reverse, False, L.lens)
-        L.gemm(ws["xs"].at(), w.at(d * gh * x_size, gh * x_size), ws["xp"].at(), t * n, x_size,
-               gh, (x_size, 1), (1, x_size))
-        L.state_in(ins[5], ws["h0"].at(), d)
+        layer.gather(x.at(), ws["xs"].at(), t, x_size, n * x_size, 1, 0, reverse, False,
+                     layer.lens)
+        layer.gemm(ws["xs"].at(), w.at(d * gh * x_size, gh * x_size), ws["xp"].at(), t * n,
+                   x_size, gh, (x_size, 1), (1, x_size))
+        layer.state_in(ins[5], ws["h0"].at(), d)
         if sp.cell == "LSTM":
-            L.state_in(ins[6], ws["c0"].at(), d)
-        rd = r.at(d * gh * h, gh * h)
-        bd = bias.at(d * 2 * gh, 2 * gh) if bias is not None else None
-        acts = sp.acts[d]
+            layer.state_in(ins[6], ws["c0"].at(), d)
         for s in range(t):
-            hp = ws["h0"].at() if s == 0 else saved.at(L.h_at(d, s - 1), n * h)
-            xw = ws["xp"].at(s * n * gh, n * gh)
-            gates = saved.at(L.step_at(d, s), n * gh)
-            hs = saved.at(L.h_at(d, s), n * h)
-            L.gemm(hp, rd, ws["hr"].at(), n, h, gh, (h, 1), (1, h))
-            step = [i64(s), i64(n), i64(h), L.clip]
-            if sp.cell == "LSTM":
-                cp = ws["c0"].at() if s == 0 else saved.at(L.mid_at(d, s - 1), n * h)
-                L.launch("tr_lstm_fwd", n * h,
-                         [xw, ws["hr"].at(), bd, p.at(d * 3 * h, 3 * h) if p else None, hp, cp,
-                          gates, saved.at(L.mid_at(d, s), n * h), hs, L.lens, *step,
-                          i32(sp.input_forget), *_act_args(acts, 3)])
-            elif sp.cell == "GRU":
-                mid = saved.at(L.mid_at(d, s), n * h)
-                lbr = sp.linear_before_reset
-                L.launch("tr_gru_fwd_gates", n * h,
-                         [xw, ws["hr"].at(), bd, hp, gates, mid, ws["q"].at(), i64(n), i64(h),
-                          L.clip, i32(lbr), *_act_args(acts, 1)])
-                if not lbr:  # the candidate's product of the reset state
-                    L.gemm(ws["q"].at(), r.at(d * gh * h + 2 * h * h, h * h), ws["qr"].at(),
-                           n, h, h, (h, 1), (1, h))
-                L.launch("tr_gru_fwd_state", n * h,
-                         [xw, bd, None if lbr else ws["qr"].at(), hp, gates, mid, hs, L.lens,
-                          *step, i32(lbr), *_act_args(acts, 2)])
-            else:
-                L.launch("tr_rnn_fwd", n * h, [xw, ws["hr"].at(), bd, hp, gates, hs, L.lens,
-                                               *step, *_act_args(acts, 1)])
+            _FORWARD_STEPS[sp.cell](layer, saved, d, s)
         if outs[0] is not None:
-            L.scatter(saved.at(L.h_at(d, 0)), b.buf(outs[0], True), t, h, n * L.width, L.dirs,
-                      d, reverse, True, L.lens)
-        L.state_out(saved.at(L.h_at(d, t - 1), n * h), outs[1], d)
+            layer.scatter(saved.at(layer.h_at(d, 0)), layer.b.buf(outs[0], True), t, h,
+                          n * layer.width, layer.dirs, d, reverse, True, layer.lens)
+        layer.state_out(saved.at(layer.h_at(d, t - 1), n * h), outs[1], d)
         if sp.cell == "LSTM":
-            L.state_out(saved.at(L.mid_at(d, t - 1), n * h), outs[2], d)
-    return L.calls
+            layer.state_out(saved.at(layer.mid_at(d, t - 1), n * h), outs[2], d)
+    return layer.calls
+
+
+class _Step:
+    """The buffers of step ``s`` of direction ``d`` that every cell's forward step reads or
+    writes: ``xw`` (its rows of X W^T), ``hp`` (H_{t-1}), ``hr`` (H_{t-1} R^T, computed
+    here), ``gates``, ``mid``, ``hs`` (its saved blocks), ``bias`` (B[d] or None) and the
+    arguments ``args`` (lens, s, batch, hidden, clip) the step kernels share."""
+
+    def __init__(self, layer: _Layer, saved: _Span, d: int, s: int):
+        n, h, gh, ws = layer.n, layer.h, layer.gh, layer.ws
+        bias = layer.ins[3]
+        self.bias = layer.span(bias).at(d * 2 * gh, 2 * gh) if bias is not None else None
+        self.hp = ws["h0"].at() if s == 0 else saved.at(layer.h_at(d, s - 1), n * h)
+        self.xw = ws["xp"].at(s * n * gh, n * gh)
+        self.gates = saved.at(layer.step_at(d, s), n * gh)
+        self.mid = saved.at(layer.mid_at(d, s), n * h)
+        self.hs = saved.at(layer.h_at(d, s), n * h)
+        self.hr = ws["hr"].at()
+        self.args = [layer.lens, i64(s), i64(n), i64(h), layer.clip]
+        r = layer.span(layer.ins[2]).at(d * gh * h, gh * h)
+        layer.gemm(self.hp, r, self.hr, n, h, gh, (h, 1), (1, h))
+
+
+def _lstm_step(layer: _Layer, saved: _Span, d: int, s: int) -> None:
+    st, sp, n, h = _Step(layer, saved, d, s), layer.sp, layer.n, layer.h
+    p = layer.ins[7]
+    cp = layer.ws["c0"].at() if s == 0 else saved.at(layer.mid_at(d, s - 1), n * h)
+    layer.launch("tr_lstm_fwd", n * h,
+                 [st.xw, st.hr, st.bias, layer.span(p).at(d * 3 * h, 3 * h) if p else None,
+                  st.hp, cp, st.gates, st.mid, st.hs, *st.args, i32(sp.input_forget),
+                  *_act_args(sp.acts[d], 3)])
+
+
+def _gru_step(layer: _Layer, saved: _Span, d: int, s: int) -> None:
+    st, sp, n, h, ws = _Step(layer, saved, d, s), layer.sp, layer.n, layer.h, layer.ws
+    lbr = sp.linear_before_reset
+    layer.launch("tr_gru_fwd_gates", n * h,
+                 [st.xw, st.hr, st.bias, st.hp, st.gates, st.mid, ws["q"].at(), i64(n),
+                  i64(h), layer.clip, i32(lbr), *_act_args(sp.acts[d], 1)])
+    if not lbr:  # the candidate's product of the reset state, (r * H_{t-1}) Rh^T
+        rh = layer.span(layer.ins[2]).at(d * layer.gh * h + 2 * h * h, h * h)
+        layer.gemm(ws["q"].at(), rh, ws["qr"].at(), n, h, h, (h, 1), (1, h))
+    layer.launch("tr_gru_fwd_state", n * h,
+                 [st.xw, st.bias, None if lbr else ws["qr"].at(), st.hp, st.gates, st.mid,
+                  st.hs, *st.args, i32(lbr), *_act_args(sp.acts[d], 2)])
+
+
+def _rnn_step(layer: _Layer, saved: _Span, d: int, s: int) -> None:
+    st = _Step(layer, saved, d, s)
+    layer.launch("tr_rnn_fwd", layer.n * layer.h,
+                 [st.xw, st.hr, st.bias, st.hp, st.gates, st.hs, *st.args,
+                  *_act_args(layer.sp.acts[d], 1)])
+
+
+_FORWARD_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
 
 
 # ---- backward through time ----------------------------------------------------------------------
@@ -294,122 +319,152 @@ def recurrent_grad_factory(ctx: KernelContext):
     return bind
 
 
-def _previous_states(L: _Layer, saved: _Span, d: int) -> None:
+def _previous_states(layer: _Layer, saved: _Span, d: int) -> None:
     """hprev (and LSTM's cprev) [T, N, H]: the state before each step -- the initial one,
     then the saved rows' H_t (C_t) of the steps before."""
-    t, n, h = L.t, L.n, L.h
-    pairs = [("hprev", L.ins[5], L.h_at)]
-    if L.sp.cell == "LSTM":
-        pairs.append(("cprev", L.ins[6], L.mid_at))
+    t, n, h = layer.t, layer.n, layer.h
+    pairs = [("hprev", layer.ins[5], layer.h_at)]
+    if layer.sp.cell == "LSTM":
+        pairs.append(("cprev", layer.ins[6], layer.mid_at))
     for name, state, at in pairs:
-        L.state_in(state, L.ws[name].at(0, n * h), d)
+        layer.state_in(state, layer.ws[name].at(0, n * h), d)
         if t > 1:
-            dims, (xs, ys) = collapse([t - 1, n * h], [[n * L.width, 1], [n * h, 1]])
-            L.calls.append(L.b.launch(
-                f"tr_strided_copy_{L.move}", (t - 1) * n * h,
-                [saved.at(), L.ws[name].at(), i64((t - 1) * n * h), i64(at(d, 0)), i64(n * h),
+            dims, (xs, ys) = collapse([t - 1, n * h], [[n * layer.width, 1], [n * h, 1]])
+            layer.calls.append(layer.b.launch(
+                f"tr_strided_copy_{layer.move}", (t - 1) * n * h,
+                [saved.at(), layer.ws[name].at(), i64((t - 1) * n * h), i64(at(d, 0)), i64(n * h),
                  *(i64(v) for v in dims + xs + ys)]))
 
 
-def _backward(L: _Layer, n_in: int) -> list:
-    sp, ins, ws = L.sp, L.ins, L.ws
-    t, n, h, gh = L.t, L.n, L.h, L.gh
-    lstm, gru = sp.cell == "LSTM", sp.cell == "GRU"
-    outs = L.outs + [None] * (7 - len(L.outs))
-    x, w, r = (L.span(v) for v in ins[:3])
-    p = L.span(ins[7]) if lstm else None
-    saved = L.span(ins[n_in])
+def _backward(layer: _Layer, n_in: int) -> list:
+    sp, ins, ws = layer.sp, layer.ins, layer.ws
+    t, n, h = layer.t, layer.n, layer.h
+    lstm = sp.cell == "LSTM"
+    outs = layer.outs + [None] * (7 - len(layer.outs))
+    saved = layer.span(ins[n_in])
     g_y, g_yh, g_yc = ins[n_in + 1], ins[n_in + 2], ins[n_in + 3] if lstm else None
-    gp = L.span(outs[6], True) if lstm and p is not None else None
     for d, reverse in enumerate(sp.reverse):
-        _previous_states(L, saved, d)
+        _previous_states(layer, saved, d)
         if g_y is not None:  # Y is zero past a row's end: no gradient flows back from there
-            L.gather(L.b.buf(g_y), ws["gy"].at(), t, h, n * h, L.dirs, d, reverse, True, L.lens)
-        L.state_in(g_yh, ws["dh"].at(), d)
+            layer.gather(layer.b.buf(g_y), ws["gy"].at(), t, h, n * h, layer.dirs, d, reverse,
+                         True, layer.lens)
+        layer.state_in(g_yh, ws["dh"].at(), d)
         if lstm:
-            L.state_in(g_yc, ws["dc"].at(), d)
+            layer.state_in(g_yc, ws["dc"].at(), d)
+        gp = outs[6] if lstm and ins[7] is not None else None
         if gp is not None:
-            L.zero(gp.at(d * 3 * h, 3 * h))
-        rd = r.at(d * gh * h, gh * h)
-        acts = sp.acts[d]
+            layer.zero(layer.span(gp, True).at(d * 3 * h, 3 * h))
         for s in range(t - 1, -1, -1):
-            gates = saved.at(L.step_at(d, s), n * gh)
-            gx = ws["gx"].at(s * n * gh, n * gh)
-            hp = ws["hprev"].at(s * n * h, n * h)
-            gy = ws["gy"].at(s * n * h, n * h) if g_y is not None else None
-            step = [L.lens, i64(s), i64(n), i64(h), L.clip]
-            extra = None
-            if lstm:
-                c, cp = saved.at(L.mid_at(d, s), n * h), ws["cprev"].at(s * n * h, n * h)
-                L.launch("tr_lstm_bwd", n * h,
-                         [gates, c, cp, ws["dh"].at(), gy, ws["dc"].at(), gx,
-                          p.at(d * 3 * h, 3 * h) if p else None, *step, i32(sp.input_forget),
-                          *_act_args(acts, 3)])
-                if gp is not None:
-                    L.launch("tr_lstm_peephole_grad", 3 * h,
-                             [gx, c, cp, gp.at(d * 3 * h, 3 * h), i64(n), i64(h)])
-                left = gx
-            elif gru:
-                lbr = sp.linear_before_reset
-                grh = ws["grh"].at(s * n * h, n * h)
-                L.launch("tr_gru_bwd_gates", n * h,
-                         [gates, saved.at(L.mid_at(d, s), n * h), hp, ws["dh"].at(), gy, gx,
-                          grh, ws["q"].at(s * n * h, n * h), ws["gr3"].at(), ws["t1"].at(),
-                          *step, i32(lbr), *_act_args(acts, 2)])
-                if not lbr:  # d(r * H) = grh Rh, then the reset gate's gradient
-                    L.gemm(grh, r.at(d * gh * h + 2 * h * h, h * h), ws["t0"].at(), n, h, h,
-                           (h, 1), (h, 1))
-                    L.launch("tr_gru_bwd_reset", n * h,
-                             [gates, hp, ws["t0"].at(), gx, ws["gr3"].at(), ws["t1"].at(),
-                              i64(n), i64(h), L.clip, *_act_args(acts, 1)])
-                left, extra = ws["gr3"].at(), ws["t1"].at()
-            else:
-                L.launch("tr_rnn_bwd", n * h, [gates, ws["dh"].at(), gy, gx, *step,
-                                               *_act_args(acts, 1)])
-                left = gx
-            L.gemm(left, rd, ws["dhr"].at(), n, gh, h, (gh, 1), (h, 1))
-            L.launch("tr_recurrent_carry_dh", n * h,
-                     [ws["dhr"].at(), extra, ws["dh"].at(), L.lens, i64(s), i64(n), i64(h)])
-        _weight_grads(L, d, reverse, x, w, outs)
-        L.state_out(ws["dh"].at(), outs[4], d)
+            left, extra = _BACKWARD_STEPS[sp.cell](layer, saved, d, s, g_y is not None, gp)
+            # dH_{t-1} = (the recurrent side's gate gradients) R, then rows past their end
+            # keep dh
+            layer.gemm(left, layer.span(ins[2]).at(d * layer.gh * h, layer.gh * h),
+                       ws["dhr"].at(), n, layer.gh, h, (layer.gh, 1), (h, 1))
+            layer.launch("tr_recurrent_carry_dh", n * h,
+                         [ws["dhr"].at(), extra, ws["dh"].at(), layer.lens, i64(s), i64(n),
+                          i64(h)])
+        _weight_grads(layer, d, reverse, outs)
+        layer.state_out(ws["dh"].at(), outs[4], d)
         if lstm:
-            L.state_out(ws["dc"].at(), outs[5], d)
-    return L.calls
+            layer.state_out(ws["dc"].at(), outs[5], d)
+    return layer.calls
 
 
-def _weight_grads(L: _Layer, d: int, reverse: bool, x: _Span, w: _Span, outs: list) -> None:
+class _BackStep:
+    """The buffers of backward step ``s`` of direction ``d``: its saved ``gates`` and
+    ``mid``, ``hp`` (H_{t-1}), ``gy`` (Y's gradient, or None), ``gx`` (its rows of the gate
+    gradients) and the arguments ``args`` the step kernels share."""
+
+    def __init__(self, layer: _Layer, saved: _Span, d: int, s: int, has_gy: bool):
+        n, h, gh, ws = layer.n, layer.h, layer.gh, layer.ws
+        self.gates = saved.at(layer.step_at(d, s), n * gh)
+        self.mid = saved.at(layer.mid_at(d, s), n * h)
+        self.hp = ws["hprev"].at(s * n * h, n * h)
+        self.gy = ws["gy"].at(s * n * h, n * h) if has_gy else None
+        self.gx = ws["gx"].at(s * n * gh, n * gh)
+        self.args = [layer.lens, i64(s), i64(n), i64(h), layer.clip]
+
+
+def _lstm_back_step(layer: _Layer, saved: _Span, d: int, s: int, has_gy: bool, gp):
+    st, sp, n, h, ws = _BackStep(layer, saved, d, s, has_gy), layer.sp, layer.n, layer.h, layer.ws
+    p = layer.ins[7]
+    cp = ws["cprev"].at(s * n * h, n * h)
+    layer.launch("tr_lstm_bwd", n * h,
+                 [st.gates, st.mid, cp, ws["dh"].at(), st.gy, ws["dc"].at(), st.gx,
+                  layer.span(p).at(d * 3 * h, 3 * h) if p else None, *st.args,
+                  i32(sp.input_forget), *_act_args(sp.acts[d], 3)])
+    if gp is not None:
+        layer.launch("tr_lstm_peephole_grad", 3 * h,
+                     [st.gx, st.mid, cp, layer.span(gp, True).at(d * 3 * h, 3 * h), i64(n),
+                      i64(h)])
+    return st.gx, None
+
+
+def _gru_back_step(layer: _Layer, saved: _Span, d: int, s: int, has_gy: bool, gp):
+    st, sp, n, h, ws = _BackStep(layer, saved, d, s, has_gy), layer.sp, layer.n, layer.h, layer.ws
+    lbr = sp.linear_before_reset
+    grh = ws["grh"].at(s * n * h, n * h)
+    layer.launch("tr_gru_bwd_gates", n * h,
+                 [st.gates, st.mid, st.hp, ws["dh"].at(), st.gy, st.gx, grh,
+                  ws["q"].at(s * n * h, n * h), ws["gr3"].at(), ws["t1"].at(), *st.args,
+                  i32(lbr), *_act_args(sp.acts[d], 2)])
+    if not lbr:  # d(r * H) = grh Rh, then the reset gate's gradient
+        rh = layer.span(layer.ins[2]).at(d * layer.gh * h + 2 * h * h, h * h)
+        layer.gemm(grh, rh, ws["t0"].at(), n, h, h, (h, 1), (h, 1))
+        layer.launch("tr_gru_bwd_reset", n * h,
+                     [st.gates, st.hp, ws["t0"].at(), st.gx, ws["gr3"].at(), ws["t1"].at(),
+                      i64(n), i64(h), layer.clip, *_act_args(sp.acts[d], 1)])
+    return ws["gr3"].at(), ws["t1"].at()
+
+
+def _rnn_back_step(layer: _Layer, saved: _Span, d: int, s: int, has_gy: bool, gp):
+    st = _BackStep(layer, saved, d, s, has_gy)
+    layer.launch("tr_rnn_bwd", layer.n * layer.h,
+                 [st.gates, layer.ws["dh"].at(), st.gy, st.gx, *st.args,
+                  *_act_args(layer.sp.acts[d], 1)])
+    return st.gx, None
+
+
+_BACKWARD_STEPS = {"LSTM": _lstm_back_step, "GRU": _gru_back_step, "RNN": _rnn_back_step}
+"""cell -> one backward step: launches the cell's kernels, returns (the left operand of
+dH_{t-1}'s product with R, what the carry adds to it or None)."""
+
+
+def _weight_grads(layer: _Layer, d: int, reverse: bool, outs: list) -> None:
     """gX (scattered back to time order, the second direction added), gW, gR and gB of
     direction ``d``, each one product or column sum over every step's gate gradients."""
-    ws, t, n, h, gh, x_size = L.ws, L.t, L.n, L.h, L.gh, L.x_size
+    ws, t, n, h, gh, x_size = layer.ws, layer.t, layer.n, layer.h, layer.gh, layer.x_size
     rows, gx = t * n, ws["gx"].at()
-    gru = L.sp.cell == "GRU"
+    gru = layer.sp.cell == "GRU"
     if outs[0] is not None:
-        L.gemm(gx, w.at(d * gh * x_size, gh * x_size), ws["gxs"].at(), rows, gh, x_size,
-               (gh, 1), (x_size, 1))
-        L.scatter(ws["gxs"].at(), L.b.buf(outs[0], True), t, x_size, n * x_size, 1, 0, reverse,
-                  False, L.lens, accumulate=d > 0)
+        w = layer.span(layer.ins[1]).at(d * gh * x_size, gh * x_size)
+        layer.gemm(gx, w, ws["gxs"].at(), rows, gh, x_size, (gh, 1), (x_size, 1))
+        layer.scatter(ws["gxs"].at(), layer.b.buf(outs[0], True), t, x_size, n * x_size, 1, 0,
+                      reverse, False, layer.lens, accumulate=d > 0)
     if outs[1] is not None:
-        L.gather(x.at(), ws["xs"].at(), t, x_size, n * x_size, 1, 0, reverse, False, L.lens)
-        L.gemm(gx, ws["xs"].at(), L.span(outs[1], True).at(d * gh * x_size, gh * x_size), gh,
-               rows, x_size, (1, gh), (x_size, 1))
+        layer.gather(layer.span(layer.ins[0]).at(), ws["xs"].at(), t, x_size, n * x_size, 1, 0,
+                     reverse, False, layer.lens)
+        gw = layer.span(outs[1], True).at(d * gh * x_size, gh * x_size)
+        layer.gemm(gx, ws["xs"].at(), gw, gh, rows, x_size, (1, gh), (x_size, 1))
     if outs[2] is not None:
-        gr = L.span(outs[2], True)
+        gr = layer.span(outs[2], True)
         hprev = ws["hprev"].at()
         if gru:  # the candidate's recurrent product has its own operands (grh, q)
-            L.gemm(gx, hprev, gr.at(d * gh * h, 2 * h * h), 2 * h, rows, h, (1, gh), (h, 1))
-            L.gemm(ws["grh"].at(), ws["q"].at(), gr.at(d * gh * h + 2 * h * h, h * h), h, rows,
-                   h, (1, h), (h, 1))
+            layer.gemm(gx, hprev, gr.at(d * gh * h, 2 * h * h), 2 * h, rows, h, (1, gh),
+                       (h, 1))
+            layer.gemm(ws["grh"].at(), ws["q"].at(), gr.at(d * gh * h + 2 * h * h, h * h), h,
+                       rows, h, (1, h), (h, 1))
         else:
-            L.gemm(gx, hprev, gr.at(d * gh * h, gh * h), gh, rows, h, (1, gh), (h, 1))
+            layer.gemm(gx, hprev, gr.at(d * gh * h, gh * h), gh, rows, h, (1, gh), (h, 1))
     if outs[3] is not None:
-        gb = L.span(outs[3], True)
+        gb = layer.span(outs[3], True)
         base = d * 2 * gh
         sums = [(gx, base, gh, gh), (gx, base + gh, 2 * h if gru else gh, gh)]
         if gru:
             sums.append((ws["grh"].at(), base + gh + 2 * h, h, h))
         for a, at, cols, lda in sums:
-            L.launch("tr_recurrent_col_sum", cols,
-                     [a, gb.at(at, cols), i64(rows), i64(cols), i64(lda)])
+            layer.launch("tr_recurrent_col_sum", cols,
+                         [a, gb.at(at, cols), i64(rows), i64(cols), i64(lda)])
 
 
 # ---- registration -------------------------------------------------------------------------------
