@@ -21,8 +21,9 @@ Tolerances, per op:
   (float32; seen 2.4e-7 absolute, on elements of order 1).
 * RoiAlign avg and RoiAlignGrad: the weight matrices are NumPy's bits; NumPy then runs two
   BLAS matmuls, the kernels sum in fp32 in their own order: rtol 1e-5, atol 1e-6 (seen 2.4e-7
-  absolute on values up to 2.7).
-  RoiAlign max: bit for bit.
+  absolute on values up to 2.7); in float16 / bfloat16 NumPy's half matmuls round once more,
+  so within one storage ulp of the largest value (the gradient: two, see its test). RoiAlign
+  max: bit for bit, every dtype.
 * Col2Im, Col2ImGrad, CenterCropPad(Grad), MaxUnpool: bit for bit (sums in NumPy's tap order,
   or data movement).
 * Training: the spatial nodes are exact or within the bounds above; the convolutions' and
@@ -308,6 +309,38 @@ def test_roi_align_grad_equals_the_numpy_kernel(ratio, coord, device, signatures
     check_launch_arguments(launches(plan), plan, signatures)
 
 
+@pytest.mark.parametrize(("dtype", "eps"), [pytest.param(np.float16, 2.0 ** -10, id="f16"),
+                                            pytest.param(BFLOAT16, 2.0 ** -7, id="bf16")])
+@pytest.mark.parametrize("mode", ["avg", "max", "grad"])
+def test_half_storage_roi_align_is_within_one_storage_step(mode, dtype, eps, device):
+    """The matrices round to the storage type as NumPy's do; NumPy's half matmuls round
+    their sums once more than the kernels' fp32 sums: avg within one storage ulp of the
+    largest value. The gradient rounds four times per box in NumPy (two matmuls, the
+    division, the add into gx: half an ulp each), so within two (seen: f16 2 ulp at
+    1.92, bf16 below 1). Max is exact."""
+    rng = np.random.default_rng(16)
+    rois = ROIS.astype(dtype)
+    attrs = {"mode": "avg" if mode == "grad" else mode, "output_height": 3, "output_width": 2,
+             "sampling_ratio": 0, "spatial_scale": 0.8}
+    if mode == "grad":
+        gy = rng.standard_normal((len(ROIS), 3, 3, 2)).astype(dtype)
+        model = node_model("RoiAlignGrad", {"gy": gy, "rois": rois, "batch": BATCH},
+                           {"gx": ((2, 3, 7, 8), dtype)},
+                           {**attrs, "coordinate_transformation_mode": "half_pixel"},
+                           domain=INTERNAL)
+        feeds = {"gy": gy, "rois": rois, "batch": BATCH}
+    else:
+        x = rng.standard_normal((2, 3, 7, 8)).astype(dtype)
+        model = node_model("RoiAlign", {"x": x, "rois": rois, "batch": BATCH},
+                           {"y": ((len(ROIS), 3, 3, 2), dtype)}, attrs)
+        feeds = {"x": x, "rois": rois, "batch": BATCH}
+    (ref,), (got,), _ = run_both(model, feeds, device)
+    if mode == "max":
+        assert_bits_equal(got, ref)
+    else:
+        assert_close_to_scale(got, ref, 2 * eps if mode == "grad" else eps)
+
+
 # ---- Col2Im -------------------------------------------------------------------------------------
 
 COL2IM_CASES = [
@@ -520,3 +553,75 @@ def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, 
     check_launch_arguments(ls, plan, signatures)
     assert {"tr_grid_sample_f32", "tr_affine_grid_f32", "tr_grid_sample_taps_f32",
             "tr_grid_sample_grad_x_f32", "tr_grid_sample_grad_grid_f32"} <= kernels_of(plan)
+
+
+def roi_head(kind: str) -> onnx.ModelProto:
+    """input [2, 3, 8, 8] -> Conv(4, channels-last) -> a spatial op -> Conv(5) -> Flatten ->
+    Gemm -> scores [2, 10]. ``kind``: "roi" (CenterCropPad to 6x6, then an average RoiAlign of
+    two boxes per image, 4x4 bins: RoiAlignGrad and CenterCropPadGrad in the backward) or
+    "unpool" (MaxPool 2x2, then MaxUnpool at the graph input "idx": its gradient gathers)."""
+    rng = np.random.default_rng(0)
+
+    def w(name, shape, scale=0.2):
+        return numpy_helper.from_array((scale * rng.standard_normal(shape)).astype(np.float32),
+                                       name)
+
+    rois = np.array([[0.5, 0.0, 5.0, 4.5], [1.0, 2.0, 5.5, 5.5], [0.0, 0.0, 6.0, 6.0],
+                     [2.5, 1.5, 4.0, 5.0]], np.float32)
+    nodes = [helper.make_node("Conv", ["input", "w1"], ["a"], pads=[1, 1, 1, 1])]
+    inits = [w("w1", (4, 3, 3, 3)), w("w2", (5, 4, 3, 3))]
+    if kind == "roi":
+        side, batch = 4, 4
+        inits += [numpy_helper.from_array(np.array([6, 6], np.int64), "crop"),
+                  numpy_helper.from_array(np.array([0, 0, 1, 1], np.int64), "batch")]
+        nodes += [helper.make_node("CenterCropPad", ["a", "crop"], ["c"], axes=[2, 3]),
+                  helper.make_node("Constant", [], ["rois"],
+                                   value=numpy_helper.from_array(rois)),
+                  helper.make_node("RoiAlign", ["c", "rois", "batch"], ["s"], mode="avg",
+                                   output_height=side, output_width=side, sampling_ratio=2,
+                                   coordinate_transformation_mode="half_pixel")]
+    else:
+        side, batch = 8, 2
+        nodes += [helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+                  helper.make_node("MaxUnpool", ["p", "idx"], ["s"], kernel_shape=[2, 2],
+                                   strides=[2, 2])]
+    inits.append(w("w3", (10, 5 * side * side * batch // 2), 0.05))
+    nodes += [helper.make_node("Conv", ["s", "w2"], ["b"], pads=[1, 1, 1, 1]),
+              helper.make_node("Reshape", ["b", "flat"], ["f"]),
+              helper.make_node("Gemm", ["f", "w3"], ["scores"], transB=1)]
+    inits.append(numpy_helper.from_array(np.array([2, -1], np.int64), "flat"))
+    inputs = [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 3, 8, 8])]
+    if kind == "unpool":
+        inputs.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [2, 4, 4, 4]))
+    graph = helper.make_graph(nodes, kind, inputs,
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                             [2, 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
+
+
+@pytest.mark.filterwarnings("ignore::tr_onnx.errors.ExportAdviceWarning")
+@pytest.mark.parametrize(("kind", "ops", "kernels"), [
+    ("roi", {"RoiAlignGrad", "CenterCropPadGrad"},
+     {"tr_roi_align_matrix_f32", "tr_roi_align_avg_f32", "tr_roi_align_grad_f32"}),
+    ("unpool", {"MaxUnpool", "Gather"}, {"tr_max_unpool_winner", "tr_max_unpool_b4"})])
+def test_roi_align_and_max_unpool_heads_train_on_cuda_as_on_numpy(kind, ops, kernels, device,
+                                                                  signatures):
+    kw = dict(optimizer=SGD(lr=0.01), channel_align=8)
+    cuda = tr_onnx.TrainingSession(roi_head(kind), backend="cuda", device=device, **kw)
+    ref = tr_onnx.TrainingSession(roi_head(kind), backend="numpy", **kw)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+        feeds = {"input": x}
+        if kind == "unpool":
+            feeds["idx"] = pool_indices(rng.standard_normal((2, 4, 8, 8)), 2, 2)
+        y = rng.integers(0, 10, 2)
+        np.testing.assert_allclose(cuda.train_step(feeds, y), ref.train_step(feeds, y),
+                                   rtol=1e-5)
+    a, b = cuda.parameters(), ref.parameters()
+    for name in b:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
+    plan = cuda._active
+    check_launch_arguments(launches(plan), plan, signatures)
+    assert ops <= {n.op_type for n in plan.graph.nodes}
+    assert kernels <= kernels_of(plan)
