@@ -24,7 +24,7 @@
 // tr_grid_sample_grad_x_<dt>(gy, flat, wt, gx, n, c, q, p, e)
 //     gx[n, :, i] = the sum, over the combinations e in order and then q in order (np.add.at's
 //     order) with flat[n, e, q] == i, of gy[n, :, q] * wt[n, e, q]; one thread per (n, i)
-//     scans the N-th table (O(E * q) per map position: a gather, no atomics).
+//     scans its batch item's table (O(E * q) per map position: a gather, no atomics).
 // tr_grid_sample_grad_grid_<dt>(gy, x, grid, ggrid, n, c, q, nd, s0, s1, s2, mode, padding,
 //                               align)
 //     ggrid[n, q, nd-1-d] = (sum over combinations of dweight_d * (sum_c x[tap] * gy)) * du_d,
@@ -43,7 +43,7 @@
 // tr_roi_align_max_<dt>(x, rois, batch, y, r, c, oh, ow, h, w, scale, ratio, half)
 //     The largest weighted corner x * (wy * wx) (products rounded to T) of any sample of the
 //     bin; NaN propagates as np.maximum's.
-// tr_roi_align_grad_<dt>(gy, batch, ay, ax, count, gx, r, c, oh, ow, h, w)
+// tr_roi_align_grad_<dt>(gy, batch, ay, ax, count, gx, n, r, c, oh, ow, h, w)
 //     gx[n, c, h, w] = sum over the boxes of batch item n, in order, of
 //     (sum_ph ay[., ph, h] * sum_pw gy[., c, ph, pw] * ax[., pw, w]) / count.
 // tr_col2im_<dt>(cols, y, n, c, i0, i1, i2, k0, k1, k2, t0, t1, t2, d0, d1, d2, b0, b1, b2,
