@@ -492,11 +492,14 @@ def test_max_unpool_puts_values_as_np_put(kernel, strides, output_shape, dtype, 
 # ---- training: a spatial transformer ------------------------------------------------------------
 
 
-def spatial_transformer(mode: str, padding: str, align: int) -> onnx.ModelProto:
-    """input [2, 3, 8, 8] -> Conv(4) -> Relu -> (localisation: Flatten -> Gemm(6, bias the
-    identity transform) -> Reshape [2, 2, 3] -> AffineGrid [2, 6, 6, 2]) -> GridSample(the
-    Conv's map) -> Conv(5) -> Flatten -> Gemm -> scores [2, 10]."""
+def spatial_transformer(mode: str, padding: str, align: int, source: str = "ar"
+                        ) -> onnx.ModelProto:
+    """input [2, 3, 8, 8] -> Conv(4) -> Relu ("ar") -> (localisation: Flatten -> Gemm(6, bias
+    the identity transform) -> Reshape [2, 2, 3] -> AffineGrid [2, 6, 6, 2]) -> GridSample of
+    ``source`` ("ar", or the image "input", whose gradient nothing needs) -> Conv(5) -> Flatten
+    -> Gemm -> scores [2, 10]."""
     rng = np.random.default_rng(0)
+    c = 4 if source == "ar" else 3
 
     def w(name, shape, scale=0.2):
         return numpy_helper.from_array((scale * rng.standard_normal(shape)).astype(np.float32),
@@ -505,16 +508,16 @@ def spatial_transformer(mode: str, padding: str, align: int) -> onnx.ModelProto:
     inits = [w("w1", (4, 3, 3, 3)), w("wl", (6, 4 * 8 * 8), 0.02),
              numpy_helper.from_array(np.array([0.9, 0.1, 0.05, -0.1, 0.8, 0.0], np.float32),
                                      "bl"),
-             w("w2", (5, 4, 3, 3)), w("w3", (10, 5 * 6 * 6), 0.05),
+             w("w2", (5, c, 3, 3)), w("w3", (10, 5 * 6 * 6), 0.05),
              numpy_helper.from_array(np.array([2, 2, 3], np.int64), "theta_shape"),
-             numpy_helper.from_array(np.array([2, 4, 6, 6], np.int64), "size")]
+             numpy_helper.from_array(np.array([2, c, 6, 6], np.int64), "size")]
     nodes = [helper.make_node("Conv", ["input", "w1"], ["a"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["a"], ["ar"]),
              helper.make_node("Flatten", ["ar"], ["af"]),
              helper.make_node("Gemm", ["af", "wl", "bl"], ["t6"], transB=1),
              helper.make_node("Reshape", ["t6", "theta_shape"], ["theta"]),
              helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align),
-             helper.make_node("GridSample", ["ar", "grid"], ["s"], mode=mode,
+             helper.make_node("GridSample", [source, "grid"], ["s"], mode=mode,
                               padding_mode=padding, align_corners=align),
              helper.make_node("Conv", ["s", "w2"], ["b"], pads=[1, 1, 1, 1]),
              helper.make_node("Flatten", ["b"], ["f"]),
@@ -526,16 +529,17 @@ def spatial_transformer(mode: str, padding: str, align: int) -> onnx.ModelProto:
 
 
 @pytest.mark.filterwarnings("ignore::tr_onnx.errors.ExportAdviceWarning")
-@pytest.mark.parametrize(("mode", "padding", "align"), [("linear", "zeros", 0),
-                                                        ("cubic", "reflection", 1),
-                                                        ("linear", "border", 1)])
-def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, device,
+@pytest.mark.parametrize(("mode", "padding", "align", "source"), [
+    ("linear", "zeros", 0, "ar"), ("cubic", "reflection", 1, "ar"),
+    ("linear", "border", 1, "ar"), ("linear", "zeros", 1, "input")])
+def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, source, device,
                                                           signatures):
+    """Sampling the image itself (source "input"), GridSampleGrad's gx has no reader, so its
+    gather is not launched."""
     kw = dict(optimizer=SGD(lr=0.01), channel_align=8)
-    cuda = tr_onnx.TrainingSession(spatial_transformer(mode, padding, align), backend="cuda",
-                                   device=device, **kw)
-    ref = tr_onnx.TrainingSession(spatial_transformer(mode, padding, align), backend="numpy",
-                                  **kw)
+    model = spatial_transformer(mode, padding, align, source)
+    cuda = tr_onnx.TrainingSession(model, backend="cuda", device=device, **kw)
+    ref = tr_onnx.TrainingSession(model, backend="numpy", **kw)
     rng = np.random.default_rng(0)
     for _ in range(3):
         x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
@@ -545,14 +549,14 @@ def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, 
     a, b = cuda.parameters(), ref.parameters()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
-    initial = numpy_helper.to_array(spatial_transformer(mode, padding, align).graph
-                                    .initializer[1])
+    initial = numpy_helper.to_array(model.graph.initializer[1])
     assert not np.array_equal(b["wl"], initial)  # the gradient reached the localisation net
     plan = cuda._active
-    ls = launches(plan)
-    check_launch_arguments(ls, plan, signatures)
-    assert {"tr_grid_sample_f32", "tr_affine_grid_f32", "tr_grid_sample_taps_f32",
-            "tr_grid_sample_grad_x_f32", "tr_grid_sample_grad_grid_f32"} <= kernels_of(plan)
+    check_launch_arguments(launches(plan), plan, signatures)
+    gather = {"tr_grid_sample_taps_f32", "tr_grid_sample_grad_x_f32"}
+    assert {"tr_grid_sample_f32", "tr_affine_grid_f32", "tr_grid_sample_grad_grid_f32"} <= \
+        kernels_of(plan)
+    assert (gather <= kernels_of(plan)) == (source == "ar")
 
 
 def roi_head(kind: str) -> onnx.ModelProto:

@@ -16,7 +16,8 @@ Exactness against the numpy kernels (the tests state the bounds):
   bit for bit in f32, f16 and bf16. gx is a deterministic gather: a first pass writes every
   (n, tap combination, q)'s flat index and weight into scratch, then one thread per map
   position scans its batch item's table in (combination, q) order -- ``np.add.at``'s order --
-  at O(taps * q) per position (no atomics). The grid's gradient sums over channels in fp32
+  at O(taps * q) per position (no atomics). An output nothing reads (gx when the sampled map
+  is the network's input image) is not computed. The grid's gradient sums over channels in fp32
   where NumPy's einsum has its own order: within a few ulp of the channel sum's magnitude.
 * AffineGrid: the base positions in float64 as NumPy's linspace; the matmul's sum order is
   BLAS's on the numpy side (a few ulp). Its gradient is MatMul/Transpose/Reshape (other
@@ -165,7 +166,10 @@ def grid_sample_grad_factory(ctx: KernelContext):
 
     def bind(b: BindContext, node: Node) -> list:
         gy, x, grid = node.inputs
-        gx, ggrid = (list(node.outputs) + [None, None])[:2]
+        # the autodiff walk emits both outputs; one nothing reads (gx of a network's input
+        # image: the costly gather) is not computed
+        gx, ggrid = (v if v is not None and (v.consumers or v in b.graph.outputs) else None
+                     for v in (list(node.outputs) + [None, None])[:2])
         need_compact(b, gy, x, grid, gx, ggrid)
         dt = float_dt(b, gy, x, grid, gx, ggrid)
         nd = len(spatial)
