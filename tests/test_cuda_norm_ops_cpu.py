@@ -35,6 +35,7 @@ Bounds, with u = 2^-24 (float32's unit roundoff) and e the storage type's epsilo
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import numpy as np
@@ -91,8 +92,12 @@ class PoisoningEmulator(HostEmulator):
 
 
 @pytest.fixture(scope="module")
-def device(tmp_path_factory):
-    lib = build_host_library(tmp_path_factory.mktemp("norm_host"))
+def lib(tmp_path_factory):
+    return build_host_library(tmp_path_factory.mktemp("norm_host"))
+
+
+@pytest.fixture(scope="module")
+def device(lib):
     return lambda plan: PoisoningEmulator(plan, lib)
 
 
@@ -200,6 +205,131 @@ def test_instance_and_group_norm_equal_numpy(device, signatures, op, shape, grou
     assert_close(got, want, dt, k=64)
     assert f"tr_groupnorm_fwd_{dt}" in check_plan(plan, signatures)
     assert layout_of(plan, op) == ("plain" if len(shape) == 2 else "channels_last")
+
+
+# ---- the kernels on their own: every layout of each operand, per-group parameters ------------
+# (The layout pass gives a forward Instance/GroupNormalization channels-last maps, and onnx's
+# checker refuses GroupNormalization-18, so these forms are called here directly.)
+
+CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.float32: ctypes.c_float}
+
+
+def call(lib, name: str, *args) -> None:
+    """Host kernel ``name`` on NumPy arrays (pointers) and NumPy scalars (its C types)."""
+    conv = [ctypes.c_void_p(None) if a is None else ctypes.c_void_p(a.ctypes.data)
+            if isinstance(a, np.ndarray) else CTYPES[type(a)](a) for a in args]
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = [type(a) for a in conv], None
+    fn(*conv)
+
+
+CP = 8  # the channel lanes of the channels-last maps here
+
+
+def to_map(x: np.ndarray, layout: str, fill=np.nan) -> tuple[np.ndarray, list]:
+    """[N, C, S] ``x`` as a compact NCHW or a channels-last [N, S, CP] buffer (padded lanes
+    ``fill``: NaN where the kernels must not read them), and its (sn, ss, sc) strides."""
+    n, c, s = x.shape
+    if layout == "nchw":
+        return x.copy(), [np.int64(c * s), np.int64(1), np.int64(s)]
+    buf = np.full((n, s, CP), fill, x.dtype)
+    buf[..., :c] = x.transpose(0, 2, 1)
+    return buf, [np.int64(s * CP), np.int64(CP), np.int64(1)]
+
+
+def from_map(buf: np.ndarray, layout: str, c: int) -> np.ndarray:
+    """The [N, C, S] values of a ``to_map`` buffer; a channels-last one's padded lanes must
+    have been written 0."""
+    if layout == "nchw":
+        return buf
+    np.testing.assert_array_equal(buf[..., c:], 0)
+    return buf[..., :c].transpose(0, 2, 1)
+
+
+def group_norm_f64(x, scale, bias, gy, groups: int, eps: float):
+    """float64 y, gx, gscale, gbias of [N, C, S] x with per-channel scale / bias."""
+    n, c, s = x.shape
+    xg = x.reshape(n, groups, -1)
+    mean = xg.mean(axis=2, keepdims=True)
+    inv = 1 / np.sqrt(((xg - mean) ** 2).mean(axis=2, keepdims=True) + eps)
+    xhat = ((xg - mean) * inv).reshape(n, c, s)
+    y = xhat * scale[:, None] + bias[:, None]
+    g = (gy * scale[:, None]).reshape(n, groups, -1)
+    xh = xhat.reshape(n, groups, -1)
+    gx = (inv * (g - g.mean(axis=2, keepdims=True)
+                 - xh * (g * xh).mean(axis=2, keepdims=True))).reshape(n, c, s)
+    return y, gx, (gy * xhat).sum(axis=(0, 2)), gy.sum(axis=(0, 2))
+
+
+LAYOUTS = [("nchw", "nchw", "nchw"), ("nhwc", "nhwc", "nhwc"), ("nchw", "nhwc", "nhwc"),
+           ("nhwc", "nchw", "nchw")]
+
+
+@pytest.mark.parametrize("per_group", [False, True], ids=["per-channel", "per-group"])
+@pytest.mark.parametrize("x_layout, gy_layout, out_layout", LAYOUTS,
+                         ids=["compact", "channels-last", "compact-x", "compact-gy"])
+def test_group_norm_kernels_read_each_operand_in_its_layout(lib, x_layout, gy_layout,
+                                                            out_layout, per_group):
+    """tr_groupnorm_fwd / bwd_dx / bwd_params on [2, 6, 5] maps in 3 groups, each operand
+    compact or channels-last (input pads NaN: never read; output pads written 0), against
+    float64; per_group: one scale / bias per group (GroupNormalization-18, GroupNormGrad's
+    per_group_params), the gradients summed over the group's channels. Bounds: the kernels'
+    fp64 sums round once to float32; y and gx take a few float32 roundings more (16 u of the
+    largest value), gscale and gbias are single roundings of fp64 sums of float32 products."""
+    n, c, s, groups, eps = 2, 6, 5, 3, 1e-3
+    cg = c // groups
+    x, gy = data((n, c, s), "f32", seed=1, scale=2.0, shift=1.0), data((n, c, s), "f32", seed=2)
+    params = groups if per_group else c
+    scale, bias = data((params,), "f32", seed=3, shift=1.0), data((params,), "f32", seed=4)
+    per_param = np.int64(cg if per_group else 1)
+    scale_c, bias_c = (np.repeat(v, cg) if per_group else v for v in (scale, bias))
+    y64, gx64, gs64, gb64 = group_norm_f64(*(v.astype(np.float64) for v in (x, scale_c, bias_c,
+                                                                              gy)), groups, eps)
+    if per_group:
+        gs64, gb64 = gs64.reshape(groups, cg).sum(1), gb64.reshape(groups, cg).sum(1)
+    xb, xs = to_map(x, x_layout)
+    gyb, gys = to_map(gy, gy_layout)
+    yb, ys = to_map(np.zeros_like(x), out_layout)
+    gxb, gxs = to_map(np.zeros_like(x), out_layout)
+    cp = np.int64(CP if out_layout == "nhwc" else c)
+    shape = [np.int64(v) for v in (n, s, c, cg)] + [per_param]
+    call(lib, "tr_groupnorm_fwd_f32", xb, scale, bias, yb, *shape, np.float32(eps), *xs, *ys, cp)
+    mean, inv = np.full(n * groups, np.nan, np.float32), np.full(n * groups, np.nan, np.float32)
+    call(lib, "tr_groupnorm_bwd_dx_f32", gyb, xb, scale, gxb, mean, inv, *shape,
+         np.float32(eps), *xs, *gys, *gxs, cp)
+    gscale, gbias = np.full(params + 2, np.nan, np.float32), np.full(params + 2, np.nan,
+                                                                      np.float32)
+    call(lib, "tr_groupnorm_bwd_params_f32", gyb, xb, mean, inv, gscale, gbias, *shape,
+         np.int64(params + 2), *xs, *gys)
+    for got, want in ((from_map(yb, out_layout, c), y64), (from_map(gxb, out_layout, c), gx64)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=16 * U32 * np.abs(want).max())
+    np.testing.assert_array_equal(np.r_[gscale[params:], gbias[params:]], 0)  # padded lanes
+    for got, want in ((gscale[:params], gs64), (gbias[:params], gb64)):
+        np.testing.assert_allclose(got, want, rtol=4 * U32, atol=4 * U32 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("size", [3, 4, 5])
+def test_lrn_kernels_give_every_layout_the_same_bits(lib, size):
+    """LRN's window sums run in channel order whatever the layout: a compact map and a
+    channels-last one (input pads NaN, never read) give the same bits, forward and backward."""
+    n, c, s = 2, 5, 6
+    x, gy = data((n, c, s), "f32", seed=5, scale=2.0), data((n, c, s), "f32", seed=6)
+    window = [np.int32((size - 1) // 2), np.int32(size - 1 - (size - 1) // 2),
+              np.float32(0.2 / size), np.float32(1.5), np.float32(-0.75)]
+    out = {}
+    for layout in ("nchw", "nhwc"):
+        xb, xs = to_map(x, layout)
+        gyb, _ = to_map(gy, layout)
+        yb, gxb = to_map(np.full_like(x, np.nan), layout)[0], to_map(np.full_like(x, np.nan),
+                                                                     layout)[0]
+        dims = [np.int64(v) for v in (n, s, c, CP if layout == "nhwc" else c)] + xs + window
+        call(lib, "tr_lrn_fwd_f32", xb, yb, *dims)
+        call(lib, "tr_lrn_bwd_f32", gyb, xb, gxb, *dims, np.float32(-1.75),
+             np.float32(-2.0 * 0.75 * 0.2 / size))
+        out[layout] = [from_map(yb, layout, c), from_map(gxb, layout, c)]
+    for a, b in zip(out["nchw"], out["nhwc"], strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_array_equal(a, b)
 
 
 # ---- MeanVarianceNormalization, LpNormalization ------------------------------------------------
