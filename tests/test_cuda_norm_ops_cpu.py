@@ -310,26 +310,26 @@ def test_group_norm_kernels_read_each_operand_in_its_layout(lib, x_layout, gy_la
 
 @pytest.mark.parametrize("size", [3, 4, 5])
 def test_lrn_kernels_give_every_layout_the_same_bits(lib, size):
-    """LRN's window sums run in channel order whatever the layout: a compact map and a
-    channels-last one (input pads NaN, never read) give the same bits, forward and backward."""
+    """LRN's window sums run in channel order whatever the layouts: x, gy and the output each
+    compact or channels-last (input pads NaN, never read; output pads written 0) give the
+    same bits, forward and backward."""
     n, c, s = 2, 5, 6
     x, gy = data((n, c, s), "f32", seed=5, scale=2.0), data((n, c, s), "f32", seed=6)
     window = [np.int32((size - 1) // 2), np.int32(size - 1 - (size - 1) // 2),
               np.float32(0.2 / size), np.float32(1.5), np.float32(-0.75)]
-    out = {}
-    for layout in ("nchw", "nhwc"):
-        xb, xs = to_map(x, layout)
-        gyb, _ = to_map(gy, layout)
-        yb, gxb = to_map(np.full_like(x, np.nan), layout)[0], to_map(np.full_like(x, np.nan),
-                                                                     layout)[0]
-        dims = [np.int64(v) for v in (n, s, c, CP if layout == "nhwc" else c)] + xs + window
-        call(lib, "tr_lrn_fwd_f32", xb, yb, *dims)
-        call(lib, "tr_lrn_bwd_f32", gyb, xb, gxb, *dims, np.float32(-1.75),
-             np.float32(-2.0 * 0.75 * 0.2 / size))
-        out[layout] = [from_map(yb, layout, c), from_map(gxb, layout, c)]
-    for a, b in zip(out["nchw"], out["nhwc"], strict=True):
-        assert np.all(np.isfinite(a))
-        np.testing.assert_array_equal(a, b)
+    dims = [np.int64(v) for v in (n, s, c)]
+    out = []
+    for x_layout, gy_layout, out_layout in LAYOUTS:
+        (xb, xs), (gyb, gys) = to_map(x, x_layout), to_map(gy, gy_layout)
+        (yb, ys), (gxb, gxs) = (to_map(np.full_like(x, np.nan), out_layout) for _ in range(2))
+        lanes = np.int64(CP if out_layout == "nhwc" else c)
+        call(lib, "tr_lrn_fwd_f32", xb, yb, *dims, *xs, *ys, lanes, *window)
+        call(lib, "tr_lrn_bwd_f32", gyb, xb, gxb, *dims, *gys, *xs, *gxs, lanes, *window,
+             np.float32(-1.75), np.float32(-2.0 * 0.75 * 0.2 / size))
+        out.append(np.stack([from_map(yb, out_layout, c), from_map(gxb, out_layout, c)]))
+    assert np.all(np.isfinite(out[0]))
+    for o in out[1:]:
+        np.testing.assert_array_equal(o, out[0])
 
 
 # ---- MeanVarianceNormalization, LpNormalization ------------------------------------------------

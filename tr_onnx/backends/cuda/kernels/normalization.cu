@@ -49,6 +49,7 @@
 // The instantiations (TR_LAYERNORM(T, dt), TR_BATCHNORM(T, dt), TR_GROUPNORM(T, dt),
 // TR_AXES_NORM(T, dt) lines) are appended by tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
+#include "layout.cuh"
 #include "strided.cuh"
 
 // The two-pass moments every normalization here computes: fp64 sums of x, then of the fp32
@@ -372,30 +373,20 @@ TR_KERNEL void tr_bn_grad_params(const double* sums, const float* inv, float* gs
     }
 
 // ---- Instance / Group normalization -------------------------------------------------------
+// Each operand is a tr_map (layout.cuh) of its own: the layout pass may hand GroupNormGrad a
+// channels-last gy beside a compact x.
+
 // a / b for 0 <= a, b < 2^32 (the bindings check the sizes): 32-bit division, far less code
 // than 64-bit division in every loop
 TR_HD long long tr_udiv(long long a, long long b) { return (unsigned)a / (unsigned)b; }
 
-// A [N, S, C] map (S the spatial axes flattened) by its element strides: channels-last
-// [N, *S, Cp] is (S * Cp, Cp, 1), compact NCHW (C * S, 1, S). The operands of one node may be
-// laid out differently (the layout pass may hand a backward op a channels-last gy beside a
-// compact x), so each has its own.
-struct tr_map {
-    long long sn, ss, sc;
-    TR_HD long long at(long long n, long long si, long long ch) const {
-        return n * sn + si * ss + ch * sc;
-    }
-};
-#define TR_MAP_ARGS(p) long long p##n, long long p##s, long long p##c
-#define TR_MAP(p) tr_map{p##n, p##s, p##c}
-
 // Element j of a unit of s positions by k channels, the unit-stride axis of x fastest:
 // j = q * inner + r with r a channel when x is channels-last (sc == 1), else a position.
 struct tr_gn_walk {
-    long long s, k, inner;
+    long long inner;
     bool channels_inner;
-    TR_HD tr_gn_walk(long long s_, long long k_, const tr_map& x)
-        : s(s_), k(k_), inner(x.sc == 1 ? k_ : s_), channels_inner(x.sc == 1) {}
+    TR_HD tr_gn_walk(long long s, long long k, const tr_map& x)
+        : inner(x.sc == 1 ? k : s), channels_inner(x.sc == 1) {}
     // (position, channel offset within the unit) of element j
     TR_HD void pos(long long j, long long* si, long long* ci) const {
         long long q = tr_udiv(j, inner), r = j - q * inner;

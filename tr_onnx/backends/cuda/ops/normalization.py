@@ -363,9 +363,14 @@ def map_strides(b: BindContext, v) -> tuple[int, int, int, int, int, int, int]:
     return n, math.prod(spatial), c, cp, st[0], ss, st[1]
 
 
-def _map_args(b: BindContext, v) -> list:
+def map_args(b: BindContext, v) -> list:
     """``TR_MAP_ARGS``: the element strides (sn, ss, sc) of ``v``'s [N, S, C] map."""
     return [i64(k) for k in map_strides(b, v)[4:]]
+
+
+def map_lanes(b: BindContext, v) -> int:
+    """The channel lanes of a position of ``v``'s [N, S, C] map (padded, or C)."""
+    return map_strides(b, v)[3]
 
 
 def _group_norm_form(b: BindContext, node) -> tuple[int, int, float]:
@@ -402,8 +407,8 @@ def bind_group_norm(b: BindContext, node) -> list:
     dt = float_dt(b, x, scale, bias, y)
     return [b.launch(f"tr_groupnorm_fwd_{dt}", n * groups * BLOCK, [
         b.buf(x), b.buf(scale), b.buf(bias), b.buf(y, True), i64(n), i64(s), i64(c),
-        i64(c // groups), i64(per_param), f32(eps), *_map_args(b, x), *_map_args(b, y),
-        i64(map_strides(b, y)[3])])]
+        i64(c // groups), i64(per_param), f32(eps), *map_args(b, x), *map_args(b, y),
+        i64(map_lanes(b, y))])]
 
 
 def group_norm_grad_factory(ctx: KernelContext):
@@ -423,11 +428,11 @@ def group_norm_grad_factory(ctx: KernelContext):
         n, s, c, *_ = map_strides(b, x)
         dt = float_dt(b, gy, x, scale, gx, gscale, gbias)
         shape = (n, s, c, c // groups, per_param)
-        gx_map = [*_map_args(b, gx), i64(map_strides(b, gx)[3])] if gx is not None \
+        gx_map = [*map_args(b, gx), i64(map_lanes(b, gx))] if gx is not None \
             else [i64(0)] * 4
         calls = [b.launch(f"tr_groupnorm_bwd_dx_{dt}", n * groups * BLOCK, [
             b.buf(gy), b.buf(x), b.buf(scale), b.buf(gx, True), b.ws(mean_ws), b.ws(inv_ws),
-            *map(i64, shape), f32(eps), *_map_args(b, x), *_map_args(b, gy), *gx_map])]
+            *map(i64, shape), f32(eps), *map_args(b, x), *map_args(b, gy), *gx_map])]
         lanes = {b.t(v).layout.phys_shape[0] for v in (gscale, gbias) if v is not None}
         if len(lanes) > 1:
             raise Unbound("gscale and gbias padded differently")
@@ -435,7 +440,7 @@ def group_norm_grad_factory(ctx: KernelContext):
             calls.append(b.launch(f"tr_groupnorm_bwd_params_{dt}", count * BLOCK, [
                 b.buf(gy), b.buf(x), b.ws(mean_ws, writes=False), b.ws(inv_ws, writes=False),
                 b.buf(gscale, True), b.buf(gbias, True), *map(i64, shape), i64(count),
-                *_map_args(b, x), *_map_args(b, gy)]))
+                *map_args(b, x), *map_args(b, gy)]))
         return calls
 
     return bind
