@@ -192,8 +192,6 @@ GROUP_NORM_IDS = ["instance-c5-pads", "instance-conv", "instance-rank3", "instan
 @pytest.mark.parametrize("op, shape, groups, eps, source", GROUP_NORM, ids=GROUP_NORM_IDS)
 def test_instance_and_group_norm_equal_numpy(device, signatures, op, shape, groups, eps,
                                              source, dt):
-    if source == "conv" and dt == "bf16":
-        pytest.skip("the numpy backend's Conv has no bfloat16 kernel")
     x = data(shape, dt, scale=2.0, shift=0.5)
     c = shape[1]
     inits = {"s": data((c,), dt, seed=1, shift=1.0), "b": data((c,), dt, seed=2)}
@@ -349,8 +347,6 @@ MVN = [  # shape, axes, source
                               "rank2"])
 def test_mean_variance_normalization_equals_numpy(device, signatures, shape, axes, source,
                                                   dt):
-    if source == "conv" and dt == "bf16":
-        pytest.skip("the numpy backend's Conv has no bfloat16 kernel")
     x = data(shape, dt, scale=3.0, shift=-1.0)
     inits: dict = {}
     node = helper.make_node("MeanVarianceNormalization", ["h"], ["y"], axes=axes)
@@ -376,8 +372,6 @@ LP_NORM = [  # shape, axis, p, source
                          ids=["l2-channels", "l1-last", "l2-conv-channels", "l1-conv-height",
                               "l2-rank2-axis0"])
 def test_lp_normalization_equals_numpy(device, signatures, shape, axis, p, source, dt):
-    if source == "conv" and dt == "bf16":
-        pytest.skip("the numpy backend's Conv has no bfloat16 kernel")
     x = data(shape, dt)
     x.reshape(-1)[::7] = 0  # zeros in the rows, and below a row of zeros: y = 0
     inits: dict = {}
@@ -416,8 +410,6 @@ def _lrn_node(size, alpha, beta, bias):
 @pytest.mark.parametrize("dt", list(FLOATS))
 @pytest.mark.parametrize("shape, size, alpha, beta, bias, source", LRN, ids=LRN_IDS)
 def test_lrn_equals_numpy(device, signatures, shape, size, alpha, beta, bias, source, dt):
-    if source == "conv" and dt == "bf16":
-        pytest.skip("the numpy backend's Conv has no bfloat16 kernel")
     x = data(shape, dt, scale=2.0)
     inits: dict = {}
     model = make_model(with_source(_lrn_node(size, alpha, beta, bias), x, source, inits), x,

@@ -1,7 +1,15 @@
 """cuda bindings of ``ops/normalization.py``: BatchNormalization with fixed statistics (a
 kernel), the training pass's BatchNormTraining / BatchNormGrad (cuDNN graphs; ONNX's running
 statistics with the biased variance are a kernel after the graph), LayerNormalization and its
-backward LayerNormGrad (``kernels/normalization.cu``).
+backward LayerNormGrad, Instance/GroupNormalization and their backward GroupNormGrad,
+MeanVarianceNormalization and LpNormalization (``kernels/normalization.cu``; MVN and
+LpNormalization differentiate through standard ops, the reduce and elementwise families').
+
+Instance/Group normalization reads [N, S, C] maps (``map_strides``: channels-last or compact,
+each operand by its own strides) with one block per (sample, group): fp64 lane sums folded in a
+fixed order (deterministic), the mean and then the centred sum of squares, as the NumPy
+kernels' two passes. MVN and LpNormalization reduce any axes the same way, one block per index
+of the kept axes.
 
 A synchronised BatchNorm (``sync_batchnorm``: the node carries a ``world`` attribute) is no
 cuDNN graph: its per-channel sums are kernels, and NCCL all-reduces them between the kernels
