@@ -23,9 +23,12 @@ Tolerances, per kernel:
   selections, bit-exact against the numpy backend in every dtype, NaN and ties included.
 * ReduceSum as column sums (the bias-gradient kernel, fp32 like NumPy's einsum): within
   n eps of the magnitude sum, as above.
-* LpPool / LpPoolGrad: fp32 in NumPy's order; float32 storage with p = 1, 2 bit-exact (no pow),
-  other p within 4 ulp (device powf: 2 ulp, NumPy's powf up to 1 each side); float16 /
-  bfloat16 within 1 ulp of the storage type (NumPy rounds |x|^p to the storage type first).
+* LpPool / LpPoolGrad: fp32 in NumPy's order. float32 with p = 1, 2 bit-exact (on the host
+  LpPoolGrad's y^(1-p) is libm's powf on both sides; a device powf is within 2 ulp of it);
+  LpPool with other p within 4 ulp (powf twice); float16 / bfloat16 within 1 ulp of the
+  storage type (NumPy rounds |x|^p to the storage type first). LpPoolGrad otherwise: the
+  windows' shares cancel, so within (taps + 4) eps of the gradient of |gy| at |x| (the sum
+  of the shares' magnitudes) plus 1 ulp.
 * training: losses rtol 1e-5, parameters rtol 2e-4 / atol 1e-6 (the convolutions' backward
   runs the numpy kernels in the emulator, but the numpy plan folds gradient accumulators and
   the cuda plan does not: sums of contributions round differently; seen ~1e-7).
@@ -45,6 +48,8 @@ import tr_onnx
 from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
+from tr_onnx.ops.conv import Window
+from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
 FLOATS = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BFLOAT16}
@@ -238,11 +243,9 @@ def test_noop_with_empty_axes_is_the_elementwise_form(op, conv, device, signatur
     check_reduce(op, [], 1, "f32", conv, device, signatures, noop=1)
 
 
-@pytest.mark.parametrize("opset", [1, 11, 13])
-@pytest.mark.parametrize("op", REDUCE)
+@pytest.mark.parametrize(("op", "opset"), [(op, opset) for op in REDUCE for opset in (1, 11, 13)
+                                           if not axes_inputs(op, opset)])
 def test_axes_as_attribute_before_opset_18(op, opset, device, signatures):
-    if op == "ReduceSum" and opset == 13:
-        pytest.skip("ReduceSum takes axes as an input from 13: the opset-18 cases cover it")
     check_reduce(op, [0, 2], 0, "f32", True, device, signatures, opset=opset)
 
 
@@ -384,3 +387,219 @@ def test_hardmax_equals_numpy_bit_for_bit(opset, axis, conv, dt, device, signatu
     got, plan = run_cuda(model, x, device, signatures)
     np.testing.assert_array_equal(bits(got), bits(run_numpy(model, x)))
     assert kernel_names(plan)[-1 - conv] == f"tr_hardmax_{dt}"  # then the lanes zeroed
+
+
+# ---- pools: LpPool, the global pools, their backward ops -------------------------------------
+
+def pool_model(op: str, attrs: dict, dtype, out_shape, domain: str = "", inputs=("x",),
+               shapes=None) -> onnx.ModelProto:
+    """One pool node (planned NHWC: the pools' layout rule) with output y of ``out_shape``."""
+    elem = onnx_elem_type(dtype)
+    shapes = shapes or {"x": SHAPE}
+    node = helper.make_node(op, list(inputs), ["y"], domain=domain, **attrs)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info(k, elem, shapes[k])
+                                           for k in inputs],
+                              [helper.make_tensor_value_info("y", elem, out_shape)])
+    imports = [helper.make_opsetid("", 18)] + \
+        ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(graph, opset_imports=imports)
+
+
+def run_pool(model, feeds, device, signatures):
+    """(cuda's y, numpy's y, the cuda plan), y's padded lanes checked zero."""
+    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, channel_align=8)
+    (got,) = sess.run(None, feeds)
+    plan = sess.plan_for(feeds)
+    check_launch_arguments(launches_of(plan), plan, signatures)
+    y = plan.memory.tensors["y"]
+    assert y.layout.kind == "channels_last"
+    assert pad_lanes_are_zero(plan.executor.device.arena, y)
+    want = tr_onnx.InferenceSession(model, backend="numpy", channel_align=8).run(None, feeds)[0]
+    return got, want, plan
+
+
+def assert_within_ulps(got, want, dt: str, ulps: float):
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert_same_specials(got, want)
+    ok = np.isfinite(w)
+    err = np.abs(g - w)[ok]
+    assert np.all(err <= ulps * ulp(w, dt)[ok]), f"max {np.max(err / ulp(w, dt)[ok])} ulp"
+
+
+@pytest.mark.parametrize("dt", list(FLOATS))
+def test_global_max_pool_equals_numpy_bit_for_bit(dt, device, signatures):
+    x = tied(SHAPE, dt, True)
+    got, want, plan = run_pool(pool_model("GlobalMaxPool", {}, FLOATS[dt], [2, 5, 1, 1]),
+                               {"x": x}, device, signatures)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert kernel_names(plan) == [f"tr_reduce_{dt}", "tr_zero_lanes_b" + str(FLOATS[dt].itemsize)]
+
+
+@pytest.mark.parametrize("dt", list(FLOATS))
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_global_lp_pool_is_within_one_ulp_of_float64(p, dt, device, signatures):
+    x = data(SHAPE, dt, "GlobalLpPool")
+    model = pool_model("GlobalLpPool", {"p": p}, FLOATS[dt], [2, 5, 1, 1])
+    got, want, _ = run_pool(model, {"x": x}, device, signatures)
+    x64 = x.astype(np.float64)
+    ref64 = np.sum(np.abs(x64) ** p, axis=(2, 3), keepdims=True) ** (1.0 / p)
+    assert_within_ulps(got, ref64, dt, 1)
+    assert_within_ulps(got, want, dt, 2 if dt == "f32" else 1)  # NumPy's own fp32 rounding
+
+
+def global_max_pool_grad_inputs(dt: str):
+    x = tied(SHAPE, dt, True)  # ties and a NaN: the first maximum takes gy (np.argmax)
+    gy = data((2, 5, 1, 1), dt, "GlobalMaxPoolGrad", seed=4)
+    return {"gy": gy, "x": x}
+
+
+@pytest.mark.parametrize("dt", list(FLOATS))
+def test_global_max_pool_grad_routes_gy_to_the_first_maximum(dt, device, signatures):
+    feeds = global_max_pool_grad_inputs(dt)
+    model = pool_model("GlobalMaxPoolGrad", {}, FLOATS[dt], SHAPE, domain="ai.tr_onnx",
+                       inputs=("gy", "x"), shapes={"gy": (2, 5, 1, 1), "x": SHAPE})
+    got, want, _ = run_pool(model, feeds, device, signatures)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert np.count_nonzero(got) == 10
+
+
+LP_WINDOWS = [
+    pytest.param({"kernel_shape": [2, 2], "strides": [2, 2]}, id="2x2-stride2"),
+    pytest.param({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, id="3x3-pads1"),
+    pytest.param({"kernel_shape": [2, 3], "strides": [2, 2], "ceil_mode": 1}, id="ceil-mode"),
+    pytest.param({"kernel_shape": [3, 2], "auto_pad": "SAME_UPPER", "dilations": [1, 2]},
+                 id="same-upper-dilated"),
+]
+
+
+def lp_window(attrs: dict) -> Window:
+    return Window.resolve({"auto_pad": "NOTSET", **attrs}, SHAPE[2:], attrs["kernel_shape"],
+                          bool(attrs.get("ceil_mode", 0)))
+
+
+@pytest.mark.parametrize("dt", list(FLOATS))
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("attrs", LP_WINDOWS)
+def test_lp_pool_equals_numpy(attrs, p, dt, device, signatures):
+    x = data(SHAPE, dt, "LpPool")
+    out = [*SHAPE[:2], *lp_window(attrs).out_shape]
+    got, want, plan = run_pool(pool_model("LpPool", {**attrs, "p": p}, FLOATS[dt], out),
+                               {"x": x}, device, signatures)
+    if dt == "f32" and p in (1, 2):
+        np.testing.assert_array_equal(bits(got), bits(want))
+    else:
+        assert_within_ulps(got, want, dt, 4 if dt == "f32" else 1)
+    assert kernel_names(plan) == [f"tr_lppool_fwd_{dt}"]
+
+
+@pytest.mark.parametrize("dt", list(FLOATS))
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("attrs", LP_WINDOWS)
+def test_lp_pool_grad_equals_numpy(attrs, p, dt, device, signatures):
+    """LpPoolGrad(gy, h, LpPool(h)) as the gradient rule emits it (the window's pads explicit),
+    h = an identity 1x1 Conv of x: every operand channels-last, as in training."""
+    x = data(SHAPE, dt, "LpPool")
+    win = lp_window(attrs)
+    out = [*SHAPE[:2], *win.out_shape]
+    gy = data(out, dt, "LpPoolGrad", seed=5)
+    grad_attrs = {**win.attrs(), "ceil_mode": int(attrs.get("ceil_mode", 0)), "p": float(p)}
+    model = pool_model("LpPoolGrad", grad_attrs, FLOATS[dt], SHAPE, domain="ai.tr_onnx",
+                       inputs=("gy", "h", "yf"), shapes={"gy": out, "h": SHAPE, "yf": out})
+    c = SHAPE[1]
+    model.graph.initializer.append(numpy_helper.from_array(
+        np.eye(c).reshape(c, c, 1, 1).astype(FLOATS[dt]), "w"))
+    model.graph.node.insert(0, helper.make_node("LpPool", ["h"], ["yf"], p=p, **attrs))
+    model.graph.node.insert(0, helper.make_node("Conv", ["x", "w"], ["h"]))
+    del model.graph.input[1:]
+    model.graph.input.append(helper.make_tensor_value_info("x", onnx_elem_type(FLOATS[dt]),
+                                                           SHAPE))
+    got, want, plan = run_pool(model, {"gy": gy, "x": x}, device, signatures)
+    if dt == "f32" and p in (1, 2):
+        np.testing.assert_array_equal(bits(got), bits(want))
+    else:
+        # the windows' shares cancel: the error is relative to the sum of their magnitudes
+        magnitude = tr_onnx.InferenceSession(model, backend="numpy").run(
+            None, {"gy": np.abs(gy), "x": np.abs(x)})[0].astype(np.float64)
+        taps = math.prod(attrs["kernel_shape"])
+        err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        assert np.all(err <= (taps + 4) * eps(dt) * magnitude + ulp(magnitude, dt))
+    assert kernel_names(plan)[-1] == f"tr_lppool_bwd_{dt}"
+
+
+# ---- training: three SGD steps on cuda (emulated) against numpy --------------------------------
+
+CLASSES = 4
+
+
+def head_nodes(head: str) -> tuple[list, int]:
+    """The pooling head over the Conv's [2, 6, 6, 6] map "a": nodes ending in "f", and the
+    features per sample."""
+    node = helper.make_node
+    if head == "gap-keepdims":  # torch.export's adaptive_avg_pool2d((1, 1))
+        return [node("ReduceMean", ["a", "hw"], ["p"], keepdims=1),
+                node("Flatten", ["p"], ["f"])], 6
+    if head == "gap-dropdims":
+        return [node("ReduceMean", ["a", "hw"], ["f"], keepdims=0)], 6
+    if head == "global-max-pool":
+        return [node("GlobalMaxPool", ["a"], ["p"]), node("Flatten", ["p"], ["f"])], 6
+    if head == "lp-pools":
+        return [node("LpPool", ["a"], ["l"], kernel_shape=[2, 2], strides=[2, 2], p=2),
+                node("GlobalLpPool", ["l"], ["p"], p=3), node("Flatten", ["p"], ["f"])], 6
+    if head == "max-then-l2":
+        return [node("ReduceMax", ["a", "w_axis"], ["m"], keepdims=1),
+                node("ReduceL2", ["m", "hw"], ["f"], keepdims=0)], 6
+    if head == "log-sum-exp":
+        return [node("ReduceLogSumExp", ["a", "hw"], ["f"], keepdims=0)], 6
+    raise ValueError(head)
+
+
+def cnn(head: str) -> onnx.ModelProto:
+    """input [2, 3, 6, 6] -> Conv(3x3, pads 1, 6 channels: padded to 8) -> Relu -> ``head``
+    -> Gemm -> scores [2, CLASSES]."""
+    rng = np.random.default_rng(0)
+
+    def w(name, shape):
+        return numpy_helper.from_array((0.3 * rng.standard_normal(shape)).astype(np.float32),
+                                       name)
+
+    nodes, features = head_nodes(head)
+    inits = [w("w1", (6, 3, 3, 3)), w("w2", (CLASSES, features)),
+             numpy_helper.from_array(np.array([2, 3], np.int64), "hw"),
+             numpy_helper.from_array(np.array([3], np.int64), "w_axis")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w1"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["a"])] + nodes
+        + [helper.make_node("Gemm", ["f", "w2"], ["scores"], transB=1)],
+        head, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 3, 6, 6])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, CLASSES])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.filterwarnings("ignore::tr_onnx.errors.ExportAdviceWarning")
+@pytest.mark.parametrize("head", ["gap-keepdims", "gap-dropdims", "global-max-pool",
+                                  "lp-pools", "max-then-l2", "log-sum-exp"])
+def test_a_cnn_trains_on_cuda_as_on_numpy(head, device, signatures):
+    kw = dict(optimizer=SGD(lr=0.05), channel_align=8)
+    cuda = tr_onnx.TrainingSession(cnn(head), backend="cuda", device=device, **kw)
+    ref = tr_onnx.TrainingSession(cnn(head), backend="numpy", **kw)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+        y = rng.integers(0, CLASSES, 2)
+        np.testing.assert_allclose(cuda.train_step({"input": x}, y),
+                                   ref.train_step({"input": x}, y), rtol=1e-5)
+    a, b = cuda.parameters(), ref.parameters()
+    for name in b:
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
+    plan = cuda._active
+    ls = launches_of(plan)
+    check_launch_arguments(ls, plan, signatures)
+    names = {c.kernel.name for c in ls}
+    assert TRAINING_KERNELS[head] <= names, names
+
+
+TRAINING_KERNELS = {  # what each head's forward and backward launch at least
+    "gap-keepdims": {"tr_reduce_f32"}, "gap-dropdims": {"tr_reduce_f32"},
+    "global-max-pool": {"tr_reduce_f32", "tr_global_max_pool_grad_f32"},
+    "lp-pools": {"tr_lppool_fwd_f32", "tr_lppool_bwd_f32", "tr_reduce_f32"},
+    "max-then-l2": {"tr_reduce_f32"}, "log-sum-exp": {"tr_reduce_f32"}}
