@@ -265,6 +265,39 @@ def test_compact_runs_keep_the_run_kernel(device, signatures):
     assert kernel_names(plan) == ["tr_reduce_mid_f32"]
 
 
+LONG = (2, 5, 16, 80)  # 1280 elements per (n, c): the block-per-output kernel
+
+
+LONG_CASES = [pytest.param(op, axes, conv, id=f"{op}-{name}-{layout}")
+              for op in REDUCE for name, axes in (("hw", [2, 3]), ("all", None),
+                                                  ("all-but-channels", [0, 2, 3]))
+              for layout, conv in (("compact", False), ("channels-last", True))
+              # the bias-gradient form: column sums (test_bias_gradient_sums_...)
+              if not (op == "ReduceSum" and conv and axes == [0, 2, 3])]
+
+
+@pytest.mark.parametrize(("op", "axes", "conv"), LONG_CASES)
+def test_long_reductions_take_a_block_per_output(op, axes, conv, device, signatures):
+    """From BLOCK_REDUCE_MIN elements per output: lanes and a tree, the same 1-ulp bound."""
+    plan = check_reduce(op, axes, 1, "f32", conv, device, signatures, shape=LONG)
+    assert "tr_reduce_blocks_f32" in kernel_names(plan)
+
+
+@pytest.mark.parametrize("op", REDUCE)
+def test_long_reductions_keep_numpys_special_values(op, device, signatures):
+    """NaN and infinities through the lanes and the tree (values near 1: a product of 2048
+    normals underflows in NumPy's float32 but not in fp64, and 0 * inf is NaN)."""
+    x = (1 + 0.01 * np.random.default_rng(0).standard_normal((4, 2048))).astype(np.float32)
+    x[0, 700] = np.nan
+    x[1, 1500] = np.inf
+    x[2, 3] = -np.inf
+    x[3, :] = -np.inf
+    model = reduce_model(op, [1], {"keepdims": 0}, np.float32, False, shape=(4, 2048))
+    got, plan = run_cuda(model, x, device, signatures)
+    assert_same_specials(got, run_numpy(model, x))
+    assert kernel_names(plan) == ["tr_reduce_blocks_f32"]
+
+
 # ---- NumPy's special values -------------------------------------------------------------------
 
 def special_input(dt: str) -> np.ndarray:

@@ -18,6 +18,10 @@
 //     reduction of the stored inputs. The dims are collapsed and left-padded to six
 //     (strided.cuh). Empty sets as NumPy: sum 0, prod 1, max -inf, min +inf, mean NaN.
 //     op TR_RED_LP (GlobalLpPool): (sum |x|^p)^(1/p).
+// tr_reduce_blocks_<dt>(the same arguments)
+//     tr_reduce for long reductions: one block per output element, TR_RED_BLOCK lanes folding
+//     strided shares of its reduced elements, combined by a fixed tree (deterministic; the
+//     host build runs the lanes in turn), the same 1-ulp bound.
 // tr_arg_extreme_<dt>(x, y, total, is_min, last, n, stride, kept dims, x strides, y strides)
 //     ArgMax / ArgMin along one axis of n elements (stride), int64 y: the first extremum
 //     (last = 1: the last), NaN counting as the extremum (np.argmax / np.argmin).
@@ -94,42 +98,102 @@ TR_HD double tr_empty_mean(double sum, long long count) {
     return count ? sum / (double)count : tr_f64_bits(0x7ff8000000000000ull);
 }
 
-template <class T>
-TR_HD double tr_reduce_one(const T* x, long long base, const TrReduced& r, int op, double p,
-                           long long count) {
-    const double inf = tr_inf();
-    if (op == TR_RED_MAX || op == TR_RED_MIN || op == TR_RED_LOG_SUM_EXP) {
-        double acc = op == TR_RED_MIN ? inf : -inf;
-        TR_FOR_REDUCED(r, base, off) {
-            double v = tr_get(x, off);
-            acc = op == TR_RED_MIN ? tr_min_step(acc, v) : tr_max_step(acc, v);
-        }
-        if (op != TR_RED_LOG_SUM_EXP) return acc;
-        // shifted by the max, clamped to finite values so +-inf inputs stay exact (NumPy's)
-        double m = acc < -TR_DBL_MAX ? -TR_DBL_MAX : (acc > TR_DBL_MAX ? TR_DBL_MAX : acc);
-        double s = 0.0;
-        TR_FOR_REDUCED(r, base, off) s += exp((double)tr_get(x, off) - m);
-        return log(s) + m;
+// A reduction folds an accumulator from tr_red_start with tr_red_step per element, combines
+// partial accumulators with tr_red_combine and ends with tr_red_finish. LogSumExp is two
+// folds: TR_RED_MAX, then TR_RED_SUM over exp(x - shift) (tr_red_value), shift = the max
+// clamped to finite values so that +-inf inputs stay exact (NumPy's).
+TR_HD double tr_red_start(int fold) {
+    if (fold == TR_RED_MIN) return tr_inf();
+    if (fold == TR_RED_MAX) return -tr_inf();
+    return fold == TR_RED_PROD ? 1.0 : 0.0;
+}
+TR_HD double tr_red_step(int fold, double acc, double v, double p) {
+    switch (fold) {
+        case TR_RED_MAX: return tr_max_step(acc, v);
+        case TR_RED_MIN: return tr_min_step(acc, v);
+        case TR_RED_PROD: return acc * v;
+        case TR_RED_L1: return acc + fabs(v);
+        case TR_RED_L2:
+        case TR_RED_SUM_SQUARE: return acc + v * v;
+        case TR_RED_LP: return acc + pow(fabs(v), p);
+        default: return acc + v;
     }
-    double acc = op == TR_RED_PROD ? 1.0 : 0.0;
-    TR_FOR_REDUCED(r, base, off) {
-        double v = tr_get(x, off);
-        switch (op) {
-            case TR_RED_PROD: acc *= v; break;
-            case TR_RED_L1: acc += fabs(v); break;
-            case TR_RED_L2:
-            case TR_RED_SUM_SQUARE: acc += v * v; break;
-            case TR_RED_LP: acc += pow(fabs(v), p); break;
-            default: acc += v;
-        }
+}
+TR_HD double tr_red_combine(int fold, double a, double b) {
+    switch (fold) {
+        case TR_RED_MAX: return tr_max_step(a, b);
+        case TR_RED_MIN: return tr_min_step(a, b);
+        case TR_RED_PROD: return a * b;
+        default: return a + b;
     }
+}
+TR_HD int tr_red_fold(int op) { return op == TR_RED_LOG_SUM_EXP ? TR_RED_SUM : op; }
+TR_HD double tr_red_value(int op, double v, double shift) {
+    return op == TR_RED_LOG_SUM_EXP ? exp(v - shift) : v;
+}
+TR_HD double tr_lse_shift(double m) {
+    return m < -TR_DBL_MAX ? -TR_DBL_MAX : (m > TR_DBL_MAX ? TR_DBL_MAX : m);
+}
+TR_HD double tr_red_finish(int op, double acc, long long count, double p, double shift) {
     switch (op) {
         case TR_RED_MEAN: return tr_empty_mean(acc, count);
         case TR_RED_L2: return sqrt(acc);
         case TR_RED_LOG_SUM: return log(acc);
+        case TR_RED_LOG_SUM_EXP: return log(acc) + shift;
         case TR_RED_LP: return pow(acc, 1.0 / p);
         default: return acc;
     }
+}
+
+// one output of tr_reduce: its reduced elements at base, in logical order
+template <class T>
+TR_HD double tr_reduce_one(const T* x, long long base, const TrReduced& r, int op, double p,
+                           long long count) {
+    double shift = 0.0;
+    if (op == TR_RED_LOG_SUM_EXP) {
+        double m = tr_red_start(TR_RED_MAX);
+        TR_FOR_REDUCED(r, base, off) m = tr_max_step(m, tr_get(x, off));
+        shift = tr_lse_shift(m);
+    }
+    int fold = tr_red_fold(op);
+    double acc = tr_red_start(fold);
+    TR_FOR_REDUCED(r, base, off) {
+        acc = tr_red_step(fold, acc, tr_red_value(op, tr_get(x, off), shift), p);
+    }
+    return tr_red_finish(op, acc, count, p, shift);
+}
+
+// lane t's partial fold (tr_reduce_blocks) of the reduced elements at base: long inner runs
+// split across the lanes (adjacent lanes read adjacent elements), short ones whole per lane
+template <class T>
+TR_HD double tr_reduce_lane(const T* x, long long base, const TrReduced& r, int fold, int op,
+                            double p, double shift, long long t) {
+    double acc = tr_red_start(fold);
+    bool split = r.inner >= TR_RED_BLOCK / 4;
+    for (long long o = split ? 0 : t; o < r.outer; o += split ? 1 : TR_RED_BLOCK) {
+        long long b = base + tr_strided_offset(o, r.od, r.os);
+        for (long long i = split ? t : 0; i < r.inner; i += split ? TR_RED_BLOCK : 1) {
+            acc = tr_red_step(fold, acc, tr_red_value(op, tr_get(x, b + i * r.inner_stride),
+                                                      shift), p);
+        }
+    }
+    return acc;
+}
+
+// part[0] = the fold of part[0, TR_RED_BLOCK) (tr_block_tree_sum's tree, with the fold's
+// combine); every thread of the block calls it after filling part
+TR_HD void tr_block_tree_fold(double* part, int fold) {
+    if (fold != TR_RED_MAX && fold != TR_RED_MIN && fold != TR_RED_PROD) {
+        tr_block_tree_sum(part, 1);
+        return;
+    }
+    for (unsigned s = TR_RED_BLOCK / 2; s >= 1; s >>= 1) {
+        TR_SYNC();
+        TR_LANES(t) {
+            if (t < s) part[t] = tr_red_combine(fold, part[t], part[t + s]);
+        }
+    }
+    TR_SYNC();
 }
 
 // the index (logical order, < count) of the first maximum of the reduced elements at base;
@@ -206,6 +270,37 @@ TR_HD void tr_softmax_row(const T* x, T* y, long long c, int log_softmax) {
         TR_GRID_STRIDE(j, total) {                                                             \
             double v = tr_reduce_one(x, tr_strided_offset(j, d, xk), red, op, p, count);       \
             tr_put(y, tr_strided_offset(j, d, yk), (float)v);                                  \
+        }                                                                                      \
+    }                                                                                          \
+    /* tr_reduce with one block per output: TR_RED_BLOCK lanes, then a fixed tree */        \
+    TR_KERNEL void tr_reduce_blocks_##dt(const T* x, T* y, long long total, int op, double p,  \
+                                         long long count, TR_DIMS6, TR_STRIDES6(xs),          \
+                                         TR_STRIDES6(ys), long long r0, long long r1,          \
+                                         long long r2, long long r3, long long r4,             \
+                                         long long r5, TR_STRIDES6(rs)) {                      \
+        TR_SHARED double part[TR_RED_BLOCK];                                                   \
+        const long long d[6] = {d0, d1, d2, d3, d4, d5}, xk[6] = {xs0, xs1, xs2, xs3, xs4, xs5}; \
+        const long long yk[6] = {ys0, ys1, ys2, ys3, ys4, ys5};                                \
+        const long long rd[6] = {r0, r1, r2, r3, r4, r5}, xr[6] = {rs0, rs1, rs2, rs3, rs4, rs5}; \
+        TrReduced red = tr_reduced(rd, xr);                                                    \
+        int fold = tr_red_fold(op);                                                            \
+        TR_BLOCK_STRIDE(u, total) {                                                            \
+            long long base = tr_strided_offset(u, d, xk);                                      \
+            double shift = 0.0;                                                                \
+            if (op == TR_RED_LOG_SUM_EXP) {                                                    \
+                TR_LANES(t) part[t] = tr_reduce_lane(x, base, red, TR_RED_MAX, TR_RED_MAX,     \
+                                                     p, 0.0, t);                               \
+                tr_block_tree_fold(part, TR_RED_MAX);                                          \
+                shift = tr_lse_shift(part[0]);                                                 \
+                TR_SYNC(); /* every thread has read part[0] */                                 \
+            }                                                                                  \
+            TR_LANES(t) part[t] = tr_reduce_lane(x, base, red, fold, op, p, shift, t);         \
+            tr_block_tree_fold(part, fold);                                                    \
+            if (threadIdx.x == 0) {                                                            \
+                tr_put(y, tr_strided_offset(u, d, yk),                                         \
+                       (float)tr_red_finish(op, part[0], count, p, shift));                    \
+            }                                                                                  \
+            TR_SYNC(); /* part is refilled for the next output */                              \
         }                                                                                      \
     }                                                                                          \
     TR_KERNEL void tr_arg_extreme_##dt(const T* x, long long* y, long long total, int is_min,  \

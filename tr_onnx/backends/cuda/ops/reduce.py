@@ -7,10 +7,12 @@ A reduction reads its input through the element strides of its logical axes
 output the same way, so the dynamo export's global average pool (ReduceMean over axes [2, 3]
 of an NHWC map, keepdims 1: a channels-last output; keepdims 0: a compact one) is one launch.
 The kept axes and the reduced axes are each collapsed to at most six (``bind.collapse``): one
-thread per output element walks its reduced elements in logical order, accumulating in fp64.
-The older kernels stay where they apply: column sums (the bias gradients: ReduceSum over the
-leading axes, or over all but the channels of a channels-last map, fp32 as NumPy's einsum)
-and one run of consecutive axes of a compact tensor (ReduceSum / ReduceMean).
+thread per output element walks its reduced elements in logical order, accumulating in fp64;
+from ``BLOCK_REDUCE_MIN`` elements per output a block of lanes shares them and a fixed tree
+adds the lanes' partials (deterministic). The older kernels stay where they apply: column
+sums (the bias gradients: ReduceSum over the leading axes, or over all but the channels of a
+channels-last map, fp32 as NumPy's einsum) and one short run of consecutive axes of a compact
+tensor (ReduceSum / ReduceMean).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..bind import (
     need_compact,
     row_split,
 )
+from ..device import BLOCK
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 from .tensor import pads_after
 
@@ -49,7 +52,8 @@ def reduce_source() -> KernelSource:
         "reduce",
         instantiate("TR_REDUCE({T}, {dt})",
                     ("tr_softmax_{dt}", "tr_reduce_mid_{dt}", "tr_sum_rows_{dt}",
-                     "tr_reduce_{dt}", "tr_arg_extreme_{dt}", "tr_hardmax_{dt}",
+                     "tr_reduce_{dt}", "tr_reduce_blocks_{dt}", "tr_arg_extreme_{dt}",
+                     "tr_hardmax_{dt}",
                      "tr_global_max_pool_grad_{dt}"), STORAGE))
 
 
@@ -60,6 +64,11 @@ REDUCE_OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "
               "ReduceL1": 5, "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8,
               "ReduceLogSumExp": 9}
 RED_LP = 10
+
+# Reductions of at least this many elements per output take a block of BLOCK lanes each
+# (tr_reduce_blocks): one thread walking them all would serialise the loads (a full-tensor
+# mean of a [32, 1000] logit map: 32000 dependent adds on one thread).
+BLOCK_REDUCE_MIN = 1024
 
 
 def reduce_axes(node) -> list[int] | None:
@@ -96,11 +105,14 @@ def reduction_geometry(b: BindContext, x, axes, reduced=(), full=()):
 
 def strided_reduce(b: BindContext, x, y, axes, op: int, p: float = 0.0) -> list:
     """``y`` = the reduction ``op`` (a TR_RED_* code) of ``x`` over ``axes``, both compact or
-    channels-last, ``y`` in keepdims form or not; the padded lanes of ``y`` zeroed."""
+    channels-last, ``y`` in keepdims form or not: a thread per output, or a block per output
+    for long reductions (``BLOCK_REDUCE_MIN``); the padded lanes of ``y`` zeroed."""
     dt = float_dt(b, x, y)
     kd, rd, (sx, sy), (rx,) = reduction_geometry(b, x, axes, reduced=[y])
     total, count = math.prod(kd), math.prod(rd)
-    return [b.launch(f"tr_reduce_{dt}", total,
+    blocks = count >= BLOCK_REDUCE_MIN
+    return [b.launch(f"tr_reduce_blocks_{dt}" if blocks else f"tr_reduce_{dt}",
+                     total * BLOCK if blocks else total,
                      [b.buf(x), b.buf(y, True), i64(total), i32(op), f64(p), i64(count)]
                      + [i64(v) for v in kd + sx + sy + rd + rx])] + pads_after(b, y)
 
@@ -133,7 +145,7 @@ def bind_column_sums(b: BindContext, node) -> list:
 
 def bind_reduce(b: BindContext, node) -> list:
     """Every Reduce* op: ReduceSum as column sums where it is one (``bind_column_sums``);
-    ReduceSum / ReduceMean over one run of consecutive axes of a compact tensor as
+    ReduceSum / ReduceMean over one short run of consecutive axes of a compact tensor as
     ``[outer, r, inner]`` -> ``[outer, inner]``, or over no axis as a copy; anything else as
     the strided reduction (``strided_reduce``)."""
     x, y = node.inputs[0], node.outputs[0]
@@ -151,10 +163,10 @@ def bind_reduce(b: BindContext, node) -> list:
         dt = float_dt(b, x, y)
         if not axes:
             return [copy_of(b, x, y)]
-        if axes == list(range(axes[0], axes[-1] + 1)):
-            outer = math.prod(shape[:axes[0]])
-            r = math.prod(shape[axes[0]:axes[-1] + 1])
-            inner = math.prod(shape[axes[-1] + 1:])
+        outer = math.prod(shape[:axes[0]])
+        r = math.prod(shape[axes[0]:axes[-1] + 1])
+        inner = math.prod(shape[axes[-1] + 1:])
+        if axes == list(range(axes[0], axes[-1] + 1)) and r < BLOCK_REDUCE_MIN:
             return [b.launch(f"tr_reduce_mid_{dt}", outer * inner,
                              [b.buf(x), b.buf(y, True), i64(outer), i64(r), i64(inner),
                               i32(op == "ReduceMean")])]
