@@ -265,7 +265,7 @@ def test_compact_runs_keep_the_run_kernel(device, signatures):
     assert kernel_names(plan) == ["tr_reduce_mid_f32"]
 
 
-LONG = (2, 5, 16, 80)  # 1280 elements per (n, c): the block-per-output kernel
+LONG = (2, 5, 16, 80)  # 1280 elements per (n, c): tr_reduce_blocks
 
 
 LONG_CASES = [pytest.param(op, axes, conv, id=f"{op}-{name}-{layout}")
@@ -281,6 +281,14 @@ def test_long_reductions_take_a_block_per_output(op, axes, conv, device, signatu
     """From BLOCK_REDUCE_MIN elements per output: lanes and a tree, the same 1-ulp bound."""
     plan = check_reduce(op, axes, 1, "f32", conv, device, signatures, shape=LONG)
     assert "tr_reduce_blocks_f32" in kernel_names(plan)
+
+
+@pytest.mark.parametrize("op", REDUCE)
+def test_long_reductions_of_short_runs_give_each_lane_whole_runs(op, device, signatures):
+    """Axes [0, 2] of [40, 5, 8]: 320 elements per output in 40 runs of 8 (lanes take runs
+    rather than split them)."""
+    plan = check_reduce(op, [0, 2], 0, "f32", False, device, signatures, shape=(40, 5, 8))
+    assert kernel_names(plan) == ["tr_reduce_blocks_f32"]
 
 
 @pytest.mark.parametrize("op", REDUCE)

@@ -66,9 +66,11 @@ REDUCE_OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "
 RED_LP = 10
 
 # Reductions of at least this many elements per output take a block of BLOCK lanes each
-# (tr_reduce_blocks): one thread walking them all would serialise the loads (a full-tensor
-# mean of a [32, 1000] logit map: 32000 dependent adds on one thread).
-BLOCK_REDUCE_MIN = 1024
+# (tr_reduce_blocks): one thread walking them all serialises the loads (a full-tensor mean
+# of a [32, 1000] logit map: 32000 dependent adds on one thread), and threads walking rows
+# side by side read them a row length apart (uncoalesced), where a block's lanes read one
+# row's neighbouring elements. Not measured on a GPU yet (no device in this task).
+BLOCK_REDUCE_MIN = 256
 
 
 def reduce_axes(node) -> list[int] | None:
