@@ -11,14 +11,16 @@ strides, and with keepdims=1 writes a channels-last output (its padded lanes che
 
 Tolerances, per kernel:
 
-* Reduce* (strided kernel and the run-of-axes kernel): fp64 accumulation and fp64 math, one
-  rounding at the store, so the result is within 1 ulp of the storage type of the numpy
+* Reduce* and GlobalLpPool (a thread per output, a block of lanes per output from 256
+  elements, or the run-of-axes kernel): fp64 accumulation and fp64 math, one rounding at the
+  store, so the result is within 1 ulp of the storage type of the numpy
   backend's float64 result on the same (exactly representable) inputs -- the oracle. Against
   the numpy backend in the storage dtype itself: NumPy sums float32 pairwise or sequentially
   and float16 / bfloat16 in their own precision, whose error is at most ``n`` roundings of
   the running sum for ``n`` reduced elements, so |cuda - numpy| <= (n + 1) eps * S with S the
   sum of the magnitudes of the terms (Sum, Mean: of |x|; L1, L2, SumSquare, LogSumExp, Prod:
-  the result's own scale).
+  the result's own scale). GlobalLpPool against float64 within 1 ulp, against NumPy's
+  float32 within 2 (NumPy's own rounding).
 * ReduceMax / ReduceMin / ArgMax / ArgMin / Hardmax / GlobalMaxPool / GlobalMaxPoolGrad:
   selections, bit-exact against the numpy backend in every dtype, NaN and ties included.
 * ReduceSum as column sums (the bias-gradient kernel, fp32 like NumPy's einsum): within
@@ -29,9 +31,13 @@ Tolerances, per kernel:
   storage type (NumPy rounds |x|^p to the storage type first). LpPoolGrad otherwise: the
   windows' shares cancel, so within (taps + 4) eps of the gradient of |gy| at |x| (the sum
   of the shares' magnitudes) plus 1 ulp.
-* training: losses rtol 1e-5, parameters rtol 2e-4 / atol 1e-6 (the convolutions' backward
-  runs the numpy kernels in the emulator, but the numpy plan folds gradient accumulators and
-  the cuda plan does not: sums of contributions round differently; seen ~1e-7).
+* training (a Conv, then a pooling head: the dynamo global average pool with keepdims 1 and
+  0, GlobalMaxPool, LpPool + GlobalLpPool, and chains of the other Reduce* ops, whose
+  gradient rules emit ReduceSum, Expand, Equal, Cast, Div, Sign, Exp, Pow...): losses rtol
+  1e-5, parameters rtol 2e-4 / atol 1e-6, as the other families' training tests (the
+  convolutions' backward runs the numpy kernels in the emulator, but the numpy plan folds
+  gradient accumulators and the cuda plan does not: sums of contributions round
+  differently).
 """
 
 from __future__ import annotations
@@ -589,6 +595,12 @@ def head_nodes(head: str) -> tuple[list, int]:
     if head == "max-then-l2":
         return [node("ReduceMax", ["a", "w_axis"], ["m"], keepdims=1),
                 node("ReduceL2", ["m", "hw"], ["f"], keepdims=0)], 6
+    if head == "min-then-l1":
+        return [node("ReduceMin", ["a", "w_axis"], ["m"], keepdims=1),
+                node("ReduceL1", ["m", "hw"], ["f"], keepdims=0)], 6
+    if head == "sum-square-then-log-sum":
+        return [node("ReduceSumSquare", ["a", "w_axis"], ["m"], keepdims=1),
+                node("ReduceLogSum", ["m", "hw"], ["f"], keepdims=0)], 6
     if head == "log-sum-exp":
         return [node("ReduceLogSumExp", ["a", "hw"], ["f"], keepdims=0)], 6
     raise ValueError(head)
@@ -618,7 +630,8 @@ def cnn(head: str) -> onnx.ModelProto:
 
 @pytest.mark.filterwarnings("ignore::tr_onnx.errors.ExportAdviceWarning")
 @pytest.mark.parametrize("head", ["gap-keepdims", "gap-dropdims", "global-max-pool",
-                                  "lp-pools", "max-then-l2", "log-sum-exp"])
+                                  "lp-pools", "max-then-l2", "min-then-l1",
+                                  "sum-square-then-log-sum", "log-sum-exp"])
 def test_a_cnn_trains_on_cuda_as_on_numpy(head, device, signatures):
     kw = dict(optimizer=SGD(lr=0.05), channel_align=8)
     cuda = tr_onnx.TrainingSession(cnn(head), backend="cuda", device=device, **kw)
@@ -643,4 +656,5 @@ TRAINING_KERNELS = {  # what each head's forward and backward launch at least
     "gap-keepdims": {"tr_reduce_f32"}, "gap-dropdims": {"tr_reduce_f32"},
     "global-max-pool": {"tr_reduce_f32", "tr_global_max_pool_grad_f32"},
     "lp-pools": {"tr_lppool_fwd_f32", "tr_lppool_bwd_f32", "tr_reduce_f32"},
-    "max-then-l2": {"tr_reduce_f32"}, "log-sum-exp": {"tr_reduce_f32"}}
+    "max-then-l2": {"tr_reduce_f32"}, "min-then-l1": {"tr_reduce_f32"},
+    "sum-square-then-log-sum": {"tr_reduce_f32"}, "log-sum-exp": {"tr_reduce_f32"}}
