@@ -1,5 +1,6 @@
-// Reductions (tr_onnx/ops/reduce.py, which holds Softmax / LogSoftmax too): fp32/fp16/bf16
-// storage, fp32 compute; one thread per output row or element.
+// Reductions (tr_onnx/ops/reduce.py, which holds Softmax / LogSoftmax too; and the global
+// pools of ops/pool.py that are reductions): fp32/fp16/bf16 storage, fp32 compute (fp64 where
+// said); one thread per output row or element (tr_reduce_blocks: one block).
 // tr_softmax_<dt>(x, y, rows, c, ld, log_softmax)
 //     Softmax (log_softmax = 0) or LogSoftmax (1) along the last axis: rows of c elements,
 //     row stride ld; lanes [c, ld) written 0.
@@ -25,11 +26,11 @@
 // tr_arg_extreme_<dt>(x, y, total, is_min, last, n, stride, kept dims, x strides, y strides)
 //     ArgMax / ArgMin along one axis of n elements (stride), int64 y: the first extremum
 //     (last = 1: the last), NaN counting as the extremum (np.argmax / np.argmin).
-// tr_hardmax_<dt>(x, y, total, count, kept dims, x/y kept strides, reduced dims, x/y reduced
+// tr_hardmax_<dt>(x, y, total, kept dims, x/y kept strides, reduced dims, x/y reduced
 //                 strides)
 //     Hardmax: 1 at the first maximum (np.argmax: the first NaN if any) of each kept index's
 //     reduced elements (logical order), 0 elsewhere.
-// tr_global_max_pool_grad_<dt>(gy, x, gx, total, count, kept dims, x/gy/gx kept strides,
+// tr_global_max_pool_grad_<dt>(gy, x, gx, total, kept dims, x/gy/gx kept strides,
 //                              reduced dims, x/gx reduced strides)
 //     GlobalMaxPoolGrad: gy at each plane's first maximum (as tr_hardmax), 0 elsewhere.
 // The instantiations (TR_REDUCE(T, dt) lines) are appended by tr_onnx/backends/cuda/sources.py.
