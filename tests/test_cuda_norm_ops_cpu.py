@@ -36,7 +36,6 @@ Bounds, with u = 2^-24 (float32's unit roundoff) and e the storage type's epsilo
 from __future__ import annotations
 
 import ctypes
-import re
 
 import numpy as np
 import onnx
@@ -47,7 +46,6 @@ from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 import tr_onnx
 from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.dtypes import BFLOAT16
-from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import HostEmulator, build_host_library
@@ -493,10 +491,6 @@ TRAIN = {  # model, kernels it must launch
     "lp-norm": (lambda: cnn([helper.make_node("LpNormalization", ["c"], ["n"], axis=1, p=2)],
                             {}), {"tr_lp_norm_f32"}),
 }
-OTHER_FAMILIES = {"ReduceSum", "ReduceMean", "ReduceL2"}
-"""The reduce family's ops the gradients of torch's GroupNorm export (the affine Mul / Add
-over [C, 1, 1]), of MVN and of LpNormalization emit: over the batch and spatial axes of a
-compact map, bound by the reduce family's own change."""
 
 
 def _batches(steps=3):
@@ -515,14 +509,7 @@ def train(model, backend, **kw):
 def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     make, kernels = TRAIN[case]
     ref, want = train(make(), "numpy")
-    try:
-        sess, got = train(make(), "cuda", device=device)
-    except UnsupportedModelError as e:  # a binding refusing its node, or no binding at all
-        missing = {op for _, op, _, _ in e.missing} or \
-            set(re.findall(r"needs (\w+) \(domain", str(e)))
-        if missing and missing <= OTHER_FAMILIES:
-            pytest.skip(f"needs the reduce family's bindings: {e}")
-        raise
+    sess, got = train(make(), "cuda", device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys()
