@@ -11,6 +11,13 @@ Tolerances, per kernel:
 * Adam / Momentum / Adagrad: the numpy kernel's float32 sequence operation by operation (the
   Python scalars rounded to float32 as NumPy's weak scalars are; no FMA), so bit-exact; also
   equal to onnx.reference's ops (rtol 1e-6: it evaluates some steps in float64).
+* RandomDraw uniforms (any low/high, float32/float16/float64 out) and Bernoulli draws (any p
+  type, bool/int/float out): NumPy's Philox stream and NumPy's double arithmetic, bit-exact.
+* RandomDraw normals: NumPy's ziggurat cannot be placed in parallel (a variable number of
+  draws per value), so the device uses Box-Muller on the same stream: a different sample of
+  the same distribution, tested statistically on 2^16 draws: |mean - mu| < 5 scale/sqrt(n),
+  |std/scale - 1| < 5/sqrt(2n), Kolmogorov-Smirnov distance to the normal CDF below 2/sqrt(n)
+  (each a 5-sigma bound, or p < 1e-3 for KS), and each step's draws differ.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorPro
         np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
         np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8,
         np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.bool_): TensorProto.BOOL}
+SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.float64): "f64"}
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +167,85 @@ def test_preview_training_op_equals_onnx_reference(device, signatures, op, attrs
     got, _ = run_cuda(model, feeds, device, signatures)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+
+
+# ---- RandomDraw ----------------------------------------------------------------------------
+
+def random_draw(op: str, shape, out_type, attrs: dict, p_dtype=None):
+    """(p?, step) -> RandomDraw(op) -> y, the training form of a random op."""
+    inputs = [helper.make_tensor_value_info("step", TensorProto.INT64, [])]
+    if p_dtype is not None:
+        inputs.insert(0, helper.make_tensor_value_info("p", ELEM[np.dtype(p_dtype)], shape))
+    node = helper.make_node("RandomDraw", [i.name for i in inputs], ["y"], domain="ai.tr_onnx",
+                            op=op, **attrs)
+    graph = helper.make_graph([node], "draw", inputs,
+                              [helper.make_tensor_value_info("y", ELEM[np.dtype(out_type)],
+                                                             shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                   helper.make_opsetid("ai.tr_onnx", 1)])
+
+
+UNIFORMS = [  # op, shape, output type, attributes, step
+    ("RandomUniform", (4, 33), np.float32, {"key": 11, "low": -2.0, "high": 3.5}, 0),
+    ("RandomUniformLike", (257,), np.float64, {"key": -5}, 9),
+    ("RandomUniform", (3, 5, 7), np.float16, {"key": 3, "low": 0.25, "high": 0.5}, 2**40),
+]
+
+
+@pytest.mark.parametrize("op, shape, out_type, attrs, step", UNIFORMS,
+                         ids=["f32-low-high", "f64-key-above-2^63", "f16"])
+def test_random_draw_uniforms_equal_numpy_bit_for_bit(device, signatures, op, shape, out_type,
+                                                       attrs, step):
+    model = random_draw(op, shape, out_type, attrs)
+    feeds = {"step": np.array(step, np.int64)}
+    want = run_numpy(model, feeds)
+    got, names = run_cuda(model, feeds, device, signatures)
+    assert_bits_equal(got, want)
+    assert names == [f"tr_random_uniform_{SUFFIX[np.dtype(out_type)]}"]
+
+
+BERNOULLI = [  # shape, p type, output type
+    ((5, 13), np.float32, np.float32),
+    ((66,), np.float64, np.bool_),
+    ((2, 3, 11), np.float16, np.int64),
+    ((7, 9), np.float32, np.int32),
+    ((31,), np.float32, np.uint8),
+]
+
+
+@pytest.mark.parametrize("shape, p_type, out_type", BERNOULLI,
+                         ids=["f32-f32", "f64-bool", "f16-i64", "f32-i32", "f32-u8"])
+def test_random_draw_bernoulli_equals_numpy_bit_for_bit(device, signatures, shape, p_type,
+                                                        out_type):
+    p = np.random.default_rng(3).random(shape).astype(p_type)
+    p.reshape(-1)[:3] = [0.0, 1.0, 0.5]
+    model = random_draw("Bernoulli", shape, out_type, {"key": 77}, p_dtype=p_type)
+    for step in (0, 5):
+        feeds = {"p": p, "step": np.array(step, np.int64)}
+        want = run_numpy(model, feeds)
+        got, names = run_cuda(model, feeds, device, signatures)
+        assert_bits_equal(got, want)
+        assert len(np.unique(want[0])) == 2  # ones and zeros both drawn
+    assert names == [f"tr_random_bernoulli_{SUFFIX[np.dtype(p_type)]}_b{np.dtype(out_type).itemsize}"]
+
+
+@pytest.mark.parametrize("mean, scale, out_type",
+                         [(0.0, 1.0, np.float64), (1.5, 0.25, np.float32)],
+                         ids=["standard-f64", "shifted-f32"])
+def test_random_draw_normals_have_the_normal_distribution(device, signatures, mean, scale,
+                                                          out_type):
+    from scipy.stats import kstest
+
+    n = 1 << 16
+    model = random_draw("RandomNormalLike", (n,), out_type, {"key": 5, "mean": mean,
+                                                              "scale": scale})
+    draws = []
+    for step in (0, 1):
+        got, names = run_cuda(model, {"step": np.array(step, np.int64)}, device, signatures)
+        draws.append(got[0].astype(np.float64))
+    assert names == [f"tr_random_normal_{SUFFIX[np.dtype(out_type)]}"]
+    z = (draws[0] - mean) / scale
+    assert abs(z.mean()) < 5 / np.sqrt(n)
+    assert abs(z.std() - 1) < 5 / np.sqrt(2 * n)
+    assert kstest(z, "norm").statistic < 2 / np.sqrt(n)
+    assert not np.array_equal(draws[0], draws[1])
