@@ -18,6 +18,12 @@ Tolerances, per kernel:
   the same distribution, tested statistically on 2^16 draws: |mean - mu| < 5 scale/sqrt(n),
   |std/scale - 1| < 5/sqrt(2n), Kolmogorov-Smirnov distance to the normal CDF below 2/sqrt(n)
   (each a 5-sigma bound, or p < 1e-3 for KS), and each step's draws differ.
+* QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the gradients' gx: NumPy's
+  float32 (or x's half type for x / scale) sequence, so bit-exact. The scale gradients sum in
+  double where NumPy sums float32 pairwise: within (log2(n) + 1) eps of sum |term|.
+* training (QAT model): losses and parameters after three SGD steps rtol 1e-5 / atol 1e-7
+  (the Conv and Gemm run as their numpy kernels in the emulator, the quantization kernels add
+  no error).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
 from tr_onnx.backends.cuda.bind import Launch
+from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
 PREVIEW = "ai.onnx.preview.training"
@@ -249,3 +256,264 @@ def test_random_draw_normals_have_the_normal_distribution(device, signatures, me
     assert abs(z.std() - 1) < 5 / np.sqrt(2 * n)
     assert kstest(z, "norm").statistic < 2 / np.sqrt(n)
     assert not np.array_equal(draws[0], draws[1])
+
+
+# ---- QuantizeLinear / DequantizeLinear -----------------------------------------------------
+
+Q_SUFFIX = {np.dtype(np.int8): "i8", np.dtype(np.uint8): "u8", np.dtype(np.int16): "i16",
+            np.dtype(np.uint16): "u16", np.dtype(np.int32): "i32"}
+ELEM.update({np.dtype(np.int16): TensorProto.INT16, np.dtype(np.uint16): TensorProto.UINT16})
+
+
+def quant_params(shape, axis, block, qtype, zp: bool, seed: int = 0):
+    """(scale, zero point or None) per tensor (axis None), per axis or blocked."""
+    rng = np.random.default_rng(seed)
+    if axis is None:
+        pshape = ()
+    elif block:
+        axis %= len(shape)
+        pshape = tuple(-(-d // block) if k == axis else d for k, d in enumerate(shape))
+    else:
+        pshape = (shape[axis],)
+    scale = (rng.random(pshape) * 0.05 + 0.01).astype(np.float32)
+    if not zp:
+        return scale, None
+    info = np.iinfo(qtype)
+    lo, hi = max(info.min, -20), min(info.max, 20)
+    return scale, rng.integers(lo, hi + 1, pshape).astype(qtype)
+
+
+def qdq_attrs(axis, block) -> dict:
+    attrs = {} if axis is None else {"axis": axis}
+    return {**attrs, "block_size": block} if block else attrs
+
+
+QUANTIZE = [  # x shape, axis (None: per tensor), block_size, quantized type, zero point, x type
+    ((2, 3, 4, 5), None, 0, np.int8, True, np.float32),
+    ((2, 3, 4, 5), 1, 0, np.uint8, True, np.float32),
+    ((6, 3, 3, 3), 0, 0, np.int8, False, np.float32),
+    ((2, 5, 4), 1, 2, np.int8, True, np.float32),
+    ((3, 7), -1, 3, np.uint8, False, np.float32),
+    ((4, 9), 1, 0, np.int16, True, np.float32),
+    ((4, 9), None, 0, np.uint16, True, np.float16),
+    ((33,), 0, 0, np.int8, True, np.float16),
+]
+QUANTIZE_IDS = ["tensor-i8", "axis1-u8", "axis0-i8-no-zp", "blocked-i8", "blocked-last-u8",
+                "axis-i16", "tensor-u16-f16-x", "1d-i8-f16-x"]
+
+
+def quantize_input(shape, x_type, seed=1):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 3
+    x.reshape(-1)[:4] = [0.0, -0.0, 6e4, -6e4]  # saturating both ways
+    return x.astype(x_type)
+
+
+@pytest.mark.parametrize("shape, axis, block, qtype, zp, x_type", QUANTIZE, ids=QUANTIZE_IDS)
+def test_quantize_linear_equals_numpy_bit_for_bit(device, signatures, shape, axis, block, qtype,
+                                                  zp, x_type):
+    x = quantize_input(shape, x_type)
+    scale, zero = quant_params(shape, axis, block, qtype, zp)
+    scale = scale.astype(x_type)  # x / scale in x's type
+    if zero is not None:
+        # put values exactly on half steps: rounding half to even decides them
+        halves = np.array([0.5, 1.5, 2.5, -2.5]) * scale.reshape(-1)[0]
+        x.reshape(-1)[4:8] = halves.astype(x_type)
+    consts = {"scale": scale, **({"zp": zero} if zero is not None else {})}
+    out = {} if zero is not None else {"output_dtype": ELEM[np.dtype(qtype)]}
+    model = single_node("QuantizeLinear", {"x": x}, consts, {**qdq_attrs(axis, block), **out},
+                        ["y"], opset=21)
+    want = run_numpy(model, {"x": x})
+    got, names = run_cuda(model, {"x": x}, device, signatures)
+    assert_bits_equal(got, want)
+    assert names == [f"tr_quantize_{SUFFIX[np.dtype(x_type)]}_{Q_SUFFIX[np.dtype(qtype)]}"]
+    info = np.iinfo(qtype)
+    assert want[0].min() == info.min and want[0].max() == info.max
+
+
+DEQUANTIZE = [  # x shape, axis, block_size, quantized type, zero point, scale/output type
+    ((2, 3, 4, 5), None, 0, np.int8, True, np.float32),
+    ((2, 3, 4, 5), 1, 0, np.uint8, True, np.float32),
+    ((6, 3, 3, 3), 0, 0, np.int8, False, np.float32),
+    ((2, 5, 4), 1, 2, np.int8, True, np.float32),
+    ((4, 9), 1, 0, np.uint16, True, np.float16),
+    ((17,), None, 0, np.int32, False, np.float32),
+]
+DEQUANTIZE_IDS = ["tensor-i8", "axis1-u8", "axis0-i8-no-zp", "blocked-i8", "axis-u16-f16",
+                  "i32"]
+
+
+@pytest.mark.parametrize("shape, axis, block, qtype, zp, s_type", DEQUANTIZE, ids=DEQUANTIZE_IDS)
+def test_dequantize_linear_equals_numpy_bit_for_bit(device, signatures, shape, axis, block,
+                                                    qtype, zp, s_type):
+    info = np.iinfo(qtype)
+    x = np.random.default_rng(2).integers(info.min, info.max, shape, endpoint=True).astype(qtype)
+    scale, zero = quant_params(shape, axis, block, qtype, zp)
+    consts = {"scale": scale.astype(s_type), **({"zp": zero} if zero is not None else {})}
+    model = single_node("DequantizeLinear", {"x": x}, consts, qdq_attrs(axis, block), ["y"],
+                        opset=21)
+    want = run_numpy(model, {"x": x})
+    got, names = run_cuda(model, {"x": x}, device, signatures)
+    assert_bits_equal(got, want)
+    assert names == [f"tr_dequantize_{Q_SUFFIX[np.dtype(qtype)]}_{SUFFIX[np.dtype(s_type)]}"]
+
+
+DYNAMIC = {"mixed": lambda x: x, "positive": np.abs, "negative": lambda x: -np.abs(x) - 1,
+           "zeros": np.zeros_like}
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (1000,)], ids=["2d", "1000"])
+@pytest.mark.parametrize("values", list(DYNAMIC))
+def test_dynamic_quantize_linear_equals_numpy_bit_for_bit(device, signatures, shape, values):
+    x = DYNAMIC[values](np.random.default_rng(4).standard_normal(shape).astype(np.float32) * 2)
+    model = single_node("DynamicQuantizeLinear", {"x": x}, {}, {}, ["y", "scale", "zp"])
+    want = run_numpy(model, {"x": x})
+    got, names = run_cuda(model, {"x": x}, device, signatures)
+    assert_bits_equal(got, want)
+    assert names == ["tr_dynamic_quantize_range", "tr_dynamic_quantize"]
+
+
+# ---- QuantizeLinearGrad / DequantizeLinearGrad ---------------------------------------------
+
+def grad_node(op: str, gy, x, scale, zero, attrs: dict, with_scale: bool):
+    """(gy, x, scale, zp?) -> op -> (gx, gscale?), a backward op of the quantize family."""
+    feeds = {"gy": gy, "x": x, "scale": scale, **({"zp": zero} if zero is not None else {})}
+    inputs = [helper.make_tensor_value_info(k, ELEM[np.dtype(v.dtype)], v.shape)
+              for k, v in feeds.items()]
+    outs = [helper.make_tensor_value_info("gx", ELEM[np.dtype(gy.dtype)], x.shape)]
+    if with_scale:
+        outs.append(helper.make_tensor_value_info("gscale", TensorProto.FLOAT, scale.shape))
+    node = helper.make_node(op, list(feeds), [o.name for o in outs], domain="ai.tr_onnx",
+                            **attrs)
+    graph = helper.make_graph([node], op, inputs, outs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("ai.tr_onnx", 1)])
+    return model, feeds
+
+
+def assert_scale_grad_close(got, want, terms):
+    """NumPy sums the float32 terms pairwise, the kernel in double then rounds once: within
+    (log2(n) + 1) eps of sum |term| (pairwise summation's bound plus the final rounding;
+    ``terms`` bounds the terms of every scale)."""
+    eps = float(np.finfo(np.float32).eps)
+    bound = eps * (np.log2(max(terms.size, 2)) + 1) * np.abs(terms).sum()
+    np.testing.assert_array_less(np.abs(got.astype(np.float64) - want), bound)
+
+
+GRADS = [  # x shape, axis, block_size, quantized type, zero point, float type, scale gradient
+    ((2, 3, 4, 5), None, 0, np.int8, True, np.float32, True),
+    ((2, 3, 4, 5), 1, 0, np.uint8, True, np.float32, True),
+    ((6, 3, 3, 3), 0, 0, np.int8, False, np.float32, True),
+    ((2, 5, 4), 1, 2, np.int8, True, np.float32, True),
+    ((4, 9), 1, 0, np.int16, True, np.float16, False),
+    ((300,), None, 0, np.uint8, True, np.float32, False),
+]
+GRAD_IDS = ["tensor-i8", "axis1-u8", "axis0-no-zp", "blocked", "axis-i16-f16", "1d-no-gscale"]
+
+
+@pytest.mark.parametrize("shape, axis, block, qtype, zp, ftype, with_scale", GRADS, ids=GRAD_IDS)
+def test_quantize_linear_grad_equals_numpy(device, signatures, shape, axis, block, qtype, zp,
+                                           ftype, with_scale):
+    """gx bit-exact; gscale within the float32 rounding of NumPy's pairwise sum."""
+    x = quantize_input(shape, ftype)
+    scale, zero = quant_params(shape, axis, block, qtype, zp)
+    gy = np.random.default_rng(5).standard_normal(shape).astype(ftype)
+    attrs = {"axis": (axis or 0) % len(shape), "block_size": block,
+             "to": ELEM[np.dtype(qtype)]}
+    model, feeds = grad_node("QuantizeLinearGrad", gy, x, scale.astype(ftype), zero, attrs,
+                             with_scale)
+    want = run_numpy(model, feeds)
+    got, names = run_cuda(model, feeds, device, signatures)
+    assert_bits_equal(got[:1], want[:1])
+    assert 0 < np.count_nonzero(want[0]) < want[0].size  # clipped and passed elements both
+    assert names == [f"tr_quantize_grad_{SUFFIX[np.dtype(ftype)]}_{Q_SUFFIX[np.dtype(qtype)]}"
+                     ] + (["tr_quantize_grad_scale"] if with_scale else [])
+    if with_scale:
+        terms = want[0].astype(np.float64) * x / scale.min()  # each term's bound
+        assert_scale_grad_close(got[1], want[1], terms)
+
+
+@pytest.mark.parametrize("shape, axis, block, qtype, zp, ftype, with_scale", GRADS, ids=GRAD_IDS)
+def test_dequantize_linear_grad_equals_numpy(device, signatures, shape, axis, block, qtype, zp,
+                                             ftype, with_scale):
+    """gx bit-exact; gscale within the float32 rounding of NumPy's pairwise sum."""
+    info = np.iinfo(qtype)
+    x = np.random.default_rng(2).integers(info.min, info.max, shape, endpoint=True).astype(qtype)
+    scale, zero = quant_params(shape, axis, block, qtype, zp)
+    gy = np.random.default_rng(5).standard_normal(shape).astype(ftype)
+    attrs = {"axis": (axis or 0) % len(shape), "block_size": block}
+    model, feeds = grad_node("DequantizeLinearGrad", gy, x, scale.astype(ftype), zero, attrs,
+                             with_scale)
+    want = run_numpy(model, feeds)
+    got, names = run_cuda(model, feeds, device, signatures)
+    assert_bits_equal(got[:1], want[:1])
+    assert names == [f"tr_dequantize_grad_{SUFFIX[np.dtype(ftype)]}"] + (
+        [f"tr_dequantize_grad_scale_{Q_SUFFIX[np.dtype(qtype)]}"] if with_scale else [])
+    if with_scale:
+        assert_scale_grad_close(got[1], want[1], gy.astype(np.float64) * x)
+
+
+# ---- training: a QAT model, three SGD steps on cuda (emulated) against numpy -------------------
+
+B, CIN, HW, COUT, CLASSES = 4, 3, 6, 8, 5
+
+
+def qat_model() -> onnx.ModelProto:
+    """A torch QAT export's shape: x -> fake-quant (uint8, per tensor) -> Conv whose weight is
+    fake-quantized per output channel (int8, symmetric) -> Relu -> fake-quant -> global pool ->
+    Gemm."""
+    rng = np.random.default_rng(11)
+    w = (0.3 * rng.standard_normal((COUT, CIN, 3, 3))).astype(np.float32)
+    w_scale = (np.abs(w).reshape(COUT, -1).max(axis=1) / 127).astype(np.float32)
+    inits = {
+        "w": w, "b": np.zeros(COUT, np.float32), "w_scale": w_scale,
+        "w_zp": np.zeros(COUT, np.int8),
+        "x_scale": np.array(0.02, np.float32), "x_zp": np.array(128, np.uint8),
+        "a_scale": np.array(0.01, np.float32), "a_zp": np.array(0, np.uint8),
+        "fc": (0.3 * rng.standard_normal((COUT, CLASSES))).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("QuantizeLinear", ["input", "x_scale", "x_zp"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xf"]),
+        helper.make_node("QuantizeLinear", ["w", "w_scale", "w_zp"], ["wq"], axis=0),
+        helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wf"], axis=0),
+        helper.make_node("Conv", ["xf", "wf", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "a_scale", "a_zp"], ["rq"]),
+        helper.make_node("DequantizeLinear", ["rq", "a_scale", "a_zp"], ["rf"]),
+        helper.make_node("GlobalAveragePool", ["rf"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc"], ["scores"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "qat", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                     [B, CIN, HW, HW])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [B, CLASSES])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def train_qat(backend, **kw):
+    sess = tr_onnx.TrainingSession(qat_model(), loss="cross_entropy", optimizer=SGD(lr=0.1),
+                                   backend=backend, **kw)
+    rng = np.random.default_rng(12)
+    losses = [sess.train_step({"input": rng.random((B, CIN, HW, HW), np.float32) * 4 - 2},
+                              rng.integers(0, CLASSES, (B,))) for _ in range(3)]
+    return sess, losses
+
+
+def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatures):
+    ref, want = train_qat("numpy")
+    sess, got = train_qat("cuda", device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    a, b = sess.parameters(), ref.parameters()
+    assert a.keys() == b.keys() and {"w", "fc"} <= b.keys()
+    assert not np.array_equal(b["w"], numpy_helper.to_array(qat_model().graph.initializer[0]))
+    for name in b:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    plan = sess._active
+    launches = launches_of(plan)
+    check_launch_arguments(launches, plan, signatures)
+    names = {c.kernel.name for c in launches}
+    assert {"tr_quantize_f32_i8", "tr_quantize_f32_u8", "tr_dequantize_i8_f32",
+            "tr_dequantize_u8_f32", "tr_quantize_grad_f32_i8", "tr_quantize_grad_f32_u8",
+            "tr_dequantize_grad_f32"} <= names
