@@ -454,13 +454,14 @@ def test_dequantize_linear_grad_equals_numpy(device, signatures, shape, axis, bl
 
 # ---- training: a QAT model, three SGD steps on cuda (emulated) against numpy -------------------
 
-B, CIN, HW, COUT, CLASSES = 4, 3, 6, 8, 5
+B, CIN, HW, COUT, CLASSES = 4, 3, 6, 6, 5
 
 
-def qat_model() -> onnx.ModelProto:
+def qat_model(per_channel: bool = False) -> onnx.ModelProto:
     """A torch QAT export's shape: x -> fake-quant (uint8, per tensor) -> Conv whose weight is
-    fake-quantized per output channel (int8, symmetric) -> Relu -> fake-quant -> global pool ->
-    Gemm."""
+    fake-quantized per output channel (int8, symmetric) -> Relu -> fake-quant (per tensor, or
+    ``per_channel``: axis 1 of the channels-last activations, COUT padded to 8 lanes) -> global
+    pool -> Gemm."""
     rng = np.random.default_rng(11)
     w = (0.3 * rng.standard_normal((COUT, CIN, 3, 3))).astype(np.float32)
     w_scale = (np.abs(w).reshape(COUT, -1).max(axis=1) / 127).astype(np.float32)
@@ -468,7 +469,9 @@ def qat_model() -> onnx.ModelProto:
         "w": w, "b": np.zeros(COUT, np.float32), "w_scale": w_scale,
         "w_zp": np.zeros(COUT, np.int8),
         "x_scale": np.array(0.02, np.float32), "x_zp": np.array(128, np.uint8),
-        "a_scale": np.array(0.01, np.float32), "a_zp": np.array(0, np.uint8),
+        "a_scale": (np.linspace(0.005, 0.02, COUT) if per_channel else np.array(0.01)).astype(
+            np.float32),
+        "a_zp": (np.arange(COUT) % 3 if per_channel else np.array(0)).astype(np.uint8),
         "fc": (0.3 * rng.standard_normal((COUT, CLASSES))).astype(np.float32),
     }
     nodes = [
@@ -478,8 +481,8 @@ def qat_model() -> onnx.ModelProto:
         helper.make_node("DequantizeLinear", ["wq", "w_scale", "w_zp"], ["wf"], axis=0),
         helper.make_node("Conv", ["xf", "wf", "b"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c"], ["r"]),
-        helper.make_node("QuantizeLinear", ["r", "a_scale", "a_zp"], ["rq"]),
-        helper.make_node("DequantizeLinear", ["rq", "a_scale", "a_zp"], ["rf"]),
+        helper.make_node("QuantizeLinear", ["r", "a_scale", "a_zp"], ["rq"], axis=1),
+        helper.make_node("DequantizeLinear", ["rq", "a_scale", "a_zp"], ["rf"], axis=1),
         helper.make_node("GlobalAveragePool", ["rf"], ["p"]),
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("Gemm", ["f", "fc"], ["scores"]),
@@ -492,8 +495,8 @@ def qat_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def train_qat(backend, **kw):
-    sess = tr_onnx.TrainingSession(qat_model(), loss="cross_entropy", optimizer=SGD(lr=0.1),
+def train_qat(backend, per_channel, **kw):
+    sess = tr_onnx.TrainingSession(qat_model(per_channel), loss="cross_entropy", optimizer=SGD(lr=0.1),
                                    backend=backend, **kw)
     rng = np.random.default_rng(12)
     losses = [sess.train_step({"input": rng.random((B, CIN, HW, HW), np.float32) * 4 - 2},
@@ -501,9 +504,12 @@ def train_qat(backend, **kw):
     return sess, losses
 
 
-def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatures):
-    ref, want = train_qat("numpy")
-    sess, got = train_qat("cuda", device=device)
+@pytest.mark.parametrize("per_channel", [False, True],
+                         ids=["per-tensor-activations", "per-channel-padded-activations"])
+def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatures,
+                                                                per_channel):
+    ref, want = train_qat("numpy", per_channel)
+    sess, got = train_qat("cuda", per_channel, device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and {"w", "fc"} <= b.keys()
@@ -517,3 +523,6 @@ def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatur
     assert {"tr_quantize_f32_i8", "tr_quantize_f32_u8", "tr_dequantize_i8_f32",
             "tr_dequantize_u8_f32", "tr_quantize_grad_f32_i8", "tr_quantize_grad_f32_u8",
             "tr_dequantize_grad_f32"} <= names
+    # the activations' fake quantization reads channels-last [B, H, W, 8] with 6 channels
+    (act,) = [c for c in launches if c.kernel.name == "tr_quantize_f32_u8" and c.args[10] == 8]
+    assert (int(act.args[5]), int(act.args[11])) == (int(per_channel), COUT)
