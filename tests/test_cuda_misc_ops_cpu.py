@@ -21,6 +21,9 @@ Tolerances, per kernel:
 * QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the gradients' gx: NumPy's
   float32 (or x's half type for x / scale) sequence, so bit-exact. The scale gradients sum in
   double where NumPy sums float32 pairwise: within (log2(n) + 1) eps of sum |term|.
+* MatMulInteger, ConvInteger: exact integer sums (int64 on the device, float64 in NumPy), so
+  bit-exact; QLinearMatMul, QLinearConv requantize those in NumPy's order (float32 multiplier,
+  double product), bit-exact.
 * training (QAT model): losses and parameters after three SGD steps rtol 1e-5 / atol 1e-7
   (the Conv and Gemm run as their numpy kernels in the emulator, the quantization kernels add
   no error).
@@ -526,3 +529,98 @@ def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatur
     # the activations' fake quantization reads channels-last [B, H, W, 8] with 6 channels
     (act,) = [c for c in launches if c.kernel.name == "tr_quantize_f32_u8" and c.args[10] == 8]
     assert (int(act.args[5]), int(act.args[11])) == (int(per_channel), COUT)
+
+
+# ---- integer contractions ------------------------------------------------------------------
+
+def int8(shape, qtype, seed):
+    info = np.iinfo(qtype)
+    return np.random.default_rng(seed).integers(info.min, info.max, shape,
+                                                endpoint=True).astype(qtype)
+
+
+MATMUL_INTEGER = [  # a shape, b shape, a type, b type, a zero point shape, b zero point shape
+    ((5, 7), (7, 3), np.uint8, np.int8, (), ()),
+    ((2, 4, 6), (6, 5), np.int8, np.int8, (4,), (5,)),
+    ((3, 2, 4), (3, 4, 2), np.uint8, np.uint8, None, None),
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, a_type, b_type, a_zp, b_zp", MATMUL_INTEGER,
+                         ids=["2d-scalar-zps", "batched-row-column-zps", "batched-both-no-zp"])
+def test_matmul_integer_equals_numpy(device, signatures, a_shape, b_shape, a_type, b_type,
+                                     a_zp, b_zp):
+    feeds = {"a": int8(a_shape, a_type, 1), "b": int8(b_shape, b_type, 2)}
+    consts = {}
+    if a_zp is not None:
+        consts = {"a_zp": int8(a_zp, a_type, 3), "b_zp": int8(b_zp, b_type, 4)}
+    model = single_node("MatMulInteger", feeds, consts, {}, ["y"], opset=10)
+    want = run_numpy(model, feeds)
+    got, names = run_cuda(model, feeds, device, signatures)
+    assert_bits_equal(got, want)
+    assert names == [f"tr_matmul_integer_{Q_SUFFIX[np.dtype(a_type)]}_"
+                     f"{Q_SUFFIX[np.dtype(b_type)]}"]
+
+
+@pytest.mark.parametrize("b_per_column", [False, True], ids=["per-tensor", "b-per-column"])
+@pytest.mark.parametrize("y_type", [np.uint8, np.int8])
+def test_qlinear_matmul_equals_numpy(device, signatures, b_per_column, y_type):
+    a, b = int8((2, 5, 9), np.uint8, 1), int8((9, 4), np.int8, 2)
+    b_params = (4,) if b_per_column else ()
+    consts = {"a_scale": np.array(0.05, np.float32), "a_zp": np.array(128, np.uint8),
+              "b_scale": (np.random.default_rng(5).random(b_params) * 0.02 + 0.01).astype(
+                  np.float32),
+              "b_zp": int8(b_params, np.int8, 6) // 8,
+              "y_scale": np.array(0.05, np.float32), "y_zp": np.array(3, y_type)}
+    order = ["a", "a_scale", "a_zp", "b", "b_scale", "b_zp", "y_scale", "y_zp"]
+    model = single_node("QLinearMatMul", {"a": a, "b": b}, consts, {}, ["y"], opset=10,
+                        order=order)
+    want = run_numpy(model, {"a": a, "b": b})
+    got, names = run_cuda(model, {"a": a, "b": b}, device, signatures)
+    assert_bits_equal(got, want)
+    info = np.iinfo(y_type)
+    assert want[0].min() == info.min and want[0].max() == info.max  # saturated both ways
+    assert names == [f"tr_qlinear_matmul_u8_i8_{Q_SUFFIX[np.dtype(y_type)]}"]
+
+
+CONV_INTEGER = [  # x shape, w shape, attributes, w zero point per channel
+    ((2, 3, 7, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, False),
+    ((1, 4, 9, 9), (6, 2, 3, 2), {"strides": [2, 1], "dilations": [1, 2], "group": 2}, True),
+    ((2, 2, 11), (3, 2, 4), {"auto_pad": "SAME_UPPER", "strides": [3]}, True),
+    ((1, 2, 4, 5, 3), (2, 2, 2, 2, 2), {"pads": [0, 1, 0, 1, 0, 1]}, False),
+]
+CONV_IDS = ["2d-pads", "2d-strides-dilations-groups", "1d-same-upper", "3d"]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs, per_channel", CONV_INTEGER, ids=CONV_IDS)
+def test_conv_integer_equals_numpy(device, signatures, x_shape, w_shape, attrs, per_channel):
+    x, w = int8(x_shape, np.uint8, 1), int8(w_shape, np.int8, 2)
+    consts = {"w": w, "x_zp": np.array(100, np.uint8),
+              "w_zp": int8((w_shape[0],) if per_channel else (), np.int8, 3) // 16}
+    model = single_node("ConvInteger", {"x": x}, consts, attrs, ["y"], opset=10,
+                        order=["x", "w", "x_zp", "w_zp"])
+    want = run_numpy(model, {"x": x})
+    got, names = run_cuda(model, {"x": x}, device, signatures)
+    assert_bits_equal(got, want)
+    assert names == ["tr_conv_integer_u8_i8"]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs, per_channel", CONV_INTEGER, ids=CONV_IDS)
+def test_qlinear_conv_equals_numpy(device, signatures, x_shape, w_shape, attrs, per_channel):
+    x, w = int8(x_shape, np.int8, 1), int8(w_shape, np.int8, 2)
+    o = w_shape[0]
+    params = (o,) if per_channel else ()
+    consts = {"x_scale": np.array(0.05, np.float32), "x_zp": np.array(-3, np.int8), "w": w,
+              "w_scale": (np.random.default_rng(5).random(params) * 0.02 + 0.01).astype(
+                  np.float32),
+              "w_zp": np.zeros(params, np.int8), "y_scale": np.array(0.2, np.float32),
+              "y_zp": np.array(10, np.uint8),
+              "bias": np.random.default_rng(6).integers(-3000, 3000, o).astype(np.int32)}
+    model = single_node("QLinearConv", {"x": x}, consts, attrs, ["y"], opset=10,
+                        order=["x", "x_scale", "x_zp", "w", "w_scale", "w_zp", "y_scale",
+                               "y_zp", "bias"])
+    want = run_numpy(model, {"x": x})
+    got, names = run_cuda(model, {"x": x}, device, signatures)
+    assert_bits_equal(got, want)
+    assert 0 < np.count_nonzero((want[0] > 0) & (want[0] < 255)) < want[0].size
+    assert names == ["tr_qlinear_conv_i8_i8_u8"]

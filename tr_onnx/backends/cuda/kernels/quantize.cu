@@ -248,3 +248,132 @@ TR_KERNEL void tr_dynamic_quantize(const float* x, tr_u8* y, long long n, const 
     float s = *scale, z = (float)*zp;
     TR_GRID_STRIDE(i, n) y[i] = (tr_u8)tr_quantize_value(x[i] / s, z, 0.0f, 255.0f);
 }
+
+// ---- integer contractions (forward only): direct, one thread per output element ------------
+// Sums of the centred 8-bit operands in 64-bit integers: the exact integer sum NumPy's float64
+// contraction gives, stored as int32 or requantized in double as _requantize does:
+// y = clip(rint(acc * m + y_zp)), m = (scale_a * scale_b) / scale_y in float32 then double.
+// tr_matmul_integer_<a>_<b>(a, a_zp, b, b_zp, y, total, m, k, n, a_batch, b_batch, a_rows,
+//                           b_cols)
+//     y[t, i, j] = sum_l (a[t, i, l] - a_zp) (b[t, l, j] - b_zp), a_batch / b_batch the batch
+//     strides (0: broadcast), a_rows: a_zp per row, b_cols: b_zp per column (else scalars)
+// tr_qlinear_matmul_<a>_<b>_<y>(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp, y, total, m,
+//                               k, n, a_batch, b_batch, a_rows, b_cols, b_scale_cols, lo, hi)
+// tr_conv_integer_<x>_<w>(x, x_zp, w, w_zp, y, total, conv..., w_per_o)
+//     NCHW (1 to 3 spatial axes, as [N, C, D, H, W] with unit axes); taps in the padding add 0
+//     (the zero point); w_per_o: w_zp per output channel
+// tr_qlinear_conv_<x>_<w>_<y>(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, bias, y,
+//                             total, conv..., w_per_o, w_scale_per_o, lo, hi)   (bias int32,
+//                             nullable; lo, hi: y's range)
+template <class A>
+TR_HD long long tr_centred(const A* v, long long i, const A* zp, long long z) {
+    return (long long)v[i] - (zp ? (long long)zp[z] : 0);
+}
+template <class A, class B>
+TR_HD long long tr_int_matmul_at(const A* a, const A* a_zp, const B* b, const B* b_zp,
+                                 long long e, long long m, long long k, long long n,
+                                 long long a_batch, long long b_batch, int a_rows, int b_cols) {
+    long long j = e % n, i = (e / n) % m, t = e / (n * m), acc = 0;
+    for (long long l = 0; l < k; ++l)
+        acc += tr_centred(a, t * a_batch + i * k + l, a_zp, a_rows ? i : 0) *
+               tr_centred(b, t * b_batch + l * n + j, b_zp, b_cols ? j : 0);
+    return acc;
+}
+TR_HD double tr_requantize(double acc, float multiplier, double zp, double lo, double hi) {
+    double v = rint(acc * (double)multiplier + zp);
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+#define TR_INT_MATMUL(A, a, B, b)                                                              \
+    TR_KERNEL void tr_matmul_integer_##a##_##b(const A* x_a, const A* a_zp, const B* x_b,      \
+                                               const B* b_zp, int* y, long long total,         \
+                                               long long m, long long k, long long n,          \
+                                               long long a_batch, long long b_batch,           \
+                                               int a_rows, int b_cols) {                       \
+        TR_GRID_STRIDE(e, total)                                                               \
+        y[e] = (int)tr_int_matmul_at(x_a, a_zp, x_b, b_zp, e, m, k, n, a_batch, b_batch,       \
+                                     a_rows, b_cols);                                          \
+    }
+#define TR_QLINEAR_MATMUL(A, a, B, b, Y, yq)                                                   \
+    TR_KERNEL void tr_qlinear_matmul_##a##_##b##_##yq(                                         \
+        const A* x_a, const float* a_scale, const A* a_zp, const B* x_b, const float* b_scale,  \
+        const B* b_zp, const float* y_scale, const Y* y_zp, Y* y, long long total, long long m, \
+        long long k, long long n, long long a_batch, long long b_batch, int a_rows,            \
+        int b_cols, int b_scale_cols, double lo, double hi) {                                  \
+        TR_GRID_STRIDE(e, total) {                                                             \
+            long long j = e % n;                                                               \
+            float mult = a_scale[0] * b_scale[b_scale_cols ? j : 0] / y_scale[0];              \
+            double acc = (double)tr_int_matmul_at(x_a, a_zp, x_b, b_zp, e, m, k, n, a_batch,   \
+                                                  b_batch, a_rows, b_cols);                    \
+            y[e] = (Y)tr_requantize(acc, mult, y_zp ? (double)y_zp[0] : 0.0, lo, hi);          \
+        }                                                                                      \
+    }
+
+// the window of an integer convolution (NCDHW; unit axes for fewer spatial ones)
+struct TrIntConv {
+    long long n, c, id, ih, iw, o, od, oh, ow;  // input and output shapes
+    long long kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw, group;  // window
+};
+#define TR_INT_CONV_ARGS                                                                       \
+    long long n, long long c, long long id, long long ih, long long iw, long long o,           \
+        long long od, long long oh, long long ow, long long kd, long long kh, long long kw,    \
+        long long sd, long long sh, long long sw, long long pd, long long ph, long long pw,    \
+        long long dd, long long dh, long long dw, long long group
+#define TR_INT_CONV                                                                            \
+    {n, c, id, ih, iw, o, od, oh, ow, kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw, group}
+
+// the integer sum of output element e ([N, O, OD, OH, OW] order); *oc its output channel
+template <class X, class W>
+TR_HD long long tr_int_conv_at(const TrIntConv& g, const X* x, const X* x_zp, const W* w,
+                               const W* w_zp, int w_per_o, long long e, long long* oc) {
+    long long ox = e % g.ow, r = e / g.ow;
+    long long oy = r % g.oh;
+    r /= g.oh;
+    long long oz = r % g.od;
+    r /= g.od;
+    long long o = r % g.o, nb = r / g.o;
+    long long cg = g.c / g.group, c0 = o / (g.o / g.group) * cg, acc = 0;
+    for (long long ci = 0; ci < cg; ++ci)
+        for (long long kz = 0; kz < g.kd; ++kz) {
+            long long iz = oz * g.sd - g.pd + kz * g.dd;
+            if (iz < 0 || iz >= g.id) continue;
+            for (long long ky = 0; ky < g.kh; ++ky) {
+                long long iy = oy * g.sh - g.ph + ky * g.dh;
+                if (iy < 0 || iy >= g.ih) continue;
+                for (long long kx = 0; kx < g.kw; ++kx) {
+                    long long ix = ox * g.sw - g.pw + kx * g.dw;
+                    if (ix < 0 || ix >= g.iw) continue;
+                    long long xi = (((nb * g.c + c0 + ci) * g.id + iz) * g.ih + iy) * g.iw + ix;
+                    long long wi = (((o * cg + ci) * g.kd + kz) * g.kh + ky) * g.kw + kx;
+                    acc += tr_centred(x, xi, x_zp, 0) * tr_centred(w, wi, w_zp, w_per_o ? o : 0);
+                }
+            }
+        }
+    *oc = o;
+    return acc;
+}
+
+#define TR_INT_CONV_KERNELS(X, xq, W, wq)                                                      \
+    TR_KERNEL void tr_conv_integer_##xq##_##wq(const X* x, const X* x_zp, const W* w,          \
+                                               const W* w_zp, int* y, long long total,         \
+                                               TR_INT_CONV_ARGS, int w_per_o) {                \
+        TrIntConv g = TR_INT_CONV;                                                             \
+        long long oc;                                                                          \
+        TR_GRID_STRIDE(e, total)                                                               \
+        y[e] = (int)tr_int_conv_at(g, x, x_zp, w, w_zp, w_per_o, e, &oc);                      \
+    }
+#define TR_QLINEAR_CONV(X, xq, W, wq, Y, yq)                                                   \
+    TR_KERNEL void tr_qlinear_conv_##xq##_##wq##_##yq(                                         \
+        const X* x, const float* x_scale, const X* x_zp, const W* w, const float* w_scale,     \
+        const W* w_zp, const float* y_scale, const Y* y_zp, const int* bias, Y* y,             \
+        long long total, TR_INT_CONV_ARGS, int w_per_o, int w_scale_per_o, double lo,          \
+        double hi) {                                                                           \
+        TrIntConv g = TR_INT_CONV;                                                             \
+        TR_GRID_STRIDE(e, total) {                                                             \
+            long long oc;                                                                      \
+            double acc = (double)tr_int_conv_at(g, x, x_zp, w, w_zp, w_per_o, e, &oc);         \
+            if (bias) acc = acc + (double)bias[oc];                                            \
+            float mult = x_scale[0] * w_scale[w_scale_per_o ? oc : 0] / y_scale[0];            \
+            y[e] = (Y)tr_requantize(acc, mult, (double)y_zp[0], lo, hi);                       \
+        }                                                                                      \
+    }

@@ -8,8 +8,12 @@ x may be compact or channels-last padded (a QAT model's activations after a Conv
 place and write the pad lanes 0. Not bound: float8 and 4-bit types (ml_dtypes, no device
 type here), x / scale in a type other than x's (opset 23's ``precision`` or a scale of another
 type), blocked parameters over a channels-last x, the scale's gradient from half-precision
-gradients, and the integer contractions (ConvInteger,
-MatMulInteger, QLinearConv, QLinearMatMul: no cuda kernel yet).
+gradients.
+
+The integer contractions (MatMulInteger, QLinearMatMul, ConvInteger, QLinearConv; 8-bit
+operands, float32 scales) are direct kernels, one thread per output element summing in 64-bit
+integers: exact, as NumPy's float64 contraction is, and slow next to a tensor-core GEMM -- they
+make quantized inference models run, not fast.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from ....dtypes import np_dtype
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
+from ....ops.conv import Window
 from ....ops.quantize import quant_range
 from ....ops.tensor import positive_axis
 from ..bind import (
@@ -49,8 +54,18 @@ DEQUANT = {**QUANT, "int32": ("int", "i32")}
 """What DequantizeLinear (and its gradient's scale term) reads: QUANT and int32."""
 
 
+EIGHT_BIT = {k: QUANT[k] for k in ("int8", "uint8")}
+"""The integer contractions' operand and output types."""
+
+
+def _operand(types: dict, c_field: str, suffix_field: str) -> tuple[dict[str, str], ...]:
+    """An instantiation axis over ``types``: ``{c_field}`` the C type, ``{suffix_field}`` the
+    kernel-name suffix."""
+    return tuple({c_field: c, suffix_field: q} for c, q in types.values())
+
+
 def _axis(types: dict) -> tuple[dict[str, str], ...]:
-    return tuple({"Q": c, "q": q} for c, q in types.values())
+    return _operand(types, "Q", "q")
 
 
 KERNELS = kernel_source(
@@ -62,7 +77,17 @@ KERNELS = kernel_source(
     instantiate("TR_DEQUANTIZE_GRAD({T}, {dt})", "tr_dequantize_grad_{dt}", STORAGE),
     instantiate("TR_QUANT_SCALE_GRAD({Q}, {q})", "tr_dequantize_grad_scale_{q}",
                 _axis(DEQUANT)),
-    plain("tr_quantize_grad_scale", "tr_dynamic_quantize_range", "tr_dynamic_quantize"))
+    plain("tr_quantize_grad_scale", "tr_dynamic_quantize_range", "tr_dynamic_quantize"),
+    instantiate("TR_INT_MATMUL({Q}, {q}, {B}, {b})", "tr_matmul_integer_{q}_{b}",
+                _axis(EIGHT_BIT), _operand(EIGHT_BIT, "B", "b")),
+    instantiate("TR_QLINEAR_MATMUL({Q}, {q}, {B}, {b}, {Y}, {y})",
+                "tr_qlinear_matmul_{q}_{b}_{y}", _axis(EIGHT_BIT), _operand(EIGHT_BIT, "B", "b"),
+                _operand(EIGHT_BIT, "Y", "y")),
+    instantiate("TR_INT_CONV_KERNELS({Q}, {q}, {B}, {b})", "tr_conv_integer_{q}_{b}",
+                _axis(EIGHT_BIT), _operand(EIGHT_BIT, "B", "b")),
+    instantiate("TR_QLINEAR_CONV({Q}, {q}, {B}, {b}, {Y}, {y})",
+                "tr_qlinear_conv_{q}_{b}_{y}", _axis(EIGHT_BIT), _operand(EIGHT_BIT, "B", "b"),
+                _operand(EIGHT_BIT, "Y", "y")))
 
 
 def _suffix(b: BindContext, v, types: dict) -> str:
@@ -244,11 +269,161 @@ def bind_dynamic_quantize_linear(b: BindContext, node) -> list:
                                                 b.buf(zp)])]
 
 
+# ---- integer contractions ------------------------------------------------------------------
+
+def _eight_bit(b: BindContext, *vs) -> list[str]:
+    need_compact(b, *(v for v in vs if v is not None))
+    return [_suffix(b, v, EIGHT_BIT) for v in vs]
+
+
+def _per(b: BindContext, v, count: int, what: str) -> int:
+    """1 when ``v`` holds one value per index (``count`` of them), 0 for a single value."""
+    if v is None:
+        return 0
+    numel = math.prod(b.t(v).shape)
+    if numel == 1:
+        return 0
+    if numel != count or len(b.t(v).shape) != 1:
+        raise Unbound(f"{what} {v.name!r} of shape {list(b.t(v).shape)}")
+    return 1
+
+
+def _optional(node, k: int):
+    return node.inputs[k] if len(node.inputs) > k else None
+
+
+def _matmul_dims(b: BindContext, a, bb, y) -> list:
+    """(m, k, n, a_batch, b_batch) of a batched product of compact a and b (a batch of one
+    broadcasts)."""
+    sa, sb, sy = (tuple(b.t(v).shape) for v in (a, bb, y))
+    if len(sa) < 2 or len(sb) < 2:
+        raise Unbound("a 1-D operand (matmul's vector forms)")
+    (m, k), (k2, n) = sa[-2:], sb[-2:]
+    batch = math.prod(sy[:-2])
+    strides = []
+    for shape in (sa, sb):
+        own = math.prod(shape[:-2])
+        if own not in (1, batch):
+            raise Unbound(f"batch {list(shape[:-2])} broadcast partly to {list(sy[:-2])}")
+        strides.append(0 if own == 1 else math.prod(shape[-2:]))
+    return [i64(m), i64(k), i64(n), i64(strides[0]), i64(strides[1])]
+
+
+def _float_scales(b: BindContext, *vs) -> None:
+    need_compact(b, *vs)
+    for v in vs:
+        if b.t(v).dtype != np.float32:
+            raise Unbound(f"scale {v.name!r} is {b.t(v).dtype} (float32 only)")
+
+
+def _y_range(b: BindContext, y) -> list:
+    lo, hi = quant_range(b.t(y).dtype)
+    return [np.float64(lo), np.float64(hi)]
+
+
+def bind_matmul_integer(b: BindContext, node) -> list:
+    """(A, B, a_zero_point?, b_zero_point?) -> int32 (A - a_zp) @ (B - b_zp)."""
+    a, bb = node.inputs[:2]
+    a_zp, b_zp = _optional(node, 2), _optional(node, 3)
+    y = node.outputs[0]
+    qa, qb = _eight_bit(b, a, bb)
+    need_compact(b, y, a_zp, b_zp)
+    dims = _matmul_dims(b, a, bb, y)
+    total = math.prod(b.t(y).shape)
+    return [b.launch(f"tr_matmul_integer_{qa}_{qb}", total,
+                     [b.buf(a), b.buf(a_zp), b.buf(bb), b.buf(b_zp), b.buf(y, True),
+                      i64(total), *dims, i32(_per(b, a_zp, int(dims[0]), "a_zero_point")),
+                      i32(_per(b, b_zp, int(dims[2]), "b_zero_point"))])]
+
+
+def bind_qlinear_matmul(b: BindContext, node) -> list:
+    """(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp) -> y requantized."""
+    a, a_scale, a_zp, bb, b_scale, b_zp, y_scale, y_zp = node.inputs[:8]
+    y = node.outputs[0]
+    qa, qb, qy = _eight_bit(b, a, bb, y)
+    need_compact(b, a_zp, b_zp, y_zp)
+    _float_scales(b, a_scale, b_scale, y_scale)
+    dims = _matmul_dims(b, a, bb, y)
+    for v in (a_scale, y_scale, y_zp):
+        _per(b, v, 1, "a per-tensor parameter")
+    total = math.prod(b.t(y).shape)
+    n = int(dims[2])
+    return [b.launch(f"tr_qlinear_matmul_{qa}_{qb}_{qy}", total,
+                     [b.buf(a), b.buf(a_scale), b.buf(a_zp), b.buf(bb), b.buf(b_scale),
+                      b.buf(b_zp), b.buf(y_scale), b.buf(y_zp), b.buf(y, True), i64(total),
+                      *dims, i32(_per(b, a_zp, int(dims[0]), "a_zero_point")),
+                      i32(_per(b, b_zp, n, "b_zero_point")),
+                      i32(_per(b, b_scale, n, "b_scale")), *_y_range(b, y)])]
+
+
+def _conv_window(b: BindContext, node, x, w, y) -> list:
+    """The kernels' window (n, c, d, h, w, o, od, oh, ow, kernel, strides, pads, dilations,
+    group) of an NCHW integer convolution with 1 to 3 spatial axes."""
+    (n, c, *spatial), (o, _, *kernel) = b.t(x).shape, b.t(w).shape
+    if not 1 <= len(spatial) <= 3:
+        raise Unbound(f"{len(spatial)} spatial axes")
+    a = node.attrs
+    kernel = [int(k) for k in (a.get("kernel_shape") or kernel)]
+    win = Window.resolve({"auto_pad": a.get("auto_pad", "NOTSET"), **a}, spatial, kernel)
+    if tuple(b.t(y).shape[2:]) != win.out_shape:
+        raise Unbound(f"output {list(b.t(y).shape)} for window output {list(win.out_shape)}")
+    lead = 3 - len(spatial)
+
+    def three(v, fill):
+        return [fill] * lead + [int(d) for d in v]
+
+    return [i64(v) for v in (n, c, *three(spatial, 1), o, *three(win.out_shape, 1),
+                             *three(kernel, 1), *three(win.strides, 1),
+                             *three(win.pads_begin, 0), *three(win.dilations, 1),
+                             int(a.get("group", 1)))]
+
+
+def bind_conv_integer(b: BindContext, node) -> list:
+    """(x, w, x_zero_point?, w_zero_point?) -> int32 conv(x - x_zp, w - w_zp)."""
+    x, w = node.inputs[:2]
+    x_zp, w_zp = _optional(node, 2), _optional(node, 3)
+    y = node.outputs[0]
+    qx, qw = _eight_bit(b, x, w)
+    need_compact(b, y, x_zp, w_zp)
+    _per(b, x_zp, 1, "x_zero_point")
+    window = _conv_window(b, node, x, w, y)
+    total = math.prod(b.t(y).shape)
+    return [b.launch(f"tr_conv_integer_{qx}_{qw}", total,
+                     [b.buf(x), b.buf(x_zp), b.buf(w), b.buf(w_zp), b.buf(y, True), i64(total),
+                      *window, i32(_per(b, w_zp, int(window[5]), "w_zero_point"))])]
+
+
+def bind_qlinear_conv(b: BindContext, node) -> list:
+    """(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?) -> y requantized."""
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = node.inputs[:8]
+    bias = _optional(node, 8)
+    y = node.outputs[0]
+    qx, qw, qy = _eight_bit(b, x, w, y)
+    need_compact(b, x_zp, w_zp, y_zp, bias)
+    _float_scales(b, x_scale, w_scale, y_scale)
+    if bias is not None and b.t(bias).dtype != np.int32:
+        raise Unbound(f"bias {b.t(bias).dtype} (int32 as ONNX)")
+    for v in (x_scale, x_zp, y_scale, y_zp):
+        _per(b, v, 1, "a per-tensor parameter")
+    window = _conv_window(b, node, x, w, y)
+    o = int(window[5])
+    total = math.prod(b.t(y).shape)
+    return [b.launch(f"tr_qlinear_conv_{qx}_{qw}_{qy}", total,
+                     [b.buf(x), b.buf(x_scale), b.buf(x_zp), b.buf(w), b.buf(w_scale),
+                      b.buf(w_zp), b.buf(y_scale), b.buf(y_zp), b.buf(bias), b.buf(y, True),
+                      i64(total), *window, i32(_per(b, w_zp, o, "w_zero_point")),
+                      i32(_per(b, w_scale, o, "w_scale")), *_y_range(b, y)])]
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef(op, "cuda", binding(fn), domain=domain) for op, fn, domain in (
         ("QuantizeLinear", bind_quantize_linear, ""),
         ("DequantizeLinear", bind_dequantize_linear, ""),
         ("DynamicQuantizeLinear", bind_dynamic_quantize_linear, ""),
+        ("MatMulInteger", bind_matmul_integer, ""),
+        ("QLinearMatMul", bind_qlinear_matmul, ""),
+        ("ConvInteger", bind_conv_integer, ""),
+        ("QLinearConv", bind_qlinear_conv, ""),
         ("QuantizeLinearGrad", bind_quantize_linear_grad, INTERNAL),
         ("DequantizeLinearGrad", bind_dequantize_linear_grad, INTERNAL))]
