@@ -39,6 +39,7 @@ from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
 from tr_onnx.backends.cuda.bind import Launch
+from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
@@ -624,3 +625,55 @@ def test_qlinear_conv_equals_numpy(device, signatures, x_shape, w_shape, attrs, 
     assert_bits_equal(got, want)
     assert 0 < np.count_nonzero((want[0] > 0) & (want[0] < 255)) < want[0].size
     assert names == ["tr_qlinear_conv_i8_i8_u8"]
+
+
+# ---- training: random draws in a model, three SGD steps on cuda (emulated) against numpy ------
+
+def noisy_model() -> onnx.ModelProto:
+    """input -> Gemm -> h; scores = h * RandomUniformLike(h) * Bernoulli(p): the train pass
+    makes both draws RandomDraw nodes counted by the step."""
+    rng = np.random.default_rng(13)
+    inits = {"w": (0.5 * rng.standard_normal((6, CLASSES))).astype(np.float32),
+             "p": np.full((B, CLASSES), 0.7, np.float32)}
+    nodes = [helper.make_node("Gemm", ["input", "w"], ["h"]),
+             helper.make_node("RandomUniformLike", ["h"], ["u"], low=0.5, high=1.5),
+             helper.make_node("Mul", ["h", "u"], ["hu"]),
+             helper.make_node("Bernoulli", ["p"], ["keep"], dtype=TensorProto.FLOAT, seed=3.0),
+             helper.make_node("Mul", ["hu", "keep"], ["scores"])]
+    graph = helper.make_graph(
+        nodes, "noisy", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [B, 6])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [B, CLASSES])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def train_noisy(backend, **kw):
+    sess = tr_onnx.TrainingSession(noisy_model(), loss="cross_entropy", optimizer=SGD(lr=0.1),
+                                   backend=backend, **kw)
+    rng = np.random.default_rng(14)
+    losses = [sess.train_step({"input": rng.standard_normal((B, 6)).astype(np.float32)},
+                              rng.integers(0, CLASSES, (B,))) for _ in range(3)]
+    return sess, losses
+
+
+def test_a_model_with_random_draws_trains_on_cuda_as_on_numpy(device, signatures):
+    """The draws are NumPy's bit for bit, so the steps agree as a model without them would."""
+    ref, want = train_noisy("numpy")
+    sess, got = train_noisy("cuda", device=device)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(sess.parameters()["w"], ref.parameters()["w"], rtol=1e-5,
+                               atol=1e-7)
+    plan = sess._active
+    launches = launches_of(plan)
+    check_launch_arguments(launches, plan, signatures)
+    assert {"tr_random_uniform_f32", "tr_random_bernoulli_f32_b4"} <= {
+        c.kernel.name for c in launches}
+
+
+def test_the_public_random_ops_refuse_inference_on_cuda_naming_why(device):
+    """Outside training a random op counts its calls on the host: the cuda plan refuses it
+    rather than draw the same numbers at every run."""
+    x = np.zeros((2, 3), np.float32)
+    model = single_node("RandomUniformLike", {"x": x}, {}, {"seed": 1.0}, ["y"])
+    with pytest.raises(UnsupportedModelError, match="host state"):
+        tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, {"x": x})

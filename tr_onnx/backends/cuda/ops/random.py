@@ -7,9 +7,11 @@ ziggurat takes a variable number of draws per value, so value i's place in the s
 on every value before it; the device draws the same distribution by Box-Muller from the same
 stream instead (``kernels/random.cu``).
 
-The public ops are not bound: outside training their numpy kernels count their own calls in
-host state (the counter of each draw), which a captured cuda step that replays fixed launches
-cannot advance; their training form, counted by the step input, is bound.
+The public ops register a binding that refuses (``Unbound``): outside training their numpy
+kernels count their own calls in host state (the counter of each draw), which a captured cuda
+step replaying fixed launches cannot advance, and drawing the same numbers every run would
+differ from numpy silently. Registered, they let a model that holds them be imported for
+training on cuda, where the train pass replaces each by its RandomDraw.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
+from ....ops.random import RANDOM_OPS
 from ..bind import INTERNAL, BindContext, Unbound, binding, f64, i64, need_compact
 from ..sources import STORAGE, instantiate, kernel_source, widths
 
@@ -75,6 +78,14 @@ def bind_random_draw(b: BindContext, node) -> list:
                      [b.buf(p)] + head + [i64(one)])]
 
 
+def bind_public_random(b: BindContext, node) -> list:
+    """RandomUniform, RandomNormal, their *Like forms and Bernoulli outside training."""
+    raise Unbound("outside training the draws are counted per call in host state, which a "
+                  "replayed cuda step cannot advance; train the model (the step counts its "
+                  "draws) or run it with backend='numpy'")
+
+
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef("RandomDraw", "cuda", binding(bind_random_draw), domain=INTERNAL)]
+    return [KernelDef(op, "cuda", binding(bind_public_random)) for op in RANDOM_OPS] + [
+        KernelDef("RandomDraw", "cuda", binding(bind_random_draw), domain=INTERNAL)]
