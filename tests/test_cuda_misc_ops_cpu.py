@@ -145,7 +145,7 @@ def preview_case(op, attrs, per, count, step):
     rng = np.random.default_rng(7)
     feeds = {"R": np.array(0.1, np.float32), "T": np.array(step, np.int64)}
     names = "XGVH"[:per]
-    for k, name in enumerate(names):
+    for name in names:
         for i in range(count):
             x = rng.standard_normal(SHAPES[i]).astype(np.float32)
             feeds[f"{name}{i}"] = np.abs(x) if name == "H" or (name == "V" and op == "Adagrad") \
@@ -237,7 +237,8 @@ def test_random_draw_bernoulli_equals_numpy_bit_for_bit(device, signatures, shap
         got, names = run_cuda(model, feeds, device, signatures)
         assert_bits_equal(got, want)
         assert len(np.unique(want[0])) == 2  # ones and zeros both drawn
-    assert names == [f"tr_random_bernoulli_{SUFFIX[np.dtype(p_type)]}_b{np.dtype(out_type).itemsize}"]
+    width = np.dtype(out_type).itemsize
+    assert names == [f"tr_random_bernoulli_{SUFFIX[np.dtype(p_type)]}_b{width}"]
 
 
 @pytest.mark.parametrize("mean, scale, out_type",
@@ -500,8 +501,8 @@ def qat_model(per_channel: bool = False) -> onnx.ModelProto:
 
 
 def train_qat(backend, per_channel, **kw):
-    sess = tr_onnx.TrainingSession(qat_model(per_channel), loss="cross_entropy", optimizer=SGD(lr=0.1),
-                                   backend=backend, **kw)
+    sess = tr_onnx.TrainingSession(qat_model(per_channel), loss="cross_entropy",
+                                   optimizer=SGD(lr=0.1), backend=backend, **kw)
     rng = np.random.default_rng(12)
     losses = [sess.train_step({"input": rng.random((B, CIN, HW, HW), np.float32) * 4 - 2},
                               rng.integers(0, CLASSES, (B,))) for _ in range(3)]

@@ -99,8 +99,9 @@ def _suffix(b: BindContext, v, types: dict) -> str:
 
 def quant_axis(b: BindContext, node, x, param) -> list:
     """The kernels' (mode, inner, len, bs, blocks, cp, c) for ``param`` (a scale or zero point)
-    over the physical elements of ``x`` (or of a tensor shaped like it): per tensor, per axis (the axis's physical place: the last
-    one for the channels of a channels-last x) or blocked (compact x only)."""
+    over the physical elements of ``x`` (or of a tensor shaped like it): per tensor, per axis
+    (the axis's physical place: the last one for the channels of a channels-last x) or
+    blocked (compact x only)."""
     t = b.t(x)
     g = geometry(t)
     if g is None:
@@ -298,7 +299,7 @@ def _matmul_dims(b: BindContext, a, bb, y) -> list:
     sa, sb, sy = (tuple(b.t(v).shape) for v in (a, bb, y))
     if len(sa) < 2 or len(sb) < 2:
         raise Unbound("a 1-D operand (matmul's vector forms)")
-    (m, k), (k2, n) = sa[-2:], sb[-2:]
+    (m, k), n = sa[-2:], sb[-1]
     batch = math.prod(sy[:-2])
     strides = []
     for shape in (sa, sb):
