@@ -678,3 +678,18 @@ def test_the_public_random_ops_refuse_inference_on_cuda_naming_why(device):
     model = single_node("RandomUniformLike", {"x": x}, {}, {"seed": 1.0}, ["y"])
     with pytest.raises(UnsupportedModelError, match="host state"):
         tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["QuantizeLinearGrad", "DequantizeLinearGrad"])
+def test_a_scale_gradient_from_half_gradients_is_refused_naming_why(device, op):
+    """NumPy rounds each step of the scale's gradient terms to half: not bound (gx alone is)."""
+    shape = (4, 9)
+    x = quantize_input(shape, np.float16) if op == "QuantizeLinearGrad" else int8(
+        shape, np.int8, 2)
+    gy = np.ones(shape, np.float16)
+    attrs = {"axis": 1, "block_size": 0}
+    if op == "QuantizeLinearGrad":
+        attrs["to"] = TensorProto.INT8
+    model, feeds = grad_node(op, gy, x, np.full((9,), 0.1, np.float16), None, attrs, True)
+    with pytest.raises(UnsupportedModelError, match="half-precision gradients"):
+        tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, feeds)
