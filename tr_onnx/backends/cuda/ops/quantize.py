@@ -52,8 +52,6 @@ QUANT = {"int8": ("tr_i8", "i8"), "uint8": ("tr_u8", "u8"), "int16": ("tr_i16", 
 """Quantized types the kernels store: dtype name -> (C type, kernel suffix)."""
 DEQUANT = {**QUANT, "int32": ("int", "i32")}
 """What DequantizeLinear (and its gradient's scale term) reads: QUANT and int32."""
-
-
 EIGHT_BIT = {k: QUANT[k] for k in ("int8", "uint8")}
 """The integer contractions' operand and output types."""
 
@@ -203,7 +201,10 @@ def bind_quantize_linear_grad(b: BindContext, node) -> list:
     gy, x, scale = node.inputs[:3]
     gx = node.outputs[0]
     gscale = node.outputs[1] if len(node.outputs) > 1 else None
-    qtype = np_dtype(int(node.attrs["to"]))
+    try:
+        qtype = np_dtype(int(node.attrs["to"]))
+    except TypeError as e:
+        raise Unbound(str(e)) from None
     if qtype.name not in QUANT:
         raise Unbound(f"the straight-through gradient of a {qtype} quantization")
     dt = _division(b, node, x, scale)
@@ -260,8 +261,9 @@ def bind_dynamic_quantize_linear(b: BindContext, node) -> list:
     x = node.inputs[0]
     y, scale, zp = node.outputs[:3]
     need_compact(b, x, y)
-    if b.t(x).dtype != np.float32:
-        raise Unbound(f"DynamicQuantizeLinear of {b.t(x).dtype} (float32 only, as ONNX)")
+    if b.t(x).dtype != np.float32 or b.t(scale).dtype != np.float32 or \
+            b.t(zp).dtype != np.uint8:
+        raise Unbound("DynamicQuantizeLinear from float32 to uint8 only (as ONNX)")
     n = math.prod(b.t(x).shape)
     return [b.launch("tr_dynamic_quantize_range", 1,
                      [b.buf(x), i64(n), b.buf(scale, True), b.buf(zp, True)],

@@ -5,7 +5,8 @@ drawn on the device from NumPy's Philox stream (``kernels/random.cu``).
 Uniforms and Bernoulli draws equal the numpy kernel's bit for bit. Normals do not: NumPy's
 ziggurat takes a variable number of draws per value, so value i's place in the stream depends
 on every value before it; the device draws the same distribution by Box-Muller from the same
-stream instead (``kernels/random.cu``).
+stream instead (``kernels/random.cu``). NumPy's Bernoulli raises for p outside [0, 1]; a
+captured step cannot raise, so there p > 1 draws 1 and p < 0 or NaN draws 0.
 
 The public ops register a binding that refuses (``Unbound``): outside training their numpy
 kernels count their own calls in host state (the counter of each draw), which a captured cuda
