@@ -518,7 +518,7 @@ def test_eye_like_equals_numpy(device, signatures, k, dtype):
 N, F = 4, 6
 
 
-def train_model(nodes, inits, out_shape, hidden):
+def train_model(nodes, inits, out_shape, hidden, opset=18):
     """input [N, F] -> Gemm(w: [F, hidden]) -> h -> ``nodes`` -> scores ``out_shape``."""
     rng = np.random.default_rng(9)
     w = (0.5 * rng.standard_normal((F, hidden))).astype(np.float32)
@@ -527,7 +527,7 @@ def train_model(nodes, inits, out_shape, hidden):
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [N, F])],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, out_shape)],
         [numpy_helper.from_array(v, k) for k, v in {"w": w, **inits}.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def cnn_concat_pad():
@@ -578,6 +578,54 @@ TRAIN = {  # id: (model, input shape, classes, kernels launched, {op planned: it
                        {"tr_pad_b4", "tr_pad_grad_f32", "tr_strided_copy_b4"},
                        {"Split": "channels_last", "PadGrad": "channels_last"}),
 }
+
+
+def reshaped(op_nodes, inits, inner, width, hidden, opset=18):
+    """Gemm h [N, hidden] -> Reshape [N, *inner] -> ``op_nodes`` (t -> u) -> Reshape to the
+    scores [N, width]: a training model around one op (its gradient rule runs backward)."""
+    nodes = [helper.make_node("Reshape", ["h", "inner"], ["t"]), *op_nodes,
+             helper.make_node("Reshape", ["u", "flat"], ["scores"])]
+    return lambda: train_model(nodes, {"inner": np.array([N, *inner]),
+                                       "flat": np.array([N, width]), **inits},
+                               [N, width], hidden, opset)
+
+
+def one_op(op, inputs, attrs, inits, inner, width, hidden, kernels, planned, opset=18):
+    node = helper.make_node(op, ["t", *inputs], ["u"], **attrs)
+    return (reshaped([node], inits, inner, width, hidden, opset), (N, F), width, kernels,
+            planned)
+
+
+# every differentiable op of the family trained through its gradient rule on cuda
+TRAIN.update({
+    # only the first part is used: the second's gradient is zeros (ConstantOfShape)
+    "split-unused-part": (reshaped([helper.make_node("Split", ["t", "parts"], ["u", "rest"],
+                                                     axis=1)],
+                                   {"parts": np.array([3, 4])}, [7], 3, 7), (N, F), 3,
+                          {"tr_fill_b4", "tr_strided_copy_b4"},
+                          {"ConstantOfShape": "plain", "Concat": "plain"}),
+    "tile": one_op("Tile", ["reps"], {}, {"reps": np.array([1, 2, 1])}, [3, 2], 12, 6,
+                   {"tr_strided_copy_b4"}, {"Tile": "plain"}),
+    "expand": one_op("Expand", ["to"], {}, {"to": np.array([N, 3, 2])}, [3, 1], 6, 3,
+                     {"tr_strided_copy_b4"}, {"Expand": "plain"}),
+    "trilu": one_op("Trilu", [], {"upper": 0}, {}, [3, 3], 9, 9, {"tr_trilu_b4"},
+                    {"Trilu": "plain"}),
+    "cumsum": one_op("CumSum", ["ax"], {"exclusive": 1}, {"ax": np.array(1)}, [5], 5, 5,
+                     {"tr_cumsum_f32"}, {"CumSum": "plain"}),
+    "cumprod": one_op("CumProd", ["ax"], {"reverse": 1}, {"ax": np.array(-1)}, [5], 5, 5,
+                      {"tr_cumprod_f32", "tr_cumprod_grad_f32"}, {"CumProdGrad": "plain"},
+                      opset=26),
+    "depth-to-space-crd": one_op("DepthToSpace", [], {"blocksize": 2, "mode": "CRD"}, {},
+                                 [4, 2, 2], 16, 16, {"tr_strided_copy_b4"},
+                                 {"DepthToSpace": "plain"}),
+    "space-to-depth": one_op("SpaceToDepth", [], {"blocksize": 2}, {}, [1, 4, 4], 16, 16,
+                             {"tr_strided_copy_b4"}, {"SpaceToDepth": "plain",
+                                                      "DepthToSpace": "plain"}),
+    "pad-edge": one_op("Pad", ["pads"], {"mode": "edge"}, {"pads": np.array([0, 1, 0, 2])},
+                       [4], 7, 4, {"tr_pad_b4", "tr_pad_grad_f32"}, {"PadGrad": "plain"}),
+    "pad-wrap": one_op("Pad", ["pads"], {"mode": "wrap"}, {"pads": np.array([0, 3, 0, 2])},
+                       [3], 8, 3, {"tr_pad_b4", "tr_pad_grad_f32"}, {"PadGrad": "plain"}),
+})
 
 
 def train(case, backend, **kw):
