@@ -238,8 +238,10 @@ def test_pad_equals_numpy_bit_for_bit(device, signatures, case, dt):
 
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
-def test_pad_over_the_height_and_width_of_a_feature_map(device, signatures, mode):
-    model = after_conv("Pad", {"p": np.array([0, 0, 1, 2, 0, 0, 2, 1])}, {"mode": mode}, ["y"])
+@pytest.mark.parametrize("pads", [[0, 0, 1, 2, 0, 0, 2, 1], [0, 1, 0, -1, 0, 1, 1, 0]],
+                         ids=["height-width", "channels-and-crop"])
+def test_pad_of_a_feature_map(device, signatures, mode, pads):
+    model = after_conv("Pad", {"p": np.array(pads)}, {"mode": mode}, ["y"])
     assert check_channels_last(model, device, signatures, ["y"])[-2:] == ["tr_pad_b4",
                                                                          "tr_zero_lanes_b4"]
 
@@ -319,9 +321,38 @@ def test_tile_equals_numpy_bit_for_bit(device, signatures, case, dt):
     check(model, {"x": x}, device, signatures, [f"tr_strided_copy_b{x.dtype.itemsize}"])
 
 
-def test_tile_of_a_feature_map_over_its_height_and_width(device, signatures):
-    model = after_conv("Tile", {"r": np.array([1, 1, 2, 3])}, {}, ["y"])
-    check_channels_last(model, device, signatures, ["y"])
+@pytest.mark.parametrize("reps, launches", [([1, 1, 2, 3], 1), ([2, 2, 2, 2], 4)],
+                         ids=["height-width", "every-axis-split-launches"])
+def test_tile_of_a_feature_map(device, signatures, reps, launches):
+    """Tiling all four axes of a padded map leaves eight axes that do not collapse: the copy
+    is split over the leading ones."""
+    model = after_conv("Tile", {"r": np.array(reps)}, {}, ["y"])
+    names = check_channels_last(model, device, signatures, ["y"])
+    assert names.count("tr_strided_copy_b4") == launches
+
+
+def test_transpose_of_rank_7_splits_into_launches(device, signatures):
+    x = arr((2, 3, 2, 2, 3, 2, 2), "f16")
+    model = single_node("Transpose", {"x": x}, {}, {"perm": [6, 0, 5, 3, 1, 4, 2]}, ["y"])
+    check(model, {"x": x}, device, signatures, ["tr_strided_copy_b2"] * 2)
+
+
+@pytest.mark.parametrize("op, feeds, consts, attrs, why", [
+    ("Pad", {"x": np.zeros((1,) * 7, np.float32)}, {"p": np.ones(14, np.int64)}, {},
+     "rank 7; the element-indexed kernels take 6 axes"),
+    ("Tile", {"x": np.zeros((1, 2, 1, 2, 1, 2, 1, 2), np.float32)},
+     {"r": np.array([65, 1, 2, 1, 2, 1, 2, 1])}, {},
+     "8 axes after collapsing; the strided kernels take 6"),
+], ids=["pad-rank-7", "tile-past-the-launch-limit"])
+def test_forms_without_a_kernel_are_refused_with_the_reason(device, op, feeds, consts, attrs,
+                                                            why):
+    from tr_onnx.backends.cuda.bind import CudaUnsupported
+
+    model = single_node(op, feeds, consts, attrs, ["y"])
+    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    with pytest.raises(CudaUnsupported) as info:
+        sess.run(None, feeds)
+    assert why in str(info.value), str(info.value)
 
 
 # ---- DepthToSpace, SpaceToDepth ------------------------------------------------------------------

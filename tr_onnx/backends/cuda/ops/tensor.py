@@ -90,6 +90,9 @@ KERNELS = tensor_source()
 
 COPY_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2, "wrap": 3}
+COPY_LAUNCH_LIMIT = 64
+"""The most launches one strided copy is split into when its axes do not collapse to
+``MAX_DIMS`` (beyond, the node is refused)."""
 PUT_LIMIT = 512
 """The most elements of a non-uniform plan-time value (Constant, Shape, Size) written by
 ``tr_put`` launches of 8 each: such nodes survive import only as graph outputs (or past
@@ -114,12 +117,30 @@ def pad_dims6(dims, *stride_sets) -> tuple[list[int], list[list[int]]]:
 
 
 def strided_copy(b: BindContext, x, y, dims, xs, ys, xo: int = 0, yo: int = 0) -> Launch:
-    """``y[yo + ys . c] = x[xo + xs . c]`` for every coordinate ``c`` of ``dims``."""
+    """``y[yo + ys . c] = x[xo + xs . c]`` for every coordinate ``c`` of ``dims``, one launch
+    over the collapsed axes (``Unbound`` when more than ``MAX_DIMS`` remain)."""
     d, (sx, sy) = collapse(dims, [xs, ys])
     n = math.prod(d)
     return b.launch(f"tr_strided_copy_{move_kernel(b, y)}", n,
                     [b.buf(x), b.buf(y, True), i64(n), i64(xo), i64(yo)]
                     + [i64(v) for v in d + sx + sy])
+
+
+def strided_copies(b: BindContext, x, y, dims, xs, ys, xo: int = 0, yo: int = 0,
+                   launches: int = COPY_LAUNCH_LIMIT) -> list[Launch]:
+    """``strided_copy``, or, when the axes do not collapse to ``MAX_DIMS`` (a Tile of every
+    axis of a channels-last map, a rank-7 Transpose), one per index of the leading axes, at
+    most ``launches`` of them."""
+    try:
+        collapse(dims, [xs, ys])
+    except Unbound:
+        k = next(i for i, n in enumerate(dims) if n != 1)
+        if dims[k] > launches:
+            raise
+        return [c for i in range(dims[k])
+                for c in strided_copies(b, x, y, dims[k + 1:], xs[k + 1:], ys[k + 1:],
+                                        xo + i * xs[k], yo + i * ys[k], launches // dims[k])]
+    return [strided_copy(b, x, y, dims, xs, ys, xo, yo)]
 
 
 def split_axes(shape, strides, splits: dict[int, tuple[int, ...]]) -> tuple[list, list]:
@@ -153,15 +174,15 @@ def slice_ranges(shape, index) -> tuple[list[int], list[int], list[int]]:
     return begin, step, count
 
 
-def sliced_copy(b: BindContext, src, dst, begin, step, count, into: bool) -> Launch:
+def sliced_copy(b: BindContext, src, dst, begin, step, count, into: bool) -> list[Launch]:
     """``dst = src[slice]`` (``into`` False: Slice) or ``dst[slice] = src`` (SliceGrad)."""
     big, small = (dst, src) if into else (src, dst)
     bs = logical_strides(b, big)
     offset = sum(g * s for g, s in zip(begin, bs))
     walked = [st * s for st, s in zip(step, bs)]
     if into:
-        return strided_copy(b, src, dst, count, logical_strides(b, small), walked, yo=offset)
-    return strided_copy(b, src, dst, count, walked, logical_strides(b, small), xo=offset)
+        return strided_copies(b, src, dst, count, logical_strides(b, small), walked, yo=offset)
+    return strided_copies(b, src, dst, count, walked, logical_strides(b, small), xo=offset)
 
 
 # ---- Transpose, Concat, Split, Slice, SliceGrad ---------------------------------------------
@@ -172,7 +193,7 @@ def bind_transpose(b: BindContext, node) -> list:
     perm = [int(p) for p in node.attrs.get("perm") or reversed(range(len(shape)))]
     xs = logical_strides(b, x)
     out = tuple(b.t(y).shape)
-    return [strided_copy(b, x, y, out, [xs[p] for p in perm], logical_strides(b, y))] + \
+    return strided_copies(b, x, y, out, [xs[p] for p in perm], logical_strides(b, y)) + \
         pads_after(b, y)
 
 
@@ -186,8 +207,8 @@ def bind_concat(b: BindContext, node) -> list:
     for v in ins:
         shape = tuple(b.t(v).shape)
         if math.prod(shape):
-            calls.append(strided_copy(b, v, y, shape, logical_strides(b, v), ys,
-                                      yo=at * ys[axis]))
+            calls += strided_copies(b, v, y, shape, logical_strides(b, v), ys,
+                                    yo=at * ys[axis])
         at += shape[axis]
     return calls + pads_after(b, y)
 
@@ -204,8 +225,8 @@ def bind_split(b: BindContext, node) -> list:
             continue  # numpy's split_numpy counts an absent output as 0 wide, so does this
         shape = tuple(b.t(y).shape)
         if math.prod(shape):
-            calls += [strided_copy(b, x, y, shape, xs, logical_strides(b, y),
-                                   xo=at * xs[axis])] + pads_after(b, y)
+            calls += strided_copies(b, x, y, shape, xs, logical_strides(b, y),
+                                    xo=at * xs[axis]) + pads_after(b, y)
         at += shape[axis]
     return calls
 
@@ -224,7 +245,7 @@ def bind_slice(b: BindContext, node) -> list:
         raise Unbound(f"slice gives {count}, the output is {list(b.t(y).shape)}")
     if not math.prod(count):
         return []
-    return [sliced_copy(b, x, y, begin, step, count, into=False)] + pads_after(b, y)
+    return sliced_copy(b, x, y, begin, step, count, into=False) + pads_after(b, y)
 
 
 def bind_slice_grad(b: BindContext, node) -> list:
@@ -236,7 +257,7 @@ def bind_slice_grad(b: BindContext, node) -> list:
     begin, step, count = slice_ranges(shape, index)
     calls = [zero_all(b, gx)]
     if math.prod(count):
-        calls.append(sliced_copy(b, gy, gx, begin, step, count, into=True))
+        calls += sliced_copy(b, gy, gx, begin, step, count, into=True)
     return calls
 
 
@@ -253,7 +274,7 @@ def bind_expand(b: BindContext, node) -> list:
     xs = [0 if a != o else s for a, o, s in zip(shape_in, out, xs)]
     if not math.prod(out):
         return []
-    return [strided_copy(b, x, y, out, xs, logical_strides(b, y))] + pads_after(b, y)
+    return strided_copies(b, x, y, out, xs, logical_strides(b, y)) + pads_after(b, y)
 
 
 def bind_tile(b: BindContext, node) -> list:
@@ -267,7 +288,7 @@ def bind_tile(b: BindContext, node) -> list:
     xs = []
     for a, st in enumerate(logical_strides(b, x)):
         xs += [0, st] if a in splits else [st]
-    return [strided_copy(b, x, y, dims, xs, ys)] + pads_after(b, y)
+    return strided_copies(b, x, y, dims, xs, ys) + pads_after(b, y)
 
 
 def _block_copy(b: BindContext, node, x_split, perm, y_split) -> list:
@@ -276,7 +297,7 @@ def _block_copy(b: BindContext, node, x_split, perm, y_split) -> list:
     x, y = node.inputs[0], node.outputs[0]
     _, xs = split_axes(b.t(x).shape, logical_strides(b, x), x_split)
     dims, ys = split_axes(b.t(y).shape, logical_strides(b, y), y_split)
-    return [strided_copy(b, x, y, dims, [xs[p] for p in perm], ys)] + pads_after(b, y)
+    return strided_copies(b, x, y, dims, [xs[p] for p in perm], ys) + pads_after(b, y)
 
 
 def bind_depth_to_space(b: BindContext, node) -> list:
