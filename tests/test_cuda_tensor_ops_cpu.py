@@ -503,13 +503,16 @@ def test_shape_and_size_of_a_graph_input_are_written_each_step(device, signature
     np.testing.assert_array_equal(got[0], want)
 
 
-@pytest.mark.parametrize("value, kernels", [
-    (np.arange(20, dtype=np.float32).reshape(4, 5), ["tr_put_b4"] * 3),
-    (np.full((3, 2), 7, np.int64), ["tr_fill_b8"]),
-    (np.array([1.5, -2.0], np.float16), ["tr_put_b2"])], ids=["f32-put", "int64-fill",
-                                                               "f16-put"])
-def test_constant_graph_output_is_written_each_step(device, signatures, value, kernels):
-    node = helper.make_node("Constant", [], ["y"], value=numpy_helper.from_array(value))
+@pytest.mark.parametrize("attr, value, kernels", [
+    ("value", np.arange(20, dtype=np.float32).reshape(4, 5), ["tr_put_b4"] * 3),
+    ("value", np.full((3, 2), 7, np.int64), ["tr_fill_b8"]),
+    ("value", np.array([1.5, -2.0], np.float16), ["tr_put_b2"]),
+    ("value_ints", np.array([3, -1, 4], np.int64), ["tr_put_b8"]),
+    ("value_float", np.array(0.25, np.float32), ["tr_fill_b4"])],
+    ids=["f32-put", "int64-fill", "f16-put", "value-ints", "value-float"])
+def test_constant_graph_output_is_written_each_step(device, signatures, attr, value, kernels):
+    given = numpy_helper.from_array(value) if attr == "value" else value.tolist()
+    node = helper.make_node("Constant", [], ["y"], **{attr: given})
     graph = helper.make_graph([node], "c", [], [helper.make_tensor_value_info(
         "y", ELEM[value.dtype], value.shape)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
