@@ -596,7 +596,9 @@ def pad_grad_numpy(ctx):
     def run(ins, outs, ws):
         g = ws[acc]
         np.copyto(g, ins[0])
-        for region, _, copies in reversed(steps):  # constant fills carry no gradient
+        for region, _, copies in reversed(steps):
+            if copies is None:  # a constant border: its gradient goes nowhere
+                continue
             v = g[region]
             for d, s in reversed(copies):
                 src, dst = v[s], v[d]
