@@ -467,9 +467,14 @@ def test_scans_equal_numpy(device, signatures, case, op, dt):
                                    atol=step * np.abs(ref).max())
 
 
-def test_cumsum_along_the_channels_of_a_feature_map(device, signatures):
-    model = after_conv("CumSum", {"a": np.array(1)}, {"reverse": 1}, ["y"])
-    check_channels_last(model, device, signatures, ["y"])
+@pytest.mark.parametrize("op, axis, opset", [("CumSum", 1, 14), ("CumProd", 1, 26),
+                                             ("CumSum", -1, 14), ("CumProd", 2, 26)],
+                         ids=["cumsum-channels", "cumprod-channels", "cumsum-width",
+                              "cumprod-height"])
+def test_scans_of_a_feature_map(device, signatures, op, axis, opset):
+    model = after_conv(op, {"a": np.array(axis)}, {"reverse": 1}, ["y"], opset=opset)
+    assert check_channels_last(model, device, signatures, ["y"])[-2:] == [
+        f"tr_{op.lower()}_f32", "tr_zero_lanes_b4"]
 
 
 CUMPROD_GRAD = {  # id: (shape, axis, exclusive, reverse, zeros in x)
