@@ -337,34 +337,6 @@ def test_negative_log_likelihood_equals_numpy(device, signatures, shape, weighte
 N, F, C = 4, 6, 5
 
 
-def _constant_of_shape_stand_in():
-    """Gradients of the scatter/gather rules start from ``zeros_like`` (ConstantOfShape), which
-    the tensor family binds; until it does, a zero fill stands in for it in these tests
-    only (returns the op sets to add to the sessions)."""
-    from tr_onnx.backends.cuda.bind import binding, i64, move_kernel
-    from tr_onnx.opdef import KernelDef
-    from tr_onnx.registry import default_registry
-
-    if any(k.op_type == "ConstantOfShape" and k.backend == "cuda"
-           for k in default_registry().keys()):
-        return []
-
-    def bind(b, node):
-        value = numpy_helper.to_array(node.attrs["value"]) if node.attrs.get("value") else 0
-        assert not np.any(value), "the stand-in fills zeros only"
-        y = node.outputs[0]
-        n = int(np.prod(b.t(y).layout.phys_shape)) if b.t(y).layout.phys_shape else 1
-        return [b.launch(f"tr_zero_lanes_{move_kernel(b, y)}", n,
-                         [b.buf(y, True), i64(1), i64(0), i64(n)])]
-
-    class StandIn:
-        @tr_onnx.hookimpl
-        def tr_onnx_op_definitions(self):
-            return [KernelDef("ConstantOfShape", "cuda", binding(bind))]
-
-    return [StandIn()]
-
-
 def gemm_model(nodes: list, inits: dict, out_shape, hidden=C) -> onnx.ModelProto:
     """input [N, F] -> Gemm(w: [F, hidden]) -> h, then ``nodes`` -> scores ``out_shape``."""
     w = (0.5 * np.random.default_rng(9).standard_normal((F, hidden))).astype(np.float32)
@@ -459,7 +431,7 @@ def train(case, backend, **kw):
 @pytest.mark.parametrize("case", list(TRAIN))
 def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     ref, want = train(case, "numpy")
-    sess, got = train(case, "cuda", device=device, plugins=_constant_of_shape_stand_in())
+    sess, got = train(case, "cuda", device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and "w" in b

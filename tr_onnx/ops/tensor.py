@@ -244,7 +244,8 @@ def _sparse_to_dense(sparse) -> np.ndarray:
     return dense
 
 
-def constant_numpy(ctx):
+def constant_value(ctx) -> np.ndarray:
+    """Constant's output: its attribute as an array of the output's dtype and shape."""
     info, attrs = ctx.outputs[0], ctx.attrs
     if "value" in attrs:
         value = attrs["value"]
@@ -254,13 +255,22 @@ def constant_numpy(ctx):
         key = next(k for k in ("value_float", "value_floats", "value_int", "value_ints")
                    if k in attrs)
         value = attrs[key]
-    return _constant_output(np.asarray(value, info.dtype).reshape(info.shape))
+    return np.asarray(value, info.dtype).reshape(info.shape)
+
+
+def constant_numpy(ctx):
+    return _constant_output(constant_value(ctx))
+
+
+def constant_of_shape_fill(ctx) -> np.ndarray:
+    """ConstantOfShape's fill: its ``value`` attribute (0 without one) in the output dtype."""
+    value = ctx.attrs.get("value")
+    fill = np.asarray(value).reshape(-1)[0] if value is not None else 0
+    return np.asarray(fill, ctx.outputs[0].dtype)
 
 
 def constant_of_shape_numpy(ctx):
-    value = ctx.attrs.get("value")
-    fill = np.asarray(value).reshape(-1)[0] if value is not None else 0
-    fill = np.asarray(fill, ctx.outputs[0].dtype)
+    fill = constant_of_shape_fill(ctx)
 
     def run(ins, outs, ws):
         outs[0].fill(fill)
@@ -268,31 +278,48 @@ def constant_of_shape_numpy(ctx):
     return run
 
 
-def shape_numpy(ctx):
+def shape_value(ctx) -> np.ndarray:
+    """Shape's output (attributes start / end, clamped), an int64 vector."""
     shape = ctx.inputs[0].logical_shape
     rank = len(shape)
     start = positive_axis(ctx.attrs.get("start", 0), rank)
     end = positive_axis(ctx.attrs.get("end", rank), rank)
     start, end = min(max(start, 0), rank), min(max(end, 0), rank)
-    return _constant_output(np.array(shape[start:end], np.int64))
+    return np.array(shape[start:end], np.int64)
+
+
+def shape_numpy(ctx):
+    return _constant_output(shape_value(ctx))
+
+
+def size_value(ctx) -> np.ndarray:
+    return np.array(math.prod(ctx.inputs[0].logical_shape), np.int64)
 
 
 def size_numpy(ctx):
-    return _constant_output(np.array(math.prod(ctx.inputs[0].logical_shape), np.int64))
+    return _constant_output(size_value(ctx))
 
 
-def range_numpy(ctx):
+def range_value(ctx) -> np.ndarray:
+    """Range's output: computed in float64 (int64 for integers), then cast."""
     start, delta = (np.asarray(ctx.const(i)).reshape(()) for i in (0, 2))
     info = ctx.outputs[0]
     work = np.float64 if is_float(info.dtype) else np.int64
     value = (start.astype(work) + np.arange(info.shape[0], dtype=work) * delta.astype(work))
-    return _constant_output(value.astype(info.dtype))
+    return value.astype(info.dtype)
+
+
+def range_numpy(ctx):
+    return _constant_output(range_value(ctx))
+
+
+def eye_like_value(ctx) -> np.ndarray:
+    info = ctx.outputs[0]
+    return np.eye(info.shape[0], info.shape[1], int(ctx.attrs.get("k", 0)), dtype=info.dtype)
 
 
 def eye_like_numpy(ctx):
-    info = ctx.outputs[0]
-    return _constant_output(np.eye(info.shape[0], info.shape[1], int(ctx.attrs.get("k", 0)),
-                                   dtype=info.dtype))
+    return _constant_output(eye_like_value(ctx))
 
 
 # ---- padding, tiling, broadcasting ----------------------------------------------------------
@@ -569,7 +596,9 @@ def pad_grad_numpy(ctx):
     def run(ins, outs, ws):
         g = ws[acc]
         np.copyto(g, ins[0])
-        for region, _, copies in reversed(steps):  # constant fills carry no gradient
+        for region, _, copies in reversed(steps):
+            if copies is None:  # a constant border: its gradient goes nowhere
+                continue
             v = g[region]
             for d, s in reversed(copies):
                 src, dst = v[s], v[d]

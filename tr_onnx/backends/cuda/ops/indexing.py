@@ -50,7 +50,7 @@ from ..bind import (
     need_compact,
 )
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, widths
-from .tensor import logical_strides, pads_after
+from .tensor import logical_strides, pad_dims6, pads_after
 
 # ---- kernels/indexing.cu: the family's name table -----------------------------------------------
 
@@ -93,15 +93,6 @@ def index_suffix(b: BindContext, v) -> str:
     if name not in ("int64", "int32"):
         raise Unbound(f"indices {v.name!r} are {name}; the kernels read int64 or int32")
     return "i64" if name == "int64" else "i32"
-
-
-def _pad6(dims, *stride_sets) -> tuple[list[int], list[list[int]]]:
-    """``dims`` and each stride set left-padded to six axes (dims 1, strides 0)."""
-    if len(dims) > MAX_DIMS:
-        raise Unbound(f"rank {len(dims)}; the element-indexed kernels take {MAX_DIMS} axes")
-    pad = MAX_DIMS - len(dims)
-    return [1] * pad + [int(d) for d in dims], [[0] * pad + [int(s) for s in st]
-                                                 for st in stride_sets]
 
 
 # ---- Gather ---------------------------------------------------------------------------------
@@ -158,9 +149,9 @@ def bind_scatter_elements(b: BindContext, node) -> list:
     rank = len(shape)
     axis = int(node.attrs.get("axis", 0)) % rank
     reduction = REDUCTIONS[node.attrs.get("reduction", "none")]
-    d, strides = _pad6(shape, logical_strides(b, x), logical_strides(b, y),
+    d, strides = pad_dims6(shape, logical_strides(b, x), logical_strides(b, y),
                        logical_strides(b, idx), logical_strides(b, upd))
-    u, _ = _pad6(ushape)
+    u, _ = pad_dims6(ushape)
     n = math.prod(shape)
     it = index_suffix(b, idx)
     args = [b.buf(x), b.buf(idx), b.buf(upd), b.buf(y, True), i64(n),
