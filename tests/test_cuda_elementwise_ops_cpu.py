@@ -704,10 +704,7 @@ def test_three_sgd_steps_on_cuda_equal_numpys(case, device, signatures):
     check_plan(sess._active, signatures, TRAIN_KERNELS[case])
 
 
-@pytest.mark.xfail(raises=tr_onnx.backends.cuda.bind.CudaUnsupported, strict=False,
-                   reason="the gate's gradient: ReduceSum over the spatial axes of a padded "
-                          "map and GlobalAveragePool's Expand on it (reduce/tensor families)")
-def test_squeeze_excite_after_a_conv_trains_once_reduce_binds(device, signatures):
+def test_squeeze_excite_after_a_conv_trains(device, signatures):
     ref, want = _train("squeeze_excite_after_conv", backend="numpy")
     sess, got = _train("squeeze_excite_after_conv", backend="cuda", device=device)
     np.testing.assert_allclose(got, want, rtol=1e-5)
