@@ -1,6 +1,7 @@
 """cuda bindings of ``ops/matmul.py``: Gemm and MatMul as cuDNN matmul graphs (bias fused as
-the epilogue), and MatMul that no graph describes (rank > 3, batch dims broadcast) on the
-batched kernel of ``kernels/matmul.cu``."""
+the epilogue), MatMul that no graph describes (rank > 3, batch dims broadcast) on the
+batched kernel of ``kernels/matmul.cu``, and Einsum (forward, and the Einsums its gradient
+emits) on that file's strided contraction kernel."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import math
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
+from ....ops.matmul import einsum_terms
 from ..bind import (
     BindContext,
     Unbound,
+    binding,
+    collapse,
     cudnn_binding,
     cudnn_workspace,
     float_dt,
     i64,
+    logical_strides,
     need_compact,
 )
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
@@ -22,8 +27,10 @@ from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 # ---- kernels/matmul.cu: the family's name table -------------------------------------------------
 
 def matmul_source() -> KernelSource:
-    """kernels/matmul.cu: the batched MatMul where no cuDNN matmul graph is bound."""
-    return kernel_source("matmul", instantiate("TR_MATMUL({T}, {dt})", "tr_matmul_{dt}", STORAGE))
+    """kernels/matmul.cu: the batched MatMul where no cuDNN matmul graph is bound, and
+    Einsum."""
+    return kernel_source("matmul", instantiate("TR_MATMUL({T}, {dt})", "tr_matmul_{dt}", STORAGE),
+                         instantiate("TR_EINSUM({T}, {dt})", "tr_einsum_{dt}", STORAGE))
 
 
 KERNELS = matmul_source()
@@ -68,7 +75,53 @@ def matmul_factory(ctx: KernelContext):
     return bind
 
 
+EINSUM_OPERANDS = 4
+"""Operands the contraction kernel reads: a two-operand Einsum's gradient has gy, the other
+operand and at most two constants (a diagonal's identity, ones for a broadcast)."""
+
+
+def bind_einsum(b: BindContext, node) -> list:
+    """Every operand through its own strides over the output letters and over the summed ones
+    (a repeated letter: the sum of its axes' strides; a size-1 axis against a longer one: 0);
+    the output compact."""
+    xs, y = list(node.inputs), node.outputs[0]
+    if len(xs) > EINSUM_OPERANDS:
+        raise Unbound(f"{len(xs)} operands; the contraction kernel reads {EINSUM_OPERANDS}")
+    need_compact(b, y)
+    shapes = [tuple(b.t(x).shape) for x in xs]
+    spelled, out, _ = einsum_terms(node.attrs["equation"], shapes)
+    sizes: dict[str, int] = {}
+    for term, shape in zip(spelled, shapes):
+        for c, n in zip(term, shape):
+            if sizes.get(c, 1) == 1:  # a size-1 axis broadcasts; a 0 is a size too
+                sizes[c] = int(n)
+    summed = [c for c in dict.fromkeys("".join(spelled)) if c not in out]
+    per_letter = []
+    for term, shape, x in zip(spelled, shapes, xs):
+        strides: dict[str, int] = {}
+        for c, n, s in zip(term, shape, logical_strides(b, x)):
+            strides[c] = strides.get(c, 0) + (s if n != 1 else 0)
+        per_letter.append(strides)
+    out_dims = [sizes[c] for c in out]
+    if tuple(out_dims) != tuple(b.t(y).shape):
+        raise Unbound(f"the equation gives {out_dims}, the output is {list(b.t(y).shape)}")
+    # y is compact, so its offset is the output index however the dims collapse
+    d, outs = collapse(out_dims, [[s.get(c, 0) for c in out] for s in per_letter])
+    e, sums = collapse([sizes[c] for c in summed], [[s.get(c, 0) for c in summed]
+                                                    for s in per_letter])
+    n, m = math.prod(out_dims), math.prod(sizes[c] for c in summed)
+    if n == 0:
+        return []
+    absent = EINSUM_OPERANDS - len(xs)
+    operands = [b.buf(x) for x in xs] + [None] * absent
+    strides = [v for o, s in zip(outs, sums) for v in (*o, *s)] + [0] * (12 * absent)
+    return [b.launch(f"tr_einsum_{float_dt(b, *xs, y)}", n,
+                     [*operands, b.buf(y, True), i64(n), i64(m)]
+                     + [i64(v) for v in (*d, *e, *strides)])]
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("Gemm", "cuda", cudnn_binding()),
-            KernelDef("MatMul", "cuda", matmul_factory)]
+            KernelDef("MatMul", "cuda", matmul_factory),
+            KernelDef("Einsum", "cuda", binding(bind_einsum))]
