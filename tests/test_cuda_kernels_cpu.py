@@ -93,7 +93,7 @@ def test_compile_all_nvrtc_covers_every_family():
     assert b".entry tr_convert_f32_f16" in ptx
     assert set(sources.SOURCES) == {"unary", "elementwise", "tensor", "indexing", "matmul",
                                     "pool", "normalization", "reduce", "losses", "optimizers",
-                                    "layout_convert", "amp", "resize"}
+                                    "layout_convert", "amp", "resize", "attention"}
 
 
 def test_kernel_names_are_unique_and_suffixed():

@@ -1,10 +1,323 @@
-"""cuda bindings of ``ops/attention.py`` (being written: the family registers its KernelDefs here)."""
+"""cuda bindings of ``ops/attention.py``: RMSNormalization / RMSNormalizationGrad, Swish,
+RotaryEmbedding / RotaryEmbeddingGrad, Attention / AttentionGrad (``kernels/attention.cu``).
+
+Attention runs a kernel of our own, one thread per query row: it covers every form the NumPy
+kernel does (causal and window frontiers, boolean and float masks, nonpad_kv_seqlen, softcap,
+grouped key/value heads, past/present key and value, qk_matmul_output modes 0-3). The
+gradient recomputes the probabilities, as the NumPy kernel does: a row kernel writes P and
+the scores' gradient gS into fp32 scratch [batch, q_heads, q, total] (and gQ), a second
+kernel sums them into gK and gV per key/value head, a third reduces the float mask's
+gradient. Swish's gradient rule is standard ops (Sigmoid, Mul, Add, Sub), bound elsewhere.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from ....hookspecs import hookimpl
+from ....opdef import KernelContext, KernelDef
+from ....ops.attention import _attention_spec, _spec
+from ..bind import (
+    INTERNAL,
+    BindContext,
+    Unbound,
+    binding,
+    f32,
+    float_dt,
+    i32,
+    i64,
+    need_compact,
+    same_layout,
+)
+from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+
+# ---- kernels/attention.cu: the family's name table ------------------------------------------
+
+
+def attention_source() -> KernelSource:
+    """kernels/attention.cu: RMSNormalization (forward, backward), Swish, RotaryEmbedding
+    (and its inverse), Attention (forward, present key/value, backward)."""
+    return kernel_source(
+        "attention",
+        instantiate("TR_RMS_NORM({T}, {dt})", (
+            "tr_rms_norm_fwd_{dt}", "tr_rms_norm_bwd_dx_{dt}", "tr_rms_norm_bwd_scale_{dt}",
+            "tr_swish_{dt}"), STORAGE),
+        instantiate("TR_ROTARY({T}, {dt})", "tr_rotary_{dt}", STORAGE),
+        instantiate("TR_ATTENTION({T}, {dt})", (
+            "tr_attention_fwd_{dt}", "tr_attention_present_{dt}", "tr_attention_bwd_rows_{dt}",
+            "tr_attention_bwd_kv_{dt}", "tr_attention_bwd_mask_{dt}"), STORAGE))
+
+
+KERNELS = attention_source()
+
+MAX_HEAD = 256
+"""Head sizes a query row's accumulators hold (``TR_ATTENTION_MAX_HEAD``)."""
+
+
+def _at(seq, i: int):
+    return seq[i] if i < len(seq) else None
+
+
+# ---- RMSNormalization -----------------------------------------------------------------------
+
+
+def _rms_rows(b: BindContext, node, x, scale) -> tuple[int, int, int]:
+    """(rows, row length m, the scale's period sp inside a row): the scale's shape, less its
+    leading ones, must be a suffix of the normalised axes."""
+    shape = b.t(x).shape
+    axis = int(node.attrs["axis"]) % len(shape)
+    s_shape = list(b.t(scale).shape)
+    while s_shape and s_shape[0] == 1:
+        s_shape.pop(0)
+    normalised = list(shape[axis:])
+    if len(s_shape) > len(normalised) or normalised[len(normalised) - len(s_shape):] != s_shape:
+        raise Unbound(f"a scale of shape {list(b.t(scale).shape)} that varies outside the "
+                      f"normalised axes {normalised}")
+    return math.prod(shape[:axis]), math.prod(normalised), math.prod(s_shape)
+
+
+def _stash_float32(node) -> None:
+    if int(node.attrs.get("stash_type", 1)) != 1:
+        raise Unbound("stash_type other than float32")
+
+
+def bind_rms_norm(b: BindContext, node) -> list:
+    """y = round(x / rms(x)) * scale per row, one thread per row."""
+    x, scale, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    need_compact(b, x, scale, y)
+    _stash_float32(node)
+    rows, m, sp = _rms_rows(b, node, x, scale)
+    dt = float_dt(b, x, scale, y)
+    return [b.launch(f"tr_rms_norm_fwd_{dt}", rows,
+                     [b.buf(x), b.buf(scale), b.buf(y, True), i64(rows), i64(m), i64(sp),
+                      f32(float(node.attrs["epsilon"]))])]
+
+
+def rms_norm_grad_factory(ctx: KernelContext):
+    """RMSNormalizationGrad: the dx kernel writes each row's 1 / rms into float32 scratch,
+    which the scale's gradient kernel reads."""
+    shape = ctx.inputs[1].shape
+    axis = int(ctx.attrs["axis"]) % len(shape)
+    inv_ws = ctx.workspace((max(1, math.prod(shape[:axis])),), np.float32)
+
+    def bind(b: BindContext, node) -> list:
+        gy, x, scale = node.inputs[:3]
+        gx, gscale = (list(node.outputs) + [None, None])[:2]
+        need_compact(b, gy, x, scale, gx, gscale)
+        rows, m, sp = _rms_rows(b, node, x, scale)
+        dt = float_dt(b, gy, x, scale, gx, gscale)
+        calls = [b.launch(f"tr_rms_norm_bwd_dx_{dt}", rows,
+                          [b.buf(gy), b.buf(x), b.buf(scale), b.buf(gx, True), b.ws(inv_ws),
+                           i64(rows), i64(m), i64(sp), f32(float(node.attrs["epsilon"]))])]
+        if gscale is not None:
+            calls.append(b.launch(f"tr_rms_norm_bwd_scale_{dt}", sp,
+                                  [b.buf(gy), b.buf(x), b.ws(inv_ws, writes=False),
+                                   b.buf(gscale, True), i64(rows), i64(m), i64(sp)]))
+        return calls
+
+    return bind
+
+
+# ---- Swish ----------------------------------------------------------------------------------
+
+
+def bind_swish(b: BindContext, node) -> list:
+    """x * sigmoid(alpha x) over any one layout: swish(0) = 0 keeps padded lanes zero. alpha
+    is rounded to the storage type, as the NumPy kernel's ``dtype.type(alpha)``."""
+    x, y = node.inputs[0], node.outputs[0]
+    g = same_layout(b, x, y)
+    dt = float_dt(b, x, y)
+    alpha = float(b.t(y).dtype.type(float(node.attrs["alpha"])))
+    return [b.launch(f"tr_swish_{dt}", g.n, [b.buf(x), b.buf(y, True), i64(g.n), f32(alpha)])]
+
+
+# ---- RotaryEmbedding ------------------------------------------------------------------------
+
+
+def _rotary(b: BindContext, node, inverse: bool) -> list:
+    """RotaryEmbedding (``inverse``: its gradient) on a 3-D [b, s, heads * d] or 4-D
+    [b, heads, s, d] input: one thread per element."""
+    x, cos, sin = node.inputs[:3]
+    pos = _at(node.inputs, 3)
+    y = node.outputs[0]
+    need_compact(b, x, cos, sin, pos, y)
+    shape = b.t(x).shape
+    if len(shape) == 3:
+        heads = int(node.attrs.get("num_heads", 0) or 0)
+        if not heads or shape[2] % heads:
+            raise Unbound(f"a 3-D input of hidden size {shape[2]} needs num_heads dividing it")
+        n, s, d = shape[0], shape[1], shape[2] // heads
+        strides = (s * heads * d, heads * d, d)
+    else:
+        n, heads, s, d = shape
+        strides = (heads * s * d, d, s * d)
+    rot = int(node.attrs.get("rotary_embedding_dim", 0) or 0) or d
+    if rot % 2 or rot > d:
+        raise Unbound(f"rotary_embedding_dim {rot} must be even and at most the head size {d}")
+    if pos is not None and b.t(pos).dtype != np.int64:
+        raise Unbound("position_ids must be int64")
+    dt = float_dt(b, x, cos, sin, y)
+    return [b.launch(f"tr_rotary_{dt}", n * s * heads * d, [
+        b.buf(x), b.buf(cos), b.buf(sin), b.buf(pos), b.buf(y, True), i64(n), i64(s),
+        i64(heads), i64(d), i64(rot), *(i64(v) for v in strides),
+        i32(int(node.attrs.get("interleaved", 0) or 0)), i32(int(inverse))])]
+
+
+def bind_rotary(b: BindContext, node) -> list:
+    return _rotary(b, node, False)
+
+
+def bind_rotary_grad(b: BindContext, node) -> list:
+    return _rotary(b, node, True)
+
+
+# ---- Attention ------------------------------------------------------------------------------
+
+
+def _heads_strides(shape, rank3: bool, heads: int) -> tuple[int, int, int]:
+    """(batch, head, seq) element strides of a [b, heads, seq, size] tensor or of the
+    [b, seq, heads * size] one viewed so."""
+    if rank3:
+        _, s, hd = shape
+        return s * hd, hd // heads, hd
+    _, h, s, size = shape
+    return h * s * size, s * size, size
+
+
+class _Form:
+    """An Attention (``first`` = 0) or AttentionGrad (``first`` = 1: gY first) node's geometry,
+    and the kernels' shared argument tail."""
+
+    def __init__(self, b: BindContext, node, first: int):
+        ins = list(node.inputs) + [None] * (7 + first - len(node.inputs))
+        self.q, self.k, self.v, self.mask, self.past_k, self.past_v, self.nonpad = \
+            ins[first:first + 7]
+        shapes = [None if v is None else tuple(b.t(v).shape)
+                  for v in (self.q, self.k, self.v, self.mask, self.past_k)]
+        self.sp = sp = _spec(node.attrs, shapes, b.t(self.q).dtype, Unbound)
+        if sp.soft != sp.acc:
+            raise Unbound("a softmax_precision wider than float32")
+        if max(sp.d, sp.dv) > MAX_HEAD:
+            raise Unbound(f"head sizes {sp.d}, {sp.dv}: the row kernel holds {MAX_HEAD}")
+        if self.nonpad is not None and (self.past_k is not None or
+                                        b.t(self.nonpad).dtype != np.int64):
+            raise Unbound("nonpad_kv_seqlen must be int64 and without past key/value")
+        need_compact(b, *ins)
+        self.mask_args = self._mask(b)
+
+    def _mask(self, b: BindContext) -> list:
+        sp, mask = self.sp, self.mask
+        if mask is None:
+            return [i64(sp.t), i64(0), i64(0), i64(0)]
+        shape = tuple(b.t(mask).shape)
+        full = (1,) * (4 - len(shape)) + shape
+        if len(shape) > 4 or full[3] > sp.t or any(
+                m not in (1, s) for m, s in zip(full[:3], (sp.b, sp.hq, sp.sq))):
+            raise Unbound(f"attn_mask of shape {list(shape)} does not broadcast to "
+                          f"{[sp.b, sp.hq, sp.sq, sp.t]}")
+        strides = [full[1] * full[2] * full[3], full[2] * full[3], full[3]]
+        return [i64(full[3])] + [i64(0 if full[a] == 1 else strides[a]) for a in range(3)]
+
+    def masks(self, b: BindContext) -> list:
+        """The float and boolean mask pointers (one of them null) and nonpad_kv_seqlen."""
+        mask = self.mask
+        boolean = mask is not None and b.t(mask).dtype == np.bool_
+        if mask is not None and not boolean:
+            float_dt(b, mask, self.q)  # a float mask is Q's dtype
+        return [None if boolean else b.buf(mask), b.buf(mask) if boolean else None,
+                b.buf(self.nonpad)]
+
+    def shape_args(self, b: BindContext, y) -> list:
+        sp = self.sp
+        return [i64(v) for v in (
+            sp.b, sp.hq, sp.hkv, sp.sq, sp.past, sp.t, sp.d, sp.dv,
+            *_heads_strides(b.t(self.q).shape, sp.rank3, sp.hq),
+            *_heads_strides(b.t(self.k).shape, sp.rank3, sp.hkv),
+            *_heads_strides(b.t(self.v).shape, sp.rank3, sp.hkv),
+            *_heads_strides(b.t(y).shape, sp.rank3, sp.hq))]
+
+    def tail(self) -> list:
+        sp = self.sp
+        return [*self.mask_args, f32(sp.scale), f32(sp.softcap), i32(int(sp.causal)),
+                i64(sp.left), i64(sp.right), i32(sp.mode)]
+
+
+def bind_attention(b: BindContext, node) -> list:
+    """Y (and qk_matmul_output) by the row kernel; present key / value by the copy kernel."""
+    f = _Form(b, node, 0)
+    y, present_k, present_v, qk = (list(node.outputs) + [None] * 4)[:4]
+    need_compact(b, y, present_k, present_v, qk)
+    dt = float_dt(b, y, f.q, present_k, present_v, qk)
+    sp = f.sp
+    calls = [b.launch(f"tr_attention_fwd_{dt}", sp.b * sp.hq * sp.sq, [
+        b.buf(f.q), b.buf(f.k), b.buf(f.v), b.buf(f.past_k), b.buf(f.past_v), *f.masks(b),
+        b.buf(y, True), b.buf(qk, True), *f.shape_args(b, y), *f.tail()])]
+    for out, past, new, size in ((present_k, f.past_k, f.k, sp.d), (present_v, f.past_v, f.v,
+                                                                     sp.dv)):
+        if out is not None:
+            calls.append(b.launch(f"tr_attention_present_{dt}", sp.b * sp.hkv * sp.t * size, [
+                b.buf(past), b.buf(new), b.buf(out, True), i64(sp.b), i64(sp.hkv),
+                i64(sp.past), i64(sp.t), i64(size),
+                *(i64(v) for v in _heads_strides(b.t(new).shape, sp.rank3, sp.hkv))]))
+    return calls
+
+
+def attention_grad_factory(ctx: KernelContext):
+    """AttentionGrad: fp32 scratch of P and gS (and gZ for a float mask's gradient), each
+    [batch, q_heads, q, total]."""
+    sp = _attention_spec(ctx, 1)
+    rows = (sp.b * sp.hq * sp.sq * sp.t,)
+    p_ws, gs_ws = ctx.workspace(rows, np.float32), ctx.workspace(rows, np.float32)
+    gz_ws = ctx.workspace(rows, np.float32) if int(ctx.attrs.get("mask_grad", 0)) else None
+
+    def bind(b: BindContext, node) -> list:
+        return bind_attention_grad(b, node, p_ws, gs_ws, gz_ws)
+
+    return bind
+
+
+def bind_attention_grad(b: BindContext, node, p_ws: int, gs_ws: int, gz_ws: int | None
+                        ) -> list:
+    """gQ (and P, gS) per query row; gK, gV (past and new keys) per key element; the float
+    mask's gradient per mask element."""
+    f = _Form(b, node, 1)
+    sp = f.sp
+    gy = node.inputs[0]
+    g_present_k, g_present_v, g_qk = (list(node.inputs[8:]) + [None] * 3)[:3]
+    past = int(node.attrs.get("past", 0))
+    outs = list(node.outputs) + [None] * 6
+    gq, gk, gv = outs[:3]
+    g_past_k, g_past_v = outs[3:5] if past else (None, None)
+    g_mask = outs[5 if past else 3] if gz_ws is not None else None
+    need_compact(b, gy, g_present_k, g_present_v, g_qk, *outs)
+    dt = float_dt(b, gy, f.q, gq, gk, gv, g_past_k, g_past_v, g_present_k, g_present_v, g_qk)
+    shape = f.shape_args(b, gy)
+    p, gs = b.ws(p_ws), b.ws(gs_ws)
+    gz = b.ws(gz_ws) if gz_ws is not None else None
+    calls = [b.launch(f"tr_attention_bwd_rows_{dt}", sp.b * sp.hq * sp.sq, [
+        b.buf(gy), b.buf(f.q), b.buf(f.k), b.buf(f.v), b.buf(f.past_k), b.buf(f.past_v),
+        *f.masks(b), b.buf(g_qk), b.buf(gq, True), p, gs, gz, *shape, *f.tail()]),
+        b.launch(f"tr_attention_bwd_kv_{dt}", sp.b * sp.hkv * sp.t * (sp.d + sp.dv), [
+            b.buf(f.q), b.buf(gy), b.ws(p_ws, writes=False), b.ws(gs_ws, writes=False),
+            b.buf(g_present_k), b.buf(g_present_v), b.buf(gk, True), b.buf(gv, True),
+            b.buf(g_past_k, True), b.buf(g_past_v, True), *shape])]
+    if g_mask is not None:
+        full = (1,) * (4 - len(b.t(f.mask).shape)) + tuple(b.t(f.mask).shape)
+        calls.append(b.launch(f"tr_attention_bwd_mask_{float_dt(b, g_mask)}", math.prod(full), [
+            b.ws(gz_ws, writes=False), b.buf(g_mask, True), *(i64(m) for m in full),
+            i64(sp.b), i64(sp.hq), i64(sp.sq), i64(full[3]), i64(sp.t)]))
+    return calls
 
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return []
+    return [KernelDef("RMSNormalization", "cuda", binding(bind_rms_norm)),
+            KernelDef("RMSNormalizationGrad", "cuda", rms_norm_grad_factory, domain=INTERNAL),
+            KernelDef("Swish", "cuda", binding(bind_swish)),
+            KernelDef("RotaryEmbedding", "cuda", binding(bind_rotary)),
+            KernelDef("RotaryEmbeddingGrad", "cuda", binding(bind_rotary_grad),
+                      domain=INTERNAL),
+            KernelDef("Attention", "cuda", binding(bind_attention)),
+            KernelDef("AttentionGrad", "cuda", attention_grad_factory, domain=INTERNAL)]
