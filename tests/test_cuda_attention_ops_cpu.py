@@ -1,0 +1,354 @@
+"""The cuda bindings of the attention family (backends/cuda/ops/attention.py,
+kernels/attention.cu) checked without a GPU: single-node models on ``backend="cuda"`` through
+the host emulator (the kernels' g++ build) against ``backend="numpy"``, gradients through
+three SGD steps of small models on both, and a tiny opset-23 decoder (RMSNormalization,
+RotaryEmbedding, grouped-head causal Attention, SiLU MLP) trained on both.
+
+Tolerances, justified by where the arithmetic differs from NumPy's:
+
+* RotaryEmbedding (and its inverse) and Swish in float32: the same products and sums in the
+  same order, rounded as NumPy rounds them (--fmad=false / -ffp-contract=off), and the same
+  overflow-free sigmoid: RotaryEmbedding bit-exact; Swish within libm's expf against NumPy's
+  exp (1 ulp, which the sigmoid's division and the product carry to 2 ulp): rtol 4e-7. In float16 / bfloat16, NumPy rounds every intermediate of the sigmoid
+  to the storage type where the kernel keeps float32 between its two roundings (alpha x and
+  the sigmoid): one step of the storage type (2^-10 / 2^-7 relative).
+* RMSNormalization and its gradient: the row sums (of x^2, of g xhat) are fp64 in the kernel,
+  NumPy's float32 pairwise/einsum order: at most m ulp of float32 on rows of m <= 32 terms
+  before the normalisation divides them, so rtol 2e-6 in float32; the scale's gradient sums
+  rows x lanes terms of mixed signs: atol 1e-6 on O(1) values.
+* Attention: every dot product (q.k over d lanes, P V over t keys) is fp64 in the kernel and
+  float32 BLAS in NumPy (d, t <= 16: <= 16 ulp of the sum of magnitudes, about 1e-6 on O(1)
+  values), the softmax's sum likewise, and libm's expf / tanhf differ by an ulp: rtol 1e-5,
+  atol 2e-6 in float32. In bfloat16 the outputs are both rounded from float32 values that
+  agree to ~1e-6, so they are equal or one bfloat16 step apart (2^-7 relative; atol 2^-9 for
+  values near zero).
+* training: losses and parameters after three SGD steps rtol 2e-5 / atol 1e-6 (the numbers
+  above, three times, through the MatMuls, which run as their numpy kernels in the emulator).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
+
+import tr_onnx
+from tr_onnx.backends.cuda.bind import Launch
+from tr_onnx.dtypes import BFLOAT16
+from tr_onnx.optim import SGD
+from tr_onnx.testing.host_emulator import build_host_library, host_emulator
+
+ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
+        BFLOAT16: TensorProto.BFLOAT16, np.dtype(np.int64): TensorProto.INT64,
+        np.dtype(np.bool_): TensorProto.BOOL}
+FLOATS = {"f32": np.float32, "f16": np.float16, "bf16": BFLOAT16}
+CLOSE = {"f32": dict(rtol=1e-5, atol=2e-6), "f16": dict(rtol=2 ** -10, atol=2 ** -12),
+         "bf16": dict(rtol=2 ** -7, atol=2 ** -9)}
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory):
+    return host_emulator(build_host_library(tmp_path_factory.mktemp("attention_host")))
+
+
+@pytest.fixture(scope="module")
+def signatures():
+    return kernel_signatures()
+
+
+def single_node(op: str, feeds: dict, consts: dict, attrs: dict, outputs: list[str],
+                opset: int, order: list[str] | None = None) -> onnx.ModelProto:
+    """One ``op`` node over graph inputs ``feeds`` and initializers ``consts`` (inputs in
+    ``order``, default feeds then consts; '' for an absent input or output)."""
+    inputs = [helper.make_tensor_value_info(k, ELEM[np.dtype(v.dtype)], v.shape)
+              for k, v in feeds.items()]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()]
+    node = helper.make_node(op, order or [*feeds, *consts], outputs, **attrs)
+    graph = helper.make_graph([node], op, inputs, [], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    typed = {vi.name: vi for vi in inferred.graph.value_info}
+    model.graph.output.extend(typed[o] for o in outputs if o)
+    return model
+
+
+def launches_of(plan) -> list[Launch]:
+    return [c for b in plan.executor.bound for c in b.calls if isinstance(c, Launch)]
+
+
+def run_both(model, feeds, device, signatures):
+    """(numpy's outputs, cuda's outputs, the cuda plan's kernel names); the launches'
+    arguments checked against the kernels' C signatures."""
+    want = tr_onnx.InferenceSession(model).run(None, feeds)
+    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    got = sess.run(None, feeds)
+    plan = sess.plan_for(feeds)
+    launches = launches_of(plan)
+    check_launch_arguments(launches, plan, signatures)
+    return want, got, [c.kernel.name for c in launches]
+
+
+def assert_close(got, want, **tol):
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), **tol)
+
+
+def data(shape, dt, seed=0, scale=1.0):
+    x = scale * np.random.default_rng(seed).standard_normal(shape)
+    return x.astype(FLOATS[dt] if dt in FLOATS else dt)
+
+
+# ---- RMSNormalization, Swish, RotaryEmbedding -----------------------------------------------
+
+RMS = [  # x shape, scale shape, axis
+    ((3, 5, 8), (8,), -1),
+    ((2, 3, 4, 6), (4, 6), -2),
+    ((2, 3, 4, 6), (6,), 2),  # the scale repeats inside each row of 24
+    ((4, 32), (1, 32), 1),
+]
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("shape, sshape, axis", RMS,
+                         ids=["last-axis", "two-axes", "scale-repeats", "scale-leading-one"])
+def test_rms_normalization_equals_numpy(device, signatures, shape, sshape, axis, dt):
+    x, scale = data(shape, dt), data(sshape, dt, seed=1)
+    model = single_node("RMSNormalization", {"x": x, "s": scale}, {},
+                        {"axis": axis, "epsilon": 1e-3}, ["y"], opset=23)
+    want, got, names = run_both(model, {"x": x, "s": scale}, device, signatures)
+    assert_close(got, want, **({"rtol": 2e-6, "atol": 1e-7} if dt == "f32" else CLOSE[dt]))
+    assert names == [f"tr_rms_norm_fwd_{dt}"]
+
+
+@pytest.mark.parametrize("dt", list(FLOATS))
+@pytest.mark.parametrize("alpha", [1.0, 0.7], ids=["silu", "alpha"])
+def test_swish_equals_numpy(device, signatures, alpha, dt):
+    x = data((4, 7, 5), dt, scale=4.0)
+    model = single_node("Swish", {"x": x}, {}, {"alpha": alpha}, ["y"], opset=24)
+    want, got, names = run_both(model, {"x": x}, device, signatures)
+    assert_close(got, want, **({"rtol": 4e-7, "atol": 0} if dt == "f32" else CLOSE[dt]))
+    assert names == [f"tr_swish_{dt}"]
+
+
+ROTARY = {  # x shape, attributes, with position_ids
+    "4d": ((2, 3, 5, 8), {}, False),
+    "4d-interleaved": ((2, 3, 5, 8), {"interleaved": 1}, False),
+    "3d-heads-positions": ((2, 5, 24), {"num_heads": 3}, True),
+    "partial-rotary-dim": ((2, 3, 5, 8), {"rotary_embedding_dim": 4}, True),
+    "partial-interleaved-3d": ((2, 5, 16), {"num_heads": 2, "rotary_embedding_dim": 6,
+                                            "interleaved": 1}, False),
+}
+
+
+def rotary_feeds(shape, attrs, positions, dt):
+    heads = attrs.get("num_heads")
+    d = shape[2] // heads if heads else shape[3]
+    half = attrs.get("rotary_embedding_dim", d) // 2
+    b, s = shape[0], shape[1] if heads else shape[2]
+    x = data(shape, dt)
+    if positions:
+        angles = np.arange(10)[:, None] * 0.3 / (1 + np.arange(half))[None, :]
+        pos = np.random.default_rng(2).integers(0, 10, (b, s))
+        feeds = {"x": x, "cos": np.cos(angles).astype(x.dtype),
+                 "sin": np.sin(angles).astype(x.dtype), "pos": pos}
+    else:
+        angles = np.random.default_rng(3).uniform(-3, 3, (b, s, half))
+        feeds = {"x": x, "cos": np.cos(angles).astype(x.dtype),
+                 "sin": np.sin(angles).astype(x.dtype)}
+    return feeds
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("form", list(ROTARY))
+def test_rotary_embedding_equals_numpy(device, signatures, form, dt):
+    shape, attrs, positions = ROTARY[form]
+    feeds = rotary_feeds(shape, attrs, positions, dt)
+    model = single_node("RotaryEmbedding", feeds, {}, attrs, ["y"], opset=23)
+    want, got, names = run_both(model, feeds, device, signatures)
+    assert_close(got, want, rtol=0, atol=0)  # the same roundings in the same order
+    assert names == [f"tr_rotary_{dt}"]
+
+
+# ---- Attention ------------------------------------------------------------------------------
+
+B, SQ, SKV, D = 2, 5, 6, 8
+ATTENTION = {  # id: (Q, K, V shapes, attributes, extra inputs {name: array maker}, outputs)
+    "4d": (((B, 4, SQ, D), (B, 4, SKV, D), (B, 4, SKV, 6)), {}, {}),
+    "causal-3d": (((B, SQ, 32), (B, SKV, 32), (B, SKV, 32)),
+                  {"is_causal": 1, "q_num_heads": 4, "kv_num_heads": 4}, {}),
+    "bool-mask": (((B, 4, SQ, D), (B, 4, SKV, D), (B, 4, SKV, D)), {},
+                  {"mask": lambda dt: np.random.default_rng(5).random((SQ, SKV)) > 0.3}),
+    "bool-mask-dead-row": (((B, 2, SQ, D), (B, 2, SKV, D), (B, 2, SKV, D)), {},
+                           {"mask": lambda dt: np.arange(SQ * SKV).reshape(SQ, SKV) % 7 > 0
+                            & (np.arange(SQ) != 2)[:, None]}),
+    "short-bool-mask": (((B, 2, SQ, D), (B, 2, SKV, D), (B, 2, SKV, D)), {},
+                        {"mask": lambda dt: np.random.default_rng(6).random((B, 1, SQ, 4)) > .2}),
+    "float-mask": (((B, 4, SQ, D), (B, 4, SKV, D), (B, 4, SKV, D)), {},
+                   {"mask": lambda dt: data((B, 1, SQ, SKV), dt, seed=7)}),
+    "gqa-3d": (((B, SQ, 32), (B, SKV, 16), (B, SKV, 8)),
+               {"q_num_heads": 4, "kv_num_heads": 2}, {}),
+    "gqa-causal-4d": (((B, 6, SQ, D), (B, 2, SKV, D), (B, 2, SKV, D)), {"is_causal": 1}, {}),
+    "scale": (((B, 4, SQ, D), (B, 4, SKV, D), (B, 4, SKV, D)), {"scale": 0.3}, {}),
+    "softcap": (((B, 4, SQ, D), (B, 4, SKV, D), (B, 4, SKV, D)),
+                {"softcap": 1.5, "scale": 1.0}, {}),
+    "past-causal": (((B, 2, SQ, D), (B, 2, SQ, D), (B, 2, SQ, D)), {"is_causal": 1},
+                    {"past_key": lambda dt: data((B, 2, 3, D), dt, seed=8),
+                     "past_value": lambda dt: data((B, 2, 3, D), dt, seed=9)}),
+}
+
+
+def attention_case(form, dt):
+    shapes, attrs, extra = ATTENTION[form]
+    feeds = {n: data(s, dt, seed=k, scale=1.5) for k, (n, s) in enumerate(zip("qkv", shapes))}
+    feeds.update({n: make(dt) for n, make in extra.items()})
+    order = ["q", "k", "v", "mask" if "mask" in feeds else "",
+             *(["past_key", "past_value"] if "past_key" in feeds else [])]
+    outputs = ["y", "present_key", "present_value"] if "past_key" in feeds else ["y"]
+    return feeds, attrs, order, outputs
+
+
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("form", list(ATTENTION))
+def test_attention_equals_numpy(device, signatures, form, dt):
+    feeds, attrs, order, outputs = attention_case(form, dt)
+    model = single_node("Attention", feeds, {}, attrs, outputs, opset=23, order=order)
+    want, got, names = run_both(model, feeds, device, signatures)
+    assert_close(got, want, **CLOSE[dt])
+    present = [f"tr_attention_present_{dt}"] * 2 if len(outputs) == 3 else []
+    assert names == [f"tr_attention_fwd_{dt}", *present]
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_attention_qk_matmul_output_modes_equal_numpy(device, signatures, mode):
+    feeds, attrs, order, _ = attention_case("float-mask", "f32")
+    model = single_node("Attention", feeds, {},
+                        {"softcap": 2.0, "is_causal": 1, "qk_matmul_output_mode": mode},
+                        ["y", "", "", "qk"], opset=23, order=order)
+    want, got, _ = run_both(model, feeds, device, signatures)
+    got[1][np.isneginf(want[1]) & np.isneginf(got[1])] = 0  # hidden keys: -inf on both
+    want[1][np.isneginf(want[1])] = 0
+    assert_close(got, want, **CLOSE["f32"])
+
+
+def test_attention_nonpad_kv_seqlen_equals_numpy(device, signatures):
+    feeds, _, _, _ = attention_case("4d", "f32")
+    feeds["nonpad"] = np.array([4, 6], np.int64)
+    model = single_node("Attention", feeds, {}, {"is_causal": 1}, ["y"], opset=24,
+                        order=["q", "k", "v", "", "", "", "nonpad"])
+    want, got, _ = run_both(model, feeds, device, signatures)
+    assert_close(got, want, **CLOSE["f32"])
+
+
+# ---- gradients: three SGD steps of x -> projections -> op -> MSE ----------------------------
+
+E, S = 16, 5
+
+
+def _init(name, shape, seed, scale=0.3):
+    return numpy_helper.from_array(data(shape, "f32", seed, scale), name)
+
+
+def attention_model(form: str) -> onnx.ModelProto:
+    """x [B, S, E] -> Q, K, V projections (3-D, heads by attribute) -> Attention(form) -> y.
+    Trainable: the projections, and per form a float mask or the past key / value."""
+    hq, hkv, d = 4, 2 if "gqa" in form else 4, 4
+    attrs = {"q_num_heads": hq, "kv_num_heads": hkv, "is_causal": int("causal" in form)}
+    if "softcap" in form:
+        attrs["softcap"] = 1.5
+    inits = [_init("wq", (E, hq * d), 1), _init("wk", (E, hkv * d), 2),
+             _init("wv", (E, hkv * d), 3)]
+    ins = ["q", "k", "v"]
+    if "float-mask" in form:
+        inits.append(_init("mask", (S, S), 4, 1.0))
+        ins.append("mask")
+    elif "bool-mask" in form:
+        mask = np.random.default_rng(4).random((B, 1, S, S)) > 0.3
+        inits.append(numpy_helper.from_array(mask, "mask"))
+        ins.append("mask")
+    if "past" in form:
+        ins += [""] * (4 - len(ins)) + ["past_key", "past_value"]
+        inits += [_init("past_key", (B, hkv, 3, d), 5, 1.0),
+                  _init("past_value", (B, hkv, 3, d), 6, 1.0)]
+    nodes = [helper.make_node("MatMul", ["x", w], [o]) for w, o in
+             (("wq", "q"), ("wk", "k"), ("wv", "v"))]
+    outs = ["y", "present_key", "present_value"] if "past" in form else ["y"]
+    nodes.append(helper.make_node("Attention", ins, outs, **attrs))
+    graph = helper.make_graph(nodes, form, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [B, S, E])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [B, S, hq * d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+def rms_rotary_model(form: str) -> onnx.ModelProto:
+    """x [B, S, E] -> MatMul -> RMSNormalization (trainable scale) -> RotaryEmbedding (3-D, 4
+    heads, positions) -> Swish -> y."""
+    rot = {"interleaved": 1} if "interleaved" in form else {"rotary_embedding_dim": 2}
+    angles = np.arange(8)[:, None] * 0.4 / (1 + np.arange(rot.get("rotary_embedding_dim", 4)
+                                                       // 2))[None, :]
+    inits = [_init("w", (E, E), 1), _init("scale", (E,), 2, 1.0),
+             numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
+             numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin"),
+             numpy_helper.from_array(np.array([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]]), "pos")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("RMSNormalization", ["h", "scale"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("RotaryEmbedding", ["n", "cos", "sin", "pos"], ["r"], num_heads=4,
+                              **rot),
+             helper.make_node("Swish", ["r"], ["y"], alpha=0.8)]
+    graph = helper.make_graph(nodes, form, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [B, S, E])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [B, S, E])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)])
+
+
+GRAD_MODELS = {
+    "plain": (attention_model, {"tr_attention_bwd_rows_f32", "tr_attention_bwd_kv_f32"}),
+    "gqa-causal": (attention_model, {"tr_attention_bwd_rows_f32"}),
+    "softcap-causal": (attention_model, {"tr_attention_bwd_rows_f32"}),
+    "float-mask": (attention_model, {"tr_attention_bwd_mask_f32"}),
+    "bool-mask-gqa": (attention_model, {"tr_attention_bwd_kv_f32"}),
+    "past-gqa-causal": (attention_model, {"tr_attention_bwd_kv_f32"}),
+    "rms-rotary-swish": (rms_rotary_model, {"tr_rms_norm_bwd_dx_f32",
+                                            "tr_rms_norm_bwd_scale_f32", "tr_rotary_f32"}),
+    "rms-rotary-interleaved": (rms_rotary_model, {"tr_rotary_f32", "tr_swish_f32"}),
+}
+
+
+def train(model, out_shape, backend, **kw):
+    sess = tr_onnx.TrainingSession(model, loss="mse", optimizer=SGD(lr=0.5), backend=backend,
+                                   **kw)
+    rng = np.random.default_rng(11)
+    losses = [float(sess.train_step({"x": rng.standard_normal((B, S, E)).astype(np.float32)},
+                                    rng.standard_normal(out_shape).astype(np.float32)))
+              for _ in range(3)]
+    return sess, losses
+
+
+def assert_trains_alike(model, out_shape, device, signatures, kernels):
+    ref, want = train(model, out_shape, "numpy")
+    sess, got = train(model, out_shape, "cuda", device=device)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
+    a, b = sess.parameters(), ref.parameters()
+    assert a.keys() == b.keys()
+    for name in b:
+        if name not in ("cos", "sin"):  # RotaryEmbedding's caches get no gradient
+            assert not np.array_equal(b[name], model_init(model, name)), f"{name} is untrained"
+        np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-6, err_msg=name)
+    plan = sess._active
+    launches = launches_of(plan)
+    check_launch_arguments(launches, plan, signatures)
+    assert kernels <= {c.kernel.name for c in launches}
+
+
+def model_init(model, name):
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == name)
+
+
+@pytest.mark.parametrize("form", list(GRAD_MODELS))
+def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, form):
+    make, kernels = GRAD_MODELS[form]
+    model = make(form)
+    out = [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim]
+    assert_trains_alike(model, out, device, signatures, kernels)
