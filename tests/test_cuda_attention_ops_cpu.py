@@ -421,3 +421,37 @@ def test_a_tiny_opset_23_decoder_trains_three_sgd_steps_as_on_numpy(device, sign
     assert {"tr_attention_fwd_f32", "tr_attention_bwd_rows_f32", "tr_attention_bwd_kv_f32",
             "tr_rms_norm_fwd_f32", "tr_rms_norm_bwd_dx_f32", "tr_rms_norm_bwd_scale_f32",
             "tr_rotary_f32"} <= {c.kernel.name for c in launches}
+
+
+# ---- MatMulBias (the inference fold of MatMul + Add) -----------------------------------------
+
+
+@pytest.mark.parametrize("shape, path", [((6, 8), "cudnn"), ((2, 5, 8), "cudnn"),
+                                         ((2, 3, 4, 8), "kernels")],
+                         ids=["rank2-graph", "rank3-graph", "rank4-kernel-and-add"])
+def test_matmul_bias_equals_numpy_by_graph_or_kernels(device, signatures, shape, path):
+    """The fold makes one MatMulBias of MatMul(x, w) + bias: Gemm's cuDNN graph with the bias
+    epilogue (run as the numpy kernel in the emulator), or, where no matmul graph describes
+    it (rank 4), the batched kernel then the broadcast add: fp64 dot products against
+    NumPy's float32 BLAS over 8 terms, rtol 1e-6."""
+    x = data(shape, "f32")
+    w, bias = data((8, 5), "f32", seed=1), data((5,), "f32", seed=2)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"],
+                                                                         ["y"])],
+        "matmul_bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*shape[:-1], 5])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    want = tr_onnx.InferenceSession(model).run(None, {"x": x})
+    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    got = sess.run(None, {"x": x})
+    assert_close(got, want, rtol=1e-6, atol=1e-7)
+    plan = sess.plan_for({"x": x})
+    (bound,) = [bn for bn in plan.executor.bound if bn.node.op_type == "MatMulBias"]
+    if path == "cudnn":
+        (call,) = bound.calls
+        assert call.desc.kind == "matmul" and call.desc.epilogue == ("bias",)
+    else:
+        assert [c.kernel.name for c in bound.calls] == ["tr_matmul_f32", "tr_bcast_binary_f32"]
+    check_launch_arguments(launches_of(plan), plan, signatures)
