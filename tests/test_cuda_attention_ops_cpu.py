@@ -455,3 +455,66 @@ def test_matmul_bias_equals_numpy_by_graph_or_kernels(device, signatures, shape,
     else:
         assert [c.kernel.name for c in bound.calls] == ["tr_matmul_f32", "tr_bcast_binary_f32"]
     check_launch_arguments(launches_of(plan), plan, signatures)
+
+
+# ---- cuDNN's SDPA graph (opt-in: TR_ONNX_CUDNN_SDPA=1) ----------------------------------------
+
+SDPA_FORMS = {"causal-3d": True, "float-mask": True, "gqa-causal-4d": True, "scale": True,
+              "4d": False, "gqa-3d": False, "softcap": False, "bool-mask": False,
+              "past-causal": False}
+"""Form -> whether cuDNN's SDPA computes it (bfloat16): head sizes multiples of 8 (4d's V has
+6, gqa-3d's 4: cuDNN's validate refuses them), no softcap, boolean mask or past."""
+
+
+@pytest.mark.parametrize("form", list(SDPA_FORMS))
+def test_sdpa_is_chosen_per_node_where_asked_for_and_the_form_fits(device, signatures, form,
+                                                                    monkeypatch):
+    """With the opt-in, each node's bound calls say which path it took: one ``sdpa`` graph
+    (emulated as the numpy kernel: this checks the description's tensors against the plan's
+    slots and the wiring, not cuDNN's numbers) or the row kernel."""
+    from tr_onnx.backends.cuda.bind import CudnnCall
+    from tr_onnx.backends.cuda.ops.attention import SDPA_ENV
+
+    monkeypatch.setenv(SDPA_ENV, "1")
+    feeds, attrs, order, outputs = attention_case(form, "bf16")
+    model = single_node("Attention", feeds, {}, attrs, outputs, opset=23, order=order)
+    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    got = sess.run(None, feeds)
+    assert_close(got, tr_onnx.InferenceSession(model).run(None, feeds), **CLOSE["bf16"])
+    plan = sess.plan_for(feeds)
+    (bound,) = [bn for bn in plan.executor.bound if bn.node.op_type == "Attention"]
+    if SDPA_FORMS[form]:
+        (call,) = bound.calls
+        assert isinstance(call, CudnnCall) and call.desc.kind == "sdpa"
+        assert set(call.desc.inputs) == {"q", "k", "v"} | ({"bias"} if "mask" in feeds else set())
+        assert call.desc.io_data_type == "BFLOAT16" and set(call.desc.outputs) == {"O"}
+    else:
+        assert bound.calls[0].kernel.name == "tr_attention_fwd_bf16"
+    check_launch_arguments(launches_of(plan), plan, signatures)
+
+
+@pytest.mark.parametrize("form", [f for f, fits in SDPA_FORMS.items() if fits])
+def test_deviceless_cudnn_validates_the_sdpa_graph_and_declines_to_plan_it(form, monkeypatch):
+    """The real cuDNN (an H200, deviceless) validates and lowers each SDPA graph; its
+    heuristics then need the device, which is why the graph is opt-in (``SDPA_ENV``). Should
+    a cuDNN plan it without one, this fails: then the default can change."""
+    from tr_onnx.backends.cuda.bind import CudnnCall
+    from tr_onnx.backends.cuda.cudnn_graphs import declare_pygraph
+    from tr_onnx.backends.cuda.deviceless import device_properties, load_cudnn
+    from tr_onnx.backends.cuda.ops.attention import SDPA_ENV
+    from tr_onnx.testing.recorder import FakeRecorder
+    from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
+
+    monkeypatch.setenv(SDPA_ENV, "1")
+    feeds, attrs, order, outputs = attention_case(form, "bf16")
+    model = single_node("Attention", feeds, {}, attrs, outputs, opset=23, order=order)
+    plan = tr_onnx.InferenceSession(model, backend="cuda", device=lambda p: FakeRecorder(
+        p.memory, policy=EXECUTOR_POLICY)).plan_for(feeds)
+    (desc,) = [c.desc for bn in plan.executor.bound for c in bn.calls
+               if isinstance(c, CudnnCall)]
+    cudnn = load_cudnn()
+    g = declare_pygraph(desc, cudnn, device_property=device_properties(cudnn)).graph
+    g.validate()
+    g.build_operation_graph()
+    with pytest.raises(Exception, match="cuda_get_device"):
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])

@@ -8,11 +8,21 @@ gradient recomputes the probabilities, as the NumPy kernel does: a row kernel wr
 the scores' gradient gS into fp32 scratch [batch, q_heads, q, total] (and gQ), a second
 kernel sums them into gK and gV per key/value head, a third reduces the float mask's
 gradient. Swish's gradient rule is standard ops (Sigmoid, Mul, Add, Sub), bound elsewhere.
+
+cuDNN's SDPA graph (``describe_sdpa``) takes the forms it can compute -- fp16/bf16, head sizes
+multiples of 8, no softcap, no boolean or short mask, no past key/value, nonpad_kv_seqlen or
+window, Y alone (``sdpa_refusal``) -- but only
+where ``TR_ONNX_CUDNN_SDPA=1`` asks for it (``SDPA_ENV``): no SDPA plan has been checked
+without a GPU, since deviceless cuDNN (9.19, 9.28) validates and lowers the graph, then its
+heuristics ask for the device. The node's bound calls say which ran: a ``CudnnCall`` of kind
+``sdpa``, or the ``tr_attention_fwd_<dt>`` launch.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from functools import partial
 
 import numpy as np
 
@@ -24,6 +34,8 @@ from ..bind import (
     BindContext,
     Unbound,
     binding,
+    contiguous_strides,
+    cudnn_workspace,
     f32,
     float_dt,
     i32,
@@ -31,6 +43,7 @@ from ..bind import (
     need_compact,
     same_layout,
 )
+from ..cudnn_graphs import CudnnGraphError, GraphDesc, ScalarDesc, _PlanIndex
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 
 # ---- kernels/attention.cu: the family's name table ------------------------------------------
@@ -244,9 +257,91 @@ class _Form:
                 i64(sp.left), i64(sp.right), i32(sp.mode)]
 
 
-def bind_attention(b: BindContext, node) -> list:
+SDPA_ENV = "TR_ONNX_CUDNN_SDPA"
+"""Set to 1 (when a plan is made): an Attention node of a form cuDNN's SDPA computes runs
+that graph (``describe_sdpa``), the row kernel where cuDNN builds none. Off by default: on a
+CPU, cuDNN 9.19 and 9.28 in deviceless mode validate and lower the graph, then decline at
+``create_execution_plans`` ("cuda_get_device(&device) failed with CUDA driver version is
+insufficient for CUDA runtime version"), so no SDPA plan is checked without a GPU."""
+
+
+def sdpa_refusal(b: BindContext, node, f: _Form) -> str | None:
+    """Why cuDNN's SDPA graph does not compute this Attention node (None: it does)."""
+    sp = f.sp
+    if b.t(f.q).dtype.name not in ("float16", "bfloat16"):
+        return "SDPA takes fp16 / bf16"
+    if sp.softcap > 0:
+        return "softcap"
+    if sp.d % 8 or sp.dv % 8:
+        return f"head sizes {sp.d}, {sp.dv}: cuDNN's validate wants multiples of 8"
+    if f.past_k is not None or f.nonpad is not None or sp.left >= 0 or sp.right >= 0:
+        return "past key / value, nonpad_kv_seqlen or a window"
+    if any(v is not None for v in node.outputs[1:]):
+        return "present key / value or qk_matmul_output"
+    if f.mask is not None and (b.t(f.mask).dtype == np.bool_ or b.t(f.mask).shape[-1] != sp.t):
+        return "a boolean mask, or one shorter than the keys"
+    return None
+
+
+def _bhsd(t, rank3: bool, heads: int) -> tuple[tuple, tuple]:
+    """cuDNN's [b, heads, seq, size] dims and element strides of a compact 4-D tensor, or of a
+    3-D [b, seq, heads * size] one (BSHD)."""
+    if rank3:
+        n, s, hd = t.shape
+        return (n, heads, s, hd // heads), (s * hd, hd // heads, hd, 1)
+    return tuple(t.shape), tuple(contiguous_strides(t.shape))
+
+
+def _sdpa_ops(g, desc: GraphDesc, ins: dict, scalars: dict, causal: bool) -> dict:
+    bias = {"bias": ins["bias"]} if "bias" in ins else {}
+    o, _ = g.sdpa(ins["q"], ins["k"], ins["v"], generate_stats=False,
+                  attn_scale=scalars["attn_scale"], use_causal_mask=causal, name="sdpa", **bias)
+    return {"O": o}
+
+
+def describe_sdpa(node, plan, workspace: tuple[int, int]) -> GraphDesc:
+    """Attention(Q, K, V[, float mask]) -> Y as cuDNN's SDPA: the float mask is the graph's
+    additive bias (dims 1 on its broadcast axes), causal its top-left diagonal (no past: key j
+    is hidden from query i past i), the scale the NumPy kernel's (the square of the attribute's
+    float32 root), grouped key/value heads as K / V head counts dividing Q's."""
+    t = plan.tensors
+    q, k, v = (t[x.name] for x in node.inputs[:3])
+    mask = t[node.inputs[3].name] if len(node.inputs) > 3 and node.inputs[3] is not None \
+        else None
+    y = t[node.outputs[0].name]
+    sp = _spec(node.attrs, [q.shape, k.shape, v.shape, None if mask is None else mask.shape,
+                            None], q.dtype, CudnnGraphError)
+    index = _PlanIndex(plan)
+    ins = {port: index.tensor(x, port, *_bhsd(x, sp.rank3, heads), node.label)
+           for port, x, heads in (("q", q, sp.hq), ("k", k, sp.hkv), ("v", v, sp.hkv))}
+    if mask is not None:
+        full = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+        ins["bias"] = index.tensor(mask, "bias", full, contiguous_strides(full), node.label)
+    out = {"O": index.tensor(y, "O", *_bhsd(y, sp.rank3, sp.hq), node.label)}
+    return GraphDesc("sdpa", node.label, ins["q"].data_type, ins, out,
+                     scalars={"attn_scale": ScalarDesc("attn_scale", sp.scale)},
+                     workspace=workspace, build=partial(_sdpa_ops, causal=sp.causal))
+
+
+def attention_factory(ctx: KernelContext):
+    """Attention: cuDNN's SDPA where ``SDPA_ENV`` asks for it and the form fits (its workspace
+    reserved then), else the row kernel."""
+    k = cudnn_workspace(ctx) if os.environ.get(SDPA_ENV, "") not in ("", "0") else None
+
+    def bind(b: BindContext, node) -> list:
+        f = _Form(b, node, 0)
+        if k is not None and sdpa_refusal(b, node, f) is None:
+            try:
+                return b.cudnn(node, k, describe=describe_sdpa)
+            except Unbound:
+                pass  # cuDNN builds no SDPA plan for it here: the row kernel
+        return bind_attention(b, node, f)
+
+    return bind
+
+
+def bind_attention(b: BindContext, node, f: _Form) -> list:
     """Y (and qk_matmul_output) by the row kernel; present key / value by the copy kernel."""
-    f = _Form(b, node, 0)
     y, present_k, present_v, qk = (list(node.outputs) + [None] * 4)[:4]
     need_compact(b, y, present_k, present_v, qk)
     dt = float_dt(b, y, f.q, present_k, present_v, qk)
@@ -319,5 +414,5 @@ def tr_onnx_op_definitions():
             KernelDef("RotaryEmbedding", "cuda", binding(bind_rotary)),
             KernelDef("RotaryEmbeddingGrad", "cuda", binding(bind_rotary_grad),
                       domain=INTERNAL),
-            KernelDef("Attention", "cuda", binding(bind_attention)),
+            KernelDef("Attention", "cuda", attention_factory),
             KernelDef("AttentionGrad", "cuda", attention_grad_factory, domain=INTERNAL)]
