@@ -165,6 +165,33 @@ def training_parity(stem: str, device=None, steps: int = 20, batch: int = 4) -> 
     return {"loss": worst, "weights": max(_rel(a[n], b[n]) for n in b), "steps": steps}
 
 
+def real_export_parity(folder: Path, case: str, device=None) -> dict:
+    """A real export written by scripts/export_real_sets.py (``<case>.onnx``, its batches in
+    ``<case>.npz``, its options in ``sets.json``): plain SGD steps on numpy and cuda on the
+    same batches, measured as ``training_parity`` measures the zoo's (the loss per step and
+    the weights per tensor, relative)."""
+    row = json.loads((folder / "sets.json").read_text())[case]
+    batches = np.load(folder / f"{case}.npz")
+    loss = tr_onnx.LossSpec("cross_entropy", class_axis=row["class_axis"])
+
+    def session(backend_kw: dict) -> tr_onnx.TrainingSession:
+        return tr_onnx.TrainingSession(folder / f"{case}.onnx", loss=loss,
+                                       optimizer=SGD(lr=row["lr"]), **row["session_kwargs"],
+                                       **backend_kw)
+
+    ref, cuda = session({"backend": "numpy"}), session(_cuda_kwargs(device))
+    worst = 0.0
+    for k in range(row["steps"]):
+        feed = {key.split("/", 1)[1]: batches[key] for key in batches.files
+                if key.startswith(f"k{k}/") and key != f"k{k}/labels"}
+        y = batches[f"k{k}/labels"]
+        want, got = ref.train_step(feed, y), cuda.train_step(feed, y)
+        worst = max(worst, abs(got - want) / max(abs(want), 1e-12))
+    a, b = cuda.parameters(), ref.parameters()
+    return {"loss": worst, "weights": max(_rel(a[n], b[n]) for n in b), "steps": row["steps"],
+            "parameters": len(b)}
+
+
 def export_parity(stem: str, device=None, steps: int = 3, batch: int = 4) -> dict:
     """Train ``steps`` SGD steps on cuda, export, and run the exported model in onnxruntime
     (its CUDA provider where onnxruntime-gpu is installed, else the CPU one): the trained

@@ -4,8 +4,9 @@
 #   bash scripts/gpu_check.sh              # on the lent GPU machine, from the repository root
 #   bash scripts/gpu_check.sh --dry-run    # on a CPU: every stage's plumbing (host emulator)
 #
-# With the device tool (from a session whose task drew a GPU), carrying the wheels:
-#   run(command="bash scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
+# With the device tool (from a session whose task drew a GPU), carrying the wheels and the real
+# exports (written here first: `python scripts/export_real_sets.py .gpu-real`, stage 5d):
+#   run(command="bash scripts/gpu_check.sh", carry=[".whl", ".gpu-real"], timeout_s=540)
 #
 # Each stage of scripts/gpu_stages.py (`python scripts/gpu_stages.py plan` lists them with their
 # limits) runs in its own process under its own limit: at the limit it gets SIGINT (it writes a
@@ -23,7 +24,8 @@
 # (mlp, lenet, transformer: forward, 5 steps, replay), 4b-models-tf32-off (the same with
 # NVIDIA_TF32_OVERRIDE=0 and cuDNN's non-deterministic engines deselected), 5-convnets (resnet,
 # mobilenet), 5b-precision-export, 5c-nccl (a world of 1 through the NCCL all-reduce captured
-# in the step's graph == without it, bit for bit), 6-benchmark (ResNet-50 shaped + model_zoo, tr_onnx fp32/fp16/bf16 vs torch AMP
+# in the step's graph == without it, bit for bit), 5d-real-exports (a dynamo CNN, BERT, Llama
+# at opset 23, a BiLSTM: 3 SGD steps vs numpy), 6-benchmark (ResNet-50 shaped + model_zoo, tr_onnx fp32/fp16/bf16 vs torch AMP
 # channels_last eager; torch.compile last). tests/test_cuda_gpu.py (pytest -m gpu) calls the
 # same parity functions, for a developer on a GPU; this script does not run it.
 #

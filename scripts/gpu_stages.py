@@ -16,7 +16,8 @@ where a stage can use it, else ``skipped: no GPU``; smaller cases, no timing.
 Stages (see ``STAGES``): versions, kernels, capture, cudnn, models (TF32 as the machine has
 it), models-tf32-off (NVIDIA_TF32_OVERRIDE=0, and replay with cuDNN's non-deterministic engines
 deselected: TR_ONNX_CUDNN_DETERMINISTIC=1), convnets, precision-export, nccl (a world of 1
-through data parallelism's NCCL all-reduce in the captured step), benchmark
+through data parallelism's NCCL all-reduce in the captured step), real-exports (models
+exported here by scripts/export_real_sets.py, carried in .gpu-real), benchmark
 (``gpu_check.run_benchmark``: results.json / results.md as before, for the README table).
 """
 
@@ -692,6 +693,49 @@ def stage_precision_export(ctx: Context) -> str:
     return f"{len(stems)} models x (fp16, bf16, export): {bad} failing"
 
 
+def real_exports_folder(ctx: Context) -> Path:
+    """Where scripts/export_real_sets.py wrote the sets: ``$TR_ONNX_REAL_EXPORTS``, else
+    ``.gpu-real`` (carried to the GPU machine, which cannot export them: no transformers or
+    tf2onnx there). Without one, the dry run writes the zoo's MLP as a set (the plumbing, not
+    an export: exporting takes the test extra and more than the stage's limit)."""
+    folder = Path(os.environ.get("TR_ONNX_REAL_EXPORTS") or ROOT / ".gpu-real")
+    if (folder / "sets.json").exists():
+        return folder
+    if not ctx.dry:
+        raise Skip(f"no exported sets in {folder}: run `python scripts/export_real_sets.py "
+                   ".gpu-real` on a machine with the test extra and carry .gpu-real")
+    import export_real_sets  # scripts/ is on sys.path (above)
+
+    folder = ctx.out / "real_exports"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    def batches(k: int):
+        return ({"input": rng.standard_normal((4, 64)).astype(np.float32)},
+                rng.integers(0, 10, 4).astype(np.int64))
+
+    row = export_real_sets.write_set(folder, "zoo-mlp", ROOT / "model_zoo" / "mlp.onnx",
+                                     batches, 0.1)
+    export_real_sets.write_index(folder, {"zoo-mlp": row})
+    return folder
+
+
+def stage_real_exports(ctx: Context) -> str:
+    """Real exports (a torchvision-shaped CNN from the dynamo exporter, a Hugging Face BERT, a
+    Llama at opset 23, a bidirectional LSTM: scripts/export_real_sets.py), three plain SGD
+    steps on cuda against numpy on the same batches (``gpu_check.real_export_parity``)."""
+    folder = real_exports_folder(ctx)
+    if not ctx.dry:
+        need_gpu(ctx)
+    cases = list(json.loads((folder / "sets.json").read_text()))
+    bad = 0
+    for case in cases:
+        row = ctx.check(f"{case} training", lambda c=case: gpu_check.real_export_parity(
+            folder, c, ctx.device), {k: gpu_check.TOL[k] for k in ("loss", "weights")})
+        bad += not row.get("ok", False)
+    return f"{len(cases)} real exports x 3 SGD steps vs numpy: {bad} failing"
+
+
 def stage_nccl(ctx: Context) -> str:
     """Data parallelism's NCCL path at a world of 1 (``gpu_check.nccl_parity``): the plan's
     GradAllReduce as one NCCL all-reduce captured in the step's graph (and, on the ResNet,
@@ -776,11 +820,11 @@ def stage_benchmark(ctx: Context) -> str:
 
 STAGES = [
     Stage("0-versions", 30, stage_versions, what="driver, runtime, NVRTC, CuPy, cuDNN, memory"),
-    Stage("1-kernels", 65, stage_kernels, what="NVRTC per family, 12 one-node kernels vs numpy"),
+    Stage("1-kernels", 55, stage_kernels, what="NVRTC per family, 12 one-node kernels vs numpy"),
     Stage("2-capture", 30, stage_capture, what="pinned+events, captured replay, CaptureError"),
     Stage("3-cudnn", 45, stage_cudnn, what="every cuDNN kind x fp32/fp16/bf16, replay"),
     Stage("4-models", 55, stage_models, what="mlp, lenet, transformer (TF32 default)"),
-    Stage("4b-models-tf32-off", 45, stage_models_tf32_off, {"NVIDIA_TF32_OVERRIDE": "0"},
+    Stage("4b-models-tf32-off", 35, stage_models_tf32_off, {"NVIDIA_TF32_OVERRIDE": "0"},
           what="the same, TF32 off, deterministic cuDNN engines"),
     Stage("5-convnets", 60, stage_convnets,
           what="resnet, mobilenet training parity; mobilenet_train's Dropout"),
@@ -788,7 +832,9 @@ STAGES = [
           what="fp16/bf16 against the fp32 curve, onnxruntime runs the exported model"),
     Stage("5c-nccl", 20, stage_nccl, what="a world of 1 through NCCL in the captured step "
           "(fp32, fp16, sync_batchnorm)"),
-    Stage("6-benchmark", 80, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
+    Stage("5d-real-exports", 45, stage_real_exports,
+          what="a dynamo CNN, BERT, Llama opset 23, a BiLSTM: 3 SGD steps vs numpy"),
+    Stage("6-benchmark", 55, stage_benchmark, what="ResNet-50 etc. vs torch (results.md)"),
 ]
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 

@@ -13,12 +13,18 @@ from oracles import ort_run
 from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
+from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
 from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.passes import control_flow
+from tr_onnx.testing.recorder import FakeRecorder
 from tr_onnx.training.gradients import vjp
 
 F, D, I64, B = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 RNG = np.random.default_rng(5)
+
+
+def recorder(plan) -> FakeRecorder:
+    return FakeRecorder(plan.memory, policy=EXECUTOR_POLICY)
 
 
 def _vi(name, elem, shape):
@@ -151,15 +157,18 @@ def test_loop_whose_body_computes_its_condition_from_the_iteration_unrolls_step_
     assert ys.shape == (3, 2)
 
 
-def test_loop_whose_condition_depends_on_data_is_a_named_error():
-    """cond_out = max(y) > 0: decided by the values the loop computes."""
+@pytest.mark.parametrize("backend", ["numpy", "cuda"])
+def test_loop_whose_condition_depends_on_data_is_a_named_error(backend):
+    """cond_out = max(y) > 0: decided by the values the loop computes. The same error on
+    both backends (resolution comes before a backend: not "no cuda binding")."""
     model = _loop(helper.make_node("ReduceMax", ["y_in"], ["top"], keepdims=0),
                   helper.make_node("Greater", ["top", "zero"], ["cond_out"]),
                   inits=[helper.make_tensor("zero", F, [], [0.0])])
     feed = {"m": np.array(3, np.int64), "c": np.array(True),
             "y0": np.zeros(2, np.float32), "x": np.ones(2, np.float32)}
+    device = {"device": recorder} if backend == "cuda" else {}
     with pytest.raises(UnsupportedModelError, match="condition .* depends on data"):
-        tr_onnx.InferenceSession(model).run(None, feed)
+        tr_onnx.InferenceSession(model, backend=backend, **device).run(None, feed)
 
 
 def test_unrolling_past_the_node_limit_is_a_named_error(monkeypatch):

@@ -36,7 +36,7 @@ def dry_run(tmp_path_factory):
 def test_the_plan_lists_every_stage_with_a_limit_of_about_five_minutes_in_all():
     assert NAMES == ["0-versions", "1-kernels", "2-capture", "3-cudnn", "4-models",
                      "4b-models-tf32-off", "5-convnets", "5b-precision-export", "5c-nccl",
-                     "6-benchmark"]
+                     "5d-real-exports", "6-benchmark"]
     total = sum(s.limit_s for s in gpu_stages.STAGES)
     assert total <= 480, total  # the device tool's 540 s leaves the installs their minute
     assert gpu_stages.STAGE_BY_NAME["4b-models-tf32-off"].env == {"NVIDIA_TF32_OVERRIDE": "0"}
@@ -77,6 +77,23 @@ def test_the_dry_run_result_lines_carry_numbers(dry_run):
         assert nccl["ok"] and nccl["nccl"] == 0.0 and "reduce" in nccl["captured_graphs"][0]
     sync = by[("5c-nccl", "resnet sync_batchnorm world of 1 via nccl")]
     assert sync["ok"] and (sync["sync_nodes"], sync["all_reduces"]) == (12, 18), sync
+    real = by[("5d-real-exports", "zoo-mlp training")]
+    assert real["ok"] and real["steps"] == 3 and real["parameters"] == 6, real
+
+
+def test_an_exported_real_set_trains_through_the_stages_parity_function(tmp_path):
+    """scripts/export_real_sets.py writes what the GPU machine cannot export (a set of the
+    tests' catalogue, its batches and options); ``real_export_parity`` trains it on numpy and
+    on the cuda backend (here the host emulator) as stage 5d does on the GPU."""
+    export_real_sets = load_script("export_real_sets")
+    gpu_check = load_script("gpu_check")
+    rows = export_real_sets.export(tmp_path, ["mlp-classic"])
+    assert rows == {"mlp-classic": {"lr": 0.1, "class_axis": 1, "session_kwargs": {},
+                                    "steps": 3}}
+    assert json.loads((tmp_path / "sets.json").read_text()) == rows
+    got = gpu_check.real_export_parity(tmp_path, "mlp-classic", gpu_stages.emulator())
+    assert got["steps"] == 3 and got["parameters"] == 6
+    assert got["loss"] <= gpu_check.TOL["loss"] and got["weights"] <= gpu_check.TOL["weights"]
 
 
 def test_the_benchmark_stage_writes_the_readme_table_as_before(dry_run):

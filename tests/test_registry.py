@@ -143,14 +143,19 @@ def test_ops_cli_lists_cuda_with_versions_exactly_where_a_binding_exists(capsys)
     """``tr-onnx ops --json`` answers "does Conv v22 run on cuda?": a backend's versions per
     op, and cuda for exactly the ops the cuda bindings (builtin modules, plugin CudaKernels)
     register."""
-    from tr_onnx.opdef import KernelDef
-    from tr_onnx.registry import BUILTIN_BACKEND_KERNELS
+    from tr_onnx.opdef import KernelDef, OpDef
+    from tr_onnx.registry import BUILTIN_BACKEND_KERNELS, BUILTIN_OPSETS
 
     assert cli_main(["ops", "--json"]) == 0
     rows = {(r["domain"], r["op"]): r for r in json.loads(capsys.readouterr().out)}
     bound = {(k.domain or "ai.onnx", k.op_type) for name in BUILTIN_BACKEND_KERNELS
              for k in importlib.import_module(name).tr_onnx_op_definitions()
              if isinstance(k, KernelDef) and k.backend == "cuda"}
+    # ops resolved before any backend runs them (control flow, sequences) name one factory for
+    # both backends in their own OpDef
+    bound |= {(o.domain or "ai.onnx", o.op_type) for name in BUILTIN_OPSETS
+              for o in importlib.import_module(name).tr_onnx_op_definitions()
+              if isinstance(o, OpDef) and "cuda" in o.kernels}
     bound |= {(o.domain or "ai.onnx", o.op_type) for o in _installed_plugin_defs()
               if "cuda" in getattr(o, "kernels", {})}
     assert {key for key, r in rows.items() if "cuda" in r["backends"]} == bound

@@ -12,7 +12,8 @@ table, whose model outputs need static shapes).
 
 They are registered so that import accepts them, ``tr-onnx ops`` lists them, and the node
 suite counts their cases. A node that reaches a kernel was not resolvable; its factory names it
-and says why.
+and says why, on every backend alike (resolution happens before a backend is involved, so the
+cuda backend registers the same factory: the same named error, not "no cuda binding").
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _WHY = {
 }
 
 
-def unresolved_numpy(ctx):
+def unresolved(ctx):
     """The kernel factory of every op here: reaching it means specialisation could not resolve
     the node; a named error says which and why."""
     why = _WHY.get(ctx.node.op_type, "its sequence positions or lengths are not known when the "
@@ -47,7 +48,8 @@ def _structural(op_type: str, versions: tuple[int, ...], doc: str,
                 differentiable: bool = False, const_inputs: tuple[int, ...] = ()) -> OpDef:
     """``const_inputs``: positions, split sizes, trip counts: model inputs reaching them make
     the plan specialise on their values."""
-    return OpDef(op_type, versions, {"numpy": unresolved_numpy}, const_inputs=const_inputs,
+    return OpDef(op_type, versions, {"numpy": unresolved, "cuda": unresolved},
+                 const_inputs=const_inputs,
                  differentiable=differentiable, gradient=unrolled_vjp if differentiable else None,
                  doc=doc)
 

@@ -1,4 +1,4 @@
-"""cuda bindings of ``ops/quantize.py`` (being written: the family registers its KernelDefs here)."""
+"""cuda bindings of ``ops/quantize.py``: the family's KernelDefs are registered here."""
 
 from __future__ import annotations
 
