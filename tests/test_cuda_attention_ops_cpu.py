@@ -8,10 +8,12 @@ Tolerances, justified by where the arithmetic differs from NumPy's:
 
 * RotaryEmbedding (and its inverse) and Swish in float32: the same products and sums in the
   same order, rounded as NumPy rounds them (--fmad=false / -ffp-contract=off), and the same
-  overflow-free sigmoid: RotaryEmbedding bit-exact; Swish within libm's expf against NumPy's
-  exp (1 ulp, which the sigmoid's division and the product carry to 2 ulp): rtol 4e-7. In float16 / bfloat16, NumPy rounds every intermediate of the sigmoid
-  to the storage type where the kernel keeps float32 between its two roundings (alpha x and
-  the sigmoid): one step of the storage type (2^-10 / 2^-7 relative).
+  overflow-free sigmoid: RotaryEmbedding bit-exact (in bfloat16 too: the kernel rounds each
+  product to the storage type as NumPy does); Swish within libm's expf against NumPy's exp
+  (1 ulp, which the sigmoid's division and the product carry to 2 ulp): rtol 4e-7. In
+  float16 / bfloat16, NumPy rounds every intermediate of the sigmoid to the storage type where
+  the kernel keeps float32 between its two roundings (alpha x and the sigmoid): one step of
+  the storage type (2^-10 / 2^-7 relative).
 * RMSNormalization and its gradient: the row sums (of x^2, of g xhat) are fp64 in the kernel,
   NumPy's float32 pairwise/einsum order: at most m ulp of float32 on rows of m <= 32 terms
   before the normalisation divides them, so rtol 2e-6 in float32; the scale's gradient sums
@@ -245,6 +247,17 @@ def test_attention_nonpad_kv_seqlen_equals_numpy(device, signatures):
     assert_close(got, want, **CLOSE["f32"])
 
 
+@pytest.mark.parametrize("left, right", [(2, -1), (1, 1), (-1, 0)],
+                         ids=["left-window-causal", "band", "right-bound-only"])
+def test_attention_sliding_windows_of_opset_25_equal_numpy(device, signatures, left, right):
+    feeds, _, order, _ = attention_case("past-causal", "f32")
+    model = single_node("Attention", feeds, {},
+                        {"is_causal": int(right < 0), "left_window_size": left,
+                         "right_window_size": right}, ["y"], opset=25, order=order)
+    want, got, _ = run_both(model, feeds, device, signatures)
+    assert_close(got, want, **CLOSE["f32"])
+
+
 # ---- gradients: three SGD steps of x -> projections -> op -> MSE ----------------------------
 
 E, S = 16, 5
@@ -278,7 +291,16 @@ def attention_model(form: str) -> onnx.ModelProto:
     nodes = [helper.make_node("MatMul", ["x", w], [o]) for w, o in
              (("wq", "q"), ("wk", "k"), ("wv", "v"))]
     outs = ["y", "present_key", "present_value"] if "past" in form else ["y"]
-    nodes.append(helper.make_node("Attention", ins, outs, **attrs))
+    if "qk-mode" in form:  # y + the qk_matmul_output summed over heads and keys, per query
+        attrs["qk_matmul_output_mode"] = int(form[-1])
+        outs = ["att", "", "", "qk"]
+        inits += [numpy_helper.from_array(np.array([k]), f"axis{k}") for k in (1, 3)]
+        nodes += [helper.make_node("ReduceSum", ["qk", "axis3"], ["qk_keys"], keepdims=0),
+                  helper.make_node("ReduceSum", ["qk_keys", "axis1"], ["qk_sum"], keepdims=0),
+                  helper.make_node("Unsqueeze", ["qk_sum", "last"], ["qk_col"]),
+                  helper.make_node("Add", ["att", "qk_col"], ["y"])]
+        inits.append(numpy_helper.from_array(np.array([2]), "last"))
+    nodes.insert(3, helper.make_node("Attention", ins, outs, **attrs))
     graph = helper.make_graph(nodes, form, [helper.make_tensor_value_info(
         "x", TensorProto.FLOAT, [B, S, E])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, [B, S, hq * d])], inits)
@@ -313,6 +335,8 @@ GRAD_MODELS = {
     "float-mask": (attention_model, {"tr_attention_bwd_mask_f32"}),
     "bool-mask-gqa": (attention_model, {"tr_attention_bwd_kv_f32"}),
     "past-gqa-causal": (attention_model, {"tr_attention_bwd_kv_f32"}),
+    **{f"softcap-float-mask-qk-mode-{m}": (attention_model, {"tr_attention_bwd_mask_f32"})
+       for m in range(4)},
     "rms-rotary-swish": (rms_rotary_model, {"tr_rms_norm_bwd_dx_f32",
                                             "tr_rms_norm_bwd_scale_f32", "tr_rotary_f32"}),
     "rms-rotary-interleaved": (rms_rotary_model, {"tr_rotary_f32", "tr_swish_f32"}),
@@ -324,7 +348,9 @@ def train(model, out_shape, backend, **kw):
     and past key / value are constants by default: Attention declares no parameter inputs)."""
     trainable = [t.name for t in model.graph.initializer
                  if t.data_type == TensorProto.FLOAT and t.name not in ("cos", "sin")]
-    sess = tr_onnx.TrainingSession(model, loss="mse", optimizer=SGD(lr=0.5), backend=backend,
+    # the qk_matmul_output sums (heads x keys scores per query) take a small step
+    lr = 0.005 if "qk-mode" in model.graph.name else 0.5
+    sess = tr_onnx.TrainingSession(model, loss="mse", optimizer=SGD(lr=lr), backend=backend,
                                    trainable=trainable, **kw)
     rng = np.random.default_rng(11)
     losses = [float(sess.train_step({"x": rng.standard_normal((B, S, E)).astype(np.float32)},
@@ -501,9 +527,9 @@ def test_deviceless_cudnn_validates_the_sdpa_graph_and_declines_to_plan_it(form,
     from tr_onnx.backends.cuda.bind import CudnnCall
     from tr_onnx.backends.cuda.cudnn_graphs import declare_pygraph
     from tr_onnx.backends.cuda.deviceless import device_properties, load_cudnn
+    from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
     from tr_onnx.backends.cuda.ops.attention import SDPA_ENV
     from tr_onnx.testing.recorder import FakeRecorder
-    from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
 
     monkeypatch.setenv(SDPA_ENV, "1")
     feeds, attrs, order, outputs = attention_case(form, "bf16")

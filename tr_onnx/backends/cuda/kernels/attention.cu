@@ -253,11 +253,13 @@ template <class T> struct tr_attention {
             for (long long j = 0; j < t; ++j) {                                                \
                 float s0 = at.raw(qi, n, h, j), s1 = at.capped(s0), s2 = s1 + at.bias(n, h, i, j); \
                 float p = dead ? 0.0f : expf(s2 - mx) / sum;                                   \
-                if (qk) tr_put(qk, row * t + j, mode == 0 ? s0 : mode == 1 ? s1 : mode == 2 ? s2 : p); \
+                if (qk)                                                                        \
+                    tr_put(qk, row * t + j, mode == 0 ? s0 : mode == 1 ? s1 : mode == 2 ? s2 : p); \
                 const T* vj = at.value(n, at.kv_head(h), j);                                   \
                 for (long long e = 0; e < dv; ++e) acc[e] += (double)p * (double)tr_get(vj, e); \
             }                                                                                  \
-            for (long long e = 0; e < dv; ++e) tr_put(y, n * yb + h * yh + i * ys + e, (float)acc[e]); \
+            for (long long e = 0; e < dv; ++e)                                                 \
+                tr_put(y, n * yb + h * yh + i * ys + e, (float)acc[e]);                        \
         }                                                                                      \
     }                                                                                          \
     TR_KERNEL void tr_attention_present_##dt(const T* pst, const T* x, T* present,             \
@@ -291,7 +293,8 @@ template <class T> struct tr_attention {
                 p_out[row * t + j] = p;                                                        \
                 const T* vj = at.value(n, g, j);                                               \
                 double gp = 0.0;                                                               \
-                for (long long e = 0; e < dv; ++e) gp += (double)tr_get(gyi, e) * (double)tr_get(vj, e); \
+                for (long long e = 0; e < dv; ++e)                                             \
+                    gp += (double)tr_get(gyi, e) * (double)tr_get(vj, e);                      \
                 float gpf = (float)gp;                                                         \
                 if (gqk && mode == 3) gpf += tr_get(gqk, row * t + j);                         \
                 gs_out[row * t + j] = gpf; /* gP until the second pass */                      \
@@ -316,7 +319,8 @@ template <class T> struct tr_attention {
                 const T* kj = at.key(n, g, j);                                                 \
                 for (long long e = 0; e < d; ++e) acc[e] += (double)gs * (double)tr_get(kj, e); \
             }                                                                                  \
-            for (long long e = 0; e < d; ++e) tr_put(gq, n * qb + h * qh + i * qs + e, (float)acc[e]); \
+            for (long long e = 0; e < d; ++e)                                                  \
+                tr_put(gq, n * qb + h * qh + i * qs + e, (float)acc[e]);                       \
         }                                                                                      \
     }                                                                                          \
     /* gk, gv: the new keys' gradients in K's / V's layout (kb.. / vb.. strides); g_past_k /  \

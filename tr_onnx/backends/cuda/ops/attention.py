@@ -11,11 +11,11 @@ gradient. Swish's gradient rule is standard ops (Sigmoid, Mul, Add, Sub), bound 
 
 cuDNN's SDPA graph (``describe_sdpa``) takes the forms it can compute -- fp16/bf16, head sizes
 multiples of 8, no softcap, no boolean or short mask, no past key/value, nonpad_kv_seqlen or
-window, Y alone (``sdpa_refusal``) -- but only
-where ``TR_ONNX_CUDNN_SDPA=1`` asks for it (``SDPA_ENV``): no SDPA plan has been checked
-without a GPU, since deviceless cuDNN (9.19, 9.28) validates and lowers the graph, then its
-heuristics ask for the device. The node's bound calls say which ran: a ``CudnnCall`` of kind
-``sdpa``, or the ``tr_attention_fwd_<dt>`` launch.
+window, Y alone (``sdpa_refusal``) -- but only where ``TR_ONNX_CUDNN_SDPA=1`` asks for it
+(``SDPA_ENV``): no SDPA plan has been checked without a GPU, since deviceless cuDNN (9.19,
+9.28) validates and lowers the graph, then its heuristics ask for the device. The node's
+bound calls say which ran: a ``CudnnCall`` of kind ``sdpa``, or the ``tr_attention_fwd_<dt>``
+launch.
 """
 
 from __future__ import annotations
