@@ -270,7 +270,7 @@ def _init(name, shape, seed, scale=0.3):
 def attention_model(form: str) -> onnx.ModelProto:
     """x [B, S, E] -> Q, K, V projections (3-D, heads by attribute) -> Attention(form) -> y.
     Trainable: the projections, and per form a float mask or the past key / value."""
-    hq, hkv, d = 4, 2 if "gqa" in form else 4, 4
+    hq, hkv, d = 4, 2 if "gqa" in form else 4, 8 if "d8" in form else 4
     attrs = {"q_num_heads": hq, "kv_num_heads": hkv, "is_causal": int("causal" in form)}
     if "softcap" in form:
         attrs["softcap"] = 1.5
@@ -544,3 +544,84 @@ def test_deviceless_cudnn_validates_the_sdpa_graph_and_declines_to_plan_it(form,
     g.build_operation_graph()
     with pytest.raises(Exception, match="cuda_get_device"):
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+
+
+SDPA_TRAIN = {"gqa-causal-d8": True, "float-mask-d8": True, "softcap-d8": False,
+              "past-gqa-causal-d8": False}
+"""Form -> whether cuDNN's SDPA graphs (forward with statistics, then backward) compute its
+AttentionGrad (bfloat16, head size 8)."""
+
+
+def sdpa_training_plan(form: str, device_factory):
+    sess = tr_onnx.TrainingSession(attention_model(form), loss="mse", optimizer=SGD(lr=0.5),
+                                   backend="cuda", device=device_factory, precision="bf16",
+                                   trainable=["wq", "wk", "wv"])
+    return sess._train_plan({"x": np.zeros((B, S, E), np.float32)})
+
+
+@pytest.mark.parametrize("form", list(SDPA_TRAIN))
+def test_sdpa_backward_is_chosen_where_asked_for_and_its_graphs_decline_deviceless(
+        form, monkeypatch):
+    """With the opt-in, a bfloat16 training plan's AttentionGrad of a fitting form is two
+    cuDNN graphs -- the forward writing O and the statistics into the node's scratch, then
+    ``sdpa_backward`` -- and the real cuDNN (deviceless, an H200) validates and lowers both,
+    then declines to plan them without the device; other forms keep the row kernels."""
+    from tr_onnx.backends.cuda.cudnn_graphs import declare_pygraph
+    from tr_onnx.backends.cuda.deviceless import device_properties, load_cudnn
+    from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
+    from tr_onnx.backends.cuda.ops.attention import SDPA_ENV
+    from tr_onnx.testing.recorder import FakeRecorder
+
+    monkeypatch.setenv(SDPA_ENV, "1")
+    plan = sdpa_training_plan(form, lambda p: FakeRecorder(p.memory, policy=EXECUTOR_POLICY))
+    (grad,) = [bn for bn in plan.executor.bound if bn.node.op_type == "AttentionGrad"]
+    if not SDPA_TRAIN[form]:
+        assert grad.calls[0].kernel.name == "tr_attention_bwd_rows_bf16"
+        return
+    assert [c.desc.kind for c in grad.calls] == ["sdpa", "sdpa_backward"]
+    stats, backward = (c.desc for c in grad.calls)
+    assert set(stats.outputs) == {"O", "Stats"} and stats.outputs["Stats"].data_type == "FLOAT"
+    assert backward.inputs["o"].byte_offset == stats.outputs["O"].byte_offset
+    assert set(backward.outputs) == {"dQ", "dK", "dV"}
+    cudnn = load_cudnn()
+    for desc in (stats, backward):
+        g = declare_pygraph(desc, cudnn, device_property=device_properties(cudnn)).graph
+        g.validate()
+        g.build_operation_graph()
+        with pytest.raises(Exception, match="cuda_get_device"):
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+
+
+def test_sdpa_training_plan_runs_on_the_emulator_as_the_row_kernels(device, monkeypatch):
+    """The two graphs' wiring (pointers inside the plan's slots, the node's scratch) on the
+    emulator, where each graph runs as AttentionGrad's numpy kernel, against the same bfloat16
+    plan on the row kernels (the numpy backend trains in float32 only): both compute in
+    float32 and round to bfloat16, so gradients differ by at most one bfloat16 step (2^-8
+    relative), the parameters after three steps of lr 0.5 by less than 2e-3 relative (here
+    they agree exactly)."""
+    from tr_onnx.backends.cuda.ops.attention import SDPA_ENV
+
+    model = attention_model("gqa-causal-d8")
+
+    def run(sdpa: bool):
+        monkeypatch.setenv(SDPA_ENV, str(int(sdpa)))
+        sess = tr_onnx.TrainingSession(model, loss="mse", optimizer=SGD(lr=0.5),
+                                       backend="cuda", device=device, precision="bf16",
+                                       trainable=["wq", "wk", "wv"])
+        rng = np.random.default_rng(13)
+        losses = [float(sess.train_step(
+            {"x": rng.standard_normal((B, S, E)).astype(np.float32)},
+            rng.standard_normal((B, S, 32)).astype(np.float32))) for _ in range(3)]
+        kinds = [c.desc.kind if hasattr(c, "desc") else c.kernel.name
+                 for bn in sess._active.executor.bound for c in bn.calls
+                 if bn.node.op_type in ("Attention", "AttentionGrad")]
+        return sess.parameters(), losses, kinds
+
+    params, got, kinds = run(True)
+    ref, want, ref_kinds = run(False)
+    assert kinds == ["sdpa", "sdpa", "sdpa_backward"]
+    assert ref_kinds == ["tr_attention_fwd_bf16", "tr_attention_bwd_rows_bf16",
+                         "tr_attention_bwd_kv_bf16"]
+    np.testing.assert_allclose(got, want, rtol=2e-3)
+    for name, w in ref.items():
+        np.testing.assert_allclose(params[name], w, rtol=2e-3, atol=1e-4, err_msg=name)

@@ -258,15 +258,22 @@ class _Form:
 
 
 SDPA_ENV = "TR_ONNX_CUDNN_SDPA"
-"""Set to 1 (when a plan is made): an Attention node of a form cuDNN's SDPA computes runs
-that graph (``describe_sdpa``), the row kernel where cuDNN builds none. Off by default: on a
-CPU, cuDNN 9.19 and 9.28 in deviceless mode validate and lower the graph, then decline at
-``create_execution_plans`` ("cuda_get_device(&device) failed with CUDA driver version is
-insufficient for CUDA runtime version"), so no SDPA plan is checked without a GPU."""
+"""Set to 1 (when a plan is made): an Attention / AttentionGrad node of a form cuDNN's SDPA
+computes runs its graphs (``describe_sdpa``; ``describe_sdpa_backward`` after a forward graph
+that writes O and the softmax statistics into the node's scratch), the row kernels where
+cuDNN builds none. Off by default: on a CPU, cuDNN 9.19 and 9.28 in deviceless mode validate
+and lower these graphs, then decline at ``create_execution_plans`` ("cuda_get_device(&device)
+failed with CUDA driver version is insufficient for CUDA runtime version"), so no SDPA plan
+is checked without a GPU."""
+
+
+def _sdpa_asked() -> bool:
+    return os.environ.get(SDPA_ENV, "") not in ("", "0")
 
 
 def sdpa_refusal(b: BindContext, node, f: _Form) -> str | None:
-    """Why cuDNN's SDPA graph does not compute this Attention node (None: it does)."""
+    """Why cuDNN's SDPA graphs do not compute this Attention (AttentionGrad) node (None: they
+    do)."""
     sp = f.sp
     if b.t(f.q).dtype.name not in ("float16", "bfloat16"):
         return "SDPA takes fp16 / bf16"
@@ -276,10 +283,12 @@ def sdpa_refusal(b: BindContext, node, f: _Form) -> str | None:
         return f"head sizes {sp.d}, {sp.dv}: cuDNN's validate wants multiples of 8"
     if f.past_k is not None or f.nonpad is not None or sp.left >= 0 or sp.right >= 0:
         return "past key / value, nonpad_kv_seqlen or a window"
-    if any(v is not None for v in node.outputs[1:]):
-        return "present key / value or qk_matmul_output"
     if f.mask is not None and (b.t(f.mask).dtype == np.bool_ or b.t(f.mask).shape[-1] != sp.t):
         return "a boolean mask, or one shorter than the keys"
+    extra = node.outputs[1:] if node.domain != INTERNAL else node.inputs[8:]
+    if any(v is not None for v in extra) or int(node.attrs.get("mask_grad", 0)):
+        return ("present key / value, qk_matmul_output (or their gradients) or the mask's "
+                "gradient")
     return None
 
 
@@ -294,21 +303,28 @@ def _bhsd(t, rank3: bool, heads: int) -> tuple[tuple, tuple]:
 
 def _sdpa_ops(g, desc: GraphDesc, ins: dict, scalars: dict, causal: bool) -> dict:
     bias = {"bias": ins["bias"]} if "bias" in ins else {}
-    o, _ = g.sdpa(ins["q"], ins["k"], ins["v"], generate_stats=False,
-                  attn_scale=scalars["attn_scale"], use_causal_mask=causal, name="sdpa", **bias)
-    return {"O": o}
+    o, stats = g.sdpa(ins["q"], ins["k"], ins["v"], generate_stats="Stats" in desc.outputs,
+                      attn_scale=scalars["attn_scale"], use_causal_mask=causal, name="sdpa",
+                      **bias)
+    return {"O": o, "Stats": stats}
 
 
-def describe_sdpa(node, plan, workspace: tuple[int, int]) -> GraphDesc:
-    """Attention(Q, K, V[, float mask]) -> Y as cuDNN's SDPA: the float mask is the graph's
-    additive bias (dims 1 on its broadcast axes), causal its top-left diagonal (no past: key j
-    is hidden from query i past i), the scale the NumPy kernel's (the square of the attribute's
-    float32 root), grouped key/value heads as K / V head counts dividing Q's."""
+def _sdpa_backward_ops(g, desc: GraphDesc, ins: dict, scalars: dict, causal: bool) -> dict:
+    bias = {"bias": ins["bias"]} if "bias" in ins else {}
+    dq, dk, dv = g.sdpa_backward(ins["q"], ins["k"], ins["v"], ins["o"], ins["dO"],
+                                 ins["stats"], attn_scale=scalars["attn_scale"],
+                                 use_causal_mask=causal, name="sdpa_backward", **bias)
+    return {"dQ": dq, "dK": dk, "dV": dv}
+
+
+def _sdpa_inputs(node, plan, first: int):
+    """(spec, plan index, the q / k / v [/ bias] tensors) of an Attention (``first`` 0) or
+    AttentionGrad (1) node: the float mask is the graph's additive bias (dims 1 on its
+    broadcast axes)."""
     t = plan.tensors
-    q, k, v = (t[x.name] for x in node.inputs[:3])
-    mask = t[node.inputs[3].name] if len(node.inputs) > 3 and node.inputs[3] is not None \
-        else None
-    y = t[node.outputs[0].name]
+    q, k, v = (t[x.name] for x in node.inputs[first:first + 3])
+    m = node.inputs[first + 3] if len(node.inputs) > first + 3 else None
+    mask = t[m.name] if m is not None else None
     sp = _spec(node.attrs, [q.shape, k.shape, v.shape, None if mask is None else mask.shape,
                             None], q.dtype, CudnnGraphError)
     index = _PlanIndex(plan)
@@ -317,16 +333,53 @@ def describe_sdpa(node, plan, workspace: tuple[int, int]) -> GraphDesc:
     if mask is not None:
         full = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
         ins["bias"] = index.tensor(mask, "bias", full, contiguous_strides(full), node.label)
-    out = {"O": index.tensor(y, "O", *_bhsd(y, sp.rank3, sp.hq), node.label)}
-    return GraphDesc("sdpa", node.label, ins["q"].data_type, ins, out,
+    return sp, index, ins
+
+
+def _sdpa_desc(kind: str, node, sp, ins: dict, outs: dict, workspace, build) -> GraphDesc:
+    """The scale is the NumPy kernel's (the square of the attribute's float32 root); causal is
+    the top-left diagonal (no past: key j is hidden from query i past i)."""
+    return GraphDesc(kind, node.label, ins["q"].data_type, ins, outs,
                      scalars={"attn_scale": ScalarDesc("attn_scale", sp.scale)},
-                     workspace=workspace, build=partial(_sdpa_ops, causal=sp.causal))
+                     workspace=workspace, build=partial(build, causal=sp.causal))
+
+
+def describe_sdpa(node, plan, workspace: tuple[int, int], o=None, stats=None) -> GraphDesc:
+    """Attention(Q, K, V[, float mask]) -> Y as cuDNN's SDPA (grouped key/value heads as K / V
+    head counts dividing Q's); for AttentionGrad, ``o`` and ``stats``: its scratch DTensors
+    that take O [b, q_heads, q, dv] and the softmax statistics [b, q_heads, q, 1] (float32)."""
+    grad = o is not None
+    sp, index, ins = _sdpa_inputs(node, plan, int(grad))
+    if grad:
+        outs = {"O": index.tensor(o, "O", *_bhsd(o, False, sp.hq), node.label),
+                "Stats": index.tensor(stats, "Stats", stats.shape,
+                                      contiguous_strides(stats.shape), node.label)}
+    else:
+        y = plan.tensors[node.outputs[0].name]
+        outs = {"O": index.tensor(y, "O", *_bhsd(y, sp.rank3, sp.hq), node.label)}
+    return _sdpa_desc("sdpa", node, sp, ins, outs, workspace, _sdpa_ops)
+
+
+def describe_sdpa_backward(node, plan, workspace: tuple[int, int], o, stats) -> GraphDesc:
+    """AttentionGrad's gQ, gK, gV as cuDNN's SDPA backward, from the forward graph's O and
+    statistics in the node's scratch (``o``, ``stats``) and gY."""
+    sp, index, ins = _sdpa_inputs(node, plan, 1)
+    t = plan.tensors
+    gy = t[node.inputs[0].name]
+    ins.update(o=index.tensor(o, "o", *_bhsd(o, False, sp.hq), node.label),
+               dO=index.tensor(gy, "dO", *_bhsd(gy, sp.rank3, sp.hq), node.label),
+               stats=index.tensor(stats, "stats", stats.shape, contiguous_strides(stats.shape),
+                                  node.label))
+    outs = {port: index.tensor(t[v.name], port, *_bhsd(t[v.name], sp.rank3, heads), node.label)
+            for port, v, heads in (("dQ", node.outputs[0], sp.hq), ("dK", node.outputs[1], sp.hkv),
+                                   ("dV", node.outputs[2], sp.hkv))}
+    return _sdpa_desc("sdpa_backward", node, sp, ins, outs, workspace, _sdpa_backward_ops)
 
 
 def attention_factory(ctx: KernelContext):
     """Attention: cuDNN's SDPA where ``SDPA_ENV`` asks for it and the form fits (its workspace
     reserved then), else the row kernel."""
-    k = cudnn_workspace(ctx) if os.environ.get(SDPA_ENV, "") not in ("", "0") else None
+    k = cudnn_workspace(ctx) if _sdpa_asked() else None
 
     def bind(b: BindContext, node) -> list:
         f = _Form(b, node, 0)
@@ -361,23 +414,37 @@ def bind_attention(b: BindContext, node, f: _Form) -> list:
 
 def attention_grad_factory(ctx: KernelContext):
     """AttentionGrad: fp32 scratch of P and gS (and gZ for a float mask's gradient), each
-    [batch, q_heads, q, total]."""
+    [batch, q_heads, q, total], for the row kernels; where ``SDPA_ENV`` asks for cuDNN's
+    graphs, their workspace and scratch for the forward's O (Q's dtype) and statistics too."""
     sp = _attention_spec(ctx, 1)
     rows = (sp.b * sp.hq * sp.sq * sp.t,)
     p_ws, gs_ws = ctx.workspace(rows, np.float32), ctx.workspace(rows, np.float32)
     gz_ws = ctx.workspace(rows, np.float32) if int(ctx.attrs.get("mask_grad", 0)) else None
+    sdpa = None
+    if _sdpa_asked():
+        sdpa = (cudnn_workspace(ctx),
+                ctx.workspace((sp.b, sp.hq, sp.sq, sp.dv), ctx.inputs[1].dtype),
+                ctx.workspace((sp.b, sp.hq, sp.sq, 1), np.float32))
 
     def bind(b: BindContext, node) -> list:
-        return bind_attention_grad(b, node, p_ws, gs_ws, gz_ws)
+        f = _Form(b, node, 1)
+        if sdpa is not None and sdpa_refusal(b, node, f) is None:
+            k, o, stats = sdpa[0], b.workspaces[sdpa[1]], b.workspaces[sdpa[2]]
+            try:
+                return (b.cudnn(node, k, describe=partial(describe_sdpa, o=o, stats=stats))
+                        + b.cudnn(node, k, describe=partial(describe_sdpa_backward, o=o,
+                                                            stats=stats)))
+            except Unbound:
+                pass  # cuDNN builds no SDPA plans for it here: the row kernels
+        return bind_attention_grad(b, node, f, p_ws, gs_ws, gz_ws)
 
     return bind
 
 
-def bind_attention_grad(b: BindContext, node, p_ws: int, gs_ws: int, gz_ws: int | None
-                        ) -> list:
+def bind_attention_grad(b: BindContext, node, f: _Form, p_ws: int, gs_ws: int,
+                        gz_ws: int | None) -> list:
     """gQ (and P, gS) per query row; gK, gV (past and new keys) per key element; the float
     mask's gradient per mask element."""
-    f = _Form(b, node, 1)
     sp = f.sp
     gy = node.inputs[0]
     g_present_k, g_present_v, g_qk = (list(node.inputs[8:]) + [None] * 3)[:3]
