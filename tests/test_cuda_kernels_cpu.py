@@ -93,7 +93,9 @@ def test_compile_all_nvrtc_covers_every_family():
     assert b".entry tr_convert_f32_f16" in ptx
     assert set(sources.SOURCES) == {"unary", "elementwise", "tensor", "indexing", "matmul",
                                     "pool", "normalization", "reduce", "losses", "optimizers",
-                                    "layout_convert", "amp", "resize", "attention"}
+                                    "layout_convert", "amp", "resize", "recurrent",
+                                    "spatial_transform", "lrn", "random", "quantize",
+                                    "attention"}
 
 
 def test_kernel_names_are_unique_and_suffixed():

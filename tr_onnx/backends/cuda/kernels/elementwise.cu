@@ -301,42 +301,9 @@ template <class V> TR_HD void tr_cast_put(long long* p, long long i, V v) {
     }
 
 // ---- Dropout's mask ------------------------------------------------------------------------
-// NumPy's Philox4x64-10 (Random123's constants), so the device draws DropoutTraining's masks
-// bit for bit as the numpy kernel does: Philox(key=seed).jumped(step) is the counter
-// {0, 0, step, 0} (step << 128) and key {seed, 0}; each draw first steps the counter, so
-// 64-bit value j of the stream is word j % 4 of the block at counter {j / 4 + 1, 0, step, 0},
-// and NumPy's uniform of it is (bits >> 11) * 2^-53.
-TR_HD unsigned long long tr_mulhi64(unsigned long long a, unsigned long long b) {
-#if defined(__CUDACC__)
-    return __umul64hi(a, b);
-#else
-    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
-#endif
-}
-
-TR_HD void tr_philox4x64(unsigned long long block, unsigned long long step,
-                         unsigned long long seed, unsigned long long out[4]) {
-    unsigned long long c0 = block + 1, c1 = 0, c2 = step, c3 = 0, k0 = seed, k1 = 0;
-    for (int round = 0; round < 10; ++round) {
-        if (round) {
-            k0 += 0x9E3779B97F4A7C15ull;
-            k1 += 0xBB67AE8584CAA73Bull;
-        }
-        unsigned long long lo0 = 0xD2E7470EE14C6C93ull * c0, lo1 = 0xCA5A826395121157ull * c2;
-        unsigned long long hi0 = tr_mulhi64(0xD2E7470EE14C6C93ull, c0);
-        unsigned long long hi1 = tr_mulhi64(0xCA5A826395121157ull, c2);
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
-}
-
-// one thread per Philox block of 4 values: element i of x is value before + i of the stream,
+// NumPy's Philox stream (elementwise.cuh: tr_philox4x64, tr_philox_uniform), so the device
+// draws DropoutTraining's masks bit for bit as the numpy kernel does; one thread per Philox
+// block of 4 values: element i of x is value before + i of the stream,
 // before = rows_before * per_row (data parallelism: the global batch's rows on earlier ranks)
 #define TR_DROPOUT(T, dt)                                                                      \
     TR_KERNEL void tr_dropout_##dt(const T* x, T* y, unsigned char* mask, long long n,        \
@@ -355,7 +322,7 @@ TR_HD void tr_philox4x64(unsigned long long block, unsigned long long step,
                 long long i = (first + k) * 4 + w - before;                                    \
                 if (i < 0 || i >= n) continue;                                                 \
                 bool keep = ratio <= 0.0 ||                                                    \
-                            (double)(bits[w] >> 11) * (1.0 / 9007199254740992.0) >= ratio;    \
+                            tr_philox_uniform(bits[w]) >= ratio;                              \
                 mask[i] = keep ? 1 : 0;                                                        \
                 tr_put(y, i, (tr_get(x, i) * (keep ? 1.0f : 0.0f)) * scale);                   \
             }                                                                                  \

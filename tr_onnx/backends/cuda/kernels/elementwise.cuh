@@ -302,3 +302,44 @@ TR_HD void tr_adagrad_update(const TrAdagrad& s, float& p, float grad, float& su
     sum = sum + g * g;
     p = p + g / (sqrtf(sum) + s.eps) * s.neg_clr;
 }
+
+// ---- NumPy's Philox stream (elementwise.cu's Dropout, random.cu) ----------------------------
+// NumPy's Philox4x64-10 (Random123's constants), so the device draws the numpy kernels' numbers
+// bit for bit (Dropout's masks, ops/random.py's uniforms): Philox(key=seed).jumped(step) is the
+// counter {0, 0, step, 0} (step << 128) and key {seed, 0}; each draw first steps the counter,
+// so 64-bit value j of the stream is word j % 4 of the block at counter {j / 4 + 1, 0, step,
+// 0}, and NumPy's uniform of it is (bits >> 11) * 2^-53.
+TR_HD unsigned long long tr_mulhi64(unsigned long long a, unsigned long long b) {
+#if defined(__CUDACC__)
+    return __umul64hi(a, b);
+#else
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+#endif
+}
+
+TR_HD void tr_philox4x64(unsigned long long block, unsigned long long step,
+                         unsigned long long seed, unsigned long long out[4]) {
+    unsigned long long c0 = block + 1, c1 = 0, c2 = step, c3 = 0, k0 = seed, k1 = 0;
+    for (int round = 0; round < 10; ++round) {
+        if (round) {
+            k0 += 0x9E3779B97F4A7C15ull;
+            k1 += 0xBB67AE8584CAA73Bull;
+        }
+        unsigned long long lo0 = 0xD2E7470EE14C6C93ull * c0, lo1 = 0xCA5A826395121157ull * c2;
+        unsigned long long hi0 = tr_mulhi64(0xD2E7470EE14C6C93ull, c0);
+        unsigned long long hi1 = tr_mulhi64(0xCA5A826395121157ull, c2);
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+    }
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
+}
+
+// NumPy's uniform double of a 64-bit draw (Generator.random: the top 53 bits times 2^-53).
+TR_HD double tr_philox_uniform(unsigned long long bits) {
+    return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
+}

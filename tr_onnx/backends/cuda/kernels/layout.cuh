@@ -20,3 +20,15 @@ TR_HD long long tr_nhwc_to_nchw(long long j, long long c, long long s, long long
     long long ch = j % cp, r = j / cp;
     return ch < c ? ((r / s) * c + ch) * s + r % s : -1;
 }
+
+// A [N, S, C] feature map (S the spatial axes flattened) read or written through its element
+// strides: channels-last [N, *S, Cp] is (S * Cp, Cp, 1), compact NCHW (C * S, 1, S). Kernels
+// whose operands may differ in layout (a backward op's gy beside x) take one per operand.
+struct tr_map {
+    long long sn, ss, sc;
+    TR_HD long long at(long long n, long long si, long long ch) const {
+        return n * sn + si * ss + ch * sc;
+    }
+};
+#define TR_MAP_ARGS(p) long long p##n, long long p##s, long long p##c
+#define TR_MAP(p) tr_map{p##n, p##s, p##c}

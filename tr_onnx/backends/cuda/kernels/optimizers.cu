@@ -114,3 +114,60 @@ TR_KERNEL void tr_scale_clip_norm_total(const double* partial, long long parts, 
         *coef = c < 1.0 ? (float)c : 1.0f;
     }
 }
+
+// ---- ai.onnx.preview.training Adam / Momentum / Adagrad ----------------------------------------
+// The ONNX ops as ops/optimizers.py's preview_*_numpy compute them (functional: new tensors
+// out, float32), one (X, G, V[, H]) tuple per launch. NumPy rounds the Python scalars of the
+// formulas to float32 (weak scalars) and evaluates each product and sum in float32 in the
+// formula's order; so do these (no FMA), and the step's scalars (r_adj, r_t, from R and T read
+// on the device) are formed in double as Python forms them, then rounded once.
+// tr_preview_adam_f32(x, g, v, h, x_new, v_new, h_new, n, r, t, alpha, beta, eps, norm_coef,
+//                     norm_coef_post)
+// tr_preview_momentum_f32(x, g, v, x_new, v_new, n, r, t, alpha, beta, norm_coef, nesterov)
+// tr_preview_adagrad_f32(x, g, h, x_new, h_new, n, r, t, decay_factor, eps, norm_coef)
+TR_KERNEL void tr_preview_adam_f32(const float* x, const float* g, const float* v,
+                                   const float* h, float* x_new, float* v_new, float* h_new,
+                                   long long n, const float* r, const long long* t,
+                                   double alpha, double beta, double eps, double norm_coef,
+                                   double norm_coef_post) {
+    double rd = *r, td = (double)*t;
+    float r_adj = (float)(*t > 0 ? rd * sqrt(1.0 - pow(beta, td)) / (1.0 - pow(alpha, td)) : rd);
+    float a = (float)alpha, a1 = (float)(1.0 - alpha), b = (float)beta, b1 = (float)(1.0 - beta);
+    float e = (float)eps, nc = (float)norm_coef, keep = (float)(1.0 - norm_coef_post);
+    TR_GRID_STRIDE(i, n) {
+        float g_reg = nc * x[i] + g[i];
+        float vi = a * v[i] + a1 * g_reg;
+        float hi = b * h[i] + b1 * g_reg * g_reg;
+        float h_sqrt = sqrtf(hi) + e;
+        x_new[i] = keep * (x[i] - r_adj * (vi / h_sqrt));
+        v_new[i] = vi;
+        h_new[i] = hi;
+    }
+}
+
+TR_KERNEL void tr_preview_momentum_f32(const float* x, const float* g, const float* v,
+                                       float* x_new, float* v_new, long long n, const float* r,
+                                       const long long* t, double alpha, double beta,
+                                       double norm_coef, int nesterov) {
+    float rf = *r, a = (float)alpha, b = *t > 0 ? (float)beta : 1.0f, nc = (float)norm_coef;
+    TR_GRID_STRIDE(i, n) {
+        float g_reg = nc * x[i] + g[i];
+        float vi = a * v[i] + b * g_reg;
+        x_new[i] = x[i] - rf * (nesterov ? g_reg + a * vi : vi);
+        v_new[i] = vi;
+    }
+}
+
+TR_KERNEL void tr_preview_adagrad_f32(const float* x, const float* g, const float* h,
+                                      float* x_new, float* h_new, long long n, const float* r,
+                                      const long long* t, double decay_factor, double eps,
+                                      double norm_coef) {
+    float r_t = (float)((double)*r / (1.0 + (double)*t * decay_factor));
+    float e = (float)eps, nc = (float)norm_coef;
+    TR_GRID_STRIDE(i, n) {
+        float g_reg = nc * x[i] + g[i];
+        float hi = h[i] + g_reg * g_reg;
+        x_new[i] = x[i] - r_t * g_reg / (sqrtf(hi) + e);
+        h_new[i] = hi;
+    }
+}

@@ -14,6 +14,12 @@
 // tr_maxpool_bwd_<dt>(gy, arg, gx, TR_POOL_ARGS)
 // tr_avgpool_fwd_<dt>(x, y, TR_POOL_ARGS, lo_h, hi_h, lo_w, hi_w)
 // tr_avgpool_bwd_<dt>(gy, gx, TR_POOL_ARGS, lo_h, hi_h, lo_w, hi_w)
+// tr_lppool_fwd_<dt>(x, y, TR_POOL_ARGS, p)
+//     LpPool: (sum over the window's taps of |x|^p)^(1/p), taps in scan order (padding adds 0)
+// tr_lppool_bwd_<dt>(gy, x, y, gx, TR_POOL_ARGS, p)
+//     LpPoolGrad: gx = (sum over its windows of gy y^(1-p)) sign(x)|x|^(p-1)
+// fp32 in NumPy's order and special cases (p = 1, 2: no pow), as ops/pool.py's _abs_pow, _root
+// and _signed_pow.
 // Backward: one thread per gx element sums its windows' shares tap by tap, in the numpy
 // kernel's order (taps in scan order), so fp32 sums round as NumPy's (a gather: no atomics,
 // deterministic). MaxPool's windows' argmax is computed once per output element first
@@ -44,6 +50,21 @@ TR_HD float tr_pool_count(long long oh, long long ow, long long kh, long long kw
         cw += (p >= lo_w && p < hi_w) ? 1 : 0;
     }
     return (float)(ch * cw);
+}
+
+// |x|^p, the root acc^(1/p), and sign(x)|x|^q as ops/pool.py's _abs_pow, _root, _signed_pow
+TR_HD float tr_abs_pow(float x, float p) {
+    if (p == 2.0f) return x * x;
+    return p == 1.0f ? fabsf(x) : powf(fabsf(x), p);
+}
+TR_HD float tr_lp_root(float acc, float p) {
+    if (p == 2.0f) return sqrtf(acc);
+    return p == 1.0f ? acc : powf(acc, 1.0f / p);
+}
+TR_HD float tr_signed_pow(float x, float q) {
+    if (q == 1.0f) return x;
+    if (q == 0.0f) return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : (x == x ? 0.0f : x));  // np.sign
+    return copysignf(powf(fabsf(x), q), x);
 }
 
 // the tap index of output (n, oh, ow, ch)'s window maximum: the first strictly greater value in
@@ -164,6 +185,43 @@ TR_HD long long tr_pool_argmax(const T* x, long long n, long long oh, long long 
                                          lo_w, hi_w);                                          \
                 }                                                                              \
             tr_put(gx, j, acc);                                                                \
+        }                                                                                      \
+    }                                                                                          \
+    TR_KERNEL void tr_lppool_fwd_##dt(const T* x, T* y, TR_POOL_ARGS, float p) {               \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % cpy, r = j / cpy;                                               \
+            long long ow = r % OW, oh = (r / OW) % OH, n = r / (OW * OH);                      \
+            if (ch >= c) {                                                                     \
+                tr_put(y, j, 0.0f);                                                            \
+                continue;                                                                      \
+            }                                                                                  \
+            float acc = 0.0f;                                                                  \
+            for (long long a = 0; a < kh; ++a)                                                 \
+                for (long long b = 0; b < kw; ++b) {                                           \
+                    long long ih = oh * sh - ph + a * dh, iw = ow * sw - pw + b * dw;          \
+                    if (ih >= 0 && ih < H && iw >= 0 && iw < W)                                \
+                        acc += tr_abs_pow(tr_get(x, ((n * H + ih) * W + iw) * cpx + ch), p);   \
+                }                                                                              \
+            tr_put(y, j, tr_lp_root(acc, p));                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    TR_KERNEL void tr_lppool_bwd_##dt(const T* gy, const T* x, const T* y, T* gx,              \
+                                      TR_POOL_ARGS, float p) {                                 \
+        TR_GRID_STRIDE(j, total) {                                                             \
+            long long ch = j % cpx, r = j / cpx;                                               \
+            long long iw = r % W, ih = (r / W) % H, n = r / (W * H);                           \
+            float acc = 0.0f;                                                                  \
+            for (long long a = 0; ch < c && a < kh; ++a)                                       \
+                for (long long b = 0; b < kw; ++b) {                                           \
+                    long long th = ih + ph - a * dh, tw = iw + pw - b * dw;                    \
+                    if (th < 0 || tw < 0 || th % sh || tw % sw) continue;                      \
+                    long long oh = th / sh, ow = tw / sw;                                      \
+                    if (oh >= OH || ow >= OW) continue;                                        \
+                    long long o = ((n * OH + oh) * OW + ow) * cpy + ch;                        \
+                    float g = tr_get(gy, o);                                                   \
+                    acc += p == 1.0f ? g : powf(tr_get(y, o), 1.0f - p) * g;                   \
+                }                                                                              \
+            tr_put(gx, j, ch < c ? acc * tr_signed_pow(tr_get(x, j), p - 1.0f) : 0.0f);        \
         }                                                                                      \
     }
 

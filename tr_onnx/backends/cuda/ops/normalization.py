@@ -1,7 +1,15 @@
 """cuda bindings of ``ops/normalization.py``: BatchNormalization with fixed statistics (a
 kernel), the training pass's BatchNormTraining / BatchNormGrad (cuDNN graphs; ONNX's running
 statistics with the biased variance are a kernel after the graph), LayerNormalization and its
-backward LayerNormGrad (``kernels/normalization.cu``).
+backward LayerNormGrad, Instance/GroupNormalization and their backward GroupNormGrad,
+MeanVarianceNormalization and LpNormalization (``kernels/normalization.cu``; MVN and
+LpNormalization differentiate through standard ops, the reduce and elementwise families').
+
+Instance/Group normalization reads [N, S, C] maps (``map_strides``: channels-last or compact,
+each operand by its own strides) with one block per (sample, group): fp64 lane sums folded in a
+fixed order (deterministic), the mean and then the centred sum of squares, as the NumPy
+kernels' two passes. MVN and LpNormalization reduce any axes the same way, one block per index
+of the kept axes.
 
 A synchronised BatchNorm (``sync_batchnorm``: the node carries a ``world`` attribute) is no
 cuDNN graph: its per-channel sums are kernels, and NCCL all-reduces them between the kernels
@@ -25,6 +33,7 @@ from ..bind import (
     BindContext,
     Unbound,
     binding,
+    collapse,
     cudnn_binding,
     cudnn_workspace,
     f32,
@@ -33,6 +42,7 @@ from ..bind import (
     geometry,
     i32,
     i64,
+    logical_strides,
     need_compact,
     operand_spec,
     out_geometry,
@@ -47,7 +57,9 @@ from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 
 def normalization_source() -> KernelSource:
     """kernels/normalization.cu: LayerNormalization and LayerNormGrad; BatchNormalization's
-    inference and running statistics, and synchronised BatchNorm's training kernels."""
+    inference and running statistics, and synchronised BatchNorm's training kernels;
+    Instance/GroupNormalization and GroupNormGrad; MeanVarianceNormalization and
+    LpNormalization."""
     return kernel_source(
         "normalization",
         instantiate("TR_LAYERNORM({T}, {dt})", ("tr_layernorm_fwd_{dt}", "tr_layernorm_bwd_dx_{dt}",
@@ -56,7 +68,11 @@ def normalization_source() -> KernelSource:
             "tr_bn_running_{dt}", "tr_bn_infer_{dt}", "tr_bn_sums_{dt}", "tr_bn_normalize_{dt}",
             "tr_bn_grad_sums_{dt}", "tr_bn_grad_dx_{dt}"), STORAGE),
         plain("tr_bn_running_finish", "tr_bn_sum_chunks", "tr_bn_sync_mean",
-              "tr_bn_sync_finish", "tr_bn_grad_params"))
+              "tr_bn_sync_finish", "tr_bn_grad_params"),
+        instantiate("TR_GROUPNORM({T}, {dt})", (
+            "tr_groupnorm_fwd_{dt}", "tr_groupnorm_bwd_dx_{dt}", "tr_groupnorm_bwd_params_{dt}"),
+            STORAGE),
+        instantiate("TR_AXES_NORM({T}, {dt})", ("tr_mvn_{dt}", "tr_lp_norm_{dt}"), STORAGE))
 
 
 KERNELS = normalization_source()
@@ -335,10 +351,162 @@ def layer_norm_grad_factory(ctx: KernelContext):
     return bind
 
 
+# ---- Instance / Group normalization ----------------------------------------------------------
+
+def map_strides(b: BindContext, v) -> tuple[int, int, int, int, int, int, int]:
+    """(n, s, c, cp, sn, ss, sc) of a [N, C, *S] tensor as the [N, S, C] map the Instance /
+    Group / LRN kernels index: S the spatial axes flattened, element strides of a sample, a
+    position and a channel (channels-last [N, *S, Cp]: (S * Cp, Cp, 1); compact NCHW:
+    (C * S, 1, S)), cp the channel lanes a position holds (the padded count, or c)."""
+    shape = b.t(v).shape
+    if len(shape) < 2:
+        raise Unbound(f"a rank-{len(shape)} input; [N, C, *S] is normalised")
+    st = logical_strides(b, v)
+    n, c, spatial = int(shape[0]), int(shape[1]), [int(d) for d in shape[2:]]
+    ss = st[-1] if spatial else 1
+    if any(st[2 + k] != ss * math.prod(spatial[k + 1:]) for k in range(len(spatial))):
+        raise Unbound(f"{v.name!r}: spatial axes that do not flatten to one stride")
+    g = geometry(b.t(v))
+    cp = g.cp if g.kind == "channels_last" else c
+    return n, math.prod(spatial), c, cp, st[0], ss, st[1]
+
+
+def map_args(b: BindContext, v) -> list:
+    """``TR_MAP_ARGS``: the element strides (sn, ss, sc) of ``v``'s [N, S, C] map."""
+    return [i64(k) for k in map_strides(b, v)[4:]]
+
+
+def map_lanes(b: BindContext, v) -> int:
+    """The channel lanes of a position of ``v``'s [N, S, C] map (padded, or C)."""
+    return map_strides(b, v)[3]
+
+
+def _group_norm_form(b: BindContext, node) -> tuple[int, int, float]:
+    """(groups, channels per scale/bias entry, epsilon) of an Instance/GroupNormalization or
+    GroupNormGrad node whose kernels take it."""
+    x = node.inputs[1] if node.op_type == "GroupNormGrad" else node.inputs[0]
+    c = int(b.t(x).shape[1])
+    eps = float(node.attrs["epsilon"])
+    if node.op_type == "InstanceNormalization":
+        return c, 1, eps
+    groups = int(node.attrs["num_groups"])
+    if groups <= 0 or c % groups:
+        raise Unbound(f"{c} channels cannot be split into {groups} groups")
+    per_group = bool(node.attrs["per_group_params"]) if node.op_type == "GroupNormGrad" \
+        else node.since_version < 21
+    if node.op_type == "GroupNormalization" and node.since_version >= 21 and \
+            int(node.attrs["stash_type"]) != 1:
+        raise Unbound("a stash_type other than float32 (the kernels compute in float32)")
+    n, c_s = int(b.t(x).shape[0]), math.prod(b.t(x).shape[1:])
+    if n * c_s >= 1 << 32:
+        raise Unbound("2^32 elements or more (the kernels index a batch with 32-bit division)")
+    return groups, c // groups if per_group else 1, eps
+
+
+def bind_group_norm(b: BindContext, node) -> list:
+    """InstanceNormalization and GroupNormalization (18: one scale/bias per group, 21: per
+    channel): ``tr_groupnorm_fwd``, one block per (sample, group), over channels-last or
+    compact maps (y's padded lanes written 0)."""
+    x, scale, bias = node.inputs[:3]
+    y = node.outputs[0]
+    need_compact(b, scale, bias)
+    groups, per_param, eps = _group_norm_form(b, node)
+    n, s, c, *_ = map_strides(b, x)
+    dt = float_dt(b, x, scale, bias, y)
+    return [b.launch(f"tr_groupnorm_fwd_{dt}", n * groups * BLOCK, [
+        b.buf(x), b.buf(scale), b.buf(bias), b.buf(y, True), i64(n), i64(s), i64(c),
+        i64(c // groups), i64(per_param), f32(eps), *map_args(b, x), *map_args(b, y),
+        i64(map_lanes(b, y))])]
+
+
+def group_norm_grad_factory(ctx: KernelContext):
+    """GroupNormGrad: ``tr_groupnorm_bwd_dx`` (one block per (sample, group)) recomputes each
+    unit's mean and inverse deviation into two float32 scratch vectors, which
+    ``tr_groupnorm_bwd_params`` (one block per scale entry) then reads. gy, x and gx may be
+    laid out differently (each kernel reads each by its own strides)."""
+    units = int(ctx.inputs[1].shape[0]) * int(ctx.attrs["num_groups"])
+    mean_ws = ctx.workspace((units,), np.float32)
+    inv_ws = ctx.workspace((units,), np.float32)
+
+    def bind(b: BindContext, node) -> list:
+        gy, x, scale = node.inputs[:3]
+        gx, gscale, gbias = (list(node.outputs) + [None] * 3)[:3]
+        need_compact(b, scale, gscale, gbias)
+        groups, per_param, eps = _group_norm_form(b, node)
+        n, s, c, *_ = map_strides(b, x)
+        dt = float_dt(b, gy, x, scale, gx, gscale, gbias)
+        shape = (n, s, c, c // groups, per_param)
+        gx_map = [*map_args(b, gx), i64(map_lanes(b, gx))] if gx is not None \
+            else [i64(0)] * 4
+        calls = [b.launch(f"tr_groupnorm_bwd_dx_{dt}", n * groups * BLOCK, [
+            b.buf(gy), b.buf(x), b.buf(scale), b.buf(gx, True), b.ws(mean_ws), b.ws(inv_ws),
+            *map(i64, shape), f32(eps), *map_args(b, x), *map_args(b, gy), *gx_map])]
+        lanes = {b.t(v).layout.phys_shape[0] for v in (gscale, gbias) if v is not None}
+        if len(lanes) > 1:
+            raise Unbound("gscale and gbias padded differently")
+        for count in lanes:  # their padded lanes are written 0 too
+            calls.append(b.launch(f"tr_groupnorm_bwd_params_{dt}", count * BLOCK, [
+                b.buf(gy), b.buf(x), b.ws(mean_ws, writes=False), b.ws(inv_ws, writes=False),
+                b.buf(gscale, True), b.buf(gbias, True), *map(i64, shape), i64(count),
+                *map_args(b, x), *map_args(b, gy)]))
+        return calls
+
+    return bind
+
+
+# ---- MeanVarianceNormalization, LpNormalization ---------------------------------------------
+
+def _axes_split(b: BindContext, x, y, axes: list[int]) -> tuple[list, list]:
+    """[units, m] and the (dims, strides) of the kept then the reduced axes of ``x`` (laid
+    out as ``y``), collapsed for ``TR_AXES_SPLIT``; y's padded lanes need zeroing after."""
+    same_layout(b, x, y)
+    shape, st = b.t(x).shape, logical_strides(b, x)
+    kept = [a for a in range(len(shape)) if a not in axes]
+    args, counts = [], []
+    for group in (kept, axes):
+        dims, (strides,) = collapse([shape[a] for a in group], [[st[a] for a in group]])
+        counts.append(math.prod(shape[a] for a in group))
+        args += [*map(i64, dims), *map(i64, strides)]
+    return [i64(k) for k in counts], args
+
+
+def _zero_pads(b: BindContext, y) -> list:
+    g = out_geometry(b, y)
+    return [b.zero_lanes(y, g)] if g.padded else []
+
+
+def bind_mvn(b: BindContext, node) -> list:
+    """MeanVarianceNormalization over ``axes`` (any set, any layout ``logical_strides``
+    reads): ``tr_mvn``, one block per kept index."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = len(b.t(x).shape)
+    axes = sorted({int(a) % rank for a in node.attrs["axes"]})
+    counts, split = _axes_split(b, x, y, axes)
+    return [b.launch(f"tr_mvn_{float_dt(b, x, y)}", int(counts[0]) * BLOCK,
+                     [b.buf(x), b.buf(y, True), *counts, *split]), *_zero_pads(b, y)]
+
+
+def bind_lp_norm(b: BindContext, node) -> list:
+    """LpNormalization (p = 1 or 2) along ``axis``: ``tr_lp_norm``, one block per row."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank = len(b.t(x).shape)
+    axis, p = int(node.attrs["axis"]), int(node.attrs["p"])
+    if not -rank <= axis < rank or p not in (1, 2):
+        raise Unbound(f"axis {axis} of a rank-{rank} input with p = {p}")
+    counts, split = _axes_split(b, x, y, [axis % rank])
+    return [b.launch(f"tr_lp_norm_{float_dt(b, x, y)}", int(counts[0]) * BLOCK,
+                     [b.buf(x), b.buf(y, True), *counts, i32(p), *split]), *_zero_pads(b, y)]
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("BatchNormalization", "cuda", binding(bind_batch_norm_inference)),
             KernelDef("BatchNormTraining", "cuda", bn_training_factory, domain=INTERNAL),
             KernelDef("BatchNormGrad", "cuda", bn_grad_factory, domain=INTERNAL),
             KernelDef("LayerNormalization", "cuda", binding(bind_layer_norm)),
-            KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL)]
+            KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL),
+            KernelDef("InstanceNormalization", "cuda", binding(bind_group_norm)),
+            KernelDef("GroupNormalization", "cuda", binding(bind_group_norm)),
+            KernelDef("GroupNormGrad", "cuda", group_norm_grad_factory, domain=INTERNAL),
+            KernelDef("MeanVarianceNormalization", "cuda", binding(bind_mvn)),
+            KernelDef("LpNormalization", "cuda", binding(bind_lp_norm))]

@@ -1,8 +1,9 @@
 """cuda bindings of ``ops/optimizers.py``: gradient accumulation, the running-statistics commit
 (Assign), ZeroFill, ScaleClipGrad (loss-scale unscaling, global norm, clipping), the fused
 optimizer updates over the flat PARAM span and its GRAD / OPT_STATE mirrors
-(``kernels/optimizers.cu``), and the training step's loss scaling and guard: LossScaleUpdate,
-StepCheck, StepAdvance, StepReport (``kernels/amp.cu``).
+(``kernels/optimizers.cu``), the training step's loss scaling and guard: LossScaleUpdate,
+StepCheck, StepAdvance, StepReport (``kernels/amp.cu``), and the ONNX training ops
+(``ai.onnx.preview.training`` Adam, Momentum, Adagrad) as nodes of a user's model.
 
 Every flag these ops skip or set on is a declared input of the node (``ops/optimizers.py``):
 the bindings read the node, never a name. A guarded step (``train_pass.add_step_guard``) runs
@@ -18,7 +19,7 @@ import numpy as np
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
-from ....ops.optimizers import UPDATE_STATES
+from ....ops.optimizers import PREVIEW, UPDATE_STATES
 from ..bind import (
     DT,
     INTERNAL,
@@ -30,6 +31,7 @@ from ..bind import (
     geometry,
     i32,
     i64,
+    need_compact,
     operand_spec,
     operand_specs,
     out_geometry,
@@ -49,7 +51,8 @@ def optimizers_source() -> KernelSource:
                     STORAGE),
         instantiate("TR_SCALE_CLIP_NORM({T}, {dt})",
                     ("tr_scale_clip_norm_{dt}", "tr_scale_clip_norm_apply_{dt}"), STORAGE),
-        plain("tr_scale_clip_norm_total"))
+        plain("tr_scale_clip_norm_total", "tr_preview_adam_f32", "tr_preview_momentum_f32",
+              "tr_preview_adagrad_f32"))
 
 
 def amp_source() -> KernelSource:
@@ -283,6 +286,46 @@ def bind_step_report(b: BindContext, node) -> list:
                      single_block=True)]
 
 
+PREVIEW_TENSORS = {"Adam": 4, "Momentum": 3, "Adagrad": 3}
+"""The tensors of one tuple of an ``ai.onnx.preview.training`` op: (X, G, V[, H]) in, the
+updated (X, V[, H]) out."""
+
+
+def bind_preview(b: BindContext, node) -> list:
+    """ONNX Adam / Momentum / Adagrad (R, T, X..., G..., V..., [H...]): one launch per tuple
+    over compact float32 tensors, R (float32) and T (int64) read on the device."""
+    per = PREVIEW_TENSORS[node.op_type]
+    r, t = node.inputs[:2]
+    count = (len(node.inputs) - 2) // per
+    if b.t(r).dtype != np.float32 or b.t(t).dtype != np.int64:
+        raise Unbound("R must be float32 and T int64")
+    a = node.attrs
+    if node.op_type == "Adam":
+        scalars = [f64(a["alpha"]), f64(a["beta"]), f64(a["epsilon"]),
+                   f64(a["norm_coefficient"]), f64(a["norm_coefficient_post"])]
+    elif node.op_type == "Momentum":
+        if a["mode"] not in ("standard", "nesterov"):
+            raise Unbound(f"Momentum mode {a['mode']!r}")
+        scalars = [f64(a["alpha"]), f64(a["beta"]), f64(a["norm_coefficient"]),
+                   i32(a["mode"] == "nesterov")]
+    else:
+        scalars = [f64(a["decay_factor"]), f64(a["epsilon"]), f64(a["norm_coefficient"])]
+    calls = []
+    for i in range(count):
+        ins = [node.inputs[2 + k * count + i] for k in range(per)]
+        outs = [node.outputs[k * count + i] for k in range(per - 1)]
+        need_compact(b, *ins, *outs)
+        n = math.prod(b.t(ins[0]).shape)
+        for v in ins + outs:
+            if b.t(v).dtype != np.float32 or math.prod(b.t(v).shape) != n:
+                raise Unbound(f"{v.name!r} is not a float32 tensor of {n} elements like "
+                              f"{ins[0].name!r} (NumPy rounds each step in half precision)")
+        calls.append(b.launch(f"tr_preview_{node.op_type.lower()}_f32", n,
+                              [b.buf(v) for v in ins] + [b.buf(v, True) for v in outs]
+                              + [i64(n), b.buf(r), b.buf(t)] + scalars))
+    return calls
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("ScaleClipGrad", "cuda", scale_clip_grad_factory, domain=INTERNAL)] + [
@@ -291,4 +334,5 @@ def tr_onnx_op_definitions():
             ("ZeroFill", bind_zero_fill), ("SGDUpdate", bind_update),
             ("AdamUpdate", bind_update), ("AdagradUpdate", bind_update),
             ("LossScaleUpdate", bind_loss_scale_update), ("StepCheck", bind_step_check),
-            ("StepAdvance", bind_step_advance), ("StepReport", bind_step_report))]
+            ("StepAdvance", bind_step_advance), ("StepReport", bind_step_report))] + [
+        KernelDef(op, "cuda", binding(bind_preview), domain=PREVIEW) for op in PREVIEW_TENSORS]

@@ -1,6 +1,8 @@
-"""cuda bindings of ``ops/pool.py``: MaxPool, AveragePool and their backward ops, and
+"""cuda bindings of ``ops/pool.py``: MaxPool, AveragePool, LpPool and their backward ops, and
 GlobalAveragePool (``kernels/pool.cu``), over channels-last feature maps with 1-D or 2-D
-windows. The window arithmetic is ``ops.conv.Window``'s, the same the NumPy kernels use."""
+windows. The window arithmetic is ``ops.conv.Window``'s, the same the NumPy kernels use.
+GlobalMaxPool, GlobalLpPool and GlobalMaxPoolGrad are reductions over the spatial axes: the
+strided reduction kernels of ``kernels/reduce.cu`` (``backends/cuda/ops/reduce.py``)."""
 
 from __future__ import annotations
 
@@ -12,19 +14,23 @@ from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
 from ....ops.conv import Window
-from ..bind import INTERNAL, BindContext, Unbound, binding, float_dt, geometry, i64
+from ..bind import INTERNAL, BindContext, Unbound, binding, f32, float_dt, geometry, i64
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+from .reduce import RED_LP, REDUCE_OPS, reduction_geometry, strided_reduce
+from .tensor import pads_after
 
 # ---- kernels/pool.cu: the family's name table ---------------------------------------------------
 
 
 def pool_source() -> KernelSource:
-    """kernels/pool.cu: MaxPool / AveragePool forward and backward, GlobalAveragePool."""
+    """kernels/pool.cu: MaxPool / AveragePool / LpPool forward and backward,
+    GlobalAveragePool."""
     return kernel_source(
         "pool",
         instantiate("TR_POOL({T}, {dt})", ("tr_maxpool_fwd_{dt}", "tr_maxpool_argmax_{dt}",
                                            "tr_maxpool_bwd_{dt}", "tr_avgpool_fwd_{dt}",
-                                           "tr_avgpool_bwd_{dt}"),
+                                           "tr_avgpool_bwd_{dt}", "tr_lppool_fwd_{dt}",
+                                           "tr_lppool_bwd_{dt}"),
                     STORAGE),
         instantiate("TR_GAP({T}, {dt})", "tr_gap_{dt}", STORAGE))
 
@@ -143,6 +149,62 @@ def bind_global_average_pool(b: BindContext, node) -> list:
                       i64(cstride)])]
 
 
+def bind_lp_pool(b: BindContext, node) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    window, _, _, _, gy = _pool_geometry(b, node, x, y)
+    dt = float_dt(b, x, y)
+    return [b.launch(f"tr_lppool_fwd_{dt}", gy.n, [b.buf(x), b.buf(y, True), i64(gy.n)]
+                     + [i64(v) for v in window] + [f32(node.attrs["p"])])]
+
+
+def bind_lp_pool_grad(b: BindContext, node) -> list:
+    """LpPoolGrad(gy, x, y) -> gx: one thread per gx element gathers its windows' gy y^(1-p)
+    in scan order, times sign(x)|x|^(p-1)."""
+    gy, x, y = node.inputs[:3]
+    gx = node.outputs[0]
+    window, _, _, g_x, g_y = _pool_geometry(b, node, x, gy)
+    if geometry(b.t(gx)) != g_x or geometry(b.t(y)) != g_y:
+        raise Unbound("gx not laid out as x, or y not as gy")
+    dt = float_dt(b, gy, x, y, gx)
+    return [b.launch(f"tr_lppool_bwd_{dt}", g_x.n,
+                     [b.buf(gy), b.buf(x), b.buf(y), b.buf(gx, True), i64(g_x.n)]
+                     + [i64(v) for v in window] + [f32(node.attrs["p"])])]
+
+
+def _spatial_axes(b: BindContext, x) -> list[int]:
+    return list(range(2, len(b.t(x).shape)))
+
+
+def bind_global_max_pool(b: BindContext, node) -> list:
+    x, y = node.inputs[0], node.outputs[0]
+    return strided_reduce(b, x, y, _spatial_axes(b, x), REDUCE_OPS["ReduceMax"])
+
+
+def bind_global_lp_pool(b: BindContext, node) -> list:
+    """(sum over the spatial axes of |x|^p)^(1/p): ReduceL2 / ReduceL1 for p = 2 / 1."""
+    x, y = node.inputs[0], node.outputs[0]
+    p = float(node.attrs["p"])
+    op = {2.0: REDUCE_OPS["ReduceL2"], 1.0: REDUCE_OPS["ReduceL1"]}.get(p, RED_LP)
+    return strided_reduce(b, x, y, _spatial_axes(b, x), op, p)
+
+
+def bind_global_max_pool_grad(b: BindContext, node) -> list:
+    """GlobalMaxPoolGrad(gy, x) -> gx: gy at each (n, c) plane's first maximum, 0 elsewhere."""
+    gy, x = node.inputs[0], node.inputs[1]
+    gx = node.outputs[0]
+    axes = _spatial_axes(b, x)
+    if 0 in b.t(x).shape:
+        return []
+    dt = float_dt(b, gy, x, gx)
+    kd, rd, (sx, sgy, sgx), (rx, rgx) = reduction_geometry(b, x, axes, reduced=[gy],
+                                                          full=[gx])
+    total = math.prod(kd)
+    return [b.launch(f"tr_global_max_pool_grad_{dt}", total,
+                     [b.buf(gy), b.buf(x), b.buf(gx, True), i64(total)]
+                     + [i64(v) for v in kd + sx + sgy + sgx + rd + rx + rgx])] \
+        + pads_after(b, gx)
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("MaxPool", "cuda", binding(bind_max_pool)),
@@ -150,4 +212,10 @@ def tr_onnx_op_definitions():
             KernelDef("AveragePool", "cuda", binding(bind_average_pool)),
             KernelDef("AveragePoolGrad", "cuda", binding(bind_average_pool_grad),
                       domain=INTERNAL),
-            KernelDef("GlobalAveragePool", "cuda", binding(bind_global_average_pool))]
+            KernelDef("GlobalAveragePool", "cuda", binding(bind_global_average_pool)),
+            KernelDef("LpPool", "cuda", binding(bind_lp_pool)),
+            KernelDef("LpPoolGrad", "cuda", binding(bind_lp_pool_grad), domain=INTERNAL),
+            KernelDef("GlobalMaxPool", "cuda", binding(bind_global_max_pool)),
+            KernelDef("GlobalLpPool", "cuda", binding(bind_global_lp_pool)),
+            KernelDef("GlobalMaxPoolGrad", "cuda", binding(bind_global_max_pool_grad),
+                      domain=INTERNAL)]
