@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_cuda_indexing_ops_cpu import launches_of, run_both, single_node
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
+from test_cuda_indexing_ops_cpu import launches_of, run_both, single_node
 
 import tr_onnx
 from tr_onnx.dtypes import BFLOAT16

@@ -94,7 +94,8 @@ def test_compile_all_nvrtc_covers_every_family():
     assert set(sources.SOURCES) == {"unary", "elementwise", "tensor", "indexing", "matmul",
                                     "pool", "normalization", "reduce", "losses", "optimizers",
                                     "layout_convert", "amp", "resize", "recurrent",
-                                    "spatial_transform", "lrn", "random", "quantize"}
+                                    "spatial_transform", "lrn", "random", "quantize",
+                                    "attention"}
 
 
 def test_kernel_names_are_unique_and_suffixed():

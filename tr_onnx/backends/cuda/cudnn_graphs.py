@@ -27,6 +27,7 @@ channel counts over the same padded strides; ``GraphDesc.channels`` says which, 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -126,7 +127,9 @@ class GraphDesc:
     per-node scratch, which the graph's workspace must fit. ``node_inputs``: which of the
     node's inputs the graph computes with, where it leaves some to a kernel of its own (a
     ConvTranspose's bias); None: all of them (what the host emulator runs as the node's numpy
-    kernel).
+    kernel). ``build``: the frontend calls of a graph a family describes in its own module
+    (``(g, desc, ins, scalars) -> {output port: tensor}``, as the builders here); None: this
+    module's builder of ``kind``.
     """
 
     kind: str
@@ -145,6 +148,7 @@ class GraphDesc:
     intermediate_data_type: str = "FLOAT"
     compute_data_type: str = "FLOAT"
     node_inputs: tuple[int, ...] | None = None
+    build: Callable[..., dict] | None = None
 
     def tensors(self) -> dict[str, TensorDesc]:
         return {**self.inputs, **self.outputs}
@@ -685,7 +689,7 @@ def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None,
     ins = {port: _declare_tensor(g, cudnn, port, t) for port, t in desc.inputs.items()}
     scalars = {name: g.tensor_scalar(s.value, cudnn.scalar_type.RUNTIME_PARAM, name=name)
                for name, s in desc.scalars.items()}
-    produced = _BUILDERS[desc.kind](g, desc, ins, scalars)
+    produced = (desc.build or _BUILDERS[desc.kind])(g, desc, ins, scalars)
     outs = {}
     for port, t in desc.outputs.items():
         if produced.get(port) is None:

@@ -88,6 +88,18 @@ TR_HD void tr_block_tree_sum(double* part, unsigned width) {
     TR_SYNC();
 }
 
+// -inf (max-pooling's padding, attention's hidden keys)
+#if defined(__CUDACC__)
+TR_HD float tr_neg_inf() { return __int_as_float(0xff800000); }
+#else
+TR_HD float tr_neg_inf() {
+    unsigned u = 0xff800000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+#endif
+
 // ---- helpers that keep NaN where NumPy keeps it -----------------------------------------
 TR_HD float tr_max_nan(float x, float lo) { return x < lo ? lo : x; }   // np.maximum(x, lo)
 TR_HD float tr_min_nan(float x, float hi) { return x > hi ? hi : x; }   // np.minimum(x, hi)

@@ -31,17 +31,6 @@
 // tr_onnx/backends/cuda/sources.py.
 #include "elementwise.cuh"
 
-#if defined(__CUDACC__)
-TR_HD float tr_neg_inf() { return __int_as_float(0xff800000); }
-#else
-TR_HD float tr_neg_inf() {
-    unsigned u = 0xff800000u;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-#endif
-
 #define TR_POOL_ARGS                                                                           \
     long long total, long long H, long long W, long long OH, long long OW, long long c,        \
         long long cpx, long long cpy, long long kh, long long kw, long long sh, long long sw,  \

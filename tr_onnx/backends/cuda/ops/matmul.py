@@ -1,28 +1,35 @@
 """cuda bindings of ``ops/matmul.py``: Gemm and MatMul as cuDNN matmul graphs (bias fused as
 the epilogue), MatMul that no graph describes (rank > 3, batch dims broadcast) on the
 batched kernel of ``kernels/matmul.cu``, and Einsum (forward, and the Einsums its gradient
-emits) on that file's strided contraction kernel."""
+emits) on that file's strided contraction kernel. MatMulBias (an inference plan's MatMul +
+Add fold) is Gemm's graph with the bias epilogue, or the batched kernel and a broadcast add."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
 from ....ops.matmul import einsum_terms
 from ..bind import (
+    INTERNAL,
     BindContext,
     Unbound,
     binding,
     collapse,
     cudnn_binding,
     cudnn_workspace,
+    f32,
     float_dt,
+    i32,
     i64,
     logical_strides,
     need_compact,
 )
+from ..cudnn_graphs import GraphDesc, describe_node
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
+from .elementwise import BCAST_FLOAT
 
 # ---- kernels/matmul.cu: the family's name table -------------------------------------------------
 
@@ -120,8 +127,39 @@ def bind_einsum(b: BindContext, node) -> list:
                      + [i64(v) for v in (*d, *e, *strides)])]
 
 
+def describe_matmul_bias(node, plan, workspace: tuple[int, int]) -> GraphDesc:
+    """MatMulBias(a, w, bias) is Gemm(a, w, bias) with alpha = beta = 1 and no transposes:
+    Gemm's matmul graph with the bias epilogue (a of rank 2 or 3, w shared by the batch)."""
+    gemm = copy.copy(node)
+    gemm.domain, gemm.op_type, gemm.attrs = "", "Gemm", {}
+    return describe_node(gemm, plan, workspace=workspace)
+
+
+def matmul_bias_factory(ctx: KernelContext):
+    """MatMulBias: the cuDNN graph where one describes the node, else the batched kernel and
+    then y += bias over y's rows (the broadcasting add kernel)."""
+    k = cudnn_workspace(ctx)
+
+    def bind(b: BindContext, node) -> list:
+        try:
+            return b.cudnn(node, k, describe=describe_matmul_bias)
+        except Unbound as e:
+            calls = batched_matmul(b, node, str(e))
+        y, bias = node.outputs[0], node.inputs[2]
+        need_compact(b, bias)
+        n = math.prod(b.t(y).shape)
+        cols = b.t(y).shape[-1]
+        dims, strides = collapse([n // cols, cols], [[cols, 1], [0, 1], [cols, 1]])
+        return calls + [b.launch(f"tr_bcast_binary_{float_dt(b, y, bias)}", n, [
+            b.buf(y), b.buf(bias), b.buf(y, True), i64(n), i32(BCAST_FLOAT["Add"]), f32(0)]
+            + [i64(v) for v in dims + [s for st in strides for s in st]])]
+
+    return bind
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("Gemm", "cuda", cudnn_binding()),
             KernelDef("MatMul", "cuda", matmul_factory),
-            KernelDef("Einsum", "cuda", binding(bind_einsum))]
+            KernelDef("Einsum", "cuda", binding(bind_einsum)),
+            KernelDef("MatMulBias", "cuda", matmul_bias_factory, domain=INTERNAL)]
