@@ -138,8 +138,11 @@ def test_swish_equals_numpy(device, signatures, alpha, dt):
     assert names == [f"tr_swish_{dt}"]
 
 
-ROTARY = {  # x shape, attributes, with position_ids
+ROTARY = {  # x shape, attributes, with position_ids (True), or caches shared by the batch
     "4d": ((2, 3, 5, 8), {}, False),
+    # the dynamo exporter's Llama: cos/sin [1, seq, rot / 2] caches broadcast over the batch
+    "4d-caches-shared-by-the-batch": ((3, 2, 5, 8), {}, "shared"),
+    "3d-caches-shared-by-the-batch": ((3, 5, 16), {"num_heads": 2}, "shared"),
     "4d-interleaved": ((2, 3, 5, 8), {"interleaved": 1}, False),
     "3d-heads-positions": ((2, 5, 24), {"num_heads": 3}, True),
     "partial-rotary-dim": ((2, 3, 5, 8), {"rotary_embedding_dim": 4}, True),
@@ -154,13 +157,13 @@ def rotary_feeds(shape, attrs, positions, dt):
     half = attrs.get("rotary_embedding_dim", d) // 2
     b, s = shape[0], shape[1] if heads else shape[2]
     x = data(shape, dt)
-    if positions:
+    if positions is True:
         angles = np.arange(10)[:, None] * 0.3 / (1 + np.arange(half))[None, :]
         pos = np.random.default_rng(2).integers(0, 10, (b, s))
         feeds = {"x": x, "cos": np.cos(angles).astype(x.dtype),
                  "sin": np.sin(angles).astype(x.dtype), "pos": pos}
     else:
-        angles = np.random.default_rng(3).uniform(-3, 3, (b, s, half))
+        angles = np.random.default_rng(3).uniform(-3, 3, (1 if positions else b, s, half))
         feeds = {"x": x, "cos": np.cos(angles).astype(x.dtype),
                  "sin": np.sin(angles).astype(x.dtype)}
     return feeds

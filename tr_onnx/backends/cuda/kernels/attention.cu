@@ -15,12 +15,14 @@
 // tr_swish_<dt>(x, y, n, alpha)              y = x sigmoid(alpha x), one thread per element
 // RotaryEmbedding over [batch, seq, heads, d] addressed by element strides (sb, ss, sh; the
 // lanes contiguous): 3-D [b, s, heads * d] or 4-D [b, heads, s, d] input, y laid out alike:
-// tr_rotary_<dt>(x, cos, sin, pos, y, batch, seq, heads, d, rot, sb, ss, sh, interleaved,
-//                inverse)
+// tr_rotary_<dt>(x, cos, sin, pos, y, batch, seq, heads, d, rot, sb, ss, sh, rb, rs,
+//                interleaved, inverse)
 //     pairs (x1, x2) of the first rot lanes (halves, or even/odd lanes when interleaved):
 //     y1 = cos x1 - sin x2, y2 = cos x2 + sin x1 at the cache row of the token's position
-//     (pos[b, s] when pos is not null, else the caches are [b, s, rot / 2]); inverse: the
-//     sine's sign flipped. Lanes past rot are copied.
+//     (pos[b, s] when pos is not null, else the caches are [b, s, rot / 2]; rb, rs: the
+//     row strides of that [b, s] index, 0 on an axis of length 1 that broadcasts, as
+//     exporters give [1, s, rot / 2] caches); inverse: the sine's sign flipped. Lanes past
+//     rot are copied.
 // Attention: one thread per query row (b, head, i), recomputing the row's scores in each of
 // its passes (max, sum of exponentials, output) rather than keeping them: no scratch.
 // q, k, v, y, gq, gk, gv are [b, heads, seq, size] addressed by (batch, head, seq) strides (a
@@ -126,7 +128,8 @@ template <class T> TR_HD float tr_inv_rms(const T* x, long long m, float eps) {
     TR_KERNEL void tr_rotary_##dt(const T* x, const T* cos_c, const T* sin_c,                 \
                                   const long long* pos, T* y, long long batch, long long seq,  \
                                   long long heads, long long d, long long rot, long long sb,   \
-                                  long long ss, long long sh, int interleaved, int inverse) {  \
+                                  long long ss, long long sh, long long rb, long long rs,      \
+                                  int interleaved, int inverse) {                              \
         long long half = rot / 2;                                                              \
         TR_GRID_STRIDE(u, batch * seq * heads * d) {                                           \
             long long e = u % d, h = (u / d) % heads, s = (u / (d * heads)) % seq;             \
@@ -140,7 +143,7 @@ template <class T> TR_HD float tr_inv_rms(const T* x, long long m, float eps) {
             long long i = interleaved ? e / 2 : (first ? e : e - half);                        \
             long long other = interleaved ? (first ? e + 1 : e - 1)                            \
                                           : (first ? e + half : e - half);                     \
-            long long row = pos ? pos[b * seq + s] : b * seq + s;                              \
+            long long row = pos ? pos[b * rb + s * rs] : b * rb + s * rs;                      \
             float c = tr_get(cos_c, row * half + i), sn = tr_get(sin_c, row * half + i);       \
             float x1 = tr_get(x, at + (first ? e : other));                                    \
             float x2 = tr_get(x, at + (first ? other : e));                                    \

@@ -171,10 +171,17 @@ def _rotary(b: BindContext, node, inverse: bool) -> list:
         raise Unbound(f"rotary_embedding_dim {rot} must be even and at most the head size {d}")
     if pos is not None and b.t(pos).dtype != np.int64:
         raise Unbound("position_ids must be int64")
+    # the [batch, seq] index of a cache row (position_ids, or the caches' own leading axes):
+    # an axis of length 1 broadcasts (exporters give [1, seq, rot / 2] caches)
+    index = tuple(b.t(pos).shape) if pos is not None else tuple(b.t(cos).shape[:-1])
+    if len(index) != 2 or index[0] not in (1, n) or index[1] not in (1, s):
+        raise Unbound(f"a cache row index of shape {list(index)} does not broadcast to "
+                      f"[{n}, {s}]")
+    rows = (0 if index[0] == 1 else index[1], 0 if index[1] == 1 else 1)
     dt = float_dt(b, x, cos, sin, y)
     return [b.launch(f"tr_rotary_{dt}", n * s * heads * d, [
         b.buf(x), b.buf(cos), b.buf(sin), b.buf(pos), b.buf(y, True), i64(n), i64(s),
-        i64(heads), i64(d), i64(rot), *(i64(v) for v in strides),
+        i64(heads), i64(d), i64(rot), *(i64(v) for v in strides), *(i64(v) for v in rows),
         i32(int(node.attrs.get("interleaved", 0) or 0)), i32(int(inverse))])]
 
 
