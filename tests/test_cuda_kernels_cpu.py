@@ -95,7 +95,7 @@ def test_compile_all_nvrtc_covers_every_family():
                                     "pool", "normalization", "reduce", "losses", "optimizers",
                                     "layout_convert", "amp", "resize", "recurrent",
                                     "spatial_transform", "lrn", "random", "quantize",
-                                    "attention"}
+                                    "attention", "dynamic"}
 
 
 def test_kernel_names_are_unique_and_suffixed():

@@ -52,7 +52,7 @@ BUILTIN_OPSETS = (
 BUILTIN_BACKEND_KERNELS = tuple(f"tr_onnx.backends.cuda.ops.{family}" for family in (
     "elementwise", "unary", "tensor", "indexing", "matmul", "conv", "pool", "normalization",
     "reduce", "losses", "layout_convert", "optimizers", "collective", "resize", "attention",
-    "recurrent", "spatial_transform", "quantize", "random", "lrn"))
+    "recurrent", "spatial_transform", "quantize", "random", "lrn", "dynamic"))
 ONNX_DOMAINS = ("", "ai.onnx")
 
 
