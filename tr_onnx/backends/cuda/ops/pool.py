@@ -1,6 +1,8 @@
 """cuda bindings of ``ops/pool.py``: MaxPool, AveragePool, LpPool and their backward ops, and
 GlobalAveragePool (``kernels/pool.cu``), over channels-last feature maps with 1-D or 2-D
-windows. The window arithmetic is ``ops.conv.Window``'s, the same the NumPy kernels use.
+windows (a compact NCHW map as N * C maps of one channel: tf2onnx exports without its
+optimizer pool NCHW maps between Transposes). The window arithmetic is ``ops.conv.Window``'s,
+the same the NumPy kernels use.
 GlobalMaxPool, GlobalLpPool and GlobalMaxPoolGrad are reductions over the spatial axes: the
 strided reduction kernels of ``kernels/reduce.cu`` (``backends/cuda/ops/reduce.py``)."""
 
@@ -45,11 +47,16 @@ def _pool_geometry(b: BindContext, node: Node, x: Value, y: Value):
 
     tx, ty = b.t(x), b.t(y)
     gx, gy = geometry(tx), geometry(ty)
-    for t, g in ((tx, gx), (ty, gy)):
-        if g is None or g.kind != "channels_last" or t.layout.kind != "channels_last" or \
-                t.layout.phys_shape[0] != t.shape[0]:
+    plain = [g is not None and g.kind == "flat" and len(t.shape) >= 3
+             for t, g in ((tx, gx), (ty, gy))]
+    for t, g, flat in ((tx, gx, plain[0]), (ty, gy, plain[1])):
+        if not flat and (g is None or g.kind != "channels_last" or
+                         t.layout.kind != "channels_last" or
+                         t.layout.phys_shape[0] != t.shape[0]):
             raise Unbound(f"{t.name!r} is {t.layout.describe()}; the pool kernels read "
-                           "channels-last feature maps")
+                           "channels-last or compact (NCHW) feature maps")
+    if plain[0] != plain[1]:
+        raise Unbound("a pool between a channels-last and a compact feature map")
     spatial = tuple(tx.shape[2:])
     if len(spatial) not in (1, 2):
         raise Unbound(f"a {len(spatial)}-D pool; the kernels pool 1-D and 2-D windows")
@@ -69,7 +76,9 @@ def _pool_geometry(b: BindContext, node: Node, x: Value, y: Value):
     ph, pw = (0, win.pads_begin[0]) if one else win.pads_begin
     pe_h, pe_w = (0, win.pads_end[0]) if one else win.pads_end
     dh, dw = (1, win.dilations[0]) if one else win.dilations
-    window = [H, W, OH, OW, tx.shape[1], gx.cp, gy.cp, kh, kw, sh, sw, ph, pw, dh, dw]
+    # a compact [N, C, *S] map is N * C maps of one channel (channels-last [N * C, *S, 1])
+    channels = (1, 1, 1) if plain[0] else (tx.shape[1], gx.cp, gy.cp)
+    window = [H, W, OH, OW, *channels, kh, kw, sh, sw, ph, pw, dh, dw]
     include = [-ph, H + pe_h, -pw, W + pe_w]
     exclude = [0, H, 0, W]
     return window, include, exclude, gx, gy
@@ -88,23 +97,37 @@ def bind_max_pool(b: BindContext, node) -> list:
 def max_pool_grad_factory(ctx: KernelContext):
     """MaxPoolGrad: each window's argmax once per output element (int32 taps into scratch,
     one per logical element of gy), then one thread per gx element gathers the gy of the
-    windows whose argmax reads it."""
+    windows whose argmax reads it. A compact x with a channels-last gy and gx (tf2onnx's NCHW
+    pools stay compact, their gradients arrive from channels-last Convs) is first padded into
+    a channels-last copy in scratch, laid out as gx."""
+    x_info, gx_info = ctx.inputs[1], ctx.outputs[0]
     arg_ws = ctx.workspace((math.prod(ctx.inputs[0].shape),), np.int32)
+    mixed = (gx_info.layout.kind == "channels_last" and x_info.layout.kind != "channels_last")
+    copy_ws = ctx.workspace(tuple(gx_info.layout.phys_shape), x_info.dtype) if mixed else None
 
     def bind(b: BindContext, node) -> list:
         gy, x = node.inputs[0], node.inputs[1]
         gx = node.outputs[0]
-        window, _, _, g_x, _ = _pool_geometry(b, node, x, gy)
+        calls, x_buf, like = [], b.buf(x), x
+        if copy_ws is not None:
+            g = geometry(b.t(gx))
+            dt = float_dt(b, x, gx)
+            calls.append(b.launch(f"tr_pad_nhwc_{dt}_{dt}", g.n,
+                                  [x_buf, b.ws(copy_ws), i64(g.n), i64(g.c), i64(g.s),
+                                   i64(g.cp)]))
+            x_buf, like = b.ws(copy_ws, writes=False), gx
+        window, _, _, g_x, _ = _pool_geometry(b, node, like, gy)
         if geometry(b.t(gx)) != g_x:
             raise Unbound("gx and x in different layouts")
         dt = float_dt(b, gy, x, gx)
         outputs = math.prod(b.t(gy).shape)
         win = [i64(v) for v in window]
-        return [b.launch(f"tr_maxpool_argmax_{dt}", outputs,
-                         [b.buf(x), b.ws(arg_ws), i64(outputs)] + win),
-                b.launch(f"tr_maxpool_bwd_{dt}", g_x.n,
-                         [b.buf(gy), b.ws(arg_ws, writes=False), b.buf(gx, True), i64(g_x.n)]
-                         + win)]
+        return calls + [
+            b.launch(f"tr_maxpool_argmax_{dt}", outputs,
+                     [x_buf, b.ws(arg_ws), i64(outputs)] + win),
+            b.launch(f"tr_maxpool_bwd_{dt}", g_x.n,
+                     [b.buf(gy), b.ws(arg_ws, writes=False), b.buf(gx, True), i64(g_x.n)]
+                     + win)]
 
     return bind
 
