@@ -22,6 +22,7 @@ BatchNormGrad reads either forward's."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -49,6 +50,7 @@ from ..bind import (
     row_split,
     same_layout,
 )
+from ..cudnn_graphs import ALIGN, describe_node
 from ..device import BLOCK
 from ..nccl import NCCL_SUM, nccl_dtype, node_all_reduce
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
@@ -162,7 +164,38 @@ def bn_grad_factory(ctx: KernelContext):
         sync_ws = (ctx.workspace((bn_chunks(rows, c)[0], 2 * c), np.float64),
                    ctx.workspace((2 * c + 1,), np.float64))
         return lambda b, node: bind_sync_bn_grad(b, node, *sync_ws)
-    return cudnn_binding()(ctx)
+    x_info, gx_info = ctx.inputs[1], ctx.outputs[0]
+    if gx_info is None or x_info.layout.kind == gx_info.layout.kind:
+        return cudnn_binding()(ctx)
+    # cuDNN's backward graph takes x, dy and dx in one layout; a compact x beside a
+    # channels-last dx (tf2onnx's NCHW BatchNorm between Transposes, its gradient from a
+    # channels-last Conv) is padded into a copy laid out as dx first
+    if gx_info.layout.kind != "channels_last":
+        raise ctx.error("BatchNormGrad of a channels-last x into a compact dx: cuDNN's graph "
+                        "takes them in one layout")
+    k = cudnn_workspace(ctx)
+    copy_ws = ctx.workspace(tuple(gx_info.layout.phys_shape), x_info.dtype)
+
+    def bind(b: BindContext, node) -> list:
+        x, gx = node.inputs[1], node.outputs[0]
+        g = geometry(b.t(gx))
+        dt = float_dt(b, x, gx)
+        copy = b.workspaces[copy_ws]
+
+        def describe(node, plan, workspace):
+            desc = describe_node(node, plan, workspace=workspace)
+            dx = desc.outputs["DX"]
+            desc.inputs["input"] = dataclasses.replace(
+                dx, name=copy.name, byte_offset=copy.offset,
+                alignment=ALIGN, slot_bytes=copy.nbytes,  # arena offsets: multiples of 256
+                region="WORKSPACE")
+            return desc
+
+        return [b.launch(f"tr_pad_nhwc_{dt}_{dt}", g.n,
+                         [b.buf(x), b.ws(copy_ws), i64(g.n), i64(g.c), i64(g.s), i64(g.cp)]),
+                *b.cudnn(node, k, describe=describe)]
+
+    return bind
 
 
 def _sync_geometry(b: BindContext, x, *maps) -> tuple[int, int, int]:
