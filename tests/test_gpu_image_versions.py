@@ -33,10 +33,12 @@ CUDNN_LIB = IMAGE / "cudnn" / "lib"
 CU13 = IMAGE / "cu13"
 EXPECT = {"TR_ONNX_EXPECT_CUDNN": "91900", "TR_ONNX_EXPECT_NVRTC": "13.0"}
 MODULES = ("tests/test_cudnn_deviceless.py", "tests/test_cuda_kernels_cpu.py",
-           "tests/test_cuda_ptx_args.py", "tests/test_cuda_attention_ops_cpu.py")
-SELECT = "deviceless or nvrtc or ptx"
+           "tests/test_cuda_ptx_args.py", "tests/test_cuda_attention_ops_cpu.py",
+           "tests/test_real_exports_cuda.py")
+SELECT = "deviceless or nvrtc or ptx or cudnn_takes_every_graph"
 """Every test of the deviceless and PTX modules (their names hold the words), the NVRTC ones
-of the kernel tests, and the attention family's deviceless SDPA checks."""
+of the kernel tests, the attention family's deviceless SDPA checks, and every real export's
+cuda training plan in fp32 and bf16 with each of its cuDNN graphs."""
 
 CHILD = """
 import ctypes, sys
