@@ -413,6 +413,11 @@ TRAIN = {
                                    [N, C]),
                 nll_loss_model([N, C], [N], {"reduction": "sum"}), (N,), C,
                 {"tr_nll_fwd_f32_i64", "tr_nll_reduce_f32", "tr_nll_bwd_f32_i64"}),
+    # PyTorch's [N, C, L] sequence scores into the builtin cross-entropy: compact rows whose
+    # classes are L apart (softmax cross-entropy and its gradient read them strided)
+    "sce-ncd": (lambda: gemm_model([helper.make_node("Reshape", ["h", "ncd"], ["scores"])],
+                                   {"ncd": np.array([N, 3, 2])}, [N, 3, 2], hidden=6),
+                "cross_entropy", (N, 2), 3, {"tr_sce_fwd_f32", "tr_sce_bwd_f32"}),
     # [N, C, D] scores straight into the loss (no LogSoftmax: the rows are class-strided)
     "nll-ncd": (lambda: gemm_model([helper.make_node("Reshape", ["h", "ncd"], ["scores"])],
                                    {"ncd": np.array([N, 3, 2])}, [N, 3, 2], hidden=6),

@@ -846,8 +846,9 @@ def test_softmax_cross_entropy_rows_match_numpy(host, case, dt):
     flat_labels = labels.reshape(-1)
     row_loss, row_w = np.empty(rows, np.float32), np.empty(rows, np.float32)
     common = (LL(ignore if ignore is not None else -100), I32(ignore is not None))
-    host(f"tr_sce_fwd_{dt}", xs, flat_labels, weights, row_loss, row_w, LL(rows), LL(c),
-         LL(cp), *common)
+    rows_geometry = (LL(rows), LL(c), LL(1), LL(cp), LL(0), LL(1))  # class-last rows of cp
+    host(f"tr_sce_fwd_{dt}", xs, flat_labels, weights, row_loss, row_w, *rows_geometry,
+         *common)
     loss, denom = np.empty(1, np.float32), np.empty(1, np.float32)
     host("tr_sce_reduce", row_loss, row_w, LL(rows), I32(REDUCTIONS[reduction]),
          I32(weighted or ignore is not None), loss, denom)
@@ -857,8 +858,8 @@ def test_softmax_cross_entropy_rows_match_numpy(host, case, dt):
 
     gx = np.full((rows, cp), 7.0, np.float32)
     gx = STORAGE[dt][1](gx)
-    host(f"tr_sce_bwd_{dt}", xs, flat_labels, weights, gloss.reshape(-1), denom, gx, LL(rows),
-         LL(c), LL(cp), *common, I32(REDUCTIONS[reduction]))
+    host(f"tr_sce_bwd_{dt}", xs, flat_labels, weights, gloss.reshape(-1), denom, gx,
+         *rows_geometry, LL(cp), *common, I32(REDUCTIONS[reduction]))
     got_gx = STORAGE[dt][2](gx)
     assert not got_gx[:, c:].any(), "pad lanes of the gradient must be zero"
     want_cl = np.moveaxis(want_gx, 1, -1).reshape(-1, c)

@@ -203,12 +203,12 @@ TR_HD float tr_div(float a, float b) { return a / b; }
 
 // ---- losses -------------------------------------------------------------------------------
 // Softmax cross-entropy over one row of c classes (stride 1): max m and log(sum exp(x - m)).
-template <class T> TR_HD void tr_row_log_softmax_stats(const T* x, long long c, float* m,
-                                                        float* log_s) {
+template <class T> TR_HD void tr_row_log_softmax_stats(const T* x, long long c, long long cs,
+                                                        float* m, float* log_s) {
     float mx = tr_get(x, 0);
-    for (long long j = 1; j < c; ++j) mx = tr_max_nan(tr_get(x, j), mx);
+    for (long long j = 1; j < c; ++j) mx = tr_max_nan(tr_get(x, j * cs), mx);
     float s = 0.0f;
-    for (long long j = 0; j < c; ++j) s += expf(tr_get(x, j) - mx);
+    for (long long j = 0; j < c; ++j) s += expf(tr_get(x, j * cs) - mx);
     *m = mx;
     *log_s = logf(s);
 }

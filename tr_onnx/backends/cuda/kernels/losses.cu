@@ -1,19 +1,21 @@
-// Losses (tr_onnx/ops/losses.py), over rows. Softmax cross-entropy: scores as rows of c
-// classes with row stride ld (class-last: [N, C] or channels-last [N, *S, Cp],
-// rows = N * prod(S), ld = Cp), int64 labels per row, optional float32 class weights,
-// optional ignore_index (weight 0, as ops/losses.py).
-// tr_sce_fwd_<dt>: per-row loss and weight; tr_sce_reduce: the sum or mean into one scalar
-// (and the mean's denominator, which the backward reads); tr_sce_bwd_<dt>: gradient of the
-// scores, pad lanes written as zero. reduction: 0 none (gloss per row), 1 sum, 2 mean.
-// One thread per row: clear and small; a warp-per-row version can replace it for large C.
-// tr_sce_fwd_<dt>(x, labels, class_w, row_loss, row_w, rows, c, ld, ignore_index, has_ignore)
+// Losses (tr_onnx/ops/losses.py), over rows. Both read scores x [N, C, *S] in any layout
+// whose spatial axes are contiguous with each other (compact, or channels-last [N, *S, Cp]):
+// row r = (n, sp) starts at n * ns + sp * ss (s spatial positions per n), its classes cs
+// apart (1 for [N, C] and channels-last maps; S for a compact [N, C, *S], as PyTorch's
+// cross-entropy takes [N, C, L] sequence scores). int64 labels per row, optional float32
+// class weights, optional ignore_index (weight 0, as ops/losses.py).
+// Softmax cross-entropy: tr_sce_fwd_<dt>: per-row loss and weight; tr_sce_reduce: the sum or
+// mean into one scalar (and the mean's denominator, which the backward reads);
+// tr_sce_bwd_<dt>: gradient of the scores, pad lanes (c <= j < lanes) written as zero.
+// reduction: 0 none (gloss per row), 1 sum, 2 mean. One thread per row: clear and small; a
+// warp-per-row version can replace it for large C.
+// tr_sce_fwd_<dt>(x, labels, class_w, row_loss, row_w, rows, c, s, ns, ss, cs, ignore_index,
+//                 has_ignore)
 // tr_sce_reduce(row_loss, row_w, rows, reduction, weighted, loss, denom)
-// tr_sce_bwd_<dt>(x, labels, class_w, gloss, denom, gx, rows, c, ld, ignore_index,
-//                 has_ignore, reduction)
+// tr_sce_bwd_<dt>(x, labels, class_w, gloss, denom, gx, rows, c, s, ns, ss, cs, lanes,
+//                 ignore_index, has_ignore, reduction)
 //
-// Negative log-likelihood over log-probabilities x [N, C, *S] in any layout whose spatial axes
-// are contiguous with each other (compact, or channels-last [N, *S, Cp]): row r = (n, sp)
-// starts at n * ns + sp * ss (s spatial positions per n), its classes cs apart. Labels are
+// Negative log-likelihood over log-probabilities x, rows as above. Labels are
 // int64 or int32 (_<it>), class weights are of the scores' storage type. A label equal to
 // ignore_index has weight 0 at class 0 (ops/losses.py); a label outside [0, c) otherwise,
 // which NumPy cannot read either, counts as ignored (weight 0, loss 0): nothing is read or
@@ -62,33 +64,36 @@ TR_KERNEL void tr_sce_reduce(const float* row_loss, const float* row_w, long lon
 #define TR_LOSS(T, dt)                                                                         \
     TR_KERNEL void tr_sce_fwd_##dt(const T* x, const long long* labels, const float* class_w,  \
                                    float* row_loss, float* row_w, long long rows, long long c, \
-                                   long long ld, long long ignore_index, int has_ignore) {     \
+                                   long long s, long long ns, long long ss, long long cs,      \
+                                   long long ignore_index, int has_ignore) {                   \
         TR_GRID_STRIDE(r, rows) {                                                              \
-            const T* xr = x + r * ld;                                                          \
+            const T* xr = x + (r / s) * ns + (r % s) * ss;                                     \
             long long label;                                                                   \
             float w, m, log_s;                                                                 \
             tr_sce_label(labels[r], class_w, ignore_index, has_ignore, &label, &w);            \
-            tr_row_log_softmax_stats(xr, c, &m, &log_s);                                       \
-            row_loss[r] = -(tr_log_softmax(tr_get(xr, label), m, log_s) * w);                  \
+            tr_row_log_softmax_stats(xr, c, cs, &m, &log_s);                                   \
+            row_loss[r] = -(tr_log_softmax(tr_get(xr, label * cs), m, log_s) * w);             \
             row_w[r] = w;                                                                      \
         }                                                                                      \
     }                                                                                          \
     TR_KERNEL void tr_sce_bwd_##dt(const T* x, const long long* labels, const float* class_w,  \
                                    const float* gloss, const float* denom, T* gx,              \
-                                   long long rows, long long c, long long ld,                  \
+                                   long long rows, long long c, long long s, long long ns,     \
+                                   long long ss, long long cs, long long lanes,                \
                                    long long ignore_index, int has_ignore, int reduction) {    \
         float scale = reduction == 2 ? (float)((double)gloss[0] / (double)denom[0]) : gloss[0]; \
         TR_GRID_STRIDE(r, rows) {                                                              \
-            const T* xr = x + r * ld;                                                          \
-            T* gr = gx + r * ld;                                                               \
+            long long at = (r / s) * ns + (r % s) * ss;                                        \
+            const T* xr = x + at;                                                              \
+            T* gr = gx + at;                                                                   \
             long long label;                                                                   \
             float w, m, log_s;                                                                 \
             tr_sce_label(labels[r], class_w, ignore_index, has_ignore, &label, &w);            \
-            tr_row_log_softmax_stats(xr, c, &m, &log_s);                                       \
+            tr_row_log_softmax_stats(xr, c, cs, &m, &log_s);                                   \
             float coef = reduction == 0 ? gloss[r] * w : w * scale;                            \
             for (long long j = 0; j < c; ++j)                                                  \
-                tr_put(gr, j, tr_sce_grad(tr_get(xr, j), m, log_s, j == label, coef));         \
-            for (long long j = c; j < ld; ++j) tr_put(gr, j, 0.0f);                            \
+                tr_put(gr, j * cs, tr_sce_grad(tr_get(xr, j * cs), m, log_s, j == label, coef)); \
+            for (long long j = c; j < lanes; ++j) tr_put(gr, j * cs, 0.0f);                    \
         }                                                                                      \
     }
 

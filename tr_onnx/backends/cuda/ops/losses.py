@@ -43,18 +43,13 @@ def losses_source() -> KernelSource:
 KERNELS = losses_source()
 
 
-def _sce_geometry(b: BindContext, x, labels):
-    tx = b.t(x)
-    g = geometry(tx)
+def _sce_rows(b: BindContext, x, labels) -> tuple[int, list]:
+    """``_nll_rows`` of the scores, int64 labels."""
     if b.t(labels).dtype != np.int64:
         raise Unbound("labels must be int64")
-    if g is None or tx.dtype.name not in DT:
+    if geometry(b.t(x)) is None or b.t(x).dtype.name not in DT:
         raise Unbound(f"scores {x.name!r} in a layout the row kernels cannot read")
-    if g.kind == "flat" and len(tx.shape) == 2:
-        return tx.shape[0], tx.shape[1], tx.shape[1]
-    if g.kind == "channels_last" and tx.layout.kind == "channels_last":
-        return g.n // g.cp, g.c, g.cp
-    raise Unbound("scores of rank > 2 must be channels-last (class-last rows)")
+    return _nll_rows(b, x, labels)
 
 
 def _sce_common(node):
@@ -87,15 +82,16 @@ def sce_factory(ctx: KernelContext):
             raise Unbound("the log_prob output has no kernel")
         if b.t(out).dtype != np.float32:
             raise Unbound("the loss kernels write a float32 loss")
-        rows, c, ld = _sce_geometry(b, x, labels)
+        _, geo = _sce_rows(b, x, labels)
+        rows = int(geo[0])
         dt = b.dt(x)
         reduction, common = _sce_common(node)
         weighted = weights is not None or node.attrs.get("ignore_index") is not None
         row_w = b.ws(row_w_ws)
         row_loss = b.buf(out, True) if reduction == 0 else b.ws(row_loss_ws)
         calls = [b.launch(f"tr_sce_fwd_{dt}", rows,
-                          [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w, i64(rows),
-                           i64(c), i64(ld)] + common)]
+                          [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w, *geo]
+                          + common)]
         if reduction:
             calls.append(b.launch("tr_sce_reduce", 1,
                                   [row_loss, row_w, i64(rows), i32(reduction), i32(weighted),
@@ -121,8 +117,9 @@ def sce_grad_factory(ctx: KernelContext):
         if len(node.inputs) > 4 and node.inputs[4] is not None:
             raise Unbound("a log_prob gradient input has no kernel")
         gx = node.outputs[0]
-        rows, c, ld = _sce_geometry(b, x, labels)
-        if _sce_geometry(b, gx, labels)[2] != ld:
+        lanes, geo = _sce_rows(b, x, labels)
+        rows = int(geo[0])
+        if _sce_rows(b, gx, labels) != (lanes, geo):
             raise Unbound("scores and their gradient in different layouts")
         dt = b.dt(x)
         if b.dt(gx) != dt or b.t(gloss).dtype != np.float32:
@@ -136,13 +133,13 @@ def sce_grad_factory(ctx: KernelContext):
             row_w, row_loss = b.ws(row_w_ws), b.ws(row_loss_ws)
             calls += [b.launch(f"tr_sce_fwd_{dt}", rows,
                                [b.buf(x), b.buf(labels), b.buf(weights), row_loss, row_w,
-                                i64(rows), i64(c), i64(ld)] + common),
+                                *geo] + common),
                       b.launch("tr_sce_reduce", 1,
                                [row_loss, row_w, i64(rows), i32(reduction), i32(weighted),
                                 b.ws(loss_ws), denom], single_block=True)]
         calls.append(b.launch(f"tr_sce_bwd_{dt}", rows,
                               [b.buf(x), b.buf(labels), b.buf(weights), b.buf(gloss), denom,
-                               b.buf(gx, True), i64(rows), i64(c), i64(ld)] + common
+                               b.buf(gx, True), *geo, i64(lanes)] + common
                               + [i32(reduction)]))
         return calls
 
