@@ -628,3 +628,23 @@ def test_sdpa_training_plan_runs_on_the_emulator_as_the_row_kernels(device, monk
     np.testing.assert_allclose(got, want, rtol=2e-3)
     for name, w in ref.items():
         np.testing.assert_allclose(params[name], w, rtol=2e-3, atol=1e-4, err_msg=name)
+
+
+def test_inspect_says_which_path_each_attention_node_takes(tmp_path, capsys):
+    """``tr-onnx inspect --backend cuda`` names, per op, the path its nodes took: cuDNN graphs
+    (the decoder's MatMuls) or tr_onnx's kernels, with why cuDNN's SDPA was not it."""
+    import json
+
+    from tr_onnx.cli import main as cli_main
+
+    path = tmp_path / "decoder.onnx"
+    onnx.save(tiny_decoder(), str(path))
+    assert cli_main(["inspect", str(path), "--backend", "cuda", "--train", "--json"]) == 0
+    rows = {r["op"]: r for r in json.loads(capsys.readouterr().out)["kernels"]}
+    for op in ("Attention", "AttentionGrad"):
+        (path_, count), = rows[op]["paths"].items()
+        assert count == 1 and path_.startswith("tr_onnx kernels (cuDNN's SDPA instead where "
+                                               "TR_ONNX_CUDNN_SDPA=1")
+    assert rows["MatMul"]["paths"] == {"cuDNN matmul": rows["MatMul"]["count"]}
+    assert cli_main(["inspect", str(path), "--backend", "cuda", "--train"]) == 0
+    assert "x1 tr_onnx kernels (cuDNN's SDPA instead" in capsys.readouterr().out

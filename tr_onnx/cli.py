@@ -133,6 +133,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
         key = (node.domain or "ai.onnx", node.op_type, node.since_version)
         ops[key] += 1
         sources[key] = source
+    paths = _cuda_paths(plan) if backend == "cuda" else {}
     aliased = Counter(n.op_type for n in plan.graph.nodes
                       if n.outputs and n.outputs[0] is not None and n.outputs[0].alias_of)
     mem = plan.memory
@@ -146,7 +147,8 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
         "channel_align": sess.channel_align,
         "nodes": len(plan.graph.nodes),
         "kernels": [{"domain": d, "op": o, "since_version": v, "count": c,
-                     "kernel": f"{sources[(d, o, v)]} ({sess.backend})"}
+                     "kernel": f"{sources[(d, o, v)]} ({sess.backend})",
+                     **({"paths": paths[(d, o, v)]} if (d, o, v) in paths else {})}
                     for (d, o, v), c in sorted(ops.items())],
         "zero_copy_views": dict(aliased),
         **(parameters := _parameters_info(imported)),
@@ -169,6 +171,32 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
         },
         **({"cudnn_graphs": graphs} if graphs is not None else {}),
     }
+
+
+def _cuda_paths(plan) -> dict:
+    """(domain, op, version) -> {path: nodes}: per node, the cuDNN graphs its binding chose
+    (``cuDNN <kind>``) or tr_onnx's own kernels, or the node whose graph computes it (a Relu
+    in a convolution's epilogue); where an op's family could take another path, the reason it
+    did not (``PATH_NOTES`` of its bindings' module, e.g. attention's SDPA opt-in)."""
+    import importlib
+
+    from .backends.cuda.bind import CudnnCall
+
+    sources = {id(node): source for node, source in plan.kernels}
+    paths: dict = {}
+    for bn in plan.executor.bound:
+        node = bn.node
+        kinds = sorted({c.desc.kind for c in bn.calls if isinstance(c, CudnnCall)})
+        path = (f"cuDNN {' + '.join(kinds)}" if kinds else
+                "fused into a cuDNN graph" if bn.fused_into else "tr_onnx kernels")
+        source = sources.get(id(node)) or ""
+        note = (getattr(importlib.import_module(source), "PATH_NOTES", {}).get(node.op_type)
+                if source.startswith("tr_onnx.") and not kinds else None)
+        if note:
+            path += f" ({note})"
+        key = (node.domain or "ai.onnx", node.op_type, node.since_version)
+        paths.setdefault(key, Counter())[path] += 1
+    return {k: dict(v) for k, v in paths.items()}
 
 
 def _parameters_info(imported) -> dict:
@@ -239,6 +267,9 @@ def _print_inspect(info: dict, verbose: bool) -> None:
     for k in info["kernels"]:
         print(f"  {k['op']:<24} {k['domain']:<10} v{k['since_version']:<3} x{k['count']:<4} "
               f"{k['kernel']}")
+        for path, n in k.get("paths", {}).items():
+            if path != "tr_onnx kernels":
+                print(f"      x{n} {path}")
     if info["zero_copy_views"]:
         views = ", ".join(f"{op} x{n}" for op, n in info["zero_copy_views"].items())
         print(f"  zero-copy views (no kernel): {views}")

@@ -274,6 +274,12 @@ failed with CUDA driver version is insufficient for CUDA runtime version"), so n
 is checked without a GPU."""
 
 
+PATH_NOTES = {op: f"cuDNN's SDPA instead where {SDPA_ENV}=1 and the form fits: fp16/bf16, head "
+                  "sizes multiples of 8, no softcap, boolean or short mask, past or window"
+              for op in ("Attention", "AttentionGrad")}
+"""Why a node of these ops ran the row kernels (``tr-onnx inspect --backend cuda``)."""
+
+
 def _sdpa_asked() -> bool:
     return os.environ.get(SDPA_ENV, "") not in ("", "0")
 
