@@ -55,7 +55,7 @@ def _acc_dtype(dtype: np.dtype) -> np.dtype:
 # ---- Attention: shapes and views ------------------------------------------------------------
 
 
-class _Spec(NamedTuple):
+class AttentionForm(NamedTuple):
     """What an Attention node computes, from its attributes and input shapes."""
 
     rank3: bool
@@ -77,7 +77,7 @@ class _Spec(NamedTuple):
     soft: np.dtype  # softmax precision
 
 
-def _spec(attrs, shapes, dtype, error) -> _Spec:
+def attention_form(attrs, shapes, dtype, error) -> AttentionForm:
     """``shapes``: Q, K, V, attn_mask, past_key (None where absent)."""
     q, k, v, _, past_key = shapes
     rank3 = len(q) == 3
@@ -104,7 +104,7 @@ def _spec(attrs, shapes, dtype, error) -> _Spec:
     # attribute in float32 (the reference's and the function body's Sqrt), so its square is
     # the scale the scores get, not the attribute itself (they differ by ~1e-7 relative).
     root = float(np.sqrt(np.float32(scale))) if scale is not None else float(d) ** -0.25
-    return _Spec(rank3, b, hq, hkv, sq, past, past + skv, d, dv, root * root,
+    return AttentionForm(rank3, b, hq, hkv, sq, past, past + skv, d, dv, root * root,
                  float(attrs.get("softcap", 0.0)), bool(attrs.get("is_causal", 0)),
                  int(attrs.get("left_window_size", -1)), int(attrs.get("right_window_size", -1)),
                  int(attrs.get("qk_matmul_output_mode", 0)), acc, soft)
@@ -118,19 +118,19 @@ def _heads(x: np.ndarray, rank3: bool, heads: int) -> np.ndarray:
     return _split_axes(x, {2: (heads, x.shape[2] // heads)}).transpose(0, 2, 1, 3)
 
 
-def _grouped(x: np.ndarray, sp: _Spec) -> np.ndarray:
+def _grouped(x: np.ndarray, sp: AttentionForm) -> np.ndarray:
     """``[batch, q_heads, ...]`` as ``[batch, kv_heads, group, ...]`` (a view)."""
     return _split_axes(x, {1: (sp.hkv, sp.hq // sp.hkv)})
 
 
-def _frontier(sp: _Spec, nonpad: bool) -> np.ndarray | None:
+def _frontier(sp: AttentionForm, nonpad: bool) -> np.ndarray | None:
     """``key - query`` index differences [q, total] when a causal or window frontier applies."""
     if not (sp.causal or sp.left >= 0 or sp.right >= 0 or nonpad):
         return None
     return np.arange(sp.t)[None, :] - np.arange(sp.sq)[:, None]
 
 
-def _blocked(dj: np.ndarray, offset, sp: _Spec, out: np.ndarray, tmp: np.ndarray) -> None:
+def _blocked(dj: np.ndarray, offset, sp: AttentionForm, out: np.ndarray, tmp: np.ndarray) -> None:
     """``out`` = keys the causal/window frontiers hide from each query, for a query block whose
     first query sits at ``offset`` (a scalar, or [batch, 1, 1, 1] per batch): query i attends
     key j iff ``j - i <= offset`` (causal), ``j - i >= offset - left``, ``j - i <= offset +
@@ -155,7 +155,7 @@ class _Scores:
     buffer ``s`` with the softmax (and ``th`` with tanh of the scaled scores when softcap is
     set, for the gradient)."""
 
-    def __init__(self, ctx, sp: _Spec, first: int, keep_tanh: bool):
+    def __init__(self, ctx, sp: AttentionForm, first: int, keep_tanh: bool):
         self.sp, self.first = sp, first  # index of Q among the kernel's inputs
         acc = sp.acc
         q_shape, s_shape = (sp.b, sp.hq, sp.sq, sp.d), (sp.b, sp.hq, sp.sq, sp.t)
@@ -285,16 +285,16 @@ def _softmax_last(p: np.ndarray, row: np.ndarray, flag: np.ndarray) -> None:
     p /= row
 
 
-def _attention_spec(ctx, first: int) -> _Spec:
+def attention_spec(ctx, first: int) -> AttentionForm:
     shapes = [ctx.inputs[first + i].shape if ctx.has_input(first + i) else None
               for i in range(5)]
-    return _spec(ctx.attrs, shapes, ctx.inputs[first].dtype, ctx.error)
+    return attention_form(ctx.attrs, shapes, ctx.inputs[first].dtype, ctx.error)
 
 
 def attention_numpy(ctx):
     """Attention(Q, K, V[, attn_mask, past_key, past_value, nonpad_kv_seqlen]) -> (Y[,
     present_key, present_value, qk_matmul_output]); Y = P V with P from ``_Scores``."""
-    sp = _attention_spec(ctx, 0)
+    sp = attention_spec(ctx, 0)
     scores = _Scores(ctx, sp, 0, keep_tanh=False)
     y_ws = ctx.workspace((sp.b, sp.hq, sp.sq, sp.dv), sp.acc)
 
@@ -320,7 +320,7 @@ def attention_grad_numpy(ctx):
     gQ = scale gS K, gK = scale gS^T Q, summed over each key/value head's query group. The
     qk_matmul_output's gradient joins at the stage its mode taps (P, Z, the softcapped or the
     raw scores)."""
-    sp = _attention_spec(ctx, 1)
+    sp = attention_spec(ctx, 1)
     scores = _Scores(ctx, sp, 1, keep_tanh=True)
     acc = sp.acc
     g = sp.hq // sp.hkv

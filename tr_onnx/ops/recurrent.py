@@ -46,10 +46,10 @@ _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _N_ACTS = {"LSTM": 3, "GRU": 2, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
                  "RNN": ("Tanh",)}
-_N_IN = {"LSTM": 8, "GRU": 6, "RNN": 6}  # X, W, R, B, sequence_lens, initial_h[, initial_c, P]
-_N_OUT = {"LSTM": 3, "GRU": 2, "RNN": 2}  # Y, Y_h[, Y_c]
+N_IN = {"LSTM": 8, "GRU": 6, "RNN": 6}  # X, W, R, B, sequence_lens, initial_h[, initial_c, P]
+N_OUT = {"LSTM": 3, "GRU": 2, "RNN": 2}  # Y, Y_h[, Y_c]
 _GRAD_INPUTS = {"LSTM": (0, 1, 2, 3, 5, 6, 7), "GRU": (0, 1, 2, 3, 5), "RNN": (0, 1, 2, 3, 5)}
-_SEQ_LENS = 4
+SEQ_LENS = 4
 
 
 # ---- activations ----------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class _Act:
 
 
 @dataclass(frozen=True)
-class _Spec:
+class Spec:
     """A recurrent node's attributes, resolved once: the ONNX attributes with their defaults
     (standard ops) or the normalised ones the internal ops carry (``attrs()``)."""
 
@@ -245,7 +245,7 @@ def _resolve_acts(cell: str, attrs: dict, directions: int, label: str):
     return acts
 
 
-def _spec(cell: str, attrs: dict, r_shape, label: str) -> _Spec:
+def _spec(cell: str, attrs: dict, r_shape, label: str) -> Spec:
     """The spec of a node with these attributes and recurrence weight shape ``[D, G*H, H]``."""
     direction = attrs.get("direction", "forward")
     reverse = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}.get(
@@ -256,7 +256,7 @@ def _spec(cell: str, attrs: dict, r_shape, label: str) -> _Spec:
     acts = _resolve_acts(cell, attrs, len(reverse), label)
     k = _N_ACTS[cell]
     clip = attrs.get("clip")
-    return _Spec(cell, hidden, reverse, int(attrs.get("layout", 0)),
+    return Spec(cell, hidden, reverse, int(attrs.get("layout", 0)),
                  tuple(tuple(acts[d * k:(d + 1) * k]) for d in range(len(reverse))),
                  float(clip) if clip is not None else 0.0,
                  bool(attrs.get("linear_before_reset", 0)), bool(attrs.get("input_forget", 0)))
@@ -266,7 +266,7 @@ def _cell_of(op_type: str) -> str:
     return op_type.removesuffix("Training").removesuffix("Grad")
 
 
-def _ctx_spec(ctx) -> _Spec:
+def ctx_spec(ctx) -> Spec:
     return _spec(_cell_of(ctx.node.op_type), ctx.attrs, ctx.inputs[2].shape, ctx.node.label)
 
 
@@ -283,7 +283,7 @@ class _Order:
     are in range by construction: gathers take ``mode="clip"``, as ``"raise"`` buffers the
     whole output (a copy of X per run)."""
 
-    def __init__(self, ctx, sp: _Spec, t: int, n: int):
+    def __init__(self, ctx, sp: Spec, t: int, n: int):
         self.t, self.n, self.layout, self.dirs = t, n, sp.layout, len(sp.reverse)
         self.steps = np.arange(t).reshape(t, 1)
         self.ends = self.steps + 1
@@ -291,7 +291,7 @@ class _Order:
         self.tidx_ws, self.ix_ws, self.iy_ws = (ctx.workspace((t, n), np.int64)
                                                 for _ in range(3))
         self.inv_ws = ctx.workspace((t, n, 1), np.bool_)
-        self.masked = ctx.has_input(_SEQ_LENS)
+        self.masked = ctx.has_input(SEQ_LENS)
 
     def make(self, lens, reverse: bool, d: int, ws):
         """(inv, X rows, Y rows of direction ``d``) for this run's sequence lengths."""
@@ -362,7 +362,7 @@ class _Buffers:
             setattr(self, k, ws[i])
 
 
-def _rows(sp: _Spec, saved_d, n: int):
+def _rows(sp: Spec, saved_d, n: int):
     """Views of one direction's saved rows ``[T, N, S]`` as (gates [T, N, G*H], mid
     [T, N, H] (LSTM's C_t, GRU's H Rh^T + Rbh; None for RNN), h [T, N, H]). A step's row is
     stored as three contiguous blocks, so the step's matmuls read and write them directly
@@ -542,7 +542,7 @@ _CELLS = {"LSTM": (_lstm_forward, _lstm_backward), "GRU": (_gru_forward, _gru_ba
 # ---- kernels ------------------------------------------------------------------------------------
 
 
-def _dims(ctx, sp: _Spec) -> tuple[int, int, int]:
+def layer_dims(ctx, sp: Spec) -> tuple[int, int, int]:
     """(T, N, input size) of X."""
     shape = ctx.inputs[0].shape
     t, n = (shape[0], shape[1]) if sp.layout == 0 else (shape[1], shape[0])
@@ -554,7 +554,7 @@ def _workspaces(ctx, shapes: dict) -> dict:
     return {k: ctx.workspace(s, dtype) for k, s in shapes.items()}
 
 
-def _fold_biases(sp: _Spec, bias, xp, b: _Buffers) -> None:
+def _fold_biases(sp: Spec, bias, xp, b: _Buffers) -> None:
     """Add W's and R's biases to ``xp`` = X W^T, except GRU's Rbh under linear_before_reset,
     which stays inside the reset gate's product (``b.rbh``)."""
     h, gh = sp.hidden, sp.gates * sp.hidden
@@ -573,10 +573,10 @@ def recurrent_numpy(ctx):
     """LSTM / GRU / RNN forward (and their ai.tr_onnx training variants, which also write the
     saved rows as their last output). Outputs past a sequence's length are zero; Y_h/Y_c hold
     the state of its last valid step."""
-    sp = _ctx_spec(ctx)
-    t, n, _ = _dims(ctx, sp)
+    sp = ctx_spec(ctx)
+    t, n, _ = layer_dims(ctx, sp)
     h, gh, dirs = sp.hidden, sp.gates * sp.hidden, len(sp.reverse)
-    n_out, lstm = _N_OUT[sp.cell], sp.cell == "LSTM"
+    n_out, lstm = N_OUT[sp.cell], sp.cell == "LSTM"
     training = ctx.node.domain == INTERNAL
     saved_ws = None if training else ctx.workspace((dirs, t, n, sp.width), ctx.inputs[0].dtype)
     order = _Order(ctx, sp, t, n)
@@ -584,7 +584,7 @@ def recurrent_numpy(ctx):
     ids = _workspaces(ctx, {"xp": (t, n, gh), "act": (n, gh), "t0": (n, h), "t1": (n, h),
                             "zero": (n, h), "y": (t, n, h), "xs": (t * n, x_size)})
     step = _CELLS[sp.cell][0]
-    has = [ctx.has_input(i) for i in range(_N_IN[sp.cell])]
+    has = [ctx.has_input(i) for i in range(N_IN[sp.cell])]
     out = [ctx.has_output(i) for i in range(n_out)]
 
     def run(ins, outs, ws):
@@ -594,7 +594,7 @@ def recurrent_numpy(ctx):
         saved = outs[n_out] if training else ws[saved_ws]
         h0 = _state_view(ins[5], sp.layout) if has[5] else None
         c0 = _state_view(ins[6], sp.layout) if lstm and has[6] else None
-        lens = ins[_SEQ_LENS] if has[_SEQ_LENS] else None
+        lens = ins[SEQ_LENS] if has[SEQ_LENS] else None
         with np.errstate(over="ignore"):  # exp overflow in a sigmoid is its limit, 0 or 1
             for d, reverse in enumerate(sp.reverse):
                 inv, ix, iy = order.make(lens, reverse, d, ws)
@@ -635,10 +635,10 @@ def recurrent_grad_numpy(ctx):
     gB, g_initial_h[, g_initial_c, gP]. Per direction, the loop from the last step to the first
     turns dh/dc into the gate gradients (``gx`` [T, N, G*H]); gW, gR, gB and gX then come out of
     one matmul each over all steps."""
-    sp = _ctx_spec(ctx)
-    t, n, _ = _dims(ctx, sp)
+    sp = ctx_spec(ctx)
+    t, n, _ = layer_dims(ctx, sp)
     h, gh, cell = sp.hidden, sp.gates * sp.hidden, sp.cell
-    n_in, lstm, gru = _N_IN[cell], cell == "LSTM", cell == "GRU"
+    n_in, lstm, gru = N_IN[cell], cell == "LSTM", cell == "GRU"
     x_size = ctx.inputs[0].shape[2]
     shapes = {"gx": (t, n, gh), "hprev": (t, n, h), "act": (n, gh), "der": (n, gh),
               "t0": (n, h), "t1": (n, h), "dh": (n, h), "dc": (n, h), "keep_h": (n, h),
@@ -652,7 +652,7 @@ def recurrent_grad_numpy(ctx):
     ids = _workspaces(ctx, shapes)
     order = _Order(ctx, sp, t, n)
     step = _CELLS[cell][1]
-    has = [ctx.has_input(i) for i in range(n_in + 1 + _N_OUT[cell])]
+    has = [ctx.has_input(i) for i in range(n_in + 1 + N_OUT[cell])]
     out = [ctx.has_output(i) for i in range(len(ctx.outputs))]
     g_y, g_yh, g_yc = n_in + 1, n_in + 2, n_in + 3
 
@@ -660,7 +660,7 @@ def recurrent_grad_numpy(ctx):
         b = _Buffers(ids, ws)
         b.zero.fill(0)
         x, saved = _as_rows(ins[0]), ins[n_in]
-        lens = ins[_SEQ_LENS] if has[_SEQ_LENS] else None
+        lens = ins[SEQ_LENS] if has[SEQ_LENS] else None
         states = [_state_view(ins[i], sp.layout) if has[i] else None for i in (5, 6)[:1 + lstm]]
         gx_out = _as_rows(outs[0]) if out[0] else None
         for d, reverse in enumerate(sp.reverse):
@@ -709,7 +709,7 @@ def recurrent_grad_numpy(ctx):
     return run
 
 
-def _weight_grads(sp: _Spec, ins, outs, out, d: int, ix, gx_out, b) -> None:
+def _weight_grads(sp: Spec, ins, outs, out, d: int, ix, gx_out, b) -> None:
     """gX (scattered back to time order), gW, gR and gB of direction ``d`` from the gate
     gradients of every step (``b.gx``), each one matmul or sum over all steps."""
     t, n, gh = b.gx.shape
@@ -745,14 +745,14 @@ def _weight_grads(sp: _Spec, ins, outs, out, d: int, ix, gx_out, b) -> None:
 # ---- gradient rule ------------------------------------------------------------------------------
 
 
-def _node_spec(node) -> _Spec:
+def _node_spec(node) -> Spec:
     return _spec(_cell_of(node.op_type), node.attrs, node.inputs[2].shape, node.label)
 
 
-def _save_for_backward(b, node, sp: _Spec) -> Value:
+def _save_for_backward(b, node, sp: Spec) -> Value:
     """Swap a standard LSTM/GRU/RNN node for its training variant (same inputs and outputs,
     plus the saved rows) and return the saved rows; a training node already has them."""
-    n_out = _N_OUT[sp.cell]
+    n_out = N_OUT[sp.cell]
     if node.domain == INTERNAL:
         return node.outputs[n_out]
     x = node.inputs[0]
@@ -767,13 +767,13 @@ def _save_for_backward(b, node, sp: _Spec) -> Value:
         raise UnsupportedModelError(f"{node.label}: training needs {INTERNAL}.{op_type} for "
                                     f"backend {b.backend!r}, which is not registered", [])
     outputs = list(node.outputs) + [None] * (n_out - len(node.outputs)) + [saved]
-    inputs = list(node.inputs) + [None] * (_N_IN[sp.cell] - len(node.inputs))
+    inputs = list(node.inputs) + [None] * (N_IN[sp.cell] - len(node.inputs))
     graph.replace_node(node, Node(node.name, op_type, INTERNAL, 1, inputs, outputs, sp.attrs(),
                                   opdef, node.phase))
     return saved
 
 
-def _grad_shapes(sp: _Spec, inputs) -> list[tuple[tuple[int, ...], np.dtype]]:
+def _grad_shapes(sp: Spec, inputs) -> list[tuple[tuple[int, ...], np.dtype]]:
     x, w, r = inputs[:3]
     t, n = (x.shape[0], x.shape[1]) if sp.layout == 0 else (x.shape[1], x.shape[0])
     dirs, h = len(sp.reverse), sp.hidden
@@ -790,8 +790,8 @@ def recurrent_vjp(b, node, gys, needed):
     sp = _node_spec(node)
     saved = _save_for_backward(b, node, sp)
     cell = sp.cell
-    inputs = list(node.inputs) + [None] * (_N_IN[cell] - len(node.inputs))
-    gys = list(gys)[:_N_OUT[cell]] + [None] * (_N_OUT[cell] - len(gys))
+    inputs = list(node.inputs) + [None] * (N_IN[cell] - len(node.inputs))
+    gys = list(gys)[:N_OUT[cell]] + [None] * (N_OUT[cell] - len(gys))
     grads = b.op(f"{cell}Grad", inputs + [saved] + gys, sp.attrs(), domain=INTERNAL,
                  shapes=_grad_shapes(sp, inputs))
     result = [None] * len(node.inputs)

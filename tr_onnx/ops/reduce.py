@@ -355,7 +355,7 @@ def reduce_kept(b, op_type: str, v, axes) -> object:
     return b.op(op_type, [v], {"axes": axes, "keepdims": 1})
 
 
-def _node_reduce_axes(node) -> tuple[int, ...]:
+def node_reduce_axes(node) -> tuple[int, ...]:
     """The forward node's reduced axes (() for a no-op with empty axes), as ``_reduce_axes``."""
     rank = node.inputs[0].rank
     if node.since_version >= _AXES_INPUT_SINCE.get(node.op_type, _AXES_INPUT_SINCE_DEFAULT):
@@ -402,7 +402,7 @@ def reduce_vjp(b, node, gys, needed):
     """gx = broadcast(gy) * d(reduction)/dx, the reduced values kept as size-1 axes. With
     noop_with_empty_axes the op is elementwise (|x|, x^2, log x...) and so is its rule."""
     x, gy = node.inputs[0], gys[0]
-    axes = _node_reduce_axes(node)
+    axes = node_reduce_axes(node)
     kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
     count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     term = _reduce_term(b, node.op_type, x, _kept(b, node.outputs[0], kept), gy, axes,

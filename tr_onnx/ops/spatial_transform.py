@@ -46,7 +46,7 @@ _PADDINGS = ("zeros", "border", "reflection")
 _CUBIC_A = -0.75  # Keys' cubic convolution constant, as ONNX and PyTorch use
 
 
-def _sample_attrs(ctx) -> tuple[str, str, bool]:
+def sample_attrs(ctx) -> tuple[str, str, bool]:
     mode = _MODES.get(ctx.attrs["mode"])
     padding = ctx.attrs["padding_mode"]
     if mode is None or padding not in _PADDINGS:
@@ -106,7 +106,7 @@ class _GridTaps:
     d grid value along axis d (zero where a border clamp holds the coordinate)."""
 
     def __init__(self, ctx, n: int, q: int, spatial, dtype):
-        self.mode, self.padding, self.align = _sample_attrs(ctx)
+        self.mode, self.padding, self.align = sample_attrs(ctx)
         self.spatial, self.nd = tuple(spatial), len(spatial)
         k = {"nearest": 1, "linear": 2, "cubic": 4}[self.mode]
         self.k = k
@@ -489,7 +489,7 @@ def roi_align_vjp(b, node, gys, needed):
 # ---- MaxUnpool ------------------------------------------------------------------------------
 
 
-def _unpool_shape_of(x_shape, attrs) -> tuple[int, ...]:
+def unpool_shape_of(x_shape, attrs) -> tuple[int, ...]:
     kernel = [int(k) for k in attrs["kernel_shape"]]
     nd = len(kernel)
     strides = [int(s) for s in attrs.get("strides") or [1] * nd]
@@ -501,7 +501,7 @@ def _unpool_shape_of(x_shape, attrs) -> tuple[int, ...]:
 def max_unpool_numpy(ctx):
     """MaxUnpool: ``y.flat[indices] = x`` over the window-given shape; an ``output_shape``
     input larger than that puts it in the leading corner (onnx.reference), the rest 0."""
-    full = _unpool_shape_of(ctx.inputs[0].shape, ctx.attrs)
+    full = unpool_shape_of(ctx.inputs[0].shape, ctx.attrs)
     out = tuple(ctx.outputs[0].shape)
     if any(o < f for o, f in zip(out, full)):
         raise ctx.error(f"output_shape {list(out)} is smaller than the unpooled shape "
@@ -524,7 +524,7 @@ def max_unpool_vjp(b, node, gys, needed):
     """x's gradient gathers gy at the indices (in the window-given shape's corner)."""
     x, idx = node.inputs[0], node.inputs[1]
     gy = gys[0]
-    full = _unpool_shape_of(x.shape, node.attrs)
+    full = unpool_shape_of(x.shape, node.attrs)
     if tuple(gy.shape) != full:
         gy = b.op("Slice", [gy, b.ints([0] * len(full)), b.ints(full)])
     flat = b.op("Reshape", [gy, b.ints([-1])])
@@ -543,7 +543,7 @@ def _col2im_window(ctx, image, block) -> Window:
         raise ctx.error(str(e)) from None
 
 
-def _col2im_plan(ctx, cols_shape, image_shape, block_shape):
+def col2im_plan(ctx, cols_shape, image_shape, block_shape):
     """(Window, channels) of a Col2Im with columns ``[N, C*prod(block), L]``."""
     image = [int(v) for v in np.asarray(image_shape).reshape(-1)]
     block = [int(v) for v in np.asarray(block_shape).reshape(-1)]
@@ -568,7 +568,7 @@ def _image_nhwc(y: np.ndarray) -> np.ndarray:
 
 def col2im_numpy(ctx):
     """Col2Im: every block of the columns added back into the (padded) image."""
-    win, c = _col2im_plan(ctx, ctx.inputs[0].shape, ctx.const(1), ctx.const(2))
+    win, c = col2im_plan(ctx, ctx.inputs[0].shape, ctx.const(1), ctx.const(2))
     n = ctx.inputs[0].shape[0]
     xp = ctx.workspace((n, *win.padded_shape, c), ctx.outputs[0].dtype)
     scatter = col2im_slices_nhwc(win)
@@ -585,7 +585,7 @@ def col2im_numpy(ctx):
 
 def col2im_grad_numpy(ctx):
     """Col2ImGrad(gy, image_shape, block_shape) -> gcols: Col2Im's adjoint, im2col of gy."""
-    win, c = _col2im_plan(ctx, ctx.outputs[0].shape, ctx.const(1), ctx.const(2))
+    win, c = col2im_plan(ctx, ctx.outputs[0].shape, ctx.const(1), ctx.const(2))
     n = ctx.outputs[0].shape[0]
     xp = ctx.workspace((n, *win.padded_shape, c), ctx.outputs[0].dtype)
     interior = (slice(None),) + tuple(slice(b, b + s) for b, s in

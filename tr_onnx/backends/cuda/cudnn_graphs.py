@@ -171,7 +171,7 @@ def _alignment(offset: int) -> int:
     return min(ALIGN, offset & -offset) if offset else ALIGN
 
 
-class _PlanIndex:
+class PlanIndex:
     """Owner lookup for views: a view may address its owner's whole slot."""
 
     def __init__(self, plan: MemoryPlan):
@@ -213,7 +213,7 @@ def strided_dims(t: DTensor, padded: bool) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _vector(index: _PlanIndex, t: DTensor, port: str, rank: int, channels: int,
+def _vector(index: PlanIndex, t: DTensor, port: str, rank: int, channels: int,
             label: str) -> TensorDesc:
     """A per-channel vector (``[C]`` or ``[Cp]`` in memory) as ``[1, channels, 1, ...]``."""
     if len(t.shape) != 1:
@@ -224,7 +224,7 @@ def _vector(index: _PlanIndex, t: DTensor, port: str, rank: int, channels: int,
     return index.tensor(t, port, dims, strides, label)
 
 
-def _feature_map(index: _PlanIndex, t: DTensor, port: str, padded: bool,
+def _feature_map(index: PlanIndex, t: DTensor, port: str, padded: bool,
                  label: str) -> TensorDesc:
     layout = t.layout
     if not isinstance(layout, StridedLayout) or len(t.shape) < 3:
@@ -284,7 +284,7 @@ def conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTen
     gradient of its adjoint Conv, ``backends/cuda/ops/conv.py``). ``bias`` is added to the
     graph's output in its epilogue."""
     attrs = node.attrs if attrs is None else attrs
-    index = _PlanIndex(plan)
+    index = PlanIndex(plan)
     group = int(attrs.get("group", 1))
     kernel = tuple(int(k) for k in (attrs.get("kernel_shape") or w.shape[2:]))
     if tuple(w.shape[2:]) != kernel or w.shape[1] * group != x.shape[1] or w.shape[0] % group:
@@ -378,7 +378,7 @@ def _batchnorm_desc(node, plan: MemoryPlan) -> GraphDesc:
     rewrites the next running statistics from x, saved_mean and the old values with its own
     kernel (``notes`` says so); PyTorch's unbiased convention is cuDNN's own.
     """
-    index = _PlanIndex(plan)
+    index = PlanIndex(plan)
     t = plan.tensors
     x, scale, bias = (t[v.name] for v in node.inputs[:3])
     y = t[node.outputs[0].name]
@@ -420,7 +420,7 @@ def _batchnorm_backward_desc(node, plan: MemoryPlan) -> GraphDesc:
     if not int(node.attrs.get("training", 1)):
         raise CudnnGraphError(f"{node.label}: training=0 (fixed statistics) is a per-channel "
                               "scale of gy; it has no cuDNN batchnorm_backward graph")
-    index = _PlanIndex(plan)
+    index = PlanIndex(plan)
     t = plan.tensors
     gy, x, scale, mean, inv_std = (t[v.name] for v in node.inputs[:5])
     rank = len(x.shape)
@@ -446,7 +446,7 @@ def _batchnorm_backward_desc(node, plan: MemoryPlan) -> GraphDesc:
 # MatMul / Gemm
 # --------------------------------------------------------------------------------------------
 
-def _matrix(index: _PlanIndex, t: DTensor, port: str, trans: bool, label: str) -> TensorDesc:
+def _matrix(index: PlanIndex, t: DTensor, port: str, trans: bool, label: str) -> TensorDesc:
     """A rank-2 or rank-3 tensor as cuDNN's ``[batch, rows, cols]`` (transposed by strides)."""
     dims, strides = list(strided_dims(t, True)), list(element_strides(t))
     if len(dims) == 2:
@@ -461,7 +461,7 @@ def _matrix(index: _PlanIndex, t: DTensor, port: str, trans: bool, label: str) -
 
 def _matmul_desc(node, plan: MemoryPlan) -> GraphDesc:
     """Gemm (alpha = 1, beta = 1 or no C) and MatMul of rank 2/3: ``Y = A @ B (+ C)``."""
-    index = _PlanIndex(plan)
+    index = PlanIndex(plan)
     t = plan.tensors
     a, b = t[node.inputs[0].name], t[node.inputs[1].name]
     y = t[node.outputs[0].name]

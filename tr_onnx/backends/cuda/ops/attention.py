@@ -28,7 +28,7 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
-from ....ops.attention import _attention_spec, _spec
+from ....ops.attention import attention_form, attention_spec
 from ..bind import (
     INTERNAL,
     BindContext,
@@ -43,7 +43,7 @@ from ..bind import (
     need_compact,
     same_layout,
 )
-from ..cudnn_graphs import CudnnGraphError, GraphDesc, ScalarDesc, _PlanIndex
+from ..cudnn_graphs import CudnnGraphError, GraphDesc, PlanIndex, ScalarDesc
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 
 # ---- kernels/attention.cu: the family's name table ------------------------------------------
@@ -216,7 +216,7 @@ class _Form:
             ins[first:first + 7]
         shapes = [None if v is None else tuple(b.t(v).shape)
                   for v in (self.q, self.k, self.v, self.mask, self.past_k)]
-        self.sp = sp = _spec(node.attrs, shapes, b.t(self.q).dtype, Unbound)
+        self.sp = sp = attention_form(node.attrs, shapes, b.t(self.q).dtype, Unbound)
         if sp.soft != sp.acc:
             raise Unbound("a softmax_precision wider than float32")
         if max(sp.d, sp.dv) > MAX_HEAD:
@@ -338,9 +338,9 @@ def _sdpa_inputs(node, plan, first: int):
     q, k, v = (t[x.name] for x in node.inputs[first:first + 3])
     m = node.inputs[first + 3] if len(node.inputs) > first + 3 else None
     mask = t[m.name] if m is not None else None
-    sp = _spec(node.attrs, [q.shape, k.shape, v.shape, None if mask is None else mask.shape,
-                            None], q.dtype, CudnnGraphError)
-    index = _PlanIndex(plan)
+    shapes = [q.shape, k.shape, v.shape, None if mask is None else mask.shape, None]
+    sp = attention_form(node.attrs, shapes, q.dtype, CudnnGraphError)
+    index = PlanIndex(plan)
     ins = {port: index.tensor(x, port, *_bhsd(x, sp.rank3, heads), node.label)
            for port, x, heads in (("q", q, sp.hq), ("k", k, sp.hkv), ("v", v, sp.hkv))}
     if mask is not None:
@@ -429,7 +429,7 @@ def attention_grad_factory(ctx: KernelContext):
     """AttentionGrad: fp32 scratch of P and gS (and gZ for a float mask's gradient), each
     [batch, q_heads, q, total], for the row kernels; where ``SDPA_ENV`` asks for cuDNN's
     graphs, their workspace and scratch for the forward's O (Q's dtype) and statistics too."""
-    sp = _attention_spec(ctx, 1)
+    sp = attention_spec(ctx, 1)
     rows = (sp.b * sp.hq * sp.sq * sp.t,)
     p_ws, gs_ws = ctx.workspace(rows, np.float32), ctx.workspace(rows, np.float32)
     gz_ws = ctx.workspace(rows, np.float32) if int(ctx.attrs.get("mask_grad", 0)) else None

@@ -32,7 +32,7 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
-from ....ops.recurrent import _N_IN, _N_OUT, _SEQ_LENS, _ctx_spec, _dims, _Spec
+from ....ops.recurrent import N_IN, N_OUT, SEQ_LENS, Spec, ctx_spec, layer_dims
 from ..bind import (
     INTERNAL,
     BindContext,
@@ -105,7 +105,7 @@ class _Layer:
     """One node being bound: its tensors as spans, its geometry, and the launches common to
     the forward and backward bindings, collected in ``calls``."""
 
-    def __init__(self, b: BindContext, node, sp: _Spec, dims: tuple[int, int, int],
+    def __init__(self, b: BindContext, node, sp: Spec, dims: tuple[int, int, int],
                  ws: dict[str, int], n_in: int):
         self.b, self.sp = b, sp
         x = node.inputs[0]
@@ -114,7 +114,7 @@ class _Layer:
         self.width = sp.width
         self.ins = list(node.inputs) + [None] * (n_in - len(node.inputs))
         self.outs = list(node.outputs)
-        floats = [v for k, v in enumerate(self.ins) if v is not None and k != _SEQ_LENS]
+        floats = [v for k, v in enumerate(self.ins) if v is not None and k != SEQ_LENS]
         need_compact(b, *floats, *(v for v in self.outs if v is not None))
         self.dt = float_dt(b, *floats, *(v for v in self.outs if v is not None))
         self.item = np.dtype(b.t(x).dtype).itemsize
@@ -122,7 +122,7 @@ class _Layer:
         # the bound as the storage type rounds it: a clipped value stored in float16 then sits
         # on the bound, outside the clip's derivative mask (|a| < clip), as NumPy's does
         self.clip = f32(np.asarray(sp.clip, b.t(x).dtype).astype(np.float32))
-        lens = self.ins[_SEQ_LENS]
+        lens = self.ins[SEQ_LENS]
         if lens is not None and np.dtype(b.t(lens).dtype) != np.int32:
             raise Unbound(f"sequence_lens {lens.name!r} is {np.dtype(b.t(lens).dtype).name}; "
                           "the kernels read int32 (the ONNX type)")
@@ -195,8 +195,8 @@ class _Layer:
 def recurrent_factory(ctx: KernelContext):
     """LSTM / GRU / RNN and their training variants (the saved rows as the last output; the
     standard ops keep them in a workspace)."""
-    sp = _ctx_spec(ctx)
-    t, n, x_size = _dims(ctx, sp)
+    sp = ctx_spec(ctx)
+    t, n, x_size = layer_dims(ctx, sp)
     h, gh = sp.hidden, sp.gates * sp.hidden
     shapes = {"xs": (t * n, x_size), "xp": (t * n, gh), "hr": (n, gh), "h0": (n, h)}
     if sp.cell == "LSTM":
@@ -208,7 +208,7 @@ def recurrent_factory(ctx: KernelContext):
     ws = {k: ctx.workspace(s, ctx.inputs[0].dtype) for k, s in shapes.items()}
 
     def bind(b: BindContext, node) -> list:
-        return _forward(_Layer(b, node, sp, (t, n, x_size), ws, _N_IN[sp.cell]), node)
+        return _forward(_Layer(b, node, sp, (t, n, x_size), ws, N_IN[sp.cell]), node)
 
     return bind
 
@@ -216,7 +216,7 @@ def recurrent_factory(ctx: KernelContext):
 def _forward(layer: _Layer, node) -> list:
     sp, ws, ins = layer.sp, layer.ws, layer.ins
     t, n, h, gh, x_size = layer.t, layer.n, layer.h, layer.gh, layer.x_size
-    n_out = _N_OUT[sp.cell]
+    n_out = N_OUT[sp.cell]
     outs = layer.outs + [None] * (n_out + 1 - len(layer.outs))
     saved = layer.span(outs[n_out], True) if node.domain == INTERNAL else ws["saved"]
     x, w = layer.span(ins[0]), layer.span(ins[1])
@@ -300,8 +300,8 @@ _FORWARD_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
 def recurrent_grad_factory(ctx: KernelContext):
     """ai.tr_onnx LSTMGrad / GRUGrad / RNNGrad (inputs: the forward node's, its saved rows,
     the gradients of Y, Y_h[, Y_c]; outputs gX, gW, gR, gB, g_initial_h[, g_initial_c, gP])."""
-    sp = _ctx_spec(ctx)
-    t, n, x_size = _dims(ctx, sp)
+    sp = ctx_spec(ctx)
+    t, n, x_size = layer_dims(ctx, sp)
     h, gh = sp.hidden, sp.gates * sp.hidden
     shapes = {"gx": (t, n, gh), "hprev": (t, n, h), "gy": (t, n, h), "dh": (n, h),
               "dhr": (n, h), "xs": (t * n, x_size), "gxs": (t * n, x_size)}
@@ -312,8 +312,8 @@ def recurrent_grad_factory(ctx: KernelContext):
     ws = {k: ctx.workspace(s, ctx.inputs[0].dtype) for k, s in shapes.items()}
 
     def bind(b: BindContext, node) -> list:
-        n_in = _N_IN[sp.cell]
-        return _backward(_Layer(b, node, sp, (t, n, x_size), ws, n_in + 1 + _N_OUT[sp.cell]),
+        n_in = N_IN[sp.cell]
+        return _backward(_Layer(b, node, sp, (t, n, x_size), ws, n_in + 1 + N_OUT[sp.cell]),
                          n_in)
 
     return bind

@@ -21,7 +21,7 @@ import math
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ....ops.reduce import _node_reduce_axes
+from ....ops.reduce import node_reduce_axes
 from ..bind import (
     BindContext,
     Unbound,
@@ -78,7 +78,7 @@ def reduce_axes(node) -> list[int] | None:
     None where the axes input is computed at run time."""
     if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].data is None:
         return None
-    return list(_node_reduce_axes(node))
+    return list(node_reduce_axes(node))
 
 
 def reduction_geometry(b: BindContext, x, axes, reduced=(), full=()):

@@ -47,7 +47,7 @@ import numpy as np
 from ....hookspecs import hookimpl
 from ....ir import Node
 from ....opdef import KernelContext, KernelDef
-from ....ops.spatial_transform import _col2im_plan, _sample_attrs, _unpool_shape_of
+from ....ops.spatial_transform import col2im_plan, sample_attrs, unpool_shape_of
 from ..bind import (
     INTERNAL,
     BindContext,
@@ -121,7 +121,7 @@ def _zero(b: BindContext, v) -> list:
 def _grid_args(ctx: KernelContext, x_shape, what: str) -> tuple[list, list, int]:
     """(spatial dims s0..s2, the mode/padding/align int32 arguments, taps per axis) of a
     GridSample node or of its gradient (v20 mode names)."""
-    mode, padding, align = _sample_attrs(ctx)
+    mode, padding, align = sample_attrs(ctx)
     s = [i64(d) for d in _spatial(x_shape[2:], what)]
     return s, [i32(MODES[mode]), i32(PADDINGS[padding]), i32(align)], TAPS[mode]
 
@@ -286,7 +286,7 @@ def roi_align_grad_factory(ctx: KernelContext):
 def _col2im_factory(grad: bool):
     def factory(ctx: KernelContext):
         cols = ctx.outputs[0] if grad else ctx.inputs[0]
-        win, c = _col2im_plan(ctx, cols.shape, ctx.const(1), ctx.const(2))
+        win, c = col2im_plan(ctx, cols.shape, ctx.const(1), ctx.const(2))
         lead = MAX_SPATIAL - win.ndim
         if lead < 0:
             return _refusal(f"Col2Im over {win.ndim} spatial axes; the kernels take "
@@ -338,7 +338,7 @@ def bind_center_crop_pad(b: BindContext, node: Node) -> list:
 
 def max_unpool_factory(ctx: KernelContext):
     """MaxUnpool: scratch for the winning position of every target of the indices."""
-    full = _unpool_shape_of(ctx.inputs[0].shape, ctx.attrs)
+    full = unpool_shape_of(ctx.inputs[0].shape, ctx.attrs)
     if len(full) > 5:
         return _refusal(f"a rank-{len(full)} MaxUnpool; the kernel takes rank 5")
     win = ctx.workspace((math.prod(full),), np.int64)
