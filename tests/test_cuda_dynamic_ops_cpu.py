@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from emulated_cuda import launches_of
 from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
-from test_cuda_indexing_ops_cpu import assert_bits_equal, launches_of, run_both, single_node
+from test_cuda_indexing_ops_cpu import assert_bits_equal, run_both, single_node
 
 import tr_onnx
 from tr_onnx.dtypes import BFLOAT16

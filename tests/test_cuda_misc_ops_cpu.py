@@ -34,11 +34,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from emulated_cuda import launches_of, typed_outputs
 from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
-from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
@@ -80,15 +80,7 @@ def single_node(op: str, feeds: dict, consts: dict, attrs: dict, outputs, opset:
     graph = helper.make_graph([node], op, inputs,
                               [helper.make_empty_tensor_value_info(o) for o in outputs], inits)
     model = helper.make_model(graph, opset_imports=opsets)
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    typed = {vi.name: vi for vi in inferred.graph.value_info}
-    del model.graph.output[:]
-    model.graph.output.extend(typed[o] for o in outputs)
-    return model
-
-
-def launches_of(plan) -> list[Launch]:
-    return [c for b in plan.executor.bound for c in b.calls if isinstance(c, Launch)]
+    return typed_outputs(model, outputs)
 
 
 def run_cuda(model, feeds, device, signatures, runs: int = 1):

@@ -40,11 +40,11 @@ import ctypes
 import numpy as np
 import onnx
 import pytest
+from emulated_cuda import launches_of
 from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
-from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.optim import SGD
@@ -102,10 +102,6 @@ def device(lib):
 @pytest.fixture(scope="module")
 def signatures():
     return kernel_signatures()
-
-
-def launches_of(plan) -> list[Launch]:
-    return [c for b in plan.executor.bound for c in b.calls if isinstance(c, Launch)]
 
 
 def check_plan(plan, signatures) -> set[str]:

@@ -28,12 +28,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from emulated_cuda import launches_of
 from onnx import TensorProto, helper, numpy_helper
 from oracles import ort_run
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
-from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.backends.cuda.ops.recurrent import ACTIVATION_CODES
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.ops.recurrent import _ACTIVATIONS, _spec
@@ -137,10 +137,6 @@ def training_model(op, direction, attrs, names, feed, flows):
                                                     helper.make_opsetid("ai.tr_onnx", 1)])
     rng = np.random.default_rng(7)
     return model, {k: rng.standard_normal(s).astype(x.dtype) for k, s in cots.items()}
-
-
-def launches_of(plan) -> list[Launch]:
-    return [c for b in plan.executor.bound for c in b.calls if isinstance(c, Launch)]
 
 
 def run_both(model, feed, device, signatures):

@@ -47,11 +47,11 @@ import math
 import numpy as np
 import onnx
 import pytest
+from emulated_cuda import launches_of
 from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
-from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.ops.conv import Window
@@ -121,10 +121,6 @@ def reduce_model(op: str, axes, attrs: dict, dtype, conv: bool, opset: int = 18,
     del model.graph.output[:]
     model.graph.output.append(y)
     return model
-
-
-def launches_of(plan) -> list[Launch]:
-    return [c for b in plan.executor.bound for c in b.calls if isinstance(c, Launch)]
 
 
 def run_cuda(model, x, device, signatures):

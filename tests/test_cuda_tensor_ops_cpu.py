@@ -36,8 +36,8 @@ Tolerances, per kernel:
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
+from emulated_cuda import launches_of, typed_outputs
 from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 from test_cuda_indexing_ops_cpu import (
@@ -45,7 +45,6 @@ from test_cuda_indexing_ops_cpu import (
     FLOATS,
     assert_bits_equal,
     data,
-    launches_of,
     run_both,
     single_node,
 )
@@ -100,11 +99,7 @@ def after_conv(op, consts, attrs, outputs, opset=18, shape=(2, 3, 6, 5), kernel=
         [numpy_helper.from_array(w, "w")]
         + [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    typed = {vi.name: vi for vi in inferred.graph.value_info}
-    del model.graph.output[:]
-    model.graph.output.extend(typed[o] for o in outputs)
-    return model
+    return typed_outputs(model, outputs)
 
 
 def check_channels_last(model, device, signatures, outputs, shape=(2, 3, 6, 5),
