@@ -98,6 +98,11 @@ def launches(plan) -> list[Launch]:
     return [c for b in plan.executor.bound for c in b.calls if isinstance(c, Launch)]
 
 
+GATHER = {"tr_grid_sample_taps_f32", "tr_zero_lanes_b4", "tr_gs_count", "tr_gs_scan",
+          "tr_gs_bucket", "tr_grid_sample_grad_x_f32"}
+"""GridSampleGrad's gx: the tap table, its buckets by map position, the gather."""
+
+
 def kernels_of(plan) -> set[str]:
     return {c.kernel.name for c in launches(plan)}
 
@@ -204,8 +209,7 @@ def test_grid_sample_grad_scatters_as_add_at_and_matches_the_grid_gradient(
     else:
         assert_close_to_scale(gg, gg_ref, 1e-5)
     check_launch_arguments(launches(plan), plan, signatures)
-    assert kernels_of(plan) == {"tr_grid_sample_taps_f32", "tr_grid_sample_grad_x_f32",
-                                "tr_grid_sample_grad_grid_f32"}
+    assert kernels_of(plan) == {*GATHER, "tr_grid_sample_grad_grid_f32"}
 
 
 @pytest.mark.parametrize("mode", ["linear", "cubic"])
@@ -553,7 +557,7 @@ def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, 
     assert not np.array_equal(b["wl"], initial)  # the gradient reached the localisation net
     plan = cuda._active
     check_launch_arguments(launches(plan), plan, signatures)
-    gather = {"tr_grid_sample_taps_f32", "tr_grid_sample_grad_x_f32"}
+    gather = GATHER
     assert {"tr_grid_sample_f32", "tr_affine_grid_f32", "tr_grid_sample_grad_grid_f32"} <= \
         kernels_of(plan)
     assert (gather <= kernels_of(plan)) == (source == "ar")

@@ -21,10 +21,19 @@
 // tr_grid_sample_taps_<dt>(grid, flat, wt, n, q, nd, s0, s1, s2, mode, padding, align)
 //     GridSampleGrad's first pass: every (n, combination e, q)'s flat index (int32) and weight
 //     into flat/wt [N, E, q], E = taps^nd.
-// tr_grid_sample_grad_x_<dt>(gy, flat, wt, gx, n, c, q, p, e)
-//     gx[n, :, i] = the sum, over the combinations e in order and then q in order (np.add.at's
-//     order) with flat[n, e, q] == i, of gy[n, :, q] * wt[n, e, q]; one thread per (n, i)
-//     scans its batch item's table (O(E * q) per map position: a gather, no atomics).
+// tr_gs_count(flat, start, n, m, p), tr_gs_scan(start, n, p),
+// tr_gs_bucket(flat, start, fill, order, n, m, p)
+//     GridSampleGrad's buckets: the m = E * q taps t = e * q + o of each batch item grouped
+//     by the map position they read, so the gather reads each tap once: counts (start[n, i+1],
+//     start and fill zeroed first), their running sum (start[n, i] = the first of i's taps in
+//     order[n, .]; one thread per batch item), then each tap's id into its bucket. Integer
+//     atomics only: the counts are exact, a bucket's order is not -- tr_grid_sample_grad_x
+//     sorts each bucket before it adds.
+// tr_grid_sample_grad_x_<dt>(gy, wt, start, order, gx, n, c, q, p, m)
+//     gx[n, :, i] = the sum, over the taps t of i's bucket in increasing t (the combinations e
+//     in order and then q in order: np.add.at's order), of gy[n, :, t % q] * wt[n, t]; one
+//     thread per (n, i) sorts its bucket (insertion sort: buckets hold a few taps per output
+//     position that reads i) and adds. No float atomics: deterministic, NumPy's roundings.
 // tr_grid_sample_grad_grid_<dt>(gy, x, grid, ggrid, n, c, q, nd, s0, s1, s2, mode, padding,
 //                               align)
 //     ggrid[n, q, nd-1-d] = (sum over combinations of dweight_d * (sum_c x[tap] * gy)) * du_d,
@@ -253,6 +262,39 @@ TR_HD long long tr_gs_flat(const TrGridTaps* t, int e, float* weight) {
     long long p = s0 * s1 * s2;                                                                \
     (void)p;
 
+TR_KERNEL void tr_gs_count(const int* flat, int* start, long long n, long long m,
+                           long long p) {
+    TR_GRID_STRIDE(j, n * m) {
+        int* counts = start + (j / m) * (p + 1) + 1;
+#if defined(__CUDACC__)
+        atomicAdd(counts + flat[j], 1);
+#else
+        counts[flat[j]] += 1;
+#endif
+    }
+}
+
+TR_KERNEL void tr_gs_scan(int* start, long long n, long long p) {
+    TR_GRID_STRIDE(b, n) {
+        int* s = start + b * (p + 1);
+        for (long long i = 1; i <= p; ++i) s[i] += s[i - 1];
+    }
+}
+
+TR_KERNEL void tr_gs_bucket(const int* flat, const int* start, int* fill, int* order,
+                            long long n, long long m, long long p) {
+    TR_GRID_STRIDE(j, n * m) {
+        long long b = j / m;
+        int f = flat[j];
+#if defined(__CUDACC__)
+        int k = atomicAdd(fill + b * p + f, 1);
+#else
+        int k = fill[b * p + f]++;
+#endif
+        order[b * m + start[b * (p + 1) + f] + k] = (int)(j % m);
+    }
+}
+
 #define TR_GRID_SAMPLE(T, dt)                                                                  \
     TR_KERNEL void tr_grid_sample_##dt(const T* x, const T* grid, T* y, long long n,          \
                                        long long c, long long q, long long nd, TR_GS_SHAPE,    \
@@ -288,22 +330,26 @@ TR_HD long long tr_gs_flat(const TrGridTaps* t, int e, float* weight) {
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
-    TR_KERNEL void tr_grid_sample_grad_x_##dt(const T* gy, const int* flat, const float* wt,   \
-                                              T* gx, long long n, long long c, long long q,    \
-                                              long long p, long long e) {                      \
+    TR_KERNEL void tr_grid_sample_grad_x_##dt(const T* gy, const float* wt, const int* start, \
+                                              int* order, T* gx, long long n, long long c,     \
+                                              long long q, long long p, long long m) {         \
         TR_GRID_STRIDE(j, n * p) {                                                             \
             long long b = j / p, i = j % p;                                                    \
-            for (long long ch = 0; ch < c; ++ch) tr_put(gx, (b * c + ch) * p + i, 0.0f);       \
-            const int* fb = flat + b * e * q;                                                  \
-            for (long long at = 0; at < e * q; ++at) {                                         \
-                if (fb[at] != i) continue;                                                     \
-                float w = wt[b * e * q + at];                                                  \
-                long long o = at % q;                                                          \
-                for (long long ch = 0; ch < c; ++ch) {                                         \
-                    long long to = (b * c + ch) * p + i;                                       \
-                    float v = tr_st<T>(tr_get(gy, (b * c + ch) * q + o) * w);                  \
-                    tr_put(gx, to, tr_get(gx, to) + v);                                        \
+            int* bucket = order + b * m + start[b * (p + 1) + i];                              \
+            int size = start[b * (p + 1) + i + 1] - start[b * (p + 1) + i];                    \
+            for (int k = 1; k < size; ++k) {                                                   \
+                int t = bucket[k], u = k;                                                      \
+                for (; u > 0 && bucket[u - 1] > t; --u) bucket[u] = bucket[u - 1];             \
+                bucket[u] = t;                                                                 \
+            }                                                                                  \
+            for (long long ch = 0; ch < c; ++ch) {                                             \
+                float acc = 0.0f;                                                              \
+                for (int k = 0; k < size; ++k) {                                               \
+                    long long t = bucket[k];                                                   \
+                    float v = tr_st<T>(tr_get(gy, (b * c + ch) * q + t % q) * wt[b * m + t]);  \
+                    acc = tr_st<T>(acc + v);                                                   \
                 }                                                                              \
+                tr_put(gx, (b * c + ch) * p + i, acc);                                         \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \

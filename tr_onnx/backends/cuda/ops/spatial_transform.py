@@ -72,7 +72,7 @@ def spatial_transform_source() -> KernelSource:
     AffineGrid, RoiAlign (matrices, avg, max, gradient), Col2Im (and its gradient), MaxUnpool."""
     return kernel_source(
         "spatial_transform",
-        plain("tr_max_unpool_winner"),
+        plain("tr_max_unpool_winner", "tr_gs_count", "tr_gs_scan", "tr_gs_bucket"),
         instantiate("TR_GRID_SAMPLE({T}, {dt})",
                     ("tr_grid_sample_{dt}", "tr_grid_sample_taps_{dt}",
                      "tr_grid_sample_grad_x_{dt}", "tr_grid_sample_grad_grid_{dt}"), STORAGE),
@@ -149,7 +149,9 @@ def grid_sample_factory(ctx: KernelContext):
 
 def grid_sample_grad_factory(ctx: KernelContext):
     """GridSampleGrad(gy, x, grid) -> (gx, ggrid): scratch for the tap table of gx's gather
-    (an int32 flat index and a float32 weight per batch item, tap combination and position)."""
+    (an int32 flat index and a float32 weight per batch item, tap combination and position)
+    and its buckets by map position (each bucket's start, a fill cursor per position, the
+    taps' ids in bucket order), so the gather reads each tap once."""
     n, c, *spatial = ctx.inputs[1].shape
     q, p = math.prod(ctx.inputs[0].shape[2:]), math.prod(spatial)
     try:
@@ -157,12 +159,15 @@ def grid_sample_grad_factory(ctx: KernelContext):
     except Unbound as e:
         return _refusal(str(e))
     taps = per_axis ** len(spatial)
-    if p >= 2 ** 31:
-        return _refusal(f"a map of {p} positions; the tap table holds int32")
+    if p >= 2 ** 31 or taps * q >= 2 ** 31:
+        return _refusal(f"a map of {p} positions read by {taps * q} taps; the tap table "
+                        "holds int32")
     table = None
     if ctx.has_output(0):
         table = (ctx.workspace((n * taps * q,), np.int32),
-                 ctx.workspace((n * taps * q,), np.float32))
+                 ctx.workspace((n * taps * q,), np.float32),
+                 ctx.workspace((n * (p + 1),), np.int32), ctx.workspace((n * p,), np.int32),
+                 ctx.workspace((n * taps * q,), np.int32))
 
     def bind(b: BindContext, node: Node) -> list:
         gy, x, grid = node.inputs
@@ -175,13 +180,23 @@ def grid_sample_grad_factory(ctx: KernelContext):
         nd = len(spatial)
         calls = []
         if gx is not None:
-            flat, wt = b.ws(table[0]), b.ws(table[1])
+            flat, wt, start, fill, order = (b.ws(k) for k in table)
+            m = taps * q
             calls += [b.launch(f"tr_grid_sample_taps_{dt}", n * q,
                                [b.buf(grid), flat, wt, i64(n), i64(q), i64(nd), *s,
                                 *modes]),
+                      *(b.launch("tr_zero_lanes_b4", size, [buf, i64(1), i64(0), i64(size)])
+                        for buf, size in ((start, n * (p + 1)), (fill, n * p))),
+                      b.launch("tr_gs_count", n * m,
+                               [b.ws(table[0], False), start, i64(n), i64(m), i64(p)]),
+                      b.launch("tr_gs_scan", n, [start, i64(n), i64(p)]),
+                      b.launch("tr_gs_bucket", n * m,
+                               [b.ws(table[0], False), b.ws(table[2], False), fill, order,
+                                i64(n), i64(m), i64(p)]),
                       b.launch(f"tr_grid_sample_grad_x_{dt}", n * p,
-                               [b.buf(gy), b.ws(table[0], False), b.ws(table[1], False),
-                                b.buf(gx, True), i64(n), i64(c), i64(q), i64(p), i64(taps)])]
+                               [b.buf(gy), b.ws(table[1], False), b.ws(table[2], False),
+                                order, b.buf(gx, True), i64(n), i64(c), i64(q), i64(p),
+                                i64(m)])]
         if ggrid is not None:
             calls.append(b.launch(f"tr_grid_sample_grad_grid_{dt}", n * q,
                                   [b.buf(gy), b.buf(x), b.buf(grid), b.buf(ggrid, True), i64(n),
