@@ -90,8 +90,19 @@ def build_host_library(out_dir: str | Path | None = None,
     the compiler's message if it fails."""
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="tr_onnx_host_kernels_"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    return compile_host("\n".join(s.text for s in sources.SOURCES.values()), out_dir, "kernels",
-                        "tr_onnx's kernel sources", extra_flags)
+    text = "\n".join(s.text for s in sources.SOURCES.values())
+    built = _BUILT.get((text, tuple(extra_flags)))
+    if built is not None and built.exists():  # the same build in this process: a copy
+        shutil.copyfile(built, out_dir / "kernels.so")
+        return ctypes.CDLL(str(out_dir / "kernels.so"))
+    lib = compile_host(text, out_dir, "kernels", "tr_onnx's kernel sources", extra_flags)
+    _BUILT[(text, tuple(extra_flags))] = out_dir / "kernels.so"
+    return lib
+
+
+_BUILT: dict[tuple[str, tuple[str, ...]], Path] = {}
+"""(source text, extra flags) -> a host build of this process (the tests build one per
+module: compiling every family takes seconds, copying the library does not)."""
 
 
 _FAMILY_LIBS: dict[str, ctypes.CDLL] = {}  # source text -> its host build, for this process
