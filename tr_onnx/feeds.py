@@ -62,6 +62,17 @@ def _check_symbols(feed: dict[str, np.ndarray], inputs: Sequence[InputSpec]) -> 
                     f"{axis}); every input declaring {dim!r} must be given the same size")
 
 
+def check_batch_rows(feed: dict[str, np.ndarray], skip=()) -> None:
+    """A training batch has at least one sample: the first input (``skip``: names that are not
+    batches, plan-time constants) whose axis 0 is 0 is an ``InputError`` naming it and its
+    shape. A loss averaged over 0 samples is 0/0: the step would read as a NaN loss and count
+    as a bad step instead of saying what is wrong with the batch."""
+    for name, x in feed.items():
+        if name not in skip and x.ndim and x.shape[0] == 0:
+            raise InputError(f"input {name!r}: a batch of 0 samples (shape {list(x.shape)}); a "
+                             f"training step needs at least one sample")
+
+
 def check_labels(labels, name: str, shape: Sequence[int], dtype) -> np.ndarray:
     """``labels`` as the array the training graph's label input ``name`` takes (``shape``,
     ``dtype``); integer labels are widened to int64 where int64 is wanted."""

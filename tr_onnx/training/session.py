@@ -45,7 +45,13 @@ from ..errors import (
     TrOnnxError,
 )
 from ..export_advice import export_advice
-from ..feeds import check_class_indices, check_feed, check_labels, check_output_names
+from ..feeds import (
+    check_batch_rows,
+    check_class_indices,
+    check_feed,
+    check_labels,
+    check_output_names,
+)
 from ..importer import (
     DEFAULT_FOLD_LIMIT_BYTES,
     ImportedModel,
@@ -441,9 +447,12 @@ class TrainingSession:
 
         A feed or labels the model does not take is an ``InputError`` naming the input
         (``tr_onnx.feeds``), raised before the step runs: nothing changes. So is a class-index
-        label out of range (``check_class_labels``).
+        label out of range (``check_class_labels``) and a batch of 0 samples
+        (``check_batch_rows``).
         """
         feed = check_feed(feed, self.imported.inputs)
+        if self.world is None:  # a rank of a data-parallel step may have no rows of its own
+            check_batch_rows(feed, self.imported.const_feeds)
         plan = self._train_plan(feed)
         if self._broadcast_due:
             self._broadcast_state(plan)

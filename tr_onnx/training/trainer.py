@@ -373,8 +373,10 @@ class Trainer:
         labels = np.asarray(labels)
         n = len(labels)
         bad = {k: len(v) for k, v in arrays.items() if len(v) != n}
-        if bad or not n:
-            raise InputError(f"{what}: {n} labels but samples per input {bad or 0}")
+        if bad:
+            raise InputError(f"{what}: {n} labels but samples per input {bad}")
+        if not n:
+            raise InputError(f"{what}: 0 samples; need at least one")
         return dict(arrays), labels
 
     # ---- resume ------------------------------------------------------------------------------
