@@ -1,7 +1,9 @@
 """A session keeps at most ``max_plans`` compiled plans (issue 12, item 10: every batch size
 kept its plan and arena forever; 64 sizes held 0.9 GB). The least recently used is dropped and
 compiled again when its shapes come back; a training session's state moves with its active
-plan, so training across evictions ends exactly where training with every plan kept ends."""
+plan, so training across evictions ends exactly where training with every plan kept ends.
+Issue 31, item 11: the plans kept are bounded by bytes too (``max_plan_bytes``), measured with
+tracemalloc."""
 
 import gc
 import tracemalloc
@@ -12,7 +14,8 @@ import numpy as np
 import pytest
 
 import tr_onnx
-from tr_onnx.optim import AdamW
+from tr_onnx.compiler import DEFAULT_MAX_PLAN_BYTES
+from tr_onnx.optim import SGD, AdamW
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 
@@ -93,6 +96,57 @@ def test_training_across_evictions_ends_where_training_with_every_plan_kept_ends
     for name in want_state:  # weights, running statistics, Adam's moments
         np.testing.assert_array_equal(state[name], want_state[name], err_msg=name)
     assert evicting.step == keeping.step == 11
+
+
+def _array_bytes() -> int:
+    """The bytes of every live NumPy array's data, as tracemalloc traced their allocation."""
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
+    return sum(trace.size for trace in snapshot.traces)
+
+
+def test_forty_batch_sizes_hold_no_more_plan_bytes_than_the_budget_and_reuse_hits():
+    """The zoo MLP's training step at 100..4000 rows: 8 plans of the largest sizes held 99 MB
+    before the byte bound. With a 32 MiB budget the arrays held (tracemalloc's count of NumPy's
+    allocations, the session's own included) stay under it after every step, the cache's own
+    count (``plan_bytes``) agrees with tracemalloc's within 5 %, and the size used just before
+    is a hit."""
+    budget = 32 << 20
+    session = tr_onnx.TrainingSession(ZOO / "mlp.onnx", optimizer=SGD(lr=0.1), backend="numpy",
+                                      max_plan_bytes=budget)
+    tracemalloc.start()
+    try:
+        start = _array_bytes()
+        for batch in range(100, 4001, 100):
+            session.train_step({"input": np.zeros((batch, 64), np.float32)},
+                               np.zeros(batch, np.int64))
+            held = _array_bytes() - start
+            assert held < budget, (batch, held, len(session._plans))
+    finally:
+        tracemalloc.stop()
+    assert abs(session._plans.nbytes - held) < 0.05 * held, (session._plans.nbytes, held)
+    assert 1 < len(session._plans) < 8
+    previous = list(session._plans.values())[-2]
+    session.train_step({"input": np.zeros((3900, 64), np.float32)}, np.zeros(3900, np.int64))
+    assert session._active is previous
+
+
+def test_the_current_plan_stays_when_it_alone_is_over_the_budget():
+    session = tr_onnx.InferenceSession(ZOO / "lenet.onnx", max_plan_bytes=0)
+    for batch in (2, 3):
+        plan = session.plan_for({"input": _images(batch)})
+        assert list(session._plans.values()) == [plan]
+    assert session.plan_for({"input": _images(3)}) is plan
+    assert tr_onnx.InferenceSession(ZOO / "lenet.onnx")._plans.max_bytes == DEFAULT_MAX_PLAN_BYTES
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True], ids=["negative", "float", "bool"])
+def test_a_bad_max_plan_bytes_is_an_error_naming_it(bad):
+    with pytest.raises(tr_onnx.InputError, match=f"max_plan_bytes={bad!r}"):
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", max_plan_bytes=bad)
+    with pytest.raises(tr_onnx.InputError, match=f"max_plan_bytes={bad!r}"):
+        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="numpy", max_plan_bytes=bad)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, None], ids=["zero", "negative", "float", "none"])

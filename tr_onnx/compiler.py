@@ -12,9 +12,11 @@ here, only for ``cuda``."""
 from __future__ import annotations
 
 import os
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,7 @@ class CompiledPlan:
 
 
 DEFAULT_MAX_PLANS = 8
+DEFAULT_MAX_PLAN_BYTES = 256 << 20
 
 
 def plan_key(feed: dict[str, np.ndarray], const_feed_names) -> tuple[tuple, dict, dict]:
@@ -59,17 +62,94 @@ def plan_key(feed: dict[str, np.ndarray], const_feed_names) -> tuple[tuple, dict
     return key, {k: v.shape for k, v in feed.items() if k not in const}, const
 
 
+def plan_bytes(plan: CompiledPlan) -> int:
+    """The array memory ``plan`` keeps alive: its arena (host or device) and, on numpy, the
+    arrays its bound kernels made for themselves at plan time (constant fills, index tables: a
+    fifth more than the arena for the zoo MLP's training step), found by walking each kernel's
+    closure, ``functools.partial`` arguments and instance attributes. A view counts as its base,
+    once. Python objects (a few hundred kB per plan) are bounded by ``max_plans`` instead."""
+    bases: dict[int, int] = {}
+    seen: set[int] = set()
+    host = isinstance(plan.executor, numpy_backend.NumpyExecutor)
+    todo: list = [step.run for step in plan.executor.steps] if host else []
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            obj = _owner(obj)
+            bases[id(obj)] = obj.nbytes
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, types.FunctionType):
+            todo.extend(_closure_values(obj))
+            todo.extend(obj.__defaults__ or ())
+        elif isinstance(obj, types.MethodType):
+            todo.append(obj.__self__)
+        elif isinstance(obj, partial):
+            todo.extend((obj.func, obj.args, obj.keywords))
+        else:
+            todo.extend(getattr(obj, "__dict__", {}).values())
+            todo.extend(getattr(obj, n, None) for n in getattr(type(obj), "__slots__", ()))
+    arena = getattr(plan.executor, "arena", None)
+    if isinstance(arena, np.ndarray):  # the steps' views of it were counted as their base
+        bases.pop(id(_owner(arena)), None)
+    return plan.memory.total_bytes + sum(bases.values())
+
+
+def _owner(x: np.ndarray) -> np.ndarray:
+    """The array that owns ``x``'s memory, through views and ``as_strided``'s wrapper objects."""
+    while True:
+        base = x.base
+        if not isinstance(base, np.ndarray):
+            base = getattr(base, "base", None)  # as_strided: an interface object over the array
+        if not isinstance(base, np.ndarray):
+            return x
+        x = base
+
+
+def _closure_values(fn: types.FunctionType) -> list:
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # a closure variable not assigned yet
+            pass
+    return values
+
+
 class PlanCache(OrderedDict):
     """A session's compiled plans by key (input shapes), least recently used first. Each plan
-    holds its whole arena and bound calls (64 batch sizes held 0.9 GB), so ``evict()`` keeps
-    the ``max_plans`` most recently used; an evicted plan is compiled again when needed."""
+    holds its whole arena and bound calls (64 batch sizes held 0.9 GB; 8 of the zoo MLP's
+    training step, 203 MB), so ``evict()`` keeps the ``max_plans`` most
+    recently used, and of those only as many, most recent first, as fit in ``max_bytes``
+    (``plan_bytes``); the most recent (the current) plan stays whatever its size. An evicted
+    plan is compiled again when needed."""
 
-    def __init__(self, max_plans: int = DEFAULT_MAX_PLANS):
+    def __init__(self, max_plans: int = DEFAULT_MAX_PLANS,
+                 max_bytes: int | None = DEFAULT_MAX_PLAN_BYTES):
         super().__init__()
         if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
             raise InputError(f"max_plans={max_plans!r}: must be an int >= 1 (compiled plans a "
                              f"session keeps; default {DEFAULT_MAX_PLANS})")
-        self.max_plans = max_plans
+        if max_bytes is not None and (isinstance(max_bytes, bool) or
+                                      not isinstance(max_bytes, int) or max_bytes < 0):
+            raise InputError(f"max_plan_bytes={max_bytes!r}: must be a number of bytes >= 0, "
+                             f"or None for no limit (default {DEFAULT_MAX_PLAN_BYTES})")
+        self.max_plans, self.max_bytes = max_plans, max_bytes
+        self.sizes: dict = {}  # key -> plan_bytes of its plan, measured once
+
+    def __setitem__(self, key, plan: CompiledPlan) -> None:
+        super().__setitem__(key, plan)
+        self.sizes[key] = plan_bytes(plan)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the plans held keep alive (``plan_bytes`` summed)."""
+        return sum(self.sizes[k] for k in self)
 
     def lookup(self, key) -> CompiledPlan | None:
         """The plan for ``key`` (now the most recently used), or None."""
@@ -79,10 +159,14 @@ class PlanCache(OrderedDict):
         return plan
 
     def evict(self) -> list[CompiledPlan]:
-        """Drop the least recently used plans beyond ``max_plans``; returns them."""
+        """Drop the least recently used plans beyond ``max_plans`` or ``max_bytes``, never the
+        most recent one; returns them."""
         dropped = []
-        while len(self) > self.max_plans:
-            dropped.append(self.popitem(last=False)[1])
+        while len(self) > self.max_plans or (
+                len(self) > 1 and self.max_bytes is not None and self.nbytes > self.max_bytes):
+            key, plan = self.popitem(last=False)
+            self.sizes.pop(key, None)
+            dropped.append(plan)
         return dropped
 
 

@@ -12,6 +12,7 @@ import onnx
 
 from .backends import DEFAULT_CHANNEL_ALIGN, ExecutorAPI, check_cuda_graphs, resolve_backend
 from .compiler import (
+    DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLANS,
     CompiledPlan,
     DeviceFactory,
@@ -113,7 +114,10 @@ class InferenceSession:
     be larger is an ``ArenaSizeError`` naming its largest values, before anything is allocated
     (default None: the machine's physical memory on numpy). ``max_plans``: compiled plans kept
     (default 8, the most recently used; each holds its arena); an evicted one is compiled again
-    when its shapes come back.
+    when its shapes come back. ``max_plan_bytes``: of those, only as many, most recently used
+    first, as fit in this many bytes (``compiler.plan_bytes``: arenas and the arrays kernels
+    made at plan time; default 256 MiB; None: no limit); the current plan stays whatever its
+    size.
     """
 
     def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
@@ -121,7 +125,8 @@ class InferenceSession:
                  device: DeviceFactory | None = None, cuda_graphs: str = "fallback",
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
-                 max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS):
+                 max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
+                 max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -130,7 +135,7 @@ class InferenceSession:
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
         self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
-        self._plans = PlanCache(max_plans)
+        self._plans = PlanCache(max_plans, max_plan_bytes)
         self._bound: dict[tuple, _BoundRun] = {}  # plan key -> its prepared run
         self._runs: dict[tuple, _BoundRun] = {}  # feed signature -> the same
         registry = build_registry(plugins) if plugins else default_registry()
@@ -151,7 +156,7 @@ class InferenceSession:
 
     def plan_for(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
         """The compiled plan for these input shapes (and const-feed values), made once (and
-        again if ``max_plans`` others were used since)."""
+        again if it was evicted since: ``max_plans``, ``max_plan_bytes``)."""
         return self._plan(*plan_key(feed, self.imported.const_feeds))
 
     def _plan(self, key: tuple, shapes: dict, const_feeds: dict) -> CompiledPlan:

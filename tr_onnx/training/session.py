@@ -26,6 +26,7 @@ from ..backends import (
     resolve_backend,
 )
 from ..compiler import (
+    DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLANS,
     CompiledPlan,
     DeviceFactory,
@@ -198,6 +199,8 @@ class TrainingSession:
     ``fold_limit_bytes``, ``max_arena_bytes``: as ``InferenceSession``'s. ``max_plans``: compiled
     training-step plans kept, and evaluation plans kept (default 8 each, the most recently
     used); the training state moves with the active plan, so an evicted plan loses nothing.
+    ``max_plan_bytes``: of those, each cache keeps only as many as fit in this many bytes
+    (default 256 MiB; None: no limit), as ``InferenceSession``'s.
     ``distributed``: the ``tr_onnx.distributed.World`` this process trains in (data parallel,
     one session per rank, each fed its own shard of every global batch): gradients are
     averaged over the ranks before each optimizer step (``ops.collective``), so N ranks with
@@ -226,6 +229,7 @@ class TrainingSession:
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
                  max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
+                 max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES,
                  distributed: World | None = None, sync_batchnorm: bool = False,
                  grad_bucket_mb: float = 25.0):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
@@ -240,7 +244,8 @@ class TrainingSession:
         self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
         self.fold_limit_bytes = fold_limit_bytes
         # training steps (the active one holds the state), evaluation
-        self._plans, self._eval_plans = PlanCache(max_plans), PlanCache(max_plans)
+        self._plans = PlanCache(max_plans, max_plan_bytes)
+        self._eval_plans = PlanCache(max_plans, max_plan_bytes)
         self.imported: ImportedModel = import_model(model, self.registry, self.backend,
                                                     external_data_dir=external_data_dir,
                                                     fold_limit_bytes=fold_limit_bytes)
