@@ -3,7 +3,8 @@
 ``import tr_onnx`` needs no GPU: CUDA code is imported only when the cuda backend is asked for.
 """
 
-from . import optim
+import importlib
+
 from .errors import (
                      ArenaSizeError,
                      CheckpointError,
@@ -22,10 +23,28 @@ from .errors import (
                      UnsupportedModelError,
                      WriteError,
 )
-from .hookspecs import hookimpl
-from .session import InferenceSession
-from .training.losses import LossSpec
-from .training.session import TrainingSession
+
+# Imported on first use (PEP 562): NumPy, onnx and ml_dtypes take about a second to import, and
+# ``tr-onnx`` (``__main__``) must be able to catch an interrupt that lands in that second.
+_LAZY = {"InferenceSession": ".session", "TrainingSession": ".training.session",
+         "LossSpec": ".training.losses", "hookimpl": ".hookspecs"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif not name.startswith("__"):  # a submodule (tr_onnx.optim, tr_onnx.training, ...)
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 __all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
