@@ -621,3 +621,63 @@ def test_quantization_scales_and_exporter_scalars_stay_frozen():
     assert {n for n, r in roles.items() if r.trainable} == {"w", "b"}, roles
     assert "not the value QuantizeLinear forwards" in roles["w_scale"].reason
     assert "buffer" in roles["std"].reason
+
+
+class ReLU6Attention(torch.nn.Module):
+    """MobileNetV2's nested ``ReLU6(inplace=True)`` (the dynamo exporter folds its bounds into
+    ``min_val_cast``/``max_val_cast``) feeding ViT-style attention with a Python-float scale
+    and ``scaled_dot_product_attention`` (folded scale constants)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU6(inplace=True)))
+        self.qkv, self.head = torch.nn.Linear(8, 24), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.features(x).flatten(2).transpose(1, 2)
+        q, k, v = self.qkv(h).reshape(h.shape[0], -1, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        a = torch.softmax((q * 4 ** -0.5) @ k.transpose(-2, -1), -1) @ v
+        o = a + torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.head(o.transpose(1, 2).reshape(h.shape[0], -1, 8).mean(1))
+
+
+def test_dynamo_exporter_scalars_of_relu6_and_attention_are_frozen(tmp_path):
+    """Issue 31 item 5's scalar names, from torch 2.13's dynamo exporter: none trains, and the
+    set and 3 SGD steps are PyTorch's (a guard: the small module does not reproduce the
+    reported MobileNetV2/ViT failure, whose scalars reached the trainable set)."""
+    module = _randomized(ReLU6Attention())
+    x = torch.randn(4, 3, 6, 6)
+    path = _dynamo_export(module, x, tmp_path / "relu6_attention.onnx")
+    assert {"min_val_cast", "max_val_cast"} <= _scalar_initializers(path)
+    _trains_pytorchs_parameters(path, module, x, torch.tensor([0, 1, 2, 0]), lr=0.1)
+
+
+def test_a_qat_export_trains_the_weights_not_the_observers(tmp_path):
+    """torch.ao's QAT module (per-channel weight fake quantization) exported by the classic
+    exporter as QuantizeLinear/DequantizeLinear pairs: the float weights train through the
+    pairs; the observers' scales, per-channel tensors included, are buffers."""
+    import torch.ao.quantization as tq
+
+    class QatNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.quant, self.dequant = tq.QuantStub(), tq.DeQuantStub()
+            self.conv, self.head = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.dequant(self.head(torch.relu(self.conv(self.quant(x))).mean((2, 3))))
+
+    module = _randomized(QatNet()).train()
+    module.qconfig = tq.get_default_qat_qconfig("fbgemm", version=0)  # exportable observers
+    tq.prepare_qat(module, inplace=True)
+    for _ in range(3):
+        module(torch.randn(4, 3, 6, 6))
+    module.apply(tq.disable_observer)  # an observer's in-place update does not export
+    path = _classic_export(module, torch.randn(4, 3, 6, 6), tmp_path / "qat.onnx")
+    roles = tr_onnx.TrainingSession(path, optimizer=SGD(lr=0.1), backend="numpy").parameter_roles
+    assert {n for n, r in roles.items() if r.trainable} == \
+        {n for n, _ in module.named_parameters()}, roles
+    scale = next(i for i in onnx.load(path).graph.initializer
+                 if i.name == "conv.weight_fake_quant.scale")
+    assert list(scale.dims) == [4] and "QuantizeLinear" in roles[scale.name].reason
