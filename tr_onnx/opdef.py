@@ -89,9 +89,10 @@ class OpDef:
     ``param_inputs``: the inputs at which an initializer is one of the model's learned
     parameters (PyTorch's ``model.parameters()``): Conv's weight and bias, a normalization's
     scale and bias, Gather's table, MatMul's constant operand; ``"all"``: every input
-    (Concat's learned tokens, Einsum). An initializer reaching none of them is a constant the
-    exporter materialised (Clip bounds, Pow exponents, epsilons) and is frozen by default
-    (``training.parameters``). ``None``: undeclared -- no input for ops of the ONNX domains,
+    (Concat's learned tokens, Einsum). An initializer trains by default when a differentiable
+    path takes it to one of them (or to the model's output), unchanged or transformed on the
+    way; ``training.parameters`` says which constants stay frozen (scalars, Clip bounds, Pow
+    exponents, Sub/Div buffers). ``None``: undeclared -- no input for ops of the ONNX domains,
     every input a gradient flows to for other domains (a plugin's weights train).
     ``param_min_size``: a constant at a ``param_inputs`` input is a parameter only with at
     least this many elements (Add/Mul: 2 -- a bias or layer scale is a tensor, a scalar there

@@ -14,11 +14,20 @@ default trainable set is the parameters, decided per initializer (``parameter_ro
    a parameter (named in the signature the exporter writes into the model's metadata, or by a
    submodule's dotted target): a weight stored transposed trains; affine_grid's base grid,
    folded from arange and friends, does not.
-2. Otherwise (other exporters, and folds without that metadata) the inputs it reaches decide: an
-   op declares those at which a constant is a learned parameter (``OpDef.param_inputs``: Conv's
-   weight and bias, a normalization's scale and bias, Gather's table, MatMul's operand, a tensor
-   added or multiplied...), reached through ops that forward a value unchanged
-   (``OpDef.forwards_params``: Reshape, Transpose, Cast...). A tensor added to the scores of a
+2. Otherwise (other exporters, and folds without that metadata) the data flow decides
+   (``_PortWalk.role``): an initializer trains when a differentiable path takes it to an input
+   at which an op declares a constant a learned parameter (``OpDef.param_inputs``: Conv's
+   weight and bias, a normalization's scale and bias, Gather's table, MatMul's operand, a
+   tensor added or multiplied...) or to the model's output -- unchanged through ops that
+   forward a value (``OpDef.forwards_params``: Reshape, Transpose, Cast, Q/DQ...), or
+   transformed on the way through any other differentiable input (weight norm's ReduceL2 and
+   Div, a LayerNorm of DeBERTa's relative embedding table). Frozen as constants the exporter
+   materialised: single-element values where they meet the data (attention scales, epsilons,
+   ReLU6 bounds) -- a scalar the graph still transforms on its own trains (exporters fold
+   constant-only expressions, so that is a parameter: CLIP's ``logit_scale.exp()``); inputs that
+   carry no gradient (Clip bounds, BatchNorm's running statistics, shapes, indices); the
+   non-value inputs of forwarding ops (a shape, a quantization scale); ``_CONSTANT_OPERANDS``
+   (Sub/Div buffers, Pow exponents). A tensor added to the scores of a
    Softmax whose values are all 0 or <= -100 is an attention mask (a causal mask, Swin's
    shifted-window mask), not a parameter; other values there are a bias the exporter folded from
    a trained table (Swin's relative position bias) and train.
@@ -68,7 +77,15 @@ _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 _SOFTMAX = {"Softmax", "LogSoftmax"}
 _BROADCASTS = {"Expand", "Tile"}  # forward a value into a larger one
 _MASK_PATH = {"Add", "Where"}  # what may lie between an added mask and the Softmax
-MASKED = -100.0  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
+MASKED = -100.0
+# Differentiable operands that hold an exporter's constant or a buffer, not a parameter:
+# normalising by an input's mean and std (torchvision-style buffers), and a Pow exponent (its
+# gradient is not even finite for a negative base).
+_CONSTANT_OPERANDS = {
+    "Sub": {1: "a subtracted constant: a buffer, such as an input's mean"},
+    "Div": {1: "a divisor constant: a buffer, such as an input's std"},
+    "Pow": {1: "an exponent: a constant the exporter materialised"},
+}  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
 
 
 @dataclass(frozen=True)
@@ -358,7 +375,7 @@ def _folded_role(sources: list[str], exported_params: frozenset[str]) -> ParamRo
 
 
 class _PortWalk:
-    """Classifies an initializer by the op inputs it reaches (``OpDef.param_inputs``)."""
+    """Classifies an initializer by where its data flow goes (``OpDef.param_inputs``)."""
 
     def __init__(self, imported):
         self.registry = imported.registry
@@ -372,22 +389,32 @@ class _PortWalk:
                 if name:
                     self.consumers.setdefault(name, []).append((node, i))
         self.sizes = {i.name: int(np.prod(i.dims)) for i in g.initializer}
+        self.outputs = {o.name for o in g.output}
         self.copied = {n.output[0]: n.input[0] for n in g.node
                        if n.op_type == "Identity" and n.input and n.input[0] in self.params}
 
     def role(self, name: str) -> ParamRole:
+        """Follows the initializer's data flow: unchanged through ``forwards_params`` ops,
+        transformed through the differentiable inputs of others (weight norm's ReduceL2 and
+        Div, a LayerNorm of an embedding table, Exp), until a parameter input or the model's
+        output; never through an input that carries no gradient or holds a constant
+        (``_CONSTANT_OPERANDS``). A scalar trains only at a parameter input that takes one
+        (PRelu's slope) or transformed on its own (exporters fold constant-only expressions,
+        so a scalar the graph still transforms alone is a parameter: CLIP's logit_scale.exp())."""
         source = self.copied.get(name, name)
         size = self.sizes.get(source)
         frozen: list[str] = []
-        pending, seen = [name], set()
+        pending = [(name, "")]  # (value, ", through <the first op that transformed it>")
+        seen = set()
         while pending:
-            value = pending.pop()
+            value, via = pending.pop()
             if value in seen:
                 continue
             seen.add(value)
             for node, index in self.consumers.get(value, ()):
                 opdef = self._opdef(node)
                 where = self._where(node, index)
+                outputs = [o for o in node.output if o]
                 if index in self._ports(node, opdef):
                     if size is not None and size < opdef.param_min_size:
                         frozen.append(f"a scalar at {where}: a constant the exporter "
@@ -398,17 +425,36 @@ class _PortWalk:
                         frozen.append(f"an attention mask (values 0 and <= {MASKED:g}) added "
                                       f"to a Softmax's scores at {where}")
                     else:
-                        return ParamRole(True, where)
-                elif opdef is not None and opdef.forwards_params and index == 0:
-                    if size == 1 and node.op_type in _BROADCASTS:
+                        return ParamRole(True, where + via)
+                elif opdef is not None and opdef.forwards_params:
+                    if index != 0:  # a shape, axes, a quantization scale: not the value
+                        frozen.append(f"{where} is not the value {node.op_type} forwards")
+                    elif size == 1 and node.op_type in _BROADCASTS:
                         frozen.append(f"a scalar broadcast by {node.op_type} (node "
                                       f"{node.name!r}): a constant fill, such as a zero "
                                       "initial state")
-                        continue
-                    pending.extend(o for o in node.output if o)
+                    else:
+                        pending.extend((o, via) for o in outputs)
+                elif not self._differentiable(opdef, index):
+                    frozen.append(f"{where} carries no gradient")
+                elif index in _CONSTANT_OPERANDS.get(node.op_type, {}):
+                    frozen.append(f"{where}: {_CONSTANT_OPERANDS[node.op_type][index]}")
+                elif size is not None and size <= 1:
+                    if sum(1 for i in node.input if i) == 1:
+                        return ParamRole(True, f"a scalar transformed on its own at {where}: "
+                                               "a learned scalar (CLIP's logit_scale)")
+                    frozen.append(f"a scalar at {where}: a constant the exporter materialised")
+                elif any(o in self.outputs for o in outputs):
+                    return ParamRole(True, f"reaches the model's output through {where}")
                 else:
-                    frozen.append(f"{where} is not a parameter input")
+                    pending.extend((o, via or f", through {where}") for o in outputs)
         return ParamRole(False, frozen[0] if frozen else "read by no node")
+
+    @staticmethod
+    def _differentiable(opdef, index: int) -> bool:
+        if opdef is None or not opdef.differentiable:
+            return False
+        return opdef.grad_inputs is None or index in opdef.grad_inputs
 
     def _opdef(self, node):
         return opdef_for(node, self.opsets, self.registry, "numpy") or \
