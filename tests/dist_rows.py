@@ -1,0 +1,68 @@
+"""Run under ``mpiexec -n 2`` by tests/test_distributed.py: the ranks' shares of a global batch
+need not be equal. Global batches of 8 rows split 4+4, 5+3, 1+7, and 1+0 (rank 1 has no
+rows), trained by two ranks against one process with each whole global batch (rank 0 runs it).
+Writes ``<out>/rows.npz`` (rank 0): both curves, the steps each applied, every parameter of
+both sides and rank 1's, and the losses rank 1 reported.
+
+Usage: ``dist_rows.py OUT``
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import tr_onnx
+from tr_onnx import distributed
+from tr_onnx.optim import SGD
+
+ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
+SPLITS = [(4, 4), (5, 3), (1, 7), (1, 0), (4, 4), (1, 0)]  # rows of rank 0, rank 1
+
+
+def batches():
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((a + b, 64)).astype(np.float32), rng.integers(0, 10, a + b))
+            for a, b in SPLITS]
+
+
+def session(world=None):
+    return tr_onnx.TrainingSession(ZOO / "mlp.onnx", optimizer=SGD(lr=0.1, momentum=0.9),
+                                   backend="numpy", distributed=world)
+
+
+def main(out: Path) -> None:
+    world = distributed.init()
+    ranked = session(world)
+    local = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a skipped step would warn
+        for (x, y), (a, _) in zip(batches(), SPLITS, strict=True):
+            rows = slice(0, a) if world.rank == 0 else slice(a, None)
+            local.append(ranked.train_step({"input": x[rows]}, y[rows]))
+    params = ranked.parameters()
+    if world.rank == 1:
+        world.comm.send((params, local, ranked.step), dest=0)
+    else:
+        other, other_local, other_steps = world.comm.recv(source=1)
+        single = session()
+        want = [single.train_step({"input": x}, y) for x, y in batches()]
+        counts = np.array(SPLITS, np.float64)
+        # the global batch's mean loss from the ranks': weighted by their rows
+        losses = (counts[:, 0] * local + counts[:, 1] * np.array(other_local)) / counts.sum(1)
+        result = {"losses": losses, "want_losses": np.array(want),
+                  "rank1_local_losses": np.array(other_local), "steps_applied": ranked.step,
+                  "rank1_steps_applied": other_steps, "want_steps_applied": single.step}
+        for k, v in params.items():
+            result[f"got/{k}"], result[f"rank1/{k}"] = v, other[k]
+        for k, v in single.parameters().items():
+            result[f"want/{k}"] = v
+        np.savez(out / "rows.npz", **result)
+    world.barrier()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
