@@ -2,7 +2,9 @@
 need not be equal. Global batches of 8 rows split 4+4, 5+3, 1+7, and 1+0 (rank 1 has no
 rows), trained by two ranks against one process with each whole global batch (rank 0 runs it).
 Writes ``<out>/rows.npz`` (rank 0): both curves, the steps each applied, every parameter of
-both sides and rank 1's, and the losses rank 1 reported.
+both sides and rank 1's, and the losses rank 1 reported. Then the Trainer, whose last global
+batch leaves rank 0 no row, against one process: ``<out>/trainer.npz``, both epoch curves and
+final parameters and running statistics.
 
 Usage: ``dist_rows.py OUT``
 """
@@ -18,6 +20,7 @@ import numpy as np
 import tr_onnx
 from tr_onnx import distributed
 from tr_onnx.optim import SGD
+from tr_onnx.training.trainer import Trainer
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 SPLITS = [(4, 4), (5, 3), (1, 7), (1, 0), (4, 4), (1, 0)]  # rows of rank 0, rank 1
@@ -34,8 +37,32 @@ def session(world=None):
                                    backend="numpy", distributed=world)
 
 
+def trainer_run(world=None) -> tuple[dict, list]:
+    """The Trainer on 25 samples in global batches of 8 (4 per rank): the last batch's one row
+    is rank 1's, rank 0 has none; ResNet with BatchNorm synchronised across the ranks."""
+    rng = np.random.default_rng(1)
+    data = ({"input": rng.standard_normal((25, 3, 16, 16)).astype(np.float32)},
+            rng.integers(0, 10, 25))
+    ranks = world.size if world is not None else 1
+    sess = tr_onnx.TrainingSession(ZOO / "resnet.onnx", optimizer=SGD(lr=0.05, momentum=0.9),
+                                   backend="numpy", distributed=world, sync_batchnorm=True)
+    trainer = Trainer(sess, data, batch_size=8 // ranks, epochs=2, progress=False,
+                              log=None)
+    trainer.fit()
+    return sess.parameters(), [h["train_loss"] for h in trainer.history]
+
+
 def main(out: Path) -> None:
     world = distributed.init()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        params, curve = trainer_run(world)
+    if world.rank == 0:
+        want, want_curve = trainer_run()
+        result = {"curve": curve, "want_curve": want_curve}
+        for k, v in params.items():
+            result[f"got/{k}"], result[f"want/{k}"] = v, want[k]
+        np.savez(out / "trainer.npz", **result)
     ranked = session(world)
     local = []
     with warnings.catch_warnings():

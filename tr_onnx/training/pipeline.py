@@ -68,7 +68,7 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     states = add_optimizer_state(graph, trainable, cfg.optimizer)
     spans = add_spans(graph, trainable, accumulators, states, cfg.optimizer)
     add_grad_reduce(b, list(accumulators.values()), spans[1], rank_loss, commits, cfg)
-    add_commit(b, commits)
+    add_commit(b, commits, cfg)
     grad_norm, update = add_update(b, spans, scalars, cfg)
     set_step_outputs(graph, rank_loss, model_outputs, grad_norm)
     info = TrainInfo(

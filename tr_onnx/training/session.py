@@ -196,9 +196,11 @@ class TrainingSession:
     training-step plans kept, and evaluation plans kept (default 8 each, the most recently
     used); the training state moves with the active plan, so an evicted plan loses nothing.
     ``distributed``: the ``tr_onnx.distributed.World`` this process trains in (data parallel,
-    one session per rank, each fed its own shard of every global batch): gradients are
-    averaged over the ranks before each optimizer step (``ops.collective``), so N ranks with
-    batch b train as one process with batch N*b; rank 0's parameters, optimizer state and
+    one session per rank, each fed its own shard of every global batch): each rank's gradient
+    is weighted by its rows (``size * rows / global rows``; a rank with no rows adds nothing
+    and its ``train_step`` returns 0) and averaged over the ranks before each optimizer step
+    (``ops.collective``), so N ranks train as one process with their batches together,
+    however the global batch splits; rank 0's parameters, optimizer state and
     running statistics are broadcast before the first step and the first step after
     ``load_parameters`` (every rank calls it; rank 0's values win). BatchNorm running
     statistics are rank 0's, broadcast every step (DDP's default); ``sync_batchnorm=True``

@@ -581,11 +581,16 @@ def add_spans(graph: Graph, trainable: list[Value], accumulators: dict[str, Valu
               for state in optimizer.state)]
 
 
-def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]]) -> None:
+def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]], cfg: TrainConfig) -> None:
     """The ``commit`` phase: running statistics take the values the training-mode BatchNorms
-    computed (only after a step whose loss and gradients were finite)."""
+    computed (only after a step whose loss and gradients were finite). Data parallel without
+    ``sync_batchnorm``, a rank with no rows in this global batch (``HAS_ROWS`` false) keeps its
+    own: statistics of no rows are NaN (synchronised ones are the world's rows')."""
     b.phase = "commit"
+    has_rows = None if cfg.sync_batchnorm else b.graph.values.get(HAS_ROWS)
     for stat, new in commits:
+        if has_rows is not None:
+            new = b.op("Where", [has_rows, new, stat])
         b.op("Assign", [stat, new], domain=INTERNAL, shapes=[])
 
 
