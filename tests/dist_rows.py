@@ -52,8 +52,33 @@ def trainer_run(world=None) -> tuple[dict, list]:
     return sess.parameters(), [h["train_loss"] for h in trainer.history]
 
 
+def empty_rank_statistics(world) -> dict:
+    """ResNet, BatchNorm not synchronised: two steps, rank 1 without rows in the second. Rank
+    0's running statistics after the first step, and rank 1's after the second (those of no
+    rows would be NaN)."""
+    rng = np.random.default_rng(2)
+    sess = tr_onnx.TrainingSession(ZOO / "resnet.onnx", optimizer=SGD(lr=0.05),
+                                   backend="numpy", distributed=world)
+    x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    y = rng.integers(0, 10, 4)
+    sess.train_step({"input": x}, y)
+    first = sess.state_arrays()
+    rows = slice(None) if world.rank == 0 else slice(0, 0)
+    sess.train_step({"input": x[rows]}, y[rows])
+    stats = sess._active.info.running_stats
+    return {f"first/{k}": first[k] for k in stats} | {
+        f"second/{k}": v for k, v in sess.state_arrays().items() if k in stats}
+
+
 def main(out: Path) -> None:
     world = distributed.init()
+    stats = empty_rank_statistics(world)
+    if world.rank == 1:
+        world.comm.send(stats, dest=0)
+    else:
+        np.savez(out / "empty_rank_statistics.npz", **{
+            k: v for k, v in world.comm.recv(source=1).items() if k.startswith("second/")},
+            **{k: v for k, v in stats.items() if k.startswith("first/")})
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         params, curve = trainer_run(world)

@@ -355,3 +355,13 @@ def test_a_trainer_whose_last_batch_leaves_a_rank_no_row_trains_as_one_process(u
     for name in names:
         np.testing.assert_allclose(got[f"got/{name}"], got[f"want/{name}"], rtol=0, atol=2e-6,
                                    err_msg=name)
+
+
+def test_a_rank_with_no_rows_keeps_its_running_statistics(unequal_rows):
+    """BatchNorm not synchronised: the statistics of no rows are NaN, so an empty rank keeps
+    the ones it had (rank 0's, broadcast at the start of the step)."""
+    got = dict(np.load(unequal_rows / "empty_rank_statistics.npz"))
+    names = [k.removeprefix("first/") for k in got if k.startswith("first/")]
+    assert any(n.endswith("running_var") for n in names)
+    for name in names:
+        np.testing.assert_array_equal(got[f"second/{name}"], got[f"first/{name}"], err_msg=name)
