@@ -475,8 +475,8 @@ def add_rank_loss(b: GradBuilder, cfg: TrainConfig, loss: Value) -> Value:
     """Data parallelism: the per-step inputs ``ROW_WEIGHT`` (``add_backward`` seeds with it)
     and ``HAS_ROWS``, and the loss this rank reports and checks: ``ROW_WEIGHT`` (0) where the
     rank has no rows in this global batch (its mean over no rows is NaN, which would make every
-    rank drop the step), else ``loss``. Without a world, ``loss`` itself. (No constants: the
-    CONST region stays that of one process.)"""
+    rank drop the step), else ``loss``. Without a world, ``loss`` itself. (No constant: the
+    CONST region is one process's less the backward pass's seed of 1.)"""
     if cfg.world is None:
         return loss
     weight = Value(ROW_WEIGHT, (), loss.dtype, ir.INPUT)
