@@ -38,7 +38,7 @@ def main(out: Path) -> None:
     flags = np.array([float(r == 1), 0.0, -r], dtype=np.float32)  # a flag raised on rank 1
     world.allreduce_max_(flags)
     seen["max"] = flags.tolist()
-    seen["exscan"] = world.exscan_sum(3 + r)  # rank r's rows start after the earlier ranks'
+    seen["allgather"] = world.allgather_int(3 + r)  # every rank's rows of a global batch
 
     b = np.full(4, r + 7, dtype=np.int64)
     world.bcast_(b, root=1)

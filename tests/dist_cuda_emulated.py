@@ -43,7 +43,11 @@ CASES = {
     # Dropout(0.2): each rank draws its rows of the global batch's mask, on the device too
     "mobilenet-dropout-sync-batchnorm": ("mobilenet_train", 3, 4, {"sync_batchnorm": True},
                                          None),
+    # unequal shares of the global batch, and a rank with none (SPLITS): gradients by rows
+    "mlp-unequal-rows": ("mlp", 6, 4, {}, None),
 }
+# case -> rank 0's rows of each global batch of 2 * batch (rank 1 has the rest; 8: none)
+SPLITS = {"mlp-unequal-rows": [4, 5, 1, 8, 4, 8]}
 CUDA_ONLY = {"mlp-fp16-inf-on-rank1": {"precision": "fp16"},
              "resnet-bf16-ddp": {"precision": "bf16"}}
 
@@ -69,6 +73,9 @@ def main(out: Path, lib: Path, cases: list[str]) -> None:
             if bad is not None and bad[0] == step:
                 x[bad[1] * batch] = np.inf
             shard = slice(world.rank * batch, (world.rank + 1) * batch)
+            if case in SPLITS:
+                rows = SPLITS[case][step]
+                shard = slice(0, rows) if world.rank == 0 else slice(rows, None)
             for name, sess in sessions.items():
                 losses[name].append(sess.train_step({"input": x[shard]}, y[shard]))
         arrays = {}

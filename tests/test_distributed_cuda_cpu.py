@@ -202,18 +202,23 @@ def test_the_bindings_are_registered_for_the_cuda_backend(op):
 
 def test_a_world_of_one_plans_the_same_state_with_and_without_the_nccl_node(device,
                                                                            host_nccl):
-    """PARAM, GRAD, OPT_STATE and CONST: the same regions, every tensor at the same offset
-    (state and checkpoints are interchangeable). The data-parallel pass moves each
-    Accumulate up to its gradient's producer (buckets finish early) and adds the ``reduce``
-    flag, so INPUT grows by one scalar and activations live shorter."""
+    """PARAM, GRAD and OPT_STATE: regions of the same sizes, every tensor at the same offset
+    in its region (state and checkpoints are interchangeable); CONST the same but for the
+    backward pass's seed, a constant 1 in one process and the per-step ``ROW_WEIGHT`` input
+    in a world (one 256-byte slot). The data-parallel pass moves each Accumulate up to its
+    gradient's producer (buckets finish early) and adds the ``reduce`` flag and the row
+    weight, so INPUT grows by three scalars and activations live shorter."""
     plain, nccl_path = _session("mlp", device, False), _session("mlp", device, True)
     feed, y = _batch("mlp", 0)
     a, b = plain._train_plan(feed), nccl_path._train_plan(feed)
-    state = (Region.PARAM, Region.GRAD, Region.OPT_STATE, Region.CONST)
-    assert {r: a.memory.regions[r] for r in state} == {r: b.memory.regions[r] for r in state}
+    state = (Region.PARAM, Region.GRAD, Region.OPT_STATE)
+    assert {r: a.memory.regions[r][1] for r in state} == \
+        {r: b.memory.regions[r][1] for r in state}
+    assert a.memory.regions[Region.CONST][1] == b.memory.regions[Region.CONST][1] + 256
 
     def layout(plan):
-        return {(t.name, t.offset, t.nbytes) for t in plan.memory.all_tensors()
+        return {(t.name, t.offset - plan.memory.regions[t.region][0], t.nbytes)
+                for t in plan.memory.all_tensors()
                 if t.region in state and "/bucket" not in t.name}
 
     assert layout(a) == layout(b)
@@ -517,7 +522,7 @@ def test_a_world_of_one_with_sync_batchnorm_trains_as_cudnn_and_numpy(model, dev
 
 EMULATED = ["mlp", "lenet-small-buckets", "mlp-inf-on-rank1", "resnet-bn-ddp",
             "mlp-accum-inf-on-rank1", "resnet-sync-batchnorm", "mlp-fp16-inf-on-rank1",
-            "resnet-bf16-ddp", "mobilenet-dropout-sync-batchnorm"]
+            "resnet-bf16-ddp", "mobilenet-dropout-sync-batchnorm", "mlp-unequal-rows"]
 # cuda in half precision against numpy in float32: (losses' rtol, parameters' atol) of the
 # storage's rounding -- fp16 keeps 11 significant bits, bf16 8 (an ulp of bf16 at 1.5, the
 # largest ResNet weight, is 7.8e-3); measured 1.4e-5 / 1.6e-5 and 6e-4 / 1.5e-3
@@ -556,5 +561,7 @@ def test_two_emulated_cuda_ranks_train_as_two_numpy_ranks(two_ranks, case):
         assert not np.isfinite(r1["cuda/losses"][2]) and np.isfinite(r0["cuda/losses"][2])
     if case in ("mlp-inf-on-rank1", "mlp-fp16-inf-on-rank1"):
         assert bad == 0 and steps == 4
+    if case == "mlp-unequal-rows":  # rank 1's batches of no rows: no step dropped
+        assert bad == 0 and steps == 6 and r1["cuda/losses"][3] == r1["cuda/losses"][5] == 0
     if case == "mlp-accum-inf-on-rank1":  # 6 micro-batches of 2 per step, the third dropped
         assert bad == 0 and steps == 2  # (so are the ones accumulated with it: none here)

@@ -31,7 +31,15 @@ from tr_onnx.testing.host_nccl import HostNccl
 from tr_onnx.training.data_parallel import REDUCE
 from tr_onnx.training.losses import make_loss_spec
 from tr_onnx.training.pipeline import build_training_step
-from tr_onnx.training.train_pass import GRAD_SCALE, LR, RNG, STEP, TrainConfig
+from tr_onnx.training.train_pass import (
+    GRAD_SCALE,
+    HAS_ROWS,
+    LR,
+    RNG,
+    ROW_WEIGHT,
+    STEP,
+    TrainConfig,
+)
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 PHASES = ("compute", "guard", "commit", "discard", "apply", "report")
@@ -155,7 +163,8 @@ def test_a_batch_bad_on_another_rank_is_bad_on_this_one_on_both_backends(device,
             ex = plan.executor
             ex.write_input("input", x)
             ex.write_input("labels", np.arange(4) % 10)
-            for name, value in ((LR, 0.1), (STEP, step), (GRAD_SCALE, 1.0), (RNG, i)):
+            for name, value in ((LR, 0.1), (STEP, step), (GRAD_SCALE, 1.0), (RNG, i),
+                                (ROW_WEIGHT, 1.0), (HAS_ROWS, True)):  # both ranks 4 rows
                 ex.write_scalar(name, value)
         ref.executor.write_scalar(REDUCE, 1.0)  # every step applies (cuda: its reduce phase)
         before = ref.executor.read_state([info.params_span])[info.params_span]

@@ -170,17 +170,15 @@ class World:
         self.allreduce_sum_(buf)
         return [float(v) for v in buf]
 
-    def exscan_sum(self, value: int) -> int:
-        """The sum of ``value`` (an integer) over the ranks before this one: 0 on rank 0 (an
-        exclusive prefix sum, ``MPI_Exscan``; where this rank's rows of a global batch
-        start)."""
+    def allgather_int(self, value: int) -> list[int]:
+        """Every rank's ``value`` (an integer), in rank order, on every rank: one all-reduce
+        of a vector that holds this rank's value at its index and zeros elsewhere."""
         if self.size == 1:
-            return 0
-        from mpi4py import MPI
-        send, total = np.array([value], np.int64), np.zeros(1, np.int64)
-        req = self.comm.Iexscan(send, total, op=MPI.SUM)
-        self.wait(req, "exscan_sum of 1 int64", keep=(send, total))
-        return int(total[0]) if self.rank > 0 else 0  # rank 0's result is undefined in MPI
+            return [int(value)]
+        buf = np.zeros(self.size, np.int64)
+        buf[self.rank] = value
+        self._allreduce(buf, "SUM", "allgather_int")
+        return [int(v) for v in buf]
 
     def bcast_object(self, obj: Any = None, root: int = 0) -> Any:
         """Rank ``root``'s ``obj`` (any picklable object) on every rank; other ranks' ``obj``

@@ -3,7 +3,9 @@
 ``GradAllReduceStart`` starts summing one bucket of the GRAD region over the ranks in place
 (in the backward pass, right after the bucket's last gradient is accumulated; only on steps
 that apply), ``GradAllReduceWait`` completes them all and divides by the world size in the
-``reduce`` phase -- the mean, as PyTorch DDP averages gradients -- before the host's
+``reduce`` phase -- the mean over the ranks of gradients each weighted by its rank's rows
+(``train_pass.ROW_WEIGHT`` seeds the backward pass), so the mean over the global batch's
+rows; PyTorch DDP averages unweighted -- before the host's
 finiteness check and the update (``training.data_parallel`` places them). A rank whose loss
 is not finite fills its buckets with NaN first, so after the reduction every rank sees the
 same non-finite gradient and skips the same step, with no second collective.

@@ -135,7 +135,10 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
     world = _sync_world(ctx)
     slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
     a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-    local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    # the positions per channel: this rank's part of a synchronised count (0 on a rank with
+    # no rows), at least 1 as a count of its own
+    positions = int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1)
+    local = max(positions, 1)
     fast = batch_norm_onednn.training(ctx, eps) if world is None else None
     if fast is not None:
         normalise, fast_mean, fast_var = fast
@@ -168,7 +171,7 @@ def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, s
         channel.sum(ws, mean, src, rows=bool(rows))
         count = local
         if world is not None:
-            sums[c] = local
+            sums[c] = positions
             world.allreduce_sum_(sums)
             count = int(sums[c])
         np.divide(mean, count, out=mean)
@@ -336,7 +339,10 @@ def batch_norm_grad_numpy(ctx):
     t_ws = None if in_gx else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
     sums_ws, a_ws = ctx.workspace((2 * c + 1,), acc), ctx.workspace((c,), acc)
     k_ws = ctx.workspace((c,), acc)
-    local = max(int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1), 1)
+    # the positions per channel: this rank's part of a synchronised count (0 on a rank with
+    # no rows), at least 1 as a count of its own
+    positions = int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1)
+    local = max(positions, 1)
     channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc, vectors=2)
     has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
     # float16 gy: a float32 copy to sum and combine
@@ -371,7 +377,7 @@ def batch_norm_grad_numpy(ctx):
             return
         count = local
         if world is not None:
-            sums[2 * c] = local
+            sums[2 * c] = positions
             world.allreduce_sum_(sums)
             count = int(sums[2 * c])
         # gx = a * (gy - gb / M - (x - mean) * inv * gs / M), the centred map t in place

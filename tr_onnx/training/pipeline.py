@@ -27,6 +27,7 @@ from .train_pass import (
     add_labels,
     add_loss,
     add_optimizer_state,
+    add_rank_loss,
     add_spans,
     add_step_guard,
     add_step_scalars,
@@ -60,17 +61,18 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     output, labels = add_labels(graph, cfg, model_outputs)
     b = GradBuilder(graph, registry, backend, prefix="loss")  # loss and update nodes
     loss = add_loss(b, cfg, output, labels)
+    rank_loss = add_rank_loss(b, cfg, loss)
     trainable = select_trainable(graph, loss, cfg)
     grads = add_backward(graph, loss, trainable, registry, backend, cfg)
     accumulators = add_grad_accumulators(b, trainable, grads)
     states = add_optimizer_state(graph, trainable, cfg.optimizer)
     spans = add_spans(graph, trainable, accumulators, states, cfg.optimizer)
-    add_grad_reduce(b, list(accumulators.values()), spans[1], loss, commits, cfg)
-    add_commit(b, commits)
+    add_grad_reduce(b, list(accumulators.values()), spans[1], rank_loss, commits, cfg)
+    add_commit(b, commits, cfg)
     grad_norm, update = add_update(b, spans, scalars, cfg)
-    set_step_outputs(graph, loss, model_outputs, grad_norm)
+    set_step_outputs(graph, rank_loss, model_outputs, grad_norm)
     info = TrainInfo(
-        loss=loss.name, outputs=[v.name for v in model_outputs],
+        loss=rank_loss.name, outputs=[v.name for v in model_outputs],
         trainable=[p.name for p in trainable],
         grads={p: a.name for p, a in accumulators.items()},
         states={p: {k: v.name for k, v in s.items()} for p, s in states.items()},

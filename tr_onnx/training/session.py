@@ -86,9 +86,11 @@ from .storage import (
 )
 from .train_pass import (
     GRAD_SCALE,
+    HAS_ROWS,
     LOSS_SCALE,
     LR,
     RNG,
+    ROW_WEIGHT,
     SAMPLE_OFFSET,
     STEP,
     TrainConfig,
@@ -107,6 +109,7 @@ class _Launch:
     rng: int
     apply: bool
     rows_before: int = 0  # data parallelism: the global batch's rows before this rank's
+    row_weight: float = 1.0  # data parallelism: size * this rank's rows / the global batch's
     token: Any = None
     report: StepReport | None = None
     outputs: dict[str, np.ndarray] | None = None  # read back with the step (launch_step)
@@ -202,9 +205,11 @@ class TrainingSession:
     ``max_plan_bytes``: of those, each cache keeps only as many as fit in this many bytes
     (default 256 MiB; None: no limit), as ``InferenceSession``'s.
     ``distributed``: the ``tr_onnx.distributed.World`` this process trains in (data parallel,
-    one session per rank, each fed its own shard of every global batch): gradients are
-    averaged over the ranks before each optimizer step (``ops.collective``), so N ranks with
-    batch b train as one process with batch N*b; rank 0's parameters, optimizer state and
+    one session per rank, each fed its own shard of every global batch): each rank's gradient
+    is weighted by its rows (``size * rows / global rows``; a rank with no rows adds nothing
+    and its ``train_step`` returns 0) and averaged over the ranks before each optimizer step
+    (``ops.collective``), so N ranks train as one process with their batches together,
+    however the global batch splits; rank 0's parameters, optimizer state and
     running statistics are broadcast before the first step and the first step after
     ``load_parameters`` (every rank calls it; rank 0's values win). BatchNorm running
     statistics are rank 0's, broadcast every step (DDP's default); ``sync_batchnorm=True``
@@ -470,7 +475,7 @@ class TrainingSession:
                 executor.write_input(name, x)
         executor.write_input(self.label_name, labels)
         launch = _Launch(plan, self.rng_counter, self.micro_step + 1 ==
-                         self.options["grad_accumulation"], self._rows_before(plan, feed))
+                         self.options["grad_accumulation"], *self._rank_rows(feed))
         self.rng_counter += 1
         self._last = launch
         pending = PendingStep(self, launch)
@@ -491,17 +496,24 @@ class TrainingSession:
             raise
         return pending
 
-    def _rows_before(self, plan: CompiledPlan, feed: dict[str, np.ndarray]) -> int:
-        """Data parallelism, in a model with dropout: the rows of the global batch on the ranks
-        before this one (their batches' axis-0 extents summed), so this rank's batch-major
-        dropout masks are those rows of the global batch's (``train_pass.sample_offset``).
-        Every rank's plans convert the same Dropout nodes, so every rank makes this collective
-        or none does, whatever its batch."""
-        if self.world is None or not plan.info.converted.get("Dropout"):
-            return 0
-        rows = {np.shape(x)[0] for name, x in feed.items()
-                if np.ndim(x) and name not in self.imported.const_feeds}
-        return self.world.exscan_sum(rows.pop() if len(rows) == 1 else 0)
+    def _rank_rows(self, feed: dict[str, np.ndarray]) -> tuple[int, float]:
+        """Data parallelism: where this rank's rows start in the global batch (the rows of the
+        ranks before it), so its batch-major dropout masks are those rows of the global
+        batch's (``train_pass.sample_offset``), and its gradient's weight ``size * rows /
+        total rows`` (``train_pass.ROW_WEIGHT``), so the ranks' mean gradient is the mean over
+        every row of the global batch however it was split (0 for a rank with no rows). A
+        rank's rows: the axis-0 extent its data feeds share; where they share none on some
+        rank, every rank weighs 1 (the ranks' plain mean). One collective per step, on every
+        rank."""
+        if self.world is None:
+            return 0, 1.0
+        extents = {np.shape(x)[0] for name, x in feed.items()
+                   if np.ndim(x) and name not in self.imported.const_feeds}
+        rows = self.world.allgather_int(extents.pop() if len(extents) == 1 else -1)
+        before = sum(max(r, 0) for r in rows[:self.world.rank])
+        if min(rows) < 0 or not sum(rows):
+            return before, 1.0
+        return before, self.world.size * rows[self.world.rank] / sum(rows)
 
     def _broadcast_state(self, plan: CompiledPlan) -> None:
         """Every rank takes rank 0's training state (parameters, optimizer state, running
@@ -560,6 +572,8 @@ class TrainingSession:
         ex.write_scalar(RNG, launch.rng)
         if self.world is not None:  # the gradients are reduced on the steps that apply
             ex.write_scalar(REDUCE, float(launch.apply))
+            ex.write_scalar(ROW_WEIGHT, launch.row_weight)
+            ex.write_scalar(HAS_ROWS, launch.row_weight != 0.0)
             if SAMPLE_OFFSET in ex.memory.tensors:
                 ex.write_scalar(SAMPLE_OFFSET, launch.rows_before)
         if self._pipelined(launch.plan):

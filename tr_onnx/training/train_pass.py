@@ -54,6 +54,11 @@ PARAMS_SPAN, GRADS_SPAN = "__params", "__grads"
 # data parallelism: the rows of the global batch before this rank's, written each step, so a
 # batch-major dropout mask is the global batch's, rows of this rank (``sample_offset``)
 SAMPLE_OFFSET = "__sample_offset"
+# data parallelism: this rank's share of the global batch's gradient, size * rows / total rows
+# (1 when every rank has as many rows), written each step; it seeds the backward pass, so the
+# mean over the ranks (GradAllReduceWait) is the mean over the global batch's rows
+ROW_WEIGHT = "__row_weight"
+HAS_ROWS = "__has_rows"  # data parallelism: whether this rank has rows in this global batch
 # the step guard's OPT_STATE tensors (``add_step_guard``)
 BAD_BATCH, REJECT, APPLIED, STEP_REPORT = "__bad_batch", "__reject", "__applied", "__step_report"
 INTERNAL = "ai.tr_onnx"
@@ -456,7 +461,30 @@ def add_backward(graph: Graph, loss: Value, trainable: list[Value], registry: Op
         seed = Value(LOSS_SCALE, (), np.dtype(np.float32), ir.STATE,
                      data=np.array(cfg.loss_scale["init"], np.float32))
         graph.values[seed.name] = seed
+    weight = graph.values.get(ROW_WEIGHT)
+    if weight is not None:  # data parallelism: d(objective)/d(loss) is this rank's share
+        b = GradBuilder(graph, registry, backend, prefix="loss")
+        b.anchor = loss.producer  # the loss's own gradient (half precision: a float32 island)
+        seed = weight if seed is None else b.op("Mul", [seed, weight])
+        if loss.shape:
+            seed = b.op("Expand", [seed, b.ints(loss.shape)])
     return differentiate(graph, loss, trainable, registry, backend, seed=seed)
+
+
+def add_rank_loss(b: GradBuilder, cfg: TrainConfig, loss: Value) -> Value:
+    """Data parallelism: the per-step inputs ``ROW_WEIGHT`` (``add_backward`` seeds with it)
+    and ``HAS_ROWS``, and the loss this rank reports and checks: ``ROW_WEIGHT`` (0) where the
+    rank has no rows in this global batch (its mean over no rows is NaN, which would make every
+    rank drop the step), else ``loss``. Without a world, ``loss`` itself. (No constant: the
+    CONST region is one process's less the backward pass's seed of 1.)"""
+    if cfg.world is None:
+        return loss
+    weight = Value(ROW_WEIGHT, (), loss.dtype, ir.INPUT)
+    has_rows = Value(HAS_ROWS, (), np.dtype(bool), ir.INPUT)
+    for v in (weight, has_rows):
+        b.graph.values[v.name] = v
+        b.graph.inputs.append(v)
+    return b.op("Where", [has_rows, loss, weight])
 
 
 def add_grad_accumulators(b: GradBuilder, trainable: list[Value],
@@ -553,11 +581,16 @@ def add_spans(graph: Graph, trainable: list[Value], accumulators: dict[str, Valu
               for state in optimizer.state)]
 
 
-def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]]) -> None:
+def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]], cfg: TrainConfig) -> None:
     """The ``commit`` phase: running statistics take the values the training-mode BatchNorms
-    computed (only after a step whose loss and gradients were finite)."""
+    computed (only after a step whose loss and gradients were finite). Data parallel without
+    ``sync_batchnorm``, a rank with no rows in this global batch (``HAS_ROWS`` false) keeps its
+    own: statistics of no rows are NaN (synchronised ones are the world's rows')."""
     b.phase = "commit"
+    has_rows = None if cfg.sync_batchnorm else b.graph.values.get(HAS_ROWS)
     for stat, new in commits:
+        if has_rows is not None:
+            new = b.op("Where", [has_rows, new, stat])
         b.op("Assign", [stat, new], domain=INTERNAL, shapes=[])
 
 

@@ -11,7 +11,8 @@ Across ranks (the session's ``World``, from ``mpiexec``/``srun``): ``batch_size`
 one rank, and the batches above are global batches of ``size * batch_size`` rows, drawn in the
 same order on every rank (one seed). Rank r takes rows ``[r*m//size, (r+1)*m//size)`` of a global
 batch of m rows (``[r*b, (r+1)*b)`` of a full one), so N ranks with batch b see the samples one
-process with batch N*b sees, and with the gradients averaged they train like it. Losses and
+process with batch N*b sees, and with each rank's gradient weighted by its rows (a last batch's
+shares differ, some may be empty) they train like it. Losses and
 accuracies are sums and counts reduced across ranks each batch, never a mean of means. Rank 0
 alone prints, draws the progress line and writes metrics, plots and checkpoints; a checkpoint
 records the global batch size, so a run of another world size resumes it at the same sample.
@@ -283,8 +284,8 @@ class Trainer:
     With a session of several ranks (``distributed=``), ``batch_size`` and ``val_batch_size``
     are per rank and every rank calls ``fit`` (see the module docstring for the sharding); the
     loss, accuracy and samples/s are those of all ranks, and rank 0 alone logs, shows progress
-    (also when stderr is not a terminal: launchers give ranks pipes) and writes files. A last
-    global batch with fewer rows than ranks is left out of each epoch (logged).
+    (also when stderr is not a terminal: launchers give ranks pipes) and writes files. In a
+    last global batch with fewer rows than ranks, the ranks without a row add nothing.
     """
 
     def __init__(self, session: TrainingSession, train_data: Dataset,
@@ -337,16 +338,9 @@ class Trainer:
         self._data_crc: int | None = None
 
     def _count_batches(self) -> int:
-        n, gb, ranks = self.n_train, self.global_batch_size, self.world.size
-        batches = -(-n // gb)
-        if 0 < n % gb < ranks:  # a rank would get no row: every rank leaves the batch out
-            batches -= 1
-            self.log(f"{n} samples in global batches of {gb} ({ranks} ranks x {self.batch_size})"
-                     f" leave a last batch of {n % gb} rows, fewer than the ranks: it is left "
-                     "out of each epoch")
-        if not batches:
-            raise InputError(f"train_data: {n} samples cannot give each of {ranks} ranks a row")
-        return batches
+        # a last batch of fewer rows than ranks leaves some ranks none: they add nothing (the
+        # session weighs each rank's gradient by its rows)
+        return -(-self.n_train // self.global_batch_size)
 
     def _shard(self, rows: np.ndarray) -> np.ndarray:
         """This rank's part of the global batch ``rows``: ``[r*m//size, (r+1)*m//size)``."""
