@@ -5,7 +5,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(_ROOT), str(_ROOT / "tests")]  # this checkout's tr_onnx, not an installed one
 
 from node_suite import all_cases, classify  # noqa: E402
 

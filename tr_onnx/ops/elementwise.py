@@ -536,6 +536,17 @@ def cast_numpy(ctx):
     return run
 
 
+def bitcast_numpy(ctx):
+    """BitCast: the same bytes read as the output's type (of the same width; the schema's
+    type check refuses others)."""
+    dtype = ctx.outputs[0].dtype
+
+    def run(ins, outs, ws):
+        np.copyto(outs[0], ins[0].view(dtype))
+
+    return run
+
+
 def copy_numpy(ctx):
     """Identity where it cannot be a view (layouts differ): a strided copy."""
 
@@ -671,6 +682,7 @@ def tr_onnx_op_definitions():
               forwards_params=True),
         OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True,
               gradient=_cast_vjp, grad_inputs=(0,), forwards_params=True),
+        OpDef("BitCast", (26,), {"numpy": bitcast_numpy}, differentiable=False),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
               differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
