@@ -28,6 +28,13 @@ EXCLUDED: dict[str, str] = {
     # two differ by 2 float16 ulps at 2 of 192 elements, past the suite's rtol 1e-3.
     "test_attention_4d_causal_fp16_expanded": "expected values are float16 reference arithmetic; "
     "ours is closer to the float64 result yet 2 ulps from theirs at 2 of 192 elements",
+    # Measured: the expected values are numpy 2's float32 (complex64) inverse FFT, 112 of 200
+    # values off the float64 inverse rounded to float32 (by up to 1.9e-6); where that inverse
+    # is 0 they hold 1.9e-7, past the suite's atol 1e-7. Ours (a float64 DFT matrix) equals
+    # the rounded float64 inverse at 190 of 200 and is 4e-15 off at the 10 zeros. The forward,
+    # rfft, irfft and axis cases pass as they are.
+    "test_dft_inverse(_opset19)?": "expected values are float32 FFT rounding (1.9e-7 where the "
+    "exact inverse is 0, atol 1e-7); ours is the float64 inverse",
     # the expected list starts with a 0-d tensor, and the runner's comparison of list items
     # calls len() on it (a TypeError before any value is compared); test_control_flow.py
     # compares the same case's lists item by item
