@@ -1,6 +1,8 @@
-"""Conv and ConvTranspose, and the sliding-window arithmetic the pools share (``Window``).
+"""Conv, ConvTranspose and CausalConvWithState, and the sliding-window arithmetic the pools
+share (``Window``).
 
-All kernels compute channels-last: a feature map ``[N, C, *S]`` is read as its ``[N, *S, C]``
+All kernels but CausalConvWithState's (plain ``[N, C, L]``, a depthwise sum of taps) compute
+channels-last: a feature map ``[N, C, *S]`` is read as its ``[N, *S, C]``
 view (near-contiguous over the physical NHWC buffer) and the output is written through the
 same kind of view. Conv is im2col + one matmul per group (``im2col_nhwc``); depthwise Conv
 accumulates kernel taps instead; ConvTranspose is one matmul per group + col2im
@@ -27,7 +29,16 @@ from ..dtypes import accumulator_dtype
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
-from ..opdef import CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, PLAIN, SPATIAL, LayoutRule, OpDef
+from ..opdef import (
+    CHANNEL_VECTOR,
+    CHANNELS_LAST,
+    CONV_WEIGHT,
+    PLAIN,
+    PLAIN_ONLY,
+    SPATIAL,
+    LayoutRule,
+    OpDef,
+)
 
 CONV_LAYOUT = LayoutRule(inputs=SPATIAL.inputs, outputs=SPATIAL.outputs,
                          weights={1: CONV_WEIGHT, 2: CHANNEL_VECTOR})
@@ -852,9 +863,59 @@ def conv_transpose_vjp(b, node, gys, needed):
     return grads
 
 
+# --------------------------------------------------------------------------------------------
+# CausalConvWithState: a depthwise causal 1-D convolution that carries its last k-1 inputs
+# --------------------------------------------------------------------------------------------
+
+
+def causal_conv_with_state_numpy(ctx):
+    """``y[b, c, t] = act(bias[c] + sum_j w[c, 0, j] * p[b, c, t + j])`` over
+    ``p = concat(past_state or zeros, x)`` (length + k - 1 samples); ``present_state`` is the
+    last k - 1 of ``p``. Accumulated tap by tap in float64 (one multiply-add per tap, as the
+    depthwise Conv does); ``activation`` silu/swish is ``y * sigmoid(y)``."""
+    batch, channels, length = ctx.inputs[0].shape
+    taps = ctx.inputs[1].shape[2]
+    activation = ctx.attrs.get("activation", "none")
+    if isinstance(activation, bytes):
+        activation = activation.decode()
+    if activation not in ("none", "silu", "swish"):
+        raise ctx.error(f"activation {activation!r} is not none, silu or swish")
+    has_bias, has_state = ctx.has_input(2), ctx.has_input(3)
+    padded = ctx.workspace((batch, channels, length + taps - 1), np.float64)
+    acc = ctx.workspace((batch, channels, length), np.float64)
+    tmp = ctx.workspace((batch, channels, length), np.float64)
+
+    def run(ins, outs, ws):
+        p, y, t = ws[padded], ws[acc], ws[tmp]
+        x, w = ins[0], ins[1]
+        if has_state:
+            np.copyto(p[:, :, :taps - 1], ins[3])
+        else:
+            p[:, :, :taps - 1] = 0
+        np.copyto(p[:, :, taps - 1:], x)
+        np.multiply(p[:, :, 0:length], w[None, :, 0, 0:1], out=y)
+        for j in range(1, taps):
+            np.multiply(p[:, :, j:j + length], w[None, :, 0, j:j + 1], out=t)
+            np.add(y, t, out=y)
+        if has_bias:
+            np.add(y, ins[2][None, :, None], out=y)
+        if activation != "none":
+            np.negative(y, out=t)
+            np.exp(t, out=t)
+            np.add(t, 1, out=t)
+            np.divide(y, t, out=y)
+        np.copyto(outs[0], y)
+        if len(outs) > 1 and outs[1] is not None:
+            np.copyto(outs[1], p[:, :, length:])
+
+    return run
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
+        OpDef("CausalConvWithState", (27,), {"numpy": causal_conv_with_state_numpy},
+              layout=PLAIN_ONLY, differentiable=False),
         OpDef("Conv", (1, 11, 22), {"numpy": conv_numpy}, layout=CONV_LAYOUT,
               differentiable=True, gradient=conv_vjp, param_inputs=(1, 2)),
         OpDef("ConvTranspose", (1, 11, 22), {"numpy": conv_transpose_numpy}, layout=CONV_LAYOUT,
