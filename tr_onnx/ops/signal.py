@@ -1,5 +1,5 @@
-"""Signal processing: the window generators (HannWindow, HammingWindow, BlackmanWindow) and the
-Fourier transforms (DFT, STFT).
+"""Signal processing: the window generators (HannWindow, HammingWindow, BlackmanWindow), the
+Fourier transforms (DFT, STFT) and MelWeightMatrix.
 
 A transform is a product with a plan-time DFT matrix in float64 (no FFT: ``np.fft`` allocates
 its result each call, a matrix product writes into workspace): complex values are the last
@@ -171,6 +171,37 @@ def stft_numpy(ctx):
     return run
 
 
+def mel_weight_matrix_value(ctx) -> np.ndarray:
+    """[dft_length // 2 + 1, num_mel_bins] triangular filters, as onnx.reference builds them:
+    mel edges 2595 log10(1 + f / 700) spaced by (high - low) / (num_mel_bins + 2), their
+    spectrogram bins floor((dft_length + 1) f / sample_rate)."""
+    mel_bins, dft_length, sample_rate = (int(np.asarray(ctx.const(i)).reshape(()))
+                                         for i in range(3))
+    low, high = (2595 * np.log10(1 + float(np.asarray(ctx.const(i)).reshape(())) / 700)
+                 for i in (3, 4))
+    mels = low + np.arange(mel_bins + 2) * (high - low) / (mel_bins + 2)
+    edges = ((dft_length + 1) * (700 * (10 ** (mels / 2595) - 1)) // sample_rate).astype(int)
+    out = np.zeros((dft_length // 2 + 1, mel_bins))
+    for i in range(mel_bins):
+        left, center, right = edges[i:i + 3]
+        if center == left:
+            out[center, i] = 1
+        else:
+            out[left:center + 1, i] = (np.arange(left, center + 1) - left) / (center - left)
+        if right > center:
+            out[center:right, i] = (right - np.arange(center, right)) / (right - center)
+    return out.astype(ctx.outputs[0].dtype)
+
+
+def mel_weight_matrix_numpy(ctx):
+    value = mel_weight_matrix_value(ctx)
+
+    def run(ins, outs, ws):
+        np.copyto(outs[0], value)
+
+    return run
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     windows = [OpDef(op, (17,), {"numpy": window_numpy(formula)}, const_inputs=(0,),
@@ -179,5 +210,7 @@ def tr_onnx_op_definitions():
                                    ("BlackmanWindow", blackman))]
     return windows + [
         OpDef("DFT", (17, 20), {"numpy": dft_numpy}, const_inputs=(1, 2), differentiable=False),
+        OpDef("MelWeightMatrix", (17,), {"numpy": mel_weight_matrix_numpy},
+              const_inputs=(0, 1, 2, 3, 4), differentiable=False),
         OpDef("STFT", (17,), {"numpy": stft_numpy}, const_inputs=(1, 3), differentiable=False),
     ]
