@@ -555,6 +555,16 @@ def swiglu_numpy(ctx):
     return run
 
 
+def binarizer_numpy(ctx):
+    """ai.onnx.ml Binarizer: 1 where x > threshold, else 0 (NaN gives 0), in x's type."""
+    threshold = float(ctx.attrs.get("threshold", 0.0))
+
+    def run(ins, outs, ws):
+        np.greater(ins[0], threshold, out=outs[0], casting="unsafe")
+
+    return run
+
+
 def bitcast_numpy(ctx):
     """BitCast: the same bytes read as the output's type (of the same width; the schema's
     type check refuses others)."""
@@ -703,6 +713,8 @@ def tr_onnx_op_definitions():
               gradient=_cast_vjp, grad_inputs=(0,), forwards_params=True),
         OpDef("BitCast", (26,), {"numpy": bitcast_numpy}, differentiable=False),
         OpDef("SwiGLU", (28,), {"numpy": swiglu_numpy}, differentiable=False),
+        OpDef("Binarizer", (1,), {"numpy": binarizer_numpy}, domain="ai.onnx.ml",
+              differentiable=False),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
               differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},

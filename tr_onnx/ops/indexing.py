@@ -23,7 +23,7 @@ import numpy as np
 from .. import host_blas
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import PLAIN_ONLY, OpDef
 from .conv import merged_view
 from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis, zeros_like
 
@@ -439,9 +439,22 @@ def tensor_scatter_numpy(ctx):
     return run
 
 
+def array_feature_extractor_numpy(ctx):
+    """ai.onnx.ml ArrayFeatureExtractor: the last axis's elements at the (flattened) indices;
+    a 1-D input gives one row, as onnxruntime does."""
+    taken = ctx.inputs[0].shape[:-1] + (math.prod(ctx.inputs[1].shape),)
+
+    def run(ins, outs, ws):
+        np.take(ins[0], ins[1].reshape(-1), axis=-1, out=outs[0].reshape(taken))
+
+    return run
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
+        OpDef("ArrayFeatureExtractor", (1,), {"numpy": array_feature_extractor_numpy},
+              domain="ai.onnx.ml", layout=PLAIN_ONLY, differentiable=False),
         OpDef("TensorScatter", (24,), {"numpy": tensor_scatter_numpy}, differentiable=False),
         OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
               gradient=gather_vjp, grad_inputs=DATA_INPUT, param_inputs=DATA_INPUT),
