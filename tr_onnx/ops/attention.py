@@ -607,7 +607,7 @@ def swish_vjp(b, node, gys, needed):
 # ---- LinearAttention: a recurrent state instead of a softmax over all keys ------------------
 
 
-def _heads(x: np.ndarray, heads: int) -> np.ndarray:
+def _split_heads_f64(x: np.ndarray, heads: int) -> np.ndarray:
     """[B, T, H*D] as a float64 [B, H, T, D] array."""
     b, t, hd = x.shape
     return x.reshape(b, t, heads, hd // heads).transpose(0, 2, 1, 3).astype(np.float64)
@@ -638,12 +638,13 @@ def linear_attention_numpy(ctx):
     has_past = ctx.has_input(3)
 
     def run(ins, outs, ws):
-        q, k, v = _heads(ins[0], q_heads), _heads(ins[1], kv_heads), _heads(ins[2], kv_heads)
+        q, k, v = (_split_heads_f64(ins[i], n) for i, n in
+                   ((0, q_heads), (1, kv_heads), (2, kv_heads)))
         state = ins[3].astype(np.float64) if has_past else np.zeros((b, kv_heads, d_k, d_v))
         if gated:
             decay = ins[4]
             decay = (decay.reshape(b, t, kv_heads, 1).transpose(0, 2, 1, 3)
-                     if decay.shape[-1] == kv_heads else _heads(decay, kv_heads))
+                     if decay.shape[-1] == kv_heads else _split_heads_f64(decay, kv_heads))
         if delta:
             beta = ins[5].reshape(b, t, ins[5].shape[-1], 1).transpose(0, 2, 1, 3)
         y = np.empty((b, q_heads, t, d_v))
