@@ -35,6 +35,11 @@ EXCLUDED: dict[str, str] = {
     # rfft, irfft and axis cases pass as they are.
     "test_dft_inverse(_opset19)?": "expected values are float32 FFT rounding (1.9e-7 where the "
     "exact inverse is 0, atol 1e-7); ours is the float64 inverse",
+    # FlexAttention's score_mod / prob_mod are subgraphs a kernel would have to run per call;
+    # the same cases' _expanded_ver26 forms (the subgraphs inlined) run and pass
+    "test_flexattention_(score_mod|prob_mod|causal_mask|soft_cap|relative_positional)":
+    "FlexAttention with a score_mod / prob_mod subgraph is not supported (its expanded form "
+    "passes)",
     # the expected list starts with a 0-d tensor, and the runner's comparison of list items
     # calls len() on it (a TypeError before any value is compared); test_control_flow.py
     # compares the same case's lists item by item

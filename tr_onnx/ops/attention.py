@@ -665,9 +665,39 @@ def linear_attention_numpy(ctx):
     return run
 
 
+def flex_attention_numpy(ctx):
+    """ai.onnx.preview FlexAttention without modifier subgraphs: ``softmax(Q K^T scale) V``,
+    each query head reading K/V head ``h // group``; in float64 (at least any
+    ``softmax_precision``), rounded once."""
+    for name in ("score_mod", "prob_mod"):
+        if ctx.attrs.get(name) is not None:
+            raise ctx.error(f"{name} subgraphs are not supported")
+    b, q_heads, q_len, d = ctx.inputs[0].shape
+    kv_heads = ctx.inputs[1].shape[1]
+    if q_heads % kv_heads:
+        raise ctx.error(f"{q_heads} query heads are not a multiple of {kv_heads} K/V heads")
+    group = q_heads // kv_heads
+    scale = ctx.attrs.get("scale")
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+
+    def run(ins, outs, ws):
+        q = ins[0].astype(np.float64).reshape(b, kv_heads, group, q_len, d)
+        k, v = ins[1].astype(np.float64), ins[2].astype(np.float64)
+        scores = np.einsum("bhgqd,bhkd->bhgqk", q, k) * scale
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        y = np.einsum("bhgqk,bhkv->bhgqv", scores, v)
+        np.copyto(outs[0], y.reshape(outs[0].shape))
+
+    return run
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
+        OpDef("FlexAttention", (1,), {"numpy": flex_attention_numpy}, domain="ai.onnx.preview",
+              layout=PLAIN_ONLY, differentiable=False),
         OpDef("LinearAttention", (27,), {"numpy": linear_attention_numpy}, layout=PLAIN_ONLY,
               differentiable=False),
         OpDef("Attention", (23, 24, 25), {"numpy": attention_numpy}, layout=PLAIN_ONLY,
