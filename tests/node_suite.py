@@ -1,4 +1,4 @@
-"""Which cases of ONNX's backend node suite concern the ops we register, and why any is left out.
+"""Which cases of ONNX's backend node suite run in CI, and why each other one is left out.
 
 Used by ``test_onnx_node_suite.py`` and by ``scripts/node_suite_report.py`` (README numbers).
 """
@@ -12,7 +12,7 @@ import onnx
 from onnx.backend.test.loader import load_model_tests
 
 from tr_onnx.dtypes import is_supported
-from tr_onnx.registry import canonical_domain, default_registry
+from tr_onnx.registry import default_registry
 
 # Cases that concern a registered op but are left out, each with its reason. Regexes match
 # whole test names (without the ``_cpu`` suffix).
@@ -28,6 +28,18 @@ EXCLUDED: dict[str, str] = {
     # two differ by 2 float16 ulps at 2 of 192 elements, past the suite's rtol 1e-3.
     "test_attention_4d_causal_fp16_expanded": "expected values are float16 reference arithmetic; "
     "ours is closer to the float64 result yet 2 ulps from theirs at 2 of 192 elements",
+    # Measured: the expected values are numpy 2's float32 (complex64) inverse FFT, 112 of 200
+    # values off the float64 inverse rounded to float32 (by up to 1.9e-6); where that inverse
+    # is 0 they hold 1.9e-7, past the suite's atol 1e-7. Ours (a float64 DFT matrix) equals
+    # the rounded float64 inverse at 190 of 200 and is 4e-15 off at the 10 zeros. The forward,
+    # rfft, irfft and axis cases pass as they are.
+    "test_dft_inverse(_opset19)?": "expected values are float32 FFT rounding (1.9e-7 where the "
+    "exact inverse is 0, atol 1e-7); ours is the float64 inverse",
+    # FlexAttention's score_mod / prob_mod are subgraphs a kernel would have to run per call;
+    # the same cases' _expanded_ver26 forms (the subgraphs inlined) run and pass
+    "test_flexattention_(score_mod|prob_mod|causal_mask|soft_cap|relative_positional)":
+    "FlexAttention with a score_mod / prob_mod subgraph is not supported (its expanded form "
+    "passes)",
     # the expected list starts with a 0-d tensor, and the runner's comparison of list items
     # calls len() on it (a TypeError before any value is compared); test_control_flow.py
     # compares the same case's lists item by item
@@ -63,19 +75,16 @@ def all_cases():
 
 @lru_cache(maxsize=1)
 def classify() -> tuple[list[str], dict[str, str]]:
-    """(included test names, {excluded test name: reason}) over the cases touching our ops.
+    """(included test names, {excluded test name: reason}) over every case the suite loads.
 
-    A case counts when one of its nodes is an op we register; an ``_expanded`` case (another op's
-    function body) counts only when we register all of its ops.
+    Every case is in exactly one of the two, so the exclusions (with their reasons) are the
+    whole list of what CI does not run.
     """
     registry = default_registry()
-    ours = {(d, o) for d, o in registry.op_types("numpy") if d != "ai.tr_onnx"}
     included, excluded = [], {}
     for case in all_cases():
         model = case.model
         ops = list(_model_ops(model))
-        if not any((canonical_domain(n.domain), n.op_type) in ours for n, _ in ops):
-            continue
         reason = next((r for pat, r in EXCLUDED.items() if re.fullmatch(pat, case.name)), None)
         if reason is None and any(t is None or not is_supported(t) for t in _elem_types(model)):
             reason = "element type the numpy backend cannot hold (string or complex, or a " \
@@ -90,8 +99,6 @@ def classify() -> tuple[list[str], dict[str, str]]:
                     break
         if reason is None:
             included.append(case.name)
-        elif "_expanded" in case.name and reason.startswith("uses "):
-            continue  # another op's function body, not a test of ours
         else:
             excluded[case.name] = reason
     return included, excluded

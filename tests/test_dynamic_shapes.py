@@ -99,6 +99,20 @@ def unique_stats():
                   [("x", I64, [9])], [("y", I64, [2])], opset=17)
 
 
+def nms_count():
+    """How many boxes NonMaxSuppression keeps from run-time boxes and scores, and the sum of
+    their [batch, class, box] rows: static outputs of a data-dependent selection."""
+    limits = [_ints("max_out", [3]),
+              numpy_helper.from_array(np.array([0.5], np.float32), "iou"),
+              numpy_helper.from_array(np.array([0.1], np.float32), "score_min")]
+    return _model([helper.make_node("Relu", ["scores"], ["s"]),
+                   helper.make_node("NonMaxSuppression",
+                                    ["boxes", "s", "max_out", "iou", "score_min"], ["sel"]),
+                   helper.make_node("ReduceSum", ["sel", "ax0"], ["y"], keepdims=0)],
+                  [("boxes", F32, [2, 6, 4]), ("scores", F32, [2, 2, 6])], [("y", I64, [3])],
+                  [_ints("ax0", [0]), *limits])
+
+
 def runtime_if(t=F32):
     """If(sum(x) > 0): then x * w, else -x (w a weight read from the outer scope)."""
     zero = numpy_helper.from_array(np.array(0, np.float32 if t == F32 else np.float64), "zero")
@@ -137,6 +151,10 @@ def _feeds(case: str, dtype=np.float32) -> list[dict]:
                  "c": rng.random(8) > p} for p in (0.2, 0.5, 0.7)]
     if case == "unique_stats":
         return [{"x": rng.integers(0, k, 9).astype(np.int64)} for k in (3, 5, 9)]
+    if case == "nms_count":  # clusters of overlapping boxes: the kept count varies
+        return [{"boxes": np.concatenate([c, c + 0.3], axis=-1).astype(np.float32),
+                 "scores": rng.random((2, 2, 6)).astype(dtype) - 0.2}
+                for c in (rng.random((2, 6, 2)) * k for k in (0.5, 2.0, 8.0))]
     if case == "runtime_if":
         x = rng.standard_normal((2, 3)).astype(dtype)
         return [{"x": np.abs(x)}, {"x": -np.abs(x)}, {"x": np.abs(x) + 0.5}]
@@ -146,7 +164,7 @@ def _feeds(case: str, dtype=np.float32) -> list[dict]:
 MODELS = {"masked_mean": masked_mean, "compress_sum": compress_sum,
           "nested_compress": nested_compress, "unique_stats": unique_stats,
           "reshape_by_count": reshape_by_count, "tile_by_count": tile_by_count,
-          "runtime_if": runtime_if}
+          "runtime_if": runtime_if, "nms_count": nms_count}
 
 
 @pytest.mark.parametrize("case", list(MODELS))

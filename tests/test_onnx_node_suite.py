@@ -1,4 +1,4 @@
-"""ONNX's backend node suite over every case that concerns an op we register.
+"""ONNX's backend node suite: every case runs unless ``node_suite`` excludes it with a reason.
 
 Cases are built in memory by ``load_model_tests(kind="node")``; exclusions are listed with their
 reasons in ``node_suite.EXCLUDED`` (and counted in the README).
@@ -17,6 +17,13 @@ def test_node_suite_loaded_enough_cases():
     assert len(all_cases()) > LOADED_FLOOR
     included, _ = classify()
     assert len(included) > 100
+
+
+def test_node_suite_every_case_is_run_or_excluded_with_a_reason():
+    included, excluded = classify()
+    names = [case.name for case in all_cases()]
+    assert sorted(included + list(excluded)) == sorted(names)
+    assert all(reason for reason in excluded.values())
 
 
 with warnings.catch_warnings():

@@ -240,6 +240,32 @@ def _convert(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
         raise ModelLoadError(f"{name}: cannot convert opset {opset} to {target}: {exc}") from None
 
 
+# Attributes whose default ONNX's shape inference reads differently from the op's schema: STFT's
+# ``onesided`` is 1 by the schema (onnx.reference and the node suite's data agree) but 0 in its
+# inference function (onnx 1.23, defs/math/defs.cc), which then types a onesided output as full.
+_INFERENCE_DEFAULT_MISMATCH = {("", "STFT"): ("onesided", 1)}
+
+
+def _spell_out_defaults(model: onnx.ModelProto, src) -> onnx.ModelProto:
+    """``model`` with each ``_INFERENCE_DEFAULT_MISMATCH`` attribute written out where a node
+    leaves it to the default (on a copy if ``model`` is the caller's ``src``)."""
+    missing = []
+    for n in model.graph.node:
+        attr, value = _INFERENCE_DEFAULT_MISMATCH.get((canonical_domain(n.domain), n.op_type),
+                                                      (None, None))
+        if attr is not None and attr not in {a.name for a in n.attribute}:
+            missing.append((n.output[0], attr, value))
+    if not missing:
+        return model
+    if model is src:
+        model = onnx.ModelProto()
+        model.CopyFrom(src)
+    by_output = {n.output[0]: n for n in model.graph.node if n.output}
+    for output, attr, value in missing:
+        by_output[output].attribute.append(onnx.helper.make_attribute(attr, value))
+    return model
+
+
 def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
@@ -534,7 +560,7 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     original = onnx.ModelProto()
     original.CopyFrom(model)
     original_opset = default_opset(model)
-    model = _convert(model, name)
+    model = _spell_out_defaults(_convert(model, name), src)
     # IR < 4 listed initializers among the graph inputs; they are parameters, not feeds.
     init_names = {i.name for i in model.graph.initializer}
     if any(i.name in init_names for i in model.graph.input):

@@ -46,6 +46,9 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.recurrent",
     "tr_onnx.ops.quantize",
     "tr_onnx.ops.sequence",
+    "tr_onnx.ops.signal",
+    "tr_onnx.ops.ngram",
+    "tr_onnx.ops.tree_ensemble",
 )
 # each backend's bindings of the builtin ops, one module per op family (importable without the
 # backend's libraries: CuPy is imported only when a device is made)

@@ -56,7 +56,8 @@ from .errors import ShapeError
 MAX_SUBPLANS = 32
 INTERNAL = "ai.tr_onnx"
 # data-dependent producers: (domain, op_type) -> the inputs whose values decide output shapes
-DECIDING_INPUTS = {("", "NonZero"): (0,), ("", "Compress"): (1,), ("", "Unique"): (0,)}
+DECIDING_INPUTS = {("", "NonZero"): (0,), ("", "Compress"): (1,), ("", "Unique"): (0,),
+                   ("", "NonMaxSuppression"): (0, 1, 2, 3, 4)}
 FORWARD, BACKWARD = "region_forward", "region_backward"
 
 
@@ -175,8 +176,8 @@ def settle(model: onnx.ModelProto) -> onnx.ModelProto:
     for node in g.node:
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         deciding = DECIDING_INPUTS.get(key)
-        if deciding is None or not all(i < len(node.input) and node.input[i] in consts
-                                       for i in deciding):
+        if deciding is None or not all(node.input[i] in consts for i in deciding
+                                       if i < len(node.input) and node.input[i]):
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         try:
@@ -400,6 +401,7 @@ class Region:
         self.dynamic = dynamic  # sub-model inputs the producers make (their sizes key a plan)
         self.wrt: tuple[int, ...] = ()  # node input positions a gradient is asked for
         self.last = None  # the sub-plan the latest forward ran (its backward follows)
+        self.consts: dict[str, np.ndarray] = {}  # plan-time inputs the producers read
 
     @classmethod
     def from_members(cls, model, members, protos, inputs, outputs, registry) -> Region:
@@ -439,7 +441,10 @@ class Region:
         sub_model = helper.make_model(graph, opset_imports=model.opset_import,
                                       ir_version=model.ir_version, functions=model.functions)
         fed = [v.name for v in inputs if v.kind != ir.CONST]
-        return cls(sub_model, producers, fed, dynamic, [v.name for v in outputs], registry)
+        region = cls(sub_model, producers, fed, dynamic, [v.name for v in outputs], registry)
+        # a producer's constant inputs (NonMaxSuppression's limits) are read by name, not fed
+        region.consts = {v.name: np.asarray(v.data) for v in inputs if v.kind == ir.CONST}
+        return region
 
     def require_gradients(self, positions) -> None:
         """Compile sub-plans with a backward pass for these DynamicRegion input positions."""
@@ -448,7 +453,7 @@ class Region:
 
     def forward(self, ins: list, outs: list) -> None:
         """The DynamicRegion kernel: producers eagerly, then the sub-plan for their sizes."""
-        values = dict(zip(self.fed, ins))
+        values = {**self.consts, **dict(zip(self.fed, ins))}
         for p in self.producers:
             values.update(p.run(values))
         self.last = self.sub.plan(values, key=tuple(values[n].shape for n in self.dynamic))

@@ -1,6 +1,6 @@
-"""Ops whose output size depends on data: NonZero, Compress, Unique, and the nodes that run a
-data-dependent part of a graph: DynamicRegion, If (a condition known only at run time) and
-their gradient DynamicRegionGrad.
+"""Ops whose output size depends on data: NonZero, Compress, Unique, NonMaxSuppression, and the
+nodes that run a data-dependent part of a graph: DynamicRegion, If (a condition known only at
+run time) and their gradient DynamicRegionGrad.
 
 NonZero, Compress and Unique have a static plan only where their deciding input is a plan-time
 constant (then import folds them, or, for Compress with a constant condition, the kernel here
@@ -67,9 +67,63 @@ def unique_eager(attrs: dict, x: np.ndarray) -> list[np.ndarray]:
     return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
 
 
+def _box_corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
+    """[n, 4] boxes as (y_min, x_min, y_max, x_max): ONNX's corner format names two opposite
+    corners in either order; the center format is (x_center, y_center, width, height)."""
+    boxes = boxes.astype(np.float64)
+    if center_point_box:
+        x, y, half_w, half_h = boxes[:, 0], boxes[:, 1], boxes[:, 2] / 2, boxes[:, 3] / 2
+        return np.stack([y - half_h, x - half_w, y + half_h, x + half_w], axis=1)
+    return np.concatenate([np.minimum(boxes[:, :2], boxes[:, 2:]),
+                           np.maximum(boxes[:, :2], boxes[:, 2:])], axis=1)
+
+
+def _iou_with(corners: np.ndarray, i: int) -> np.ndarray:
+    """Intersection over union of box ``i`` with every box; 0 where the boxes do not overlap or
+    one has no area (such a pair never suppresses)."""
+    lo = np.maximum(corners[i, :2], corners[:, :2])
+    hi = np.minimum(corners[i, 2:], corners[:, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=1)
+    area = np.prod(corners[:, 2:] - corners[:, :2], axis=1)
+    union = area[i] + area - inter
+    valid = (inter > 0) & (area[i] > 0) & (area > 0) & (union > 0)
+    return np.where(valid, inter / np.where(valid, union, 1), 0.0)
+
+
+def non_max_suppression_eager(attrs: dict, boxes, scores, max_output=None, iou_threshold=None,
+                              score_threshold=None) -> list[np.ndarray]:
+    """Selected [batch, class, box] rows, greedily per batch and class: highest score first
+    (the lower box index first among equal scores), dropping boxes whose IoU with a kept one is
+    above ``iou_threshold``, at most ``max_output`` per class (absent: none), only scores above
+    ``score_threshold`` when given."""
+    def scalar(v, default):
+        return default if v is None or np.size(v) == 0 else np.asarray(v).reshape(-1)[0]
+
+    keep_max = max(int(scalar(max_output, 0)), 0)
+    iou_limit = float(scalar(iou_threshold, 0.0))
+    score_min = scalar(score_threshold, None)
+    boxes, scores = np.asarray(boxes), np.asarray(scores)
+    rows = []
+    for b in range(boxes.shape[0]):
+        corners = _box_corners(boxes[b], int(attrs.get("center_point_box", 0)))
+        for c in range(scores.shape[1]):
+            s = scores[b, c]
+            order = np.lexsort((np.arange(len(s)), -s.astype(np.float64)))
+            if score_min is not None:
+                order = order[s[order] > score_min]
+            kept: list[int] = []
+            for i in order:
+                if len(kept) >= keep_max:
+                    break
+                if not kept or not np.any(_iou_with(corners, i)[kept] > iou_limit):
+                    kept.append(int(i))
+            rows += [(b, c, i) for i in kept]
+    return [np.array(rows, np.int64).reshape(-1, 3)]
+
+
 # (domain, op_type) -> eager form; other producers are evaluated by onnx.reference
 EAGER = {("", "NonZero"): nonzero_eager, ("", "Compress"): compress_eager,
-         ("", "Unique"): unique_eager}
+         ("", "Unique"): unique_eager, ("", "NonMaxSuppression"): non_max_suppression_eager}
 
 
 # ---- kernels of a static plan (the deciding input known when the plan is made) --------------
@@ -99,6 +153,10 @@ def nonzero_numpy(ctx):
 
 def unique_numpy(ctx):
     return _static_kernel(unique_eager, ctx)
+
+
+def non_max_suppression_numpy(ctx):
+    return _static_kernel(non_max_suppression_eager, ctx)
 
 
 def compress_numpy(ctx):
@@ -206,6 +264,10 @@ def tr_onnx_op_definitions():
               layout=PLAIN_ONLY,
               doc="unique values/slices, first indices, inverse indices, counts; sizes are "
                   "data-dependent: a DynamicRegion runs it unless its input is constant"),
+        OpDef("NonMaxSuppression", (10, 11), {"numpy": non_max_suppression_numpy},
+              differentiable=False, layout=PLAIN_ONLY,
+              doc="selected [batch, class, box] indices; their count is data-dependent: a "
+                  "DynamicRegion runs it unless its inputs are plan-time constants"),
         OpDef("If", (1, 11, 13, 16, 19, 21, 23, 24, 25), {"numpy": dynamic_region_numpy},
               layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
               doc="a condition computed at run time: both branches planned (their outer "

@@ -536,6 +536,46 @@ def cast_numpy(ctx):
     return run
 
 
+def swiglu_numpy(ctx):
+    """SwiGLU: ``a * sigmoid(alpha a) * b`` (a and b of one shape), in float64 workspace and
+    rounded once."""
+    alpha = float(ctx.attrs.get("alpha", 1.0))
+    gate, tmp = (ctx.workspace(ctx.outputs[0].shape, np.float64) for _ in range(2))
+
+    def run(ins, outs, ws):
+        g, t = ws[gate], ws[tmp]
+        np.copyto(g, ins[0])
+        np.multiply(g, -alpha, out=t)
+        np.exp(t, out=t)
+        np.add(t, 1, out=t)
+        np.divide(g, t, out=g)
+        np.multiply(g, ins[1], out=g)
+        np.copyto(outs[0], g)
+
+    return run
+
+
+def binarizer_numpy(ctx):
+    """ai.onnx.ml Binarizer: 1 where x > threshold, else 0 (NaN gives 0), in x's type."""
+    threshold = float(ctx.attrs.get("threshold", 0.0))
+
+    def run(ins, outs, ws):
+        np.greater(ins[0], threshold, out=outs[0], casting="unsafe")
+
+    return run
+
+
+def bitcast_numpy(ctx):
+    """BitCast: the same bytes read as the output's type (of the same width; the schema's
+    type check refuses others)."""
+    dtype = ctx.outputs[0].dtype
+
+    def run(ins, outs, ws):
+        np.copyto(outs[0], ins[0].view(dtype))
+
+    return run
+
+
 def copy_numpy(ctx):
     """Identity where it cannot be a view (layouts differ): a strided copy."""
 
@@ -671,6 +711,10 @@ def tr_onnx_op_definitions():
               forwards_params=True),
         OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True,
               gradient=_cast_vjp, grad_inputs=(0,), forwards_params=True),
+        OpDef("BitCast", (26,), {"numpy": bitcast_numpy}, differentiable=False),
+        OpDef("SwiGLU", (28,), {"numpy": swiglu_numpy}, differentiable=False),
+        OpDef("Binarizer", (1,), {"numpy": binarizer_numpy}, domain="ai.onnx.ml",
+              differentiable=False),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
               differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},

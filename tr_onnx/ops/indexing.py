@@ -23,7 +23,7 @@ import numpy as np
 from .. import host_blas
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import PLAIN_ONLY, OpDef
 from .conv import merged_view
 from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis, zeros_like
 
@@ -410,9 +410,52 @@ def top_k_vjp(b, node, gys, needed):
 # ---- registration ---------------------------------------------------------------------------
 
 
+def tensor_scatter_numpy(ctx):
+    """TensorScatter (a KV cache update): ``present`` is ``past`` with ``update``'s slices
+    written along ``axis`` from each batch row's ``write_indices[b]`` (0 when absent), wrapping
+    round the axis in ``circular`` mode."""
+    shape = ctx.inputs[0].shape
+    axis = positive_axis(ctx.attrs.get("axis", -2), len(shape))
+    if axis == 0:
+        raise ctx.error("axis 0 is the batch axis that write_indices index")
+    mode = ctx.attrs.get("mode", "linear")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in ("linear", "circular"):
+        raise ctx.error(f"mode {mode!r} is not linear or circular")
+    steps = np.arange(ctx.inputs[1].shape[axis])
+    size, has_indices = shape[axis], ctx.has_input(2)
+
+    def run(ins, outs, ws):
+        past, update, y = ins[0], ins[1], outs[0]
+        if not np.may_share_memory(y, past):
+            np.copyto(y, past)
+        for b in range(shape[0]):
+            rows = steps + (int(ins[2][b]) if has_indices else 0)
+            if mode == "circular":
+                rows %= size
+            np.moveaxis(y[b], axis - 1, 0)[rows] = np.moveaxis(update[b], axis - 1, 0)
+
+    return run
+
+
+def array_feature_extractor_numpy(ctx):
+    """ai.onnx.ml ArrayFeatureExtractor: the last axis's elements at the (flattened) indices;
+    a 1-D input gives one row, as onnxruntime does."""
+    taken = ctx.inputs[0].shape[:-1] + (math.prod(ctx.inputs[1].shape),)
+
+    def run(ins, outs, ws):
+        np.take(ins[0], ins[1].reshape(-1), axis=-1, out=outs[0].reshape(taken))
+
+    return run
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
+        OpDef("ArrayFeatureExtractor", (1,), {"numpy": array_feature_extractor_numpy},
+              domain="ai.onnx.ml", layout=PLAIN_ONLY, differentiable=False),
+        OpDef("TensorScatter", (24,), {"numpy": tensor_scatter_numpy}, differentiable=False),
         OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
               gradient=gather_vjp, grad_inputs=DATA_INPUT, param_inputs=DATA_INPUT),
         OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True,

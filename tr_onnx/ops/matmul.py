@@ -365,9 +365,20 @@ def einsum_vjp(b, node, gys, needed):
     return grads
 
 
+def det_numpy(ctx):
+    """Det of each [..., M, M] matrix: LAPACK's LU in float64 (a temporary per call), rounded
+    once."""
+
+    def run(ins, outs, ws):
+        np.copyto(outs[0], np.linalg.det(ins[0].astype(np.float64)))
+
+    return run
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
+        OpDef("Det", (11, 22), {"numpy": det_numpy}, differentiable=False),
         OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": compute_wide(gemm_numpy)}, layout=MATMUL,
               differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2)),
         OpDef("MatMul", (1, 9, 13), {"numpy": compute_wide(matmul_numpy)}, layout=MATMUL,
