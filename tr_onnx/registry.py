@@ -29,6 +29,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.indexing",
     "tr_onnx.ops.matmul",
     "tr_onnx.ops.conv",
+    "tr_onnx.ops.conv_variants",
     "tr_onnx.ops.fused_conv",
     "tr_onnx.ops.pool",
     "tr_onnx.ops.normalization",
