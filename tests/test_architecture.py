@@ -12,7 +12,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tr_onnx"
 CORE = ("ir", "layouts", "dtypes", "errors", "opdef", "hookspecs", "registry", "memory",
-        "importer", "feeds", "export_advice", "legacy_opsets", "shape_checks", "host_blas")
+        "importer", "feeds", "export_advice", "legacy_opsets", "shape_checks", "host_blas",
+        "torch_metadata")
 
 
 def _modules() -> dict[str, Path]:

@@ -28,6 +28,7 @@ import onnx
 from onnx import numpy_helper
 
 from .importer import ImportedModel
+from .torch_metadata import exported_parameters, folded_from, module_of, rewrite_rules
 
 README = "README 'Exporting a model for training'"
 # Ops that normalise activations. Any of them in a conv net means BatchNorm was not folded
@@ -41,6 +42,8 @@ NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormaliza
 # DenseNets put the BatchNorm before the conv, so "directly followed" is not enough).
 CHANNEL_NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormalization"}
 CONVOLUTIONS = ("Conv", "ConvTranspose")
+# onnxscript's optimizer (the dynamo exporter's) fuses a BatchNorm into these layers
+FUSED_INTO = {"Conv", "ConvTranspose", "Gemm"}
 # Between a layer and the normalisation after it, exporters put only these.
 _PASS_THROUGH = {"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
 # Fewer convolutions than this without normalisation is common by design (LeNet, tutorial
@@ -96,6 +99,8 @@ class _Graph:
             for name in node.output:
                 self.producer[name] = node
         self.op_types = {n.op_type for n in self.nodes}
+        self.exported = exported_parameters(proto)  # the dynamo exporter's record, or empty
+        self.folded = folded_from(proto)
 
     @staticmethod
     def label(node: onnx.NodeProto, index: int | None = None) -> str:
@@ -123,9 +128,43 @@ def _has_bias(node: onnx.NodeProto) -> bool:
     return len(node.input) > 2 and bool(node.input[2])
 
 
+def _fused_batchnorm(node: onnx.NodeProto) -> str | None:
+    """The BatchNorm that onnxscript's optimizer fused into ``node`` (its module, where the
+    export recorded it), or None. The dynamo exporter's optimizer folds every BatchNorm that
+    directly follows a Conv, ConvTranspose or Gemm of an eval-mode export, and keeps the
+    others (a DenseNet's BatchNorm after each concatenation): the rewritten node records the
+    rule in its metadata, and a layer that had no bias gets one named after its weight."""
+    if "FuseBatchNormInto" not in rewrite_rules(node):
+        if node.op_type not in FUSED_INTO or len(node.input) < 3 or \
+                node.input[2] != node.input[1] + "_bias":
+            return None
+    return module_of(node) or "a BatchNorm"
+
+
+def fused_batchnorm(g: _Graph) -> list[ExportAdvice]:
+    """Layers into which the dynamo exporter's optimizer fused a BatchNorm (whether or not
+    other BatchNorm layers remain)."""
+    fused = [(g.label(n, i), bn) for i, n in enumerate(g.nodes)
+             if (bn := _fused_batchnorm(n)) is not None]
+    if not fused:
+        return []
+    names = [f"{label}: {bn}" for label, bn in fused]
+    return [ExportAdvice(
+        "folded-batchnorm",
+        f"{_listed(names, 'layers')} hold a BatchNorm that the torch dynamo exporter's "
+        "optimizer fused into them (its FuseBatchNormInto* rule, on an eval-mode export). "
+        "Training trains that folded function (no batch statistics, no running statistics), "
+        "not what PyTorch's train() does, and drifts from it (measured: a torchvision "
+        "DenseNet, 2e-2 in loss after 5 SGD steps). Export with torch.onnx.export(..., "
+        f"dynamo=True, optimize=False) or dynamo=False, do_constant_folding=False ({README}).",
+        tuple(label for label, _ in fused))]
+
+
 def folded_batchnorm(g: _Graph) -> list[ExportAdvice]:
     """Many convolutions, no normalisation anywhere, biases on all of them (or, after the
     dynamo exporter dropped the all-zero folded biases of a fresh model, on none)."""
+    if fused := fused_batchnorm(g):
+        return fused
     convs = [(i, n) for i, n in enumerate(g.nodes) if n.op_type in CONVOLUTIONS]
     if len(convs) < MIN_CONVS_FOLDED or g.op_types & NORMALIZATIONS:
         return []
@@ -147,6 +186,36 @@ def folded_batchnorm(g: _Graph) -> list[ExportAdvice]:
         f"exporter, optimize=False ({README}). Ignore this for a network designed without "
         "normalization (AlexNet, VGG without BN, SqueezeNet).",
         tuple(names))]
+
+
+def removed_biases(g: _Graph) -> list[ExportAdvice]:
+    """Layers whose bias the dynamo exporter's optimizer removed: the rule it recorded on the
+    node, and a ``<layer>.bias`` the export's signature lists as a parameter. Exact where the
+    heuristic of ``dropped_biases`` cannot judge (a convolution followed by a LayerNorm, as in
+    ConvNeXt, whose biases the LayerNorm does not cancel)."""
+    if not g.exported:
+        return []
+    layers = []
+    for i, node in enumerate(g.nodes):
+        if "RemoveOptionalBiasFrom" not in rewrite_rules(node) or len(node.input) < 2:
+            continue  # (the rule also fires where the exporter wrote a zero bias itself)
+        weight = node.input[1]
+        layer = next((s.removesuffix(".weight") for s in [weight, *g.folded.get(weight, ())]
+                      if s.endswith(".weight")), None)
+        if layer is not None and f"{layer}.bias" in g.exported:
+            layers.append((g.label(node, i), f"{layer}.bias"))
+    if not layers:
+        return []
+    return [ExportAdvice(
+        "dropped-biases",
+        f"{_listed((f'{n}: {b}' for n, b in layers), 'layers')} lost their bias to the torch "
+        "dynamo exporter's optimizer (its RemoveOptionalBiasFrom* rule removes every all-zero "
+        "bias; a freshly initialised "
+        "model's biases are zero): a removed bias is not a parameter of the ONNX model, so "
+        "training does not learn it, where PyTorch would (measured: a torchvision ConvNeXt, "
+        "0.17 in loss after 4 SGD steps). Export with torch.onnx.export(..., dynamo=True, "
+        f"optimize=False) or with dynamo=False ({README}).",
+        tuple(n for n, _ in layers))]
 
 
 def dropped_biases(g: _Graph, folded: bool) -> list[ExportAdvice]:
@@ -247,7 +316,9 @@ def merged_initializers(g: _Graph, split: Collection[str] = ()) -> list[ExportAd
     initializers into one (the classic exporter shares them through Identity nodes, which
     training unties). ``split``: those training splits back by the readers' modules."""
     merged = []
-    for name in (p for p in g.params if p not in split):
+    # the merged initializer keeps one parameter's name; where the export lists its
+    # parameters, an equal-valued constant (Swin's shift-mask ids) read twice is no sign
+    for name in (p for p in g.params if p not in split and (not g.exported or p in g.exported)):
         users = [n for n in g.consumers.get(name, ()) if n.op_type != "Identity"]
         if len(users) < 2 or int(np.prod(g.inits[name].dims)) < 2:
             continue
@@ -289,4 +360,5 @@ def export_advice(model: ImportedModel | onnx.ModelProto, tied: Collection[str] 
         g = _Graph(model, None)
     folded = folded_batchnorm(g)
     untied = [a for a in untied_weights(g) if a.names[0] not in tied]
-    return folded + dropped_biases(g, bool(folded)) + untied + merged_initializers(g, split)
+    dropped = removed_biases(g) or dropped_biases(g, bool(folded))
+    return folded + dropped + untied + merged_initializers(g, split)

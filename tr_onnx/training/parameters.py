@@ -53,9 +53,7 @@ purpose (ALBERT's layers) reads it from one module and stays one.
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -67,11 +65,8 @@ from .. import ir
 from ..importer import opdef_for
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
+from ..torch_metadata import exported_parameters, folded_from, input_kinds, module_of
 
-SIGNATURE_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-GRAPH_SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
-FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # a node's module path, outermost first
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 _SOFTMAX = {"Softmax", "LogSoftmax"}
@@ -145,9 +140,9 @@ def parameter_sharing(imported, tie: bool | None = None) -> ParamSharing:
 def parameter_roles(imported, sharing: ParamSharing | None = None) -> dict[str, ParamRole]:
     """Every float initializer (and untied Identity copy) -> whether it trains by default."""
     sharing = sharing or ParamSharing()
-    signature = _signature(imported.original)
-    folded = _folded_from(imported.original)
-    exported_params = _exported_parameters(imported.original)
+    signature = input_kinds(imported.original)
+    folded = folded_from(imported.original)
+    exported_params = exported_parameters(imported.original)
     ports = _PortWalk(imported)
     split = sharing.split_sources()
     names = list(ports.params) + sorted(sharing.untie) + list(split)
@@ -275,99 +270,80 @@ def _is_mask(a: np.ndarray) -> bool:
 
 def _merged_by_exporter(imported, arrays) -> dict[str, dict[str, str]]:
     """Constant-filled parameters that nodes of other modules read (the dynamo optimizer's
-    merge of equal initializers), by the readers' module paths in the node metadata."""
+    merge of equal initializers), by the readers' modules (``_reader_module``). A name is
+    given to one reader only: a name two readers would take (two merged biases read inside
+    one module that calls ``F.linear`` twice, as Swin's attention does) or, where the export
+    lists its parameters, a name that is no parameter of the module, leaves that reader on
+    the merged initializer rather than train it under a guessed name."""
+    g = imported.proto.graph
     readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in imported.proto.graph.node:
+    for node in g.node:
         for name in dict.fromkeys(node.input):
             if name in arrays:
                 readers.setdefault(name, []).append(node)
-    taken = set(arrays) | {v for n in imported.proto.graph.node for v in n.output}
-    split = {}
+    taken = set(arrays) | {v for n in g.node for v in n.output}
+    exported = exported_parameters(imported.original)
+    reader_module = _ReaderModule(imported)
+    proposed: dict[tuple[str, str], str] = {}  # (initializer, reader) -> its own name
     for name, nodes in readers.items():
         a = arrays[name]
         if len(nodes) < 2 or "." not in name or not np.all(a == a.reshape(-1)[0]):
             continue
         owner, leaf = name.rsplit(".", 1)
-        own = {}
         for node in nodes:
-            module = _module_of(node)
-            new = f"{module}.{leaf}" if module else None
-            if module is None or module == owner or new in taken or new in own.values():
+            module = reader_module(node)
+            if module is None or module == owner:
                 continue
-            own[node.name] = new
-        if own:
-            split[name] = own
+            new = f"{module}.{leaf}"
+            if new not in taken and (not exported or new in exported):
+                proposed[name, node.name] = new
+    claims: dict[str, int] = {}
+    for new in proposed.values():
+        claims[new] = claims.get(new, 0) + 1
+    split: dict[str, dict[str, str]] = {}
+    for (name, reader), new in proposed.items():
+        if claims[new] == 1:
+            split.setdefault(name, {})[reader] = new
     return split
 
 
-def _module_of(node: onnx.NodeProto) -> str | None:
-    """The module path of a node from the dynamo exporter's name scopes (``['', 'model',
-    'model.h.0', 'model.h.0.ln_2', 'layer_norm_1']`` -> ``model.h.0.ln_2``); None without."""
-    scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), None)
-    if scopes is None or not node.name:
-        return None
-    try:
-        names = ast.literal_eval(scopes)
-    except (ValueError, SyntaxError):
-        return None
-    module = ""
-    for scope in names:
-        if not isinstance(scope, str):
-            return None
-        if module == "" or scope.startswith(module + "."):
-            module = scope
-        elif scope:
-            break
-    return module or None
+class _ReaderModule:
+    """The module a node reads a parameter for: the layer whose weight the node's input was
+    multiplied by (a bias Add after a MatMul or Gemm whose weight is ``<layer>.weight``, by
+    name or as the exporter folded it), else the node's name scope (``module_of``). The
+    scope alone names the module that called the function: ``F.linear(x, self.proj.weight,
+    self.proj.bias)`` in an attention module's forward is scoped to the attention module."""
 
+    _LINEAR = {"MatMul", "Gemm"}
 
-def _signature(model: onnx.ModelProto) -> dict[str, str]:
-    """torch.export's input kinds recorded by the dynamo exporter, by initializer name."""
-    g = model.graph
-    kinds = {}
-    for vi in list(g.value_info) + list(g.input):
-        for prop in vi.metadata_props:
-            if prop.key == SIGNATURE_KIND:
-                kinds[vi.name] = prop.value
-    for init in g.initializer:
-        for prop in init.metadata_props:
-            if prop.key == SIGNATURE_KIND:
-                kinds[init.name] = prop.value
-    return kinds
+    def __init__(self, imported):
+        g = imported.proto.graph
+        self.producer = {o: n for n in g.node for o in n.output if o}
+        self.folded = folded_from(imported.original)
 
-
-def _folded_from(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """What the dynamo exporter's optimizer folded each initializer from (value_info metadata
-    ``pkg.onnxscript.optimizer.folded_from``: the names of the values it replaced)."""
-    found = {}
-    for vi in list(model.graph.value_info) + list(model.graph.initializer):
-        for prop in vi.metadata_props:
-            if prop.key == FOLDED_FROM:
-                try:
-                    names = ast.literal_eval(prop.value)
-                except (ValueError, SyntaxError):
-                    continue  # not the list this version writes: the port walk decides
-                if isinstance(names, list):
-                    found[vi.name] = [str(n) for n in names]
-    return found
-
-
-def _exported_parameters(model: onnx.ModelProto) -> frozenset[str]:
-    """The targets of every PARAMETER in torch.export's signature, which the dynamo exporter
-    writes whole into the model's metadata (also those its optimizer folded away)."""
-    text = next((p.value for p in model.metadata_props if p.key == GRAPH_SIGNATURE), "")
-    return frozenset(re.findall(r": PARAMETER target='([^']+)'", text))
+    def __call__(self, node: onnx.NodeProto) -> str | None:
+        if node.op_type == "Add":
+            for value in node.input:
+                layer = self.producer.get(value)
+                if layer is not None and layer.op_type in self._LINEAR and len(layer.input) > 1:
+                    weight = layer.input[1]
+                    for source in [weight, *self.folded.get(weight, ())]:
+                        if source.endswith(".weight"):
+                            return source[: -len(".weight")]
+        return module_of(node)
 
 
 def _folded_role(sources: list[str], exported_params: frozenset[str]) -> ParamRole:
     """An initializer the exporter folded trains iff it was folded from a parameter (a weight
     stored transposed); one folded from constants alone (affine_grid's base grid, a causal
     mask) is a constant, whatever op reads it. A parameter is a name in the signature the
-    exporter wrote into the metadata, where it wrote one, or a dotted name: torch.export names
+    exporter wrote into the metadata, where it wrote one, else a dotted name: torch.export names
     a submodule's parameter by its target (``blocks.0.qkv.weight``) and every intermediate
-    value by an identifier (``val_12``, ``linspace``). (A top-level parameter folded without
-    that metadata is the one case this misses; ``trainable=`` names it.)"""
-    params = [n for n in sources if n in exported_params or "." in n]
+    value by an identifier (``val_12``, ``linspace``; a lifted constant is dotted too:
+    ``features.1.1.attn.lifted_tensor_4``, Swin's shift-mask ids). (A top-level parameter
+    folded without that metadata is the one case this misses; ``trainable=`` names it.)"""
+    params = [n for n in sources if n in exported_params] if exported_params else \
+        [n for n in sources if "." in n]
     if params:
         return ParamRole(True, f"folded by the exporter from the parameter(s) {params}")
     return ParamRole(False, "a constant the exporter folded from values that are not "
