@@ -40,10 +40,6 @@ EXCLUDED: dict[str, str] = {
     "test_flexattention_(score_mod|prob_mod|causal_mask|soft_cap|relative_positional)":
     "FlexAttention with a score_mod / prob_mod subgraph is not supported (its expanded form "
     "passes)",
-    # the expected list starts with a 0-d tensor, and the runner's comparison of list items
-    # calls len() on it (a TypeError before any value is compared); test_control_flow.py
-    # compares the same case's lists item by item
-    "test_loop16_seq_none": "onnx's runner cannot compare a list holding a 0-d tensor",
 }
 
 LOADED_FLOOR = 1500  # onnx 1.17+ builds ~1800 node cases; fewer means the loader changed
