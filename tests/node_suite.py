@@ -35,11 +35,6 @@ EXCLUDED: dict[str, str] = {
     # rfft, irfft and axis cases pass as they are.
     "test_dft_inverse(_opset19)?": "expected values are float32 FFT rounding (1.9e-7 where the "
     "exact inverse is 0, atol 1e-7); ours is the float64 inverse",
-    # FlexAttention's score_mod / prob_mod are subgraphs a kernel would have to run per call;
-    # the same cases' _expanded_ver26 forms (the subgraphs inlined) run and pass
-    "test_flexattention_(score_mod|prob_mod|causal_mask|soft_cap|relative_positional)":
-    "FlexAttention with a score_mod / prob_mod subgraph is not supported (its expanded form "
-    "passes)",
 }
 
 LOADED_FLOOR = 1500  # onnx 1.17+ builds ~1800 node cases; fewer means the loader changed
