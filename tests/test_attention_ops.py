@@ -147,6 +147,71 @@ def test_attention_3d_inputs_match_pytorch_on_split_heads():
              23, (0, 1, 2), fn)
 
 
+def _causal_score_mod() -> onnx.GraphProto:
+    """FlexAttention's score_mod: -inf above the diagonal (a causal mask, as in the node
+    suite's test_flexattention_causal_mask)."""
+    h = onnx.helper
+
+    def const(name, value, dtype=np.int64):
+        return h.make_node("Constant", [], [name],
+                           value=numpy_helper.from_array(np.array(value, dtype), name))
+
+    nodes = [const("two", 2), const("three", 3), const("zero", 0), const("one", 1),
+             const("q_shape", [1, 1, -1, 1]), const("k_shape", [1, 1, 1, -1]),
+             const("neg_inf", -np.inf, np.float64),
+             h.make_node("Shape", ["s"], ["shape"]),
+             h.make_node("Gather", ["shape", "two"], ["rows"], axis=0),
+             h.make_node("Gather", ["shape", "three"], ["cols"], axis=0),
+             h.make_node("Range", ["zero", "rows", "one"], ["r"]),
+             h.make_node("Range", ["zero", "cols", "one"], ["c"]),
+             h.make_node("Reshape", ["r", "q_shape"], ["ri"]),
+             h.make_node("Reshape", ["c", "k_shape"], ["ci"]),
+             h.make_node("GreaterOrEqual", ["ri", "ci"], ["keep"]),
+             h.make_node("Where", ["keep", "s", "neg_inf"], ["s_out"])]
+    f64 = onnx.TensorProto.DOUBLE
+    return h.make_graph(nodes, "causal", [h.make_tensor_value_info("s", f64, None)],
+                        [h.make_tensor_value_info("s_out", f64, None)])
+
+
+def test_flex_attention_modifier_subgraphs_are_inlined_and_match_pytorch():
+    """A FlexAttention with a score_mod (a causal mask) runs as its schema's function body,
+    inlined at import, and equals PyTorch's causal SDPA; one with a prob_mod (probabilities
+    times 0.5) equals half of SDPA; a FlexAttention without a subgraph in the same model keeps
+    its kernel. (The function body computes in float32 unless told: ``softmax_precision``
+    double, and a ``scale`` whose square root float32 holds exactly.)"""
+    h, f64 = onnx.helper, onnx.TensorProto.DOUBLE
+    exact = {"softmax_precision": f64, "scale": 0.25}
+    half = h.make_graph([h.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
+                            np.array(0.5), "c")),
+                         h.make_node("Mul", ["p", "c"], ["p_out"])], "half",
+                        [h.make_tensor_value_info("p", f64, None)],
+                        [h.make_tensor_value_info("p_out", f64, None)])
+    nodes = [h.make_node("FlexAttention", ["q", "k", "v"], ["causal"], domain="ai.onnx.preview",
+                         score_mod=_causal_score_mod(), **exact),
+             h.make_node("FlexAttention", ["q", "k", "v"], ["halved"], domain="ai.onnx.preview",
+                         prob_mod=half, **exact),
+             h.make_node("FlexAttention", ["q", "k", "v"], ["plain"], domain="ai.onnx.preview",
+                         scale=0.25)]
+    shape = [1, 2, 4, 8]
+    graph = h.make_graph(nodes, "flex", [h.make_tensor_value_info(n, f64, shape) for n in "qkv"],
+                         [h.make_tensor_value_info(n, f64, shape)
+                          for n in ("causal", "halved", "plain")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 26),
+                                               h.make_opsetid("ai.onnx.preview", 1)])
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(shape) for _ in range(3))
+    session = tr_onnx.InferenceSession(model)
+    causal, halved, plain = session.run(None, {"q": q, "k": k, "v": v})
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    sdpa = F.scaled_dot_product_attention(tq, tk, tv, scale=0.25).numpy()
+    np.testing.assert_allclose(causal, F.scaled_dot_product_attention(
+        tq, tk, tv, is_causal=True, scale=0.25).numpy(), rtol=0, atol=TORCH_ATOL)
+    np.testing.assert_allclose(halved, 0.5 * sdpa, rtol=0, atol=TORCH_ATOL)
+    np.testing.assert_allclose(plain, sdpa, rtol=0, atol=TORCH_ATOL)
+    ops = [n.op_type for n in session.imported.proto.graph.node]
+    assert ops.count("FlexAttention") == 1 and "Softmax" in ops
+
+
 @pytest.mark.parametrize("axis,scale_shape", [(-1, (6,)), (1, (4, 6)), (-2, (1, 6))],
                          ids=["last", "axis1", "broadcast_scale"])
 def test_rms_normalization_gradients_match_pytorch(axis, scale_shape):

@@ -431,6 +431,29 @@ def test_dropout_training_mode_is_refused():
         tr_onnx.InferenceSession(model).run(None, feed_of(model, inputs))
 
 
+@pytest.mark.parametrize("pre_pool", [False, True], ids=["plain", "padded_nhwc"])
+@pytest.mark.parametrize("ratio", [0.5, 0.3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_seeded_training_dropout_draws_onnx_references_mask(dtype, ratio, pre_pool):
+    """A training-mode Dropout with a seed, outside the training session: onnx.reference's
+    mask (NumPy's RandomState(seed) uniforms in x's logical order) and scale, on every run;
+    through a padded channels-last input too. (onnx.reference computes the scale in the
+    ratio's type, float32 here; ours in float64: hence the tolerances, not equality. Its
+    float16 result comes out float32, promoted by that scale: compared in x's type.)"""
+    x = randn(2, 5, 4, 3, dtype=dtype)
+    inputs = [x, np.array(ratio, np.float32), np.array(True)]
+    model = make_model("Dropout", inputs, {"seed": 7}, 22, consts=(1, 2), n_outputs=2,
+                       pre_pool=pre_pool)
+    sess = tr_onnx.InferenceSession(model, channel_align=8)
+    expected = ReferenceEvaluator(model).run(None, feed_of(model, inputs))
+    expected[0] = expected[0].astype(dtype)
+    for _ in range(2):
+        ours = sess.run(None, feed_of(model, inputs))
+        assert_same(ours[0], expected[0], F16 if dtype == np.float16 else F32, "y")
+        assert_same(ours[1], expected[1], {}, "mask")
+    assert 0 < expected[1].mean() < 1
+
+
 def test_dropout_runtime_training_flag_specialises():
     """A graph-input training_mode is a plan-time constant: False runs, True is refused."""
     inputs = [X, np.array(0.3, np.float32), np.array(False)]

@@ -15,6 +15,7 @@ from pathlib import Path, PureWindowsPath
 
 import numpy as np
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -264,6 +265,54 @@ def _spell_out_defaults(model: onnx.ModelProto, src) -> onnx.ModelProto:
     for output, attr, value in missing:
         by_output[output].attribute.append(onnx.helper.make_attribute(attr, value))
     return model
+
+
+# Ops whose kernels run no subgraph attribute: a node carrying one (FlexAttention's score_mod
+# or prob_mod) is replaced by its schema's function body for that node, which onnx builds with
+# the subgraph inlined, so kernels run the plain ops it is made of. Nodes without one keep
+# their kernel.
+_INLINED_WITH_SUBGRAPHS = {("ai.onnx.preview", "FlexAttention")}
+_INLINED_DOMAIN = "ai.tr_onnx.inlined"
+
+
+def _inline_subgraph_ops(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    """``model`` (a copy if it changes) with each ``_INLINED_WITH_SUBGRAPHS`` node that has a
+    graph attribute replaced by its schema's context-dependent function (top-level graph):
+    each becomes a model-local function of its own that onnx's inliner expands, so names
+    stay unique and the other nodes of that op stay as they are."""
+    picked = [i for i, n in enumerate(model.graph.node)
+              if (canonical_domain(n.domain), n.op_type) in _INLINED_WITH_SUBGRAPHS
+              and any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
+    if not picked:
+        return model
+    g = _infer(model, name).graph
+    types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    types.update({t.name: onnx.helper.make_tensor_type_proto(t.data_type, t.dims)
+                  for t in g.initializer})
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    out, inlined = onnx.ModelProto(), []
+    out.CopyFrom(model)
+    for i in picked:
+        node = out.graph.node[i]
+        schema = schema_for(node.domain, node.op_type, opsets.get(node.domain or "", 1))
+        body = onnx.FunctionProto()
+        body.ParseFromString(schema.get_context_dependent_function(
+            node.SerializeToString(),
+            [types.get(x, onnx.TypeProto()).SerializeToString() for x in node.input]))
+        if not body.node:  # onnx could not build it (input types unknown): the node stays,
+            continue  # and its kernel names the subgraph it cannot run
+        body.domain, body.name = _INLINED_DOMAIN, f"{node.op_type}_{i}"
+        node.domain, node.op_type = body.domain, body.name
+        out.functions.append(body)
+        inlined.append((body.domain, body.name))
+    if not inlined:
+        return model
+    out.opset_import.append(onnx.helper.make_opsetid(_INLINED_DOMAIN, 1))
+    out = onnx.inliner.inline_selected_functions(out, inlined)
+    kept = [o for o in out.opset_import if o.domain != _INLINED_DOMAIN]
+    del out.opset_import[:]
+    out.opset_import.extend(kept)
+    return out
 
 
 def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
@@ -560,7 +609,7 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     original = onnx.ModelProto()
     original.CopyFrom(model)
     original_opset = default_opset(model)
-    model = _spell_out_defaults(_convert(model, name), src)
+    model = _inline_subgraph_ops(_spell_out_defaults(_convert(model, name), src), name)
     # IR < 4 listed initializers among the graph inputs; they are parameters, not feeds.
     init_names = {i.name for i in model.graph.initializer}
     if any(i.name in init_names for i in model.graph.input):

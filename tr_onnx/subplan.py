@@ -57,7 +57,7 @@ MAX_SUBPLANS = 32
 INTERNAL = "ai.tr_onnx"
 # data-dependent producers: (domain, op_type) -> the inputs whose values decide output shapes
 DECIDING_INPUTS = {("", "NonZero"): (0,), ("", "Compress"): (1,), ("", "Unique"): (0,),
-                   ("", "NonMaxSuppression"): (0, 1, 2, 3, 4)}
+                   ("", "NonMaxSuppression"): (0, 1, 2, 3, 4), ("", "ImageDecoder"): (0,)}
 FORWARD, BACKWARD = "region_forward", "region_backward"
 
 
@@ -193,6 +193,8 @@ def settle(model: onnx.ModelProto) -> onnx.ModelProto:
                 results = EAGER[key](attrs, *(numpy_helper.to_array(consts[n])
                                               for n in node.input if n))
                 known.update({o: list(r.shape) for o, r in zip(node.output, results) if o})
+        except ImportError:  # a library the op needs (ImageDecoder's Pillow): say that
+            raise
         except Exception:  # a node its inputs do not fit (an axis out of range...): leaving
             continue  # its sizes unknown is always correct; specialize or its kernel names it
     if not known:

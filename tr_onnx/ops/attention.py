@@ -668,10 +668,12 @@ def linear_attention_numpy(ctx):
 def flex_attention_numpy(ctx):
     """ai.onnx.preview FlexAttention without modifier subgraphs: ``softmax(Q K^T scale) V``,
     each query head reading K/V head ``h // group``; in float64 (at least any
-    ``softmax_precision``), rounded once."""
+    ``softmax_precision``), rounded once. A node with a ``score_mod`` / ``prob_mod`` subgraph
+    runs as its ONNX function body instead (``importer._inline_subgraph_ops``)."""
     for name in ("score_mod", "prob_mod"):
-        if ctx.attrs.get(name) is not None:
-            raise ctx.error(f"{name} subgraphs are not supported")
+        if ctx.attrs.get(name) is not None:  # import could not inline it
+            raise ctx.error(f"{name} subgraphs run only as the op's ONNX function body, which "
+                            "onnx could not build for this node (input types unknown?)")
     b, q_heads, q_len, d = ctx.inputs[0].shape
     kv_heads = ctx.inputs[1].shape[1]
     if q_heads % kv_heads:

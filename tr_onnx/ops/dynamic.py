@@ -1,6 +1,6 @@
-"""Ops whose output size depends on data: NonZero, Compress, Unique, NonMaxSuppression, and the
-nodes that run a data-dependent part of a graph: DynamicRegion, If (a condition known only at
-run time) and their gradient DynamicRegionGrad.
+"""Ops whose output size depends on data: NonZero, Compress, Unique, NonMaxSuppression,
+ImageDecoder, and the nodes that run a data-dependent part of a graph: DynamicRegion, If (a
+condition known only at run time) and their gradient DynamicRegionGrad.
 
 NonZero, Compress and Unique have a static plan only where their deciding input is a plan-time
 constant (then import folds them, or, for Compress with a constant condition, the kernel here
@@ -10,11 +10,15 @@ producers eagerly (``EAGER``, NumPy, allocating their small results), then a sub
 specialised to the sizes they gave; DynamicRegionGrad runs that sub-plan's backward. Both kernels
 only delegate to the ``Region`` object the node carries in ``attrs["region"]``.
 
-NonZero and Unique are not differentiable; Compress is w.r.t. its data (a scatter back of the
-selected slices, GatherGrad).
+ImageDecoder decodes with Pillow, imported when a plan first decodes (not a dependency of
+tr_onnx: the ``test`` extra installs it). NonZero, Unique and ImageDecoder are not
+differentiable; Compress is w.r.t. its data (a scatter back of the selected slices,
+GatherGrad).
 """
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 
@@ -121,9 +125,39 @@ def non_max_suppression_eager(attrs: dict, boxes, scores, max_output=None, iou_t
     return [np.array(rows, np.int64).reshape(-1, 3)]
 
 
+IMAGE_PIXEL_FORMATS = ("RGB", "BGR", "Grayscale")
+
+
+def _pil_image():
+    try:
+        import PIL.Image
+    except ImportError as exc:
+        raise ImportError("ImageDecoder needs Pillow to decode images: pip install pillow "
+                          "(tr_onnx's test extra installs it)") from exc
+    return PIL.Image
+
+
+def image_decoder_eager(attrs: dict, encoded) -> list[np.ndarray]:
+    """The image in ``encoded`` (a file's bytes, any format Pillow reads) as [height, width,
+    channels] uint8: 3 channels in ``pixel_format`` RGB or BGR order, or 1 for Grayscale
+    (Pillow's ITU-R 601-2 luma). An image of another mode (palette, RGBA, 16-bit...) is
+    converted by Pillow's ``Image.convert``."""
+    image_module = _pil_image()
+    fmt = attrs.get("pixel_format", "RGB")
+    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
+    if fmt not in IMAGE_PIXEL_FORMATS:
+        raise ValueError(f"ImageDecoder: pixel_format {fmt!r} is not one of "
+                         f"{', '.join(IMAGE_PIXEL_FORMATS)}")
+    with image_module.open(io.BytesIO(np.ascontiguousarray(encoded, np.uint8).tobytes())) as img:
+        image = np.asarray(img.convert("L" if fmt == "Grayscale" else "RGB"), np.uint8)
+    return [image[:, :, None] if fmt == "Grayscale" else
+            image[:, :, ::-1] if fmt == "BGR" else image]
+
+
 # (domain, op_type) -> eager form; other producers are evaluated by onnx.reference
 EAGER = {("", "NonZero"): nonzero_eager, ("", "Compress"): compress_eager,
-         ("", "Unique"): unique_eager, ("", "NonMaxSuppression"): non_max_suppression_eager}
+         ("", "Unique"): unique_eager, ("", "NonMaxSuppression"): non_max_suppression_eager,
+         ("", "ImageDecoder"): image_decoder_eager}
 
 
 # ---- kernels of a static plan (the deciding input known when the plan is made) --------------
@@ -157,6 +191,10 @@ def unique_numpy(ctx):
 
 def non_max_suppression_numpy(ctx):
     return _static_kernel(non_max_suppression_eager, ctx)
+
+
+def image_decoder_numpy(ctx):
+    return _static_kernel(image_decoder_eager, ctx)
 
 
 def compress_numpy(ctx):
@@ -268,6 +306,10 @@ def tr_onnx_op_definitions():
               differentiable=False, layout=PLAIN_ONLY,
               doc="selected [batch, class, box] indices; their count is data-dependent: a "
                   "DynamicRegion runs it unless its inputs are plan-time constants"),
+        OpDef("ImageDecoder", (20,), {"numpy": image_decoder_numpy}, differentiable=False,
+              layout=PLAIN_ONLY,
+              doc="encoded image bytes -> [H, W, C] uint8 (RGB, BGR or Grayscale) by Pillow; "
+                  "its size is data-dependent: the plan is made for the bytes given"),
         OpDef("If", (1, 11, 13, 16, 19, 21, 23, 24, 25), {"numpy": dynamic_region_numpy},
               layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
               doc="a condition computed at run time: both branches planned (their outer "

@@ -585,22 +585,52 @@ def copy_numpy(ctx):
     return run
 
 
+def dropout_drop_ratio(since_version: int, ratio, training) -> float:
+    """The ratio a Dropout node drops at outside the training session: 0 unless its
+    ``training_mode`` input (opset 12 on; a plan-time constant) is true, then its ``ratio``
+    input (default 0.5)."""
+    if since_version < 12 or training is None or not bool(np.asarray(training).reshape(())):
+        return 0.0
+    return 0.5 if ratio is None else float(np.asarray(ratio).reshape(()))
+
+
 def check_inference_dropout(ctx) -> None:
-    """Inference Dropout only: training mode with a constant ratio of 0 drops nothing, so it
-    is the same; any other training mode is an error naming the node (every backend's
-    kernel factory calls this)."""
-    if ctx.since_version >= 12:
-        training, ratio = ctx.const(2), ctx.const(1)
-        drops = ratio is None or float(np.asarray(ratio).reshape(())) != 0.0  # default 0.5
-        if training is not None and bool(np.asarray(training).reshape(())) and drops:
-            raise ctx.error("training-mode Dropout needs the training session")
+    """Inference Dropout only: training mode with a ratio of 0 drops nothing, so it is the
+    same; any other training mode is an error naming the node (every backend's kernel factory
+    calls this; the numpy kernel first runs a seeded one, ``seeded_dropout_mask``)."""
+    if dropout_drop_ratio(ctx.since_version, ctx.const(1), ctx.const(2)):
+        raise ctx.error("training-mode Dropout needs the training session")
+
+
+def seeded_dropout_mask(seed: int, shape, ratio: float) -> np.ndarray:
+    """The keep mask of a training-mode Dropout with a ``seed`` attribute run outside the
+    training session: u >= ratio for the uniforms of NumPy's ``RandomState(seed)`` in the
+    logical C order of x, drawn afresh for each run -- onnx.reference's definition (and the
+    node suite's), so every run keeps the same elements. The training session draws its own
+    masks instead (``DropoutTraining``)."""
+    return np.random.RandomState(seed).random_sample(tuple(shape)) >= ratio
 
 
 def dropout_numpy(ctx):
     """Inference Dropout: y = x, the optional mask all ones (True)
-    (``check_inference_dropout``)."""
-    check_inference_dropout(ctx)
+    (``check_inference_dropout``); a seeded training-mode one: y = x * mask / (1 - ratio)
+    with the mask of ``seeded_dropout_mask``, a plan-time constant."""
     with_mask = ctx.has_output(1)
+    ratio = dropout_drop_ratio(ctx.since_version, ctx.const(1), ctx.const(2))
+    if ratio and ctx.attrs.get("seed") is not None:
+        if not 0.0 <= ratio < 1.0:
+            raise ctx.error(f"ratio {ratio} is not in [0, 1)")
+        keep = seeded_dropout_mask(int(ctx.attrs["seed"]), ctx.inputs[0].shape, ratio)
+        scale = ctx.inputs[0].dtype.type(dropout_scale(ratio))
+
+        def run_training(ins, outs, ws):
+            np.multiply(ins[0], keep, out=outs[0])
+            outs[0] *= scale
+            if with_mask:
+                np.copyto(outs[1], keep)
+
+        return run_training
+    check_inference_dropout(ctx)
 
     def run(ins, outs, ws):
         np.copyto(outs[0], ins[0])
@@ -608,6 +638,22 @@ def dropout_numpy(ctx):
             outs[1].fill(1)
 
     return run
+
+
+def _dropout_vjp(b, node, gys, needed):
+    """Inference Dropout passes gy through; a seeded training-mode one (run outside the
+    training session, ``dropout_numpy``) gy * mask / (1 - ratio) with its constant mask."""
+    def data(i):
+        v = node.inputs[i] if i < len(node.inputs) else None
+        return None if v is None else v.data
+
+    ratio = dropout_drop_ratio(node.since_version, data(1), data(2))
+    if not ratio or node.attrs.get("seed") is None or gys[0] is None or not needed[0]:
+        return _identity_vjp(b, node, gys, needed)
+    x = node.inputs[0]
+    keep = b.const(seeded_dropout_mask(int(node.attrs["seed"]), x.shape, ratio))
+    gx = masked(b, keep, scaled(b, gys[0], dropout_scale(ratio)))
+    return [gx] + [None] * (len(node.inputs) - 1)
 
 
 def _dropout_shape(node, shapes, dtypes):
@@ -718,7 +764,7 @@ def tr_onnx_op_definitions():
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
               differentiable=True, gradient=_identity_vjp, forwards_params=True),
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
-              const_inputs=(1, 2), differentiable=True, gradient=_identity_vjp,
+              const_inputs=(1, 2), differentiable=True, gradient=_dropout_vjp,
               grad_inputs=(0,), forwards_params=True, shape=_dropout_shape),
         OpDef("DropoutTraining", (1,), {"numpy": dropout_training_numpy},
               domain=INTERNAL_DOMAIN,
