@@ -147,7 +147,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
     the Trainer exists. ``world``: the ranks training together (default: ``init()``'s, from
     the launcher); every rank calls this, rank 0 alone logs, writes files and exports."""
-    from .data import load_dataset, split
+    from .data import load, read_spec, split, write_meta
     from .distributed import init
     from .errors import TrainingDiverged
     from .optim import make_optimizer
@@ -186,7 +186,10 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32",
             distributed=world)
     kind, dtype = label_kind(session)
-    arrays, labels = load_dataset(args.data, session.imported.inputs, kind, dtype)
+    spec_file = getattr(args, "data_spec", None)
+    options = read_spec(spec_file) if spec_file else {}
+    loaded = load(args.data, session.imported.inputs, kind, dtype, options)
+    arrays, labels = loaded.data
     # every label, at its position in the file, before the split and the first step
     session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
                                f"{args.data}: 'labels'")
@@ -218,6 +221,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         raise
     if world.is_root:
         session.export(out)  # before the plot: whatever fails after it, the model is kept
+        write_meta(loaded, out)
         if history and args.plot:
             _write_plot(history, args.plot, out)
     final = history[-1] if history else {}
@@ -276,6 +280,9 @@ def add_train_parser(sub) -> None:
     t.add_argument("--data", required=True, metavar="DATA.npz|digits",
                    help="an .npz with one array per model input (named after it, samples on "
                    "axis 0) plus 'labels', or 'digits' (scikit-learn's 8x8 digits)")
+    t.add_argument("--data-spec", metavar="FILE.toml",
+                   help="what --data cannot say itself: kind = ..., and a [section] per kind "
+                        "(docs/data.md)")
     t.add_argument("--loss", default="cross_entropy",
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")

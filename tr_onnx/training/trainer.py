@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import Dataset, num_samples
+from ..data import Dataset, Rows, num_samples
 from ..distributed import World
 from ..errors import (
     CheckpointError,
@@ -245,10 +245,15 @@ def session_world(session: TrainingSession) -> World:
 
 
 def _fingerprint(data: Dataset) -> int:
-    """CRC-32 of every array's shape, dtype and bytes: a resumed run must see the same data."""
+    """CRC-32 of every array's shape, dtype and bytes (of a ``Rows``, its own fingerprint:
+    what identifies its files, not their decoded bytes): a resumed run must see the same
+    data."""
     arrays, labels = data
     crc = 0
     for name, x in [*sorted(arrays.items()), ("labels", labels)]:
+        if isinstance(x, Rows):
+            crc = zlib.crc32(f"{name}{x.shape}{x.dtype}{x.fingerprint()}".encode(), crc)
+            continue
         x = np.ascontiguousarray(x)
         crc = zlib.crc32(f"{name}{x.shape}{x.dtype}".encode(), crc)
         crc = zlib.crc32(x.view(np.uint8).reshape(-1), crc)
