@@ -77,8 +77,14 @@ def _is_npz(path: Path) -> bool:
     return path.suffix == ".npz"
 
 
+def _claims(module: str) -> Callable[[Path], bool]:
+    """``tr_onnx.data.<module>.claims``, imported when first asked."""
+    return lambda path: importlib.import_module(f"{__name__}.{module}").claims(path)
+
+
 SOURCES: list[Source] = [
     Source("npz", "npz", _is_npz),
+    Source("images", "images", _claims("images")),
 ]
 
 
@@ -151,6 +157,19 @@ def add_arguments(group) -> None:
         module = importlib.import_module(f"{__name__}.{source.module}")
         if hasattr(module, "add_arguments"):
             module.add_arguments(group)
+
+
+def flag_options(options: Mapping[str, Any], args) -> dict[str, Any]:
+    """``options`` with the sources' command-line flags laid over it: a flag whose ``dest`` is
+    ``"section.key"`` (``add_arguments``), when given, sets ``options[section][key]``."""
+    merged = {k: dict(v) if isinstance(v, Mapping) else v for k, v in options.items()}
+    for dest, value in vars(args).items():
+        if "." in dest and value is not None:
+            name, key = dest.split(".", 1)
+            values = merged.setdefault(name, {})
+            if isinstance(values, dict):  # else section() names the bad [name]
+                values[key] = value
+    return merged
 
 
 def write_meta(loaded: Loaded, model_path: str | Path) -> Path | None:
