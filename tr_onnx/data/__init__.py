@@ -85,6 +85,7 @@ def _claims(module: str) -> Callable[[Path], bool]:
 SOURCES: list[Source] = [
     Source("npz", "npz", _is_npz),
     Source("images", "images", _claims("images")),
+    Source("text", "text", _claims("text")),
 ]
 
 
