@@ -84,6 +84,7 @@ def _claims(module: str) -> Callable[[Path], bool]:
 
 SOURCES: list[Source] = [
     Source("npz", "npz", _is_npz),
+    Source("hf_dataset", "hf_dataset", _claims("hf_dataset")),
     Source("images", "images", _claims("images")),
     Source("text", "text", _claims("text")),
 ]
