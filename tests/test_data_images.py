@@ -254,3 +254,34 @@ def test_a_model_input_that_is_not_an_image_is_refused(tmp_path):
              options={"images": {"layout": "NCHW"}})
     with pytest.raises(InputError, match=r"\[N, C, H, W\]"):
         load(root, [InputSpec("x", ("n", 64), np.dtype(np.float32))])
+
+
+def test_the_trainer_feeds_each_epoch_its_augmentation_and_validates_on_center_crops(tmp_path):
+    """The Trainer's epoch e visits ``default_rng(seed + e).permutation(n)`` in batches (its
+    documented order): batch b's images are ``for_epoch(seed, e)`` of those samples; the
+    validation data is decoded without augmentation."""
+    from tr_onnx.data import split
+    from tr_onnx.training.session import TrainingSession
+    from tr_onnx.training.trainer import Trainer
+
+    root = write_folder(tmp_path / "images", per_class=4)
+    arrays, labels = load(root, [spec()]).data
+    train_data, val_data = split(arrays, labels, 0.25, seed=0)
+    session = TrainingSession(str(export_cnn(tmp_path / "cnn.onnx")), backend="numpy")
+    trained, validated = [], []
+    train_step, run = session.train_step, session.run
+    session.train_step = lambda feed, y, **kw: (trained.append(feed["x"].copy()),
+                                                train_step(feed, y, **kw))[1]
+    session.run = lambda names, feed: (validated.append(feed["x"].copy()), run(names, feed))[1]
+    seed, batch = 5, 4
+    Trainer(session, train_data, val_data, batch_size=batch, epochs=2, seed=seed,
+            progress=False, log=None).fit()
+    rows, n = train_data[0]["x"], len(train_data[1])
+    nb = -(-n // batch)  # the last batch partial
+    assert len(trained) == 2 * nb
+    for epoch in range(2):
+        order = np.random.default_rng(seed + epoch).permutation(n)
+        for b in range(nb):
+            want = rows.for_epoch(seed, epoch)[order[b * batch:(b + 1) * batch]]
+            np.testing.assert_array_equal(trained[epoch * nb + b], want)
+    np.testing.assert_array_equal(np.concatenate(validated[:1]), val_data[0]["x"][:])
