@@ -285,3 +285,24 @@ def test_the_trainer_feeds_each_epoch_its_augmentation_and_validates_on_center_c
             want = rows.for_epoch(seed, epoch)[order[b * batch:(b + 1) * batch]]
             np.testing.assert_array_equal(trained[epoch * nb + b], want)
     np.testing.assert_array_equal(np.concatenate(validated[:1]), val_data[0]["x"][:])
+
+
+def test_a_model_with_free_height_and_width_trains_with_the_spec_size(tmp_path, capsys):
+    root = write_folder(tmp_path / "images", per_class=4)
+    model = tmp_path / "free.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Cnn(), (torch.zeros(2, 3, S, S),), str(model), dynamo=False,
+                          input_names=["x"], output_names=["logits"], opset_version=17,
+                          dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}, "logits": {0: "n"}})
+    data_spec = tmp_path / "images.toml"
+    data_spec.write_text('kind = "images"\n[images]\nsize = [10, 14]\naugment = false\n')
+    out = tmp_path / "t.onnx"
+    assert train(model, root, out, "--epochs", "1", "--data-spec", str(data_spec),
+                 "--image-mean", "0.5", "--image-std", "0.25") == 0, capsys.readouterr().err
+    meta = json.loads(out.with_suffix(".data.json").read_text())
+    assert meta["image_size"] == [10, 14] and meta["mean"] == [0.5] * 3
+    assert meta["std"] == [0.25] * 3
+    data_spec.write_text('[images]\nsize = [10, 14]\nzoom = 2\n')
+    assert train(model, root, out, "--data-spec", str(data_spec)) == 2
+    assert "[images] has no key 'zoom'" in capsys.readouterr().err

@@ -51,6 +51,8 @@ def load(path: Path, input_specs, label_kind: str, label_dtype: np.dtype, option
     opts = section(options, "text", KEYS)
     column, label = opts.get("column", "text"), opts.get("label", "label")
     task = _task(opts)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
     if path.suffix == ".jsonl":
         rows = _jsonl_rows(path)
     elif path.suffix == ".csv":
