@@ -122,3 +122,23 @@ def test_columns_that_fit_no_input_are_an_error(tmp_path):
     datasets.Dataset.from_dict({"features": [[1.0] * F] * 2}).save_to_disk(str(tmp_path / "e"))
     with pytest.raises(InputError, match="no label column"):
         load(tmp_path / "e", [InputSpec("features", ("n", F), np.dtype(np.float32))])
+
+
+def test_columns_keep_their_values_token_labels_included(tmp_path):
+    """float64 reaches a float64 input unrounded (datasets' numpy format gives float32), and
+    a causal LM's [N, T] token columns arrive as they are."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, F))
+    ids = rng.integers(0, 50, (6, 5))
+    labels = np.where(rng.random((6, 5)) < 0.3, -100, rng.integers(0, 50, (6, 5)))
+    datasets.Dataset.from_dict({"x": x.tolist(), "label": [0, 1] * 3}).save_to_disk(
+        str(tmp_path / "f"))
+    arrays, y = load(tmp_path / "f", [InputSpec("x", ("n", F), np.dtype(np.float64))]).data
+    np.testing.assert_array_equal(arrays["x"], x)
+    datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": labels.tolist()}
+                               ).save_to_disk(str(tmp_path / "lm"))
+    arrays, y = load(tmp_path / "lm", [InputSpec("input_ids", ("n", "t"), np.dtype(np.int64))]
+                     ).data
+    np.testing.assert_array_equal(arrays["input_ids"], ids)
+    np.testing.assert_array_equal(y, labels)
+    assert y.dtype == np.int64

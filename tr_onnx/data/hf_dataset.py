@@ -103,19 +103,39 @@ def _label_column(ds, opts, where: str) -> str | None:
     return next((c for c in ("label", "labels") if c in ds.column_names), None)
 
 
+def _numpy_column(ds, name: str) -> np.ndarray:
+    """Column ``name`` as one array in its stored dtype (datasets' numpy format would turn
+    float64 into float32); rows of different lengths give an object array."""
+    leaf = ds.features[name]
+    while hasattr(leaf, "feature"):  # a List or Sequence of values
+        leaf = leaf.feature
+    try:
+        dtype = np.dtype(getattr(leaf, "dtype", "string"))
+    except TypeError:  # "string" and other types numpy does not name
+        dtype = None
+    kwargs = {"dtype": dtype} if dtype is not None and dtype.kind in "biuf" else {}
+    return ds.select_columns([name]).with_format("numpy", **kwargs)[:][name]
+
+
 def _labels(ds, label: str, label_kind: str, label_dtype: np.dtype, where: str):
-    values = ds[label][:]
+    """(labels, class names or None) of column ``label``: a ``ClassLabel``'s names; strings
+    numbered in sorted order; numbers as they are (token labels [N, T] too)."""
     feature = ds.features[label]
-    if type(feature).__name__ == "ClassLabel":
-        y = np.asarray(values, np.int64)
-        return class_labels(y, feature.num_classes, label_kind, label_dtype), list(feature.names)
-    if label_kind == "dense":
-        y = np.asarray(values)
-        if y.dtype.kind not in "fiu":
-            raise InputError(f"{where}: label column {label!r} is {y.dtype}; this loss needs "
-                             "numbers")
-        return y.astype(label_dtype), None
-    return label_array(values, label_kind, label_dtype, f"{where}: column {label!r}")
+    names = list(feature.names) if type(feature).__name__ == "ClassLabel" else None
+    y = _numpy_column(ds, label)
+    what = f"{where}: label column {label!r}"
+    if y.dtype.kind in "USO":
+        if y.dtype.kind == "O" or label_kind == "dense":
+            raise InputError(f"{what}: rows of different lengths, or strings where this loss "
+                             "needs numbers")
+        return label_array(y.tolist(), label_kind, label_dtype, what)
+    if label_kind == "index":
+        if y.dtype.kind not in "iu":
+            raise InputError(f"{what} is {y.dtype}; this loss needs integer class indices")
+        return y.astype(np.int64), names
+    if names is not None:
+        return class_labels(y.astype(np.int64), len(names), label_kind, label_dtype), names
+    return cast(y, label_dtype, what) if y.dtype.kind == "f" else y.astype(label_dtype), None
 
 
 def _class_names(ds, label: str, meta: dict) -> None:
@@ -128,7 +148,7 @@ def _columns(ds, input_specs, label, label_kind, label_dtype, where: str) -> Loa
     y, classes = _labels(ds, label, label_kind, label_dtype, where)
     arrays = {}
     for spec in input_specs:
-        x = ds.select_columns([spec.name]).with_format("numpy")[:][spec.name]
+        x = _numpy_column(ds, spec.name)
         if x.dtype == object:
             raise InputError(f"{where}: column {spec.name!r} has rows of different lengths; "
                              f"model input {spec.name!r} needs {list(spec.shape)}")
