@@ -306,3 +306,22 @@ def test_a_model_with_free_height_and_width_trains_with_the_spec_size(tmp_path, 
     data_spec.write_text('[images]\nsize = [10, 14]\nzoom = 2\n')
     assert train(model, root, out, "--data-spec", str(data_spec)) == 2
     assert "[images] has no key 'zoom'" in capsys.readouterr().err
+
+
+def test_a_one_channel_model_gets_grayscale_with_the_averaged_imagenet_statistics(tmp_path):
+    root = write_folder(tmp_path / "images", per_class=2)
+    gray = InputSpec("x", ("n", 1, S, S), np.dtype(np.float32))
+    loaded = load(root, [gray])
+    assert loaded.meta["mean"] == [pytest.approx(0.449)]
+    assert loaded.meta["std"] == [pytest.approx(0.226)]
+    x = loaded.data[0]["x"][:]
+    for i, f in enumerate(files(root)):
+        image = Image.open(f).convert("L")  # torchvision's Grayscale: PIL's convert("L")
+        w, h = image.size
+        short, long = min(w, h), max(w, h)
+        size = (S, int(S * long / short)) if w <= h else (int(S * long / short), S)
+        image = image.resize(size, Image.BILINEAR)
+        top, left = int(round((size[1] - S) / 2.0)), int(round((size[0] - S) / 2.0))
+        ref = np.asarray(image.crop((left, top, left + S, top + S)), np.float32) / 255
+        want = (ref - np.float32(np.mean(IMAGENET_MEAN))) / np.float32(np.mean(IMAGENET_STD))
+        np.testing.assert_allclose(x[i, 0], want, rtol=0, atol=1e-6)
