@@ -39,7 +39,9 @@ class Rows(Protocol):
     """Samples read when indexed (``rows[idx]`` -> an ndarray of ``len(idx)`` samples), with
     the ``shape``/``dtype`` of the whole; ``subset(idx)`` is the same source over those rows
     (a split), ``fingerprint()`` a cheap CRC-32 of what identifies the data (its files and
-    their sizes and times), recorded by checkpoints."""
+    their sizes and times), recorded by checkpoints. Optionally ``for_epoch(seed, epoch)``:
+    the rows a training epoch reads (an image folder's augmentation); the ``Trainer`` asks
+    its training data only."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
