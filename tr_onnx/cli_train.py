@@ -147,7 +147,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
     the Trainer exists. ``world``: the ranks training together (default: ``init()``'s, from
     the launcher); every rank calls this, rank 0 alone logs, writes files and exports."""
-    from .data import load, read_spec, split, write_meta
+    from .data import flag_options, load, read_spec, split, write_meta
     from .distributed import init
     from .errors import TrainingDiverged
     from .optim import make_optimizer
@@ -187,7 +187,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             distributed=world)
     kind, dtype = label_kind(session)
     spec_file = getattr(args, "data_spec", None)
-    options = read_spec(spec_file) if spec_file else {}
+    options = flag_options(read_spec(spec_file) if spec_file else {}, args)
     loaded = load(args.data, session.imported.inputs, kind, dtype, options)
     arrays, labels = loaded.data
     # every label, at its position in the file, before the split and the first step
@@ -269,6 +269,7 @@ def _seconds(text: str) -> float:
 
 def add_train_parser(sub) -> None:
     """Add the ``train`` command and its options to the subparsers ``sub``."""
+    from .data import add_arguments as add_data_arguments
     from .optim import OPTIMIZERS, SCHEDULES
     from .training.losses import LOSSES
 
@@ -283,6 +284,7 @@ def add_train_parser(sub) -> None:
     t.add_argument("--data-spec", metavar="FILE.toml",
                    help="what --data cannot say itself: kind = ..., and a [section] per kind "
                         "(docs/data.md)")
+    add_data_arguments(t.add_argument_group("data sources (docs/data.md)"))
     t.add_argument("--loss", default="cross_entropy",
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")

@@ -514,6 +514,10 @@ class Trainer:
         epoch, gb, nb = self.epoch, self.global_batch_size, self.batches_per_epoch
         order = np.random.default_rng(self.seed + epoch).permutation(self.n_train)
         arrays, labels = self.train_data
+        # a source that augments (an image folder) draws per (seed, epoch, sample): a resumed
+        # run draws the same, and validation data, never passed through here, is not augmented
+        arrays = {k: v.for_epoch(self.seed, epoch) if hasattr(v, "for_epoch") else v
+                  for k, v in arrays.items()}
         totals = self.totals
         bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress,
                           tty_only=self.world.size == 1)
