@@ -77,8 +77,13 @@ def _is_npz(path: Path) -> bool:
     return path.suffix == ".npz"
 
 
+def _is_npy_folder(path: Path) -> bool:
+    return path.is_dir() and (path / f"{LABELS}.npy").is_file()
+
+
 SOURCES: list[Source] = [
     Source("npz", "npz", _is_npz),
+    Source("npy_folder", "npy_folder", _is_npy_folder),
 ]
 
 
