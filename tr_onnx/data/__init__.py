@@ -54,11 +54,13 @@ class Rows(Protocol):
 class Loaded:
     """What a source read: the data set, and ``meta`` to keep beside the trained model
     (``write_meta``: a table's label mapping, an image folder's class names, the tokenizer's
-    path and sequence length), and which source read it."""
+    path and sequence length), which source read it, and ``notes``: what it chose that the user
+    did not say (a table's label column), for the command line to print."""
 
     data: Dataset
     source: str
     meta: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,14 @@ def _is_npy_folder(path: Path) -> bool:
     return path.is_dir() and (path / f"{LABELS}.npy").is_file()
 
 
+def _is_table(path: Path) -> bool:
+    return path.suffix.lower() in (".csv", ".parquet", ".pq")
+
+
 SOURCES: list[Source] = [
     Source("npz", "npz", _is_npz),
     Source("npy_folder", "npy_folder", _is_npy_folder),
+    Source("table", "table", _is_table),
 ]
 
 
