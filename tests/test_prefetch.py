@@ -39,6 +39,7 @@ def test_batches_come_in_order_at_most_depth_plus_one_ahead(depth):
             consumed.append((i, batch))
     assert consumed == [(i, i * i) for i in range(20)]
     assert max(ahead) <= depth + 1 and (depth == 0 or max(ahead) > 1)
+    assert len(batches.waits) == 20 and batches.waited == sum(batches.waits)
     assert not prefetch_threads()
 
 
@@ -97,7 +98,18 @@ class ReadLog(MappedRows):
         return super().__getitem__(idx)
 
 
-def trained(tmp_path, prefetch: int, bad_row: int | None = None):
+class InMemory(np.ndarray):
+    """An array in memory that records which thread reads its batches."""
+
+    threads: set
+
+    def __getitem__(self, idx):
+        if not isinstance(idx, slice):
+            self.threads.add(threading.current_thread().name)
+        return super().__getitem__(idx)
+
+
+def trained(tmp_path, prefetch: int, bad_row: int | None = None, in_memory: bool = False):
     model = tmp_path / "mlp.onnx"
     if not model.exists():
         export_mlp(model, FEATURES, CLASSES)
@@ -109,7 +121,12 @@ def trained(tmp_path, prefetch: int, bad_row: int | None = None):
     kind, dtype = label_kind(session)
     train, val = split(*load(tmp_path / "data", session.imported.inputs, kind, dtype).data, 0.2)
     threads: set = set()
-    train = ({"x": ReadLog(train[0]["x"], threads, bad_row)}, train[1])
+    if in_memory:
+        x = train[0]["x"][:].view(InMemory)
+        x.threads = threads
+        train = ({"x": x}, train[1])
+    else:
+        train = ({"x": ReadLog(train[0]["x"], threads, bad_row)}, train[1])
     trainer = Trainer(session, train, val, batch_size=16, epochs=2, log=None, progress=False)
     trainer.prefetch = prefetch
     trainer.fit()
@@ -126,6 +143,11 @@ def test_prefetched_training_equals_reading_in_the_training_thread_bit_for_bit(t
     for name in a:
         assert a[name].tobytes() == b[name].tobytes(), name
     assert not prefetch_threads()
+
+
+def test_arrays_in_memory_are_read_in_the_training_thread(tmp_path):
+    _, read_by = trained(tmp_path, prefetch=2, in_memory=True)
+    assert read_by == {threading.current_thread().name}
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])

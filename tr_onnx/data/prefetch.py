@@ -26,8 +26,9 @@ class Prefetcher:
     iterates, when it reaches ``i``, with a note ``describe(i)`` naming the batch. Leaving the
     ``with`` block (the end, an error, Ctrl-C in the training thread) stops the thread and
     waits for it: no thread outlives the block. ``depth=0`` makes each batch in the iterating
-    thread when it is reached (the same batches, no thread). ``waited``: the seconds the
-    iterating thread spent waiting for a batch that was not ready.
+    thread when it is reached (the same batches, no thread). ``waits``: per batch taken, the
+    seconds the iterating thread waited for it (depth 0: the time it took to make it);
+    ``waited`` their sum.
     """
 
     def __init__(self, make: Callable[[Any], Any], items: Iterable, depth: int = 2,
@@ -38,7 +39,11 @@ class Prefetcher:
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.waited = 0.0
+        self.waits: list[float] = []
+
+    @property
+    def waited(self) -> float:
+        return sum(self.waits)
 
     def __enter__(self) -> Prefetcher:
         if self._depth:
@@ -86,9 +91,11 @@ class Prefetcher:
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         if not self._depth:
             for i in self._items:
+                start = time.perf_counter()
                 _, batch, exc = self._made(i)
                 if exc is not None:
                     raise exc
+                self.waits.append(time.perf_counter() - start)  # the read is all waiting
                 yield i, batch
             return
         if self._thread is None:
@@ -96,9 +103,9 @@ class Prefetcher:
         while True:
             start = time.perf_counter()
             item = self._queue.get()
-            self.waited += time.perf_counter() - start
             if item is _END:
                 return
+            self.waits.append(time.perf_counter() - start)
             i, batch, exc = item
             if exc is not None:
                 raise exc
