@@ -2,16 +2,17 @@
 
 Per model and data source: the ms to make one training batch as the Trainer does (a shuffled
 ``labels[idx]`` and ``arrays[k][idx]``) from an .npz loaded into memory, from a memory-mapped
-.npy folder (float64 files, cast per batch: the case that reads most), and from a CSV read by
-the table source (the MLP only: a table feeds one ``[N, F]`` input); the median train step;
-and, training one epoch with ``Trainer.fit``, how long the training loop waited for batches:
-with the background prefetcher (``Trainer.prefetch = 2``) and, for comparison, reading in the
-training thread (``prefetch = 0``, where the whole read is waiting). The Trainer uses the
-thread for a ``Rows`` (the memory-mapped folder: its reads may go to the disk) and copies rows
-of arrays in memory in the training thread. The first batch of an epoch is always waited for
-(there is no step before it to overlap with): its wait is shown apart; then the median and
-the mean wait per later step (a mean well above the median: a few long waits, the thread not
-scheduled in time on a busy machine).
+.npy folder (float64 files, cast per batch), from a CSV read by the table source (the MLP only:
+a table feeds one ``[N, F]`` input) and, for the image models, from a ``Rows`` of PNG images
+decoded with Pillow per batch (an image folder's cost, without the disk); the median train
+step; and, training one epoch with ``Trainer.fit``, how long the training loop waited for
+batches: as the Trainer reads them (``prefetch = 2``: a background thread where the epoch's
+first batch took 1 ms or more to read, ``tr_onnx.data.prefetch``; the "reads in" column says
+which it chose) and, for comparison, all in the training thread (``prefetch = 0``, where the
+whole read is waiting). The first batch of an epoch is always waited for (there is no step
+before it to overlap with): its wait is shown apart; then the median and the mean wait per
+later step (a mean well above the median: a few long waits, the thread not scheduled in time
+on a busy machine).
 
 The files are written just before they are read, so the .npy reads hit the page cache, not the
 disk. Like profile_step.py, the numbers are taken once per OpenBLAS setting (``--blas-env``).
@@ -78,6 +79,56 @@ def write_sources(model: str, n: int, folder: Path) -> dict[str, Path]:
     return paths
 
 
+class DecodedPNG:
+    """A ``Rows`` of images stored as PNG files' bytes, decoded with Pillow when a batch is
+    indexed (what an image folder's reads cost, without the disk)."""
+
+    def __init__(self, pngs: list[bytes], shape: tuple[int, ...]):
+        import numpy as np
+
+        self.pngs, self.shape, self.dtype = pngs, (len(pngs), *shape), np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.pngs)
+
+    def __getitem__(self, idx):
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        rows = np.arange(len(self))[idx]
+        images = [np.asarray(Image.open(io.BytesIO(self.pngs[i])).convert(
+            "RGB" if self.shape[1] == 3 else "L"), np.float32) for i in rows]
+        x = np.stack(images) / 255.0
+        return (x[:, None] if self.shape[1] == 1 else x.transpose(0, 3, 1, 2)).astype(
+            np.float32)
+
+    def subset(self, idx):
+        return DecodedPNG([self.pngs[i] for i in idx], self.shape[1:])
+
+    def fingerprint(self) -> int:
+        return len(self.pngs)
+
+
+def decoded_png(model: str, n: int):
+    """(arrays, labels) of ``n`` random images of the model's input shape, as PNG bytes."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    c, h, w = ZOO_SHAPES[model]
+    rng = np.random.default_rng(0)
+    pngs = []
+    for _ in range(n):
+        pixels = rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels[..., 0] if c == 1 else pixels).save(out, "PNG")
+        pngs.append(out.getvalue())
+    return {"input": DecodedPNG(pngs, (c, h, w))}, rng.integers(0, CLASSES, n)
+
+
 def batch_ms(data, batch: int, reads: int) -> float:
     """Median ms to make one batch as Trainer._run_epoch does."""
     import numpy as np
@@ -120,7 +171,7 @@ def epoch_waits(session, data, batch: int, prefetch: int):
     (prefetcher,) = made
     waits = [w * 1e3 for w in prefetcher.waits]
     later = waits[1:] or [0.0]
-    return (prefetcher._depth > 0, waits[0], median(later), sum(later) / len(later),
+    return (prefetcher.threaded, waits[0], median(later), sum(later) / len(later),
             100 * sum(waits) / seconds / 1e3)
 
 
@@ -157,8 +208,11 @@ def measure(args) -> None:
             steps.append((time.perf_counter() - start) * 1e3)
         step = median(steps)
         with tempfile.TemporaryDirectory(prefix="tr_onnx_data_bench_") as tmp:
-            for source, path in write_sources(model, args.samples, Path(tmp)).items():
-                data = load(path, session.imported.inputs, kind, dtype).data
+            sources = {name: load(path, session.imported.inputs, kind, dtype).data
+                       for name, path in write_sources(model, args.samples, Path(tmp)).items()}
+            if len(ZOO_SHAPES[model]) == 3:
+                sources["PNG decoded"] = decoded_png(model, args.samples)
+            for source, data in sources.items():
                 one = batch_ms(data, args.batch, args.steps)
                 epoch_waits(session, data, args.batch, 2)  # a warm-up epoch
                 threaded, first, later, mean, share = epoch_waits(session, data, args.batch, 2)

@@ -511,10 +511,8 @@ class Trainer:
             if data is not None:
                 self.session.check_class_labels(data[1], feed, what)
 
-    # batches of a Rows (files read, images decoded) made ahead by a background thread while a
-    # step runs (Prefetcher); 0: each in the training thread when its step is due. Rows of
-    # arrays in memory are always copied in the training thread: that takes microseconds, less
-    # than handing a batch between threads (docs/benchmarks.md, "Data loading")
+    # batches that take time to read (files, decoding) made ahead by a background thread
+    # while a step runs (Prefetcher, which says when); 0: each in the training thread
     prefetch = 2
 
     def _run_epoch(self) -> None:
@@ -559,8 +557,7 @@ class Trainer:
             return rows, labels[idx], {k: v[idx] for k, v in arrays.items()}
 
         try:
-            reads = any(isinstance(v, Rows) for v in arrays.values())
-            with Prefetcher(fetch, range(self.batch, nb), self.prefetch if reads else 0,
+            with Prefetcher(fetch, range(self.batch, nb), self.prefetch,
                             lambda b: f"epoch {epoch + 1}, batch {b + 1}") as batches:
                 start = time.perf_counter()  # waiting for a batch counts as training time
                 for b, (rows, y, feed) in batches:
