@@ -197,9 +197,8 @@ def _labels(table: _Table, names: list[str], label_kind: str, label_dtype: np.dt
             raise InputError(f"{table.path}: column {name!r} holds text labels ({classes[:5]}"
                              "...), class names; this loss needs numeric targets (a "
                              "classification loss such as cross_entropy takes class names)")
-        lookup = {c: i for i, c in enumerate(classes)}
-        return (np.array([lookup[v] for v in values.to_pylist()], np.int64),
-                {"classes": classes})
+        index = pc.index_in(values, value_set=pa.array(classes, pa.string()))
+        return index.to_numpy().astype(np.int64), {"classes": classes}
     y = np.stack([table.numbers(name) for name in names], axis=1)
     if label_kind == "index":
         if len(names) != 1:
