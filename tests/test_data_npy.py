@@ -55,26 +55,26 @@ def test_the_arrays_stay_memory_mapped_through_the_split_and_training_reads_batc
     write_data(tmp_path / "folder", n, features)
     session = tr_onnx.TrainingSession(str(model), backend="numpy")
     kind, dtype = label_kind(session)
-    loaded = load(tmp_path / "folder", session.imported.inputs, kind, dtype)
-    assert loaded.source == "npy_folder"
-    (train_data, val_data) = split(*loaded.data, 0.25)
-    for arrays in (loaded.data[0], train_data[0], val_data[0]):
-        assert isinstance(arrays["x"], MappedRows)
-        assert isinstance(arrays["x"].array, np.memmap)
-        assert arrays["x"].dtype == np.float32
-    assert len(train_data[0]["x"]) == 3072
-    np.testing.assert_array_equal(val_data[0]["x"][:5],
-                                  np.load(tmp_path / "folder" / "x.npy")[
-                                      np.sort(np.random.default_rng(0).permutation(n)[:1024])[
-                                          :5]].astype(np.float32))
-    trainer = Trainer(session, train_data, val_data, batch_size=64, epochs=2, log=None,
-                      progress=False)
-    tracemalloc.start()
+    tracemalloc.start()  # from the load on: nothing may hold the file's 16 MiB
     try:
+        loaded = load(tmp_path / "folder", session.imported.inputs, kind, dtype)
+        assert loaded.source == "npy_folder"
+        (train_data, val_data) = split(*loaded.data, 0.25)
+        for arrays in (loaded.data[0], train_data[0], val_data[0]):
+            assert isinstance(arrays["x"], MappedRows)
+            assert isinstance(arrays["x"].array, np.memmap)
+            assert arrays["x"].dtype == np.float32
+        assert len(train_data[0]["x"]) == 3072
+        trainer = Trainer(session, train_data, val_data, batch_size=64, epochs=2, log=None,
+                          progress=False)
         trainer.fit()
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    np.testing.assert_array_equal(val_data[0]["x"][:5],
+                                  np.load(tmp_path / "folder" / "x.npy")[
+                                      np.sort(np.random.default_rng(0).permutation(n)[:1024])[
+                                          :5]].astype(np.float32))
     assert peak < n * features * 8 / 4, peak  # batches, not the file
     assert len(trainer.history) == 2
 
