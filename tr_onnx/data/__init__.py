@@ -39,7 +39,8 @@ class Rows(Protocol):
     """Samples read when indexed (``rows[idx]`` -> an ndarray of ``len(idx)`` samples), with
     the ``shape``/``dtype`` of the whole; ``subset(idx)`` is the same source over those rows
     (a split), ``fingerprint()`` a cheap CRC-32 of what identifies the data (its files and
-    their sizes and times), recorded by checkpoints."""
+    their sizes and times), recorded by checkpoints. The Trainer may index it from a background
+    thread (``prefetch.Prefetcher``), one call at a time."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
