@@ -189,6 +189,8 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     spec_file = getattr(args, "data_spec", None)
     options = flag_options(read_spec(spec_file) if spec_file else {}, args)
     loaded = load(args.data, session.imported.inputs, kind, dtype, options)
+    for note in loaded.notes if log else ():
+        log(note)
     arrays, labels = loaded.data
     # every label, at its position in the file, before the split and the first step
     session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
@@ -278,9 +280,10 @@ def add_train_parser(sub) -> None:
                        "is checked before the first step; missing parent folders are created.")
     t.add_argument("model", help="the ONNX model to train (with --resume: the checkpoint's "
                    "model, or its trained export)")
-    t.add_argument("--data", required=True, metavar="DATA.npz|digits",
+    t.add_argument("--data", required=True, metavar="DATA",
                    help="an .npz with one array per model input (named after it, samples on "
-                   "axis 0) plus 'labels', or 'digits' (scikit-learn's 8x8 digits)")
+                   "axis 0) plus 'labels', a folder of such .npy files, a CSV or Parquet table, "
+                   "or 'digits' (scikit-learn's 8x8 digits); docs/data.md")
     t.add_argument("--data-spec", metavar="FILE.toml",
                    help="what --data cannot say itself: kind = ..., and a [section] per kind "
                         "(docs/data.md)")
