@@ -161,6 +161,19 @@ class PendingStep:
         return session.last_outputs()
 
 
+def check_frozen_batchnorm(mode: str) -> str:
+    if mode not in ("train", "eval"):
+        raise OptionError(f"frozen_batchnorm={mode!r}; valid: 'train', 'eval'")
+    return mode
+
+
+def check_unfreeze_after(epochs: int | None) -> int | None:
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
+                               or epochs < 0):
+        raise OptionError(f"unfreeze_after={epochs!r}: must be a number of epochs >= 0 or None")
+    return epochs
+
+
 class TrainingSession:
     """Train an ONNX model.
 
@@ -220,6 +233,12 @@ class TrainingSession:
     all of them. ``train_step`` returns this rank's loss. ``grad_bucket_mb``: the gradients
     are all-reduced in buckets of about this size, each started as soon as the backward pass
     has finished it (DDP's ``bucket_cap_mb``).
+    ``frozen_batchnorm``: ``"train"`` (default: every BatchNorm uses batch statistics and
+    updates its running statistics) or ``"eval"``: a BatchNorm whose scale and bias are both
+    frozen runs in inference mode (running statistics used, not updated), as ``model.eval()``
+    on the frozen part in torchvision's fine-tuning recipes. ``unfreeze_after``: at the start
+    of epoch ``unfreeze_after + 1`` (``begin_epoch``, which ``Trainer`` calls) everything the
+    default trainable set holds trains (``unfreeze``).
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -236,7 +255,8 @@ class TrainingSession:
                  max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
                  max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES,
                  distributed: World | None = None, sync_batchnorm: bool = False,
-                 grad_bucket_mb: float = 25.0):
+                 grad_bucket_mb: float = 25.0, frozen_batchnorm: str = "train",
+                 unfreeze_after: int | None = None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -296,7 +316,9 @@ class TrainingSession:
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
                             precision=precision, loss_scale=loss_scale,
                             fold_limit_bytes=fold_limit_bytes,
-                            sync_batchnorm=bool(sync_batchnorm), grad_bucket_mb=grad_bucket_mb)
+                            sync_batchnorm=bool(sync_batchnorm), grad_bucket_mb=grad_bucket_mb,
+                            frozen_batchnorm=check_frozen_batchnorm(frozen_batchnorm),
+                            unfreeze_after=check_unfreeze_after(unfreeze_after))
         # a world of one trains as no world at all: the plan gets no collective nodes
         self.world = distributed if distributed is not None and distributed.size > 1 else None
         self._world_id = register(self.world) if self.world is not None else None
@@ -384,13 +406,40 @@ class TrainingSession:
             data_inputs=tuple(i.name for i in self.imported.inputs),
             world=self._world_id, sync_batchnorm=opts["sync_batchnorm"],
             grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))),
-            grad_accumulation=opts["grad_accumulation"])
+            grad_accumulation=opts["grad_accumulation"],
+            frozen_batchnorm_eval=opts["frozen_batchnorm"] == "eval")
         return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
                                               backend=self.backend, cfg=cfg),
                             absorb_flatten=False, device=self.device,
                             cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)
+
+    def begin_epoch(self, epoch: int) -> str | None:
+        """Called before epoch ``epoch`` (0-based) trains: unfreezes (``unfreeze``) once
+        ``unfreeze_after`` epochs are done; returns a note saying so, else None."""
+        after = self.options["unfreeze_after"]
+        if after is None or epoch < after or self.options["trainable"] is None \
+                and not self.options["frozen"]:
+            return None
+        self.unfreeze()
+        return f"epoch {epoch + 1}: unfrozen after {after} epochs, every parameter trains"
+
+    def unfreeze(self, trainable=None, frozen=()) -> None:
+        """Train ``trainable`` minus ``frozen`` from the next step on (default: the model's
+        parameters, ``parameter_roles``). The plan is static, so this compiles new ones, with
+        gradient buffers and optimizer state for the newly trainable weights; their optimizer
+        state starts at zero, as PyTorch's for parameters added to an optimizer, and
+        everything else (weights, running statistics, others' optimizer state) carries over.
+        BatchNorms with trainable parameters switch to training mode."""
+        self._drain()
+        if self._active is not None:
+            self._pending = self._read_state(self._active) | self._pending
+        self._plans.clear()
+        self._plans.sizes.clear()
+        self._active = None
+        self.options.update(trainable=list(trainable) if trainable is not None else None,
+                            frozen=list(frozen))
 
     def _mutable_names(self, plan: CompiledPlan) -> list[str]:
         info: TrainInfo = plan.info

@@ -92,6 +92,9 @@ class TrainConfig:
     sync_batchnorm: bool = False
     grad_bucket_bytes: int = 25 << 20  # all-reduce buckets (``training.data_parallel``)
     grad_accumulation: int = 1  # micro-batches per optimizer step (1: ``fold_accumulators``)
+    # BatchNorms whose scale and bias are both frozen stay in inference mode (running
+    # statistics used, not updated), as model.eval() on frozen layers in torchvision recipes
+    frozen_batchnorm_eval: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,15 @@ def _matches(name: str, patterns) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def is_chosen(name: str, cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` picks parameter ``name`` to train (if the loss depends on it)."""
+    if _matches(name, cfg.frozen):
+        return False
+    if cfg.trainable is not None:
+        return _matches(name, cfg.trainable)
+    return cfg.default_trainable is None or name in cfg.default_trainable
+
+
 def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str, name: str,
               inputs, outputs, attrs) -> Node:
     opdef = registry.lookup(INTERNAL, op_type, 1, backend)
@@ -181,6 +193,10 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
                 raise UnsupportedModelError(f"{node.label}: spatial=0 BatchNormalization cannot "
                                             "be trained", [])
             x, scale, bias, mean, var = node.inputs[:5]
+            if cfg.frozen_batchnorm_eval and not any(
+                    v is not None and v.kind == ir.PARAM and is_chosen(v.name, cfg)
+                    for v in (scale, bias)):
+                continue  # frozen layer: inference mode
             stats = (scale, bias, mean, var)
             if x.rank < 2 or any(v is None or v.shape != (x.shape[1],) for v in stats):
                 raise UnsupportedModelError(
@@ -428,13 +444,7 @@ def select_trainable(graph: Graph, loss: Value, cfg: TrainConfig) -> list[Value]
     params = [v for v in graph.values.values() if v.kind == ir.PARAM and v.dtype.kind == "f"]
     reach = contributes_to(graph, loss)
 
-    def chosen(name: str) -> bool:
-        if cfg.trainable is not None:
-            return _matches(name, cfg.trainable)
-        return cfg.default_trainable is None or name in cfg.default_trainable
-
-    selected = [p for p in params if p in reach and chosen(p.name)
-                and not _matches(p.name, cfg.frozen)]
+    selected = [p for p in params if p in reach and is_chosen(p.name, cfg)]
     if not selected:
         what = (f"trainable={cfg.trainable}" if cfg.trainable is not None else
                 "the model's parameters (scalar constants and buffers are frozen by default; "

@@ -473,6 +473,8 @@ class Trainer:
         try:
             with self._metrics_file():
                 while self.epoch < self.epochs:
+                    if (note := self.session.begin_epoch(self.epoch)) is not None:
+                        self.log(note)  # unfrozen (fine-tuning's unfreeze_after)
                     self._run_epoch()
         except TrainingDiverged as exc:
             self.status = "diverged"
