@@ -139,3 +139,64 @@ def test_resnet18_new_head_then_all_layers_train_as_torch(exporter, tmp_path):
     assert exported.shape == (BATCH, K)
     np.testing.assert_allclose(exported, want, rtol=0, atol=TORCH_ATOL)
     np.testing.assert_allclose(trained, exported, rtol=0, atol=EXPORT_ATOL)
+
+
+CLASS_NAMES = ("a", "b", "c", "d", "e")
+
+
+def write_image_folder(root: Path, per_class: int = 4, size: int = 40) -> Path:
+    """Five classes of random RGB images, each tinted by its class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for k, name in enumerate(CLASS_NAMES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            x = rng.integers(0, 120, (size, size, 3))
+            x[..., k % 3] += 40 * (k + 1) // 2
+            Image.fromarray(x.astype(np.uint8), "RGB").save(root / name / f"{i}.png")
+    return root
+
+
+def cli_train(model: Path, root: Path, out: Path, *extra: str) -> int:
+    from tr_onnx.cli import main
+
+    return main(["train", str(model), "--data", str(root), "--out", str(out), "--batch-size",
+                 str(BATCH), "--optimizer", "sgd", "--lr", str(LR), "--val-split", "0",
+                 "--no-progress", "--backend", "numpy", "--num-classes", str(K),
+                 "--train-only", "head", *extra])
+
+
+def _inits(path: Path) -> dict[str, np.ndarray]:
+    return {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+
+
+@pytest.mark.parametrize("exporter", ["classic", "dynamo"])
+def test_cli_fine_tunes_resnet18_to_5_classes_head_then_all(exporter, tmp_path, capsys):
+    """``--num-classes 5 --train-only head`` on an image folder: one epoch changes the head
+    alone (running statistics too stay: frozen BatchNorms in inference mode); with
+    ``--unfreeze-after 1`` the second epoch trains every layer. The exports run in onnxruntime
+    with 5 outputs as tr_onnx's forward does."""
+    base = pretrained_like_resnet18()
+    model = export_resnet(base, exporter, tmp_path / "resnet18.onnx")
+    root = write_image_folder(tmp_path / "images")
+    head_only, everything = tmp_path / "head.onnx", tmp_path / "all.onnx"
+    assert cli_train(model, root, head_only, "--epochs", "1") == 0, capsys.readouterr().err
+    assert "new head: Gemm" in capsys.readouterr().out
+    assert cli_train(model, root, everything, "--epochs", "2", "--unfreeze-after", "1") == 0
+    assert "unfrozen after 1 epochs" in capsys.readouterr().out
+    before, after_head, after_all = _inits(model), _inits(head_only), _inits(everything)
+    _, choice = replace_head(onnx.load(model), K)
+    head = {choice.weight, choice.bias}
+    changed = {n for n in before if n not in head
+               and not np.array_equal(before[n], after_head[n])}
+    assert not changed, sorted(changed)[:5]  # weights and running statistics as they were
+    assert after_head[choice.weight].shape == (K, 512)
+    moved = {n for n in before if n not in head and not np.array_equal(before[n], after_all[n])}
+    assert len(moved) >= 100  # convs, BatchNorm scales, biases and running statistics
+    x = batch(7)[0]
+    for out in (head_only, everything):
+        (exported,) = ort_run(str(out), {"x": x})
+        (ours,) = tr_onnx.InferenceSession(str(out), backend="numpy").run(None, {"x": x})
+        assert exported.shape == (BATCH, K)
+        np.testing.assert_allclose(ours, exported, rtol=0, atol=EXPORT_ATOL)

@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import cli_finetune
 from .errors import InputError, TrOnnxError
 
 
@@ -179,8 +180,11 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     else:
         seed = 0 if args.seed is None else args.seed
         batch_size = 32 if args.batch_size is None else args.batch_size
+        model, tuned, notes = cli_finetune.apply(args, args.model)  # docs/finetune.md
+        for note in notes if log else ():
+            log(note)
         session = _user_error(
-            TrainingSession, args.model, loss=args.loss,
+            TrainingSession, model, loss=args.loss, **tuned,
             optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
             grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
             seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32",
@@ -288,6 +292,7 @@ def add_train_parser(sub) -> None:
                    help="what --data cannot say itself: kind = ..., and a [section] per kind "
                         "(docs/data.md)")
     add_data_arguments(t.add_argument_group("data sources (docs/data.md)"))
+    cli_finetune.add_arguments(t.add_argument_group("fine-tuning (docs/finetune.md)"))
     t.add_argument("--loss", default="cross_entropy",
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")
