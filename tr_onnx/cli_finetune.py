@@ -1,7 +1,8 @@
 """``tr-onnx train``'s fine-tuning options (issue 33): a new head of K classes
 (``--num-classes``, ``--head``), what trains (``--train-only``) and when everything does
-(``--unfreeze-after``). ``cli_train`` adds them to its parser and applies them to the model and
-the session's arguments; the work is ``tr_onnx.finetune``'s."""
+(``--unfreeze-after``), learning rates by group (``--lr-group``). ``cli_train`` adds them to its
+parser and applies them to the model and the session's arguments; the work is
+``tr_onnx.finetune``'s."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ def _count(text: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 0")
     return n
+
+
+def _lr_group(text: str) -> tuple[str, float]:
+    pattern, sep, mult = text.rpartition("=")
+    try:
+        value = float(mult)
+    except ValueError:
+        value = -1.0
+    if not sep or not pattern or not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be PATTERN=MULTIPLIER (a number >= 0)")
+    return pattern, value
 
 
 def add_arguments(group) -> None:
@@ -33,6 +45,10 @@ def add_arguments(group) -> None:
                             "parameters are all frozen run in inference mode")
     group.add_argument("--unfreeze-after", type=_count, default=None, metavar="N",
                        help="with --train-only: after N epochs every parameter trains")
+    group.add_argument("--lr-group", type=_lr_group, action="append", default=[],
+                       metavar="PATTERN=MULT",
+                       help="initializers matching PATTERN (fnmatch) train with --lr times MULT "
+                            "(repeatable; the first match wins; numpy backend, fp32)")
 
 
 def apply(args, model_path: str):
@@ -56,13 +72,14 @@ def apply(args, model_path: str):
                                      seed=args.seed or 0)
         notes.append(f"new head: {choice.op_type} {choice.node!r} ({choice.in_features} -> "
                      f"{choice.num_classes} classes, was {choice.old_classes}; {choice.why})")
+    kwargs: dict = {"lr_groups": dict(args.lr_group)} if args.lr_group else {}
     if args.train_only is None:
-        return model, {}, notes
+        return model, kwargs, notes
     if args.train_only == "head" and choice is None:
         raise TrOnnxError("--train-only head needs --num-classes (the new head)")
     train_only = (args.train_only if args.train_only == "head"
                   else [p for p in args.train_only.split(",") if p])
-    kwargs = finetune_options(train_only, choice, args.unfreeze_after)
+    kwargs.update(finetune_options(train_only, choice, args.unfreeze_after))
     notes.append(f"training only {kwargs['trainable']}"
                  + (f" for {args.unfreeze_after} epochs, then everything"
                     if args.unfreeze_after is not None else ""))

@@ -174,6 +174,20 @@ def check_unfreeze_after(epochs: int | None) -> int | None:
     return epochs
 
 
+def check_lr_groups(groups: dict | None, backend: str, precision: str) -> dict | None:
+    if not groups:
+        return None
+    if not isinstance(groups, dict) or not all(
+            isinstance(k, str) and isinstance(m, numbers.Real) and not isinstance(m, bool)
+            and math.isfinite(m) and m >= 0 for k, m in groups.items()):
+        raise OptionError(f"lr_groups={groups!r}: must be {{name pattern: multiplier >= 0}}")
+    if backend != "numpy" or precision != "fp32":
+        # the cuda step guard and half precision wire their inputs into one update node
+        raise OptionError(f"lr_groups: the numpy backend in fp32 only (not {backend}, "
+                          f"{precision})")
+    return {k: float(m) for k, m in groups.items()}
+
+
 class TrainingSession:
     """Train an ONNX model.
 
@@ -238,7 +252,10 @@ class TrainingSession:
     frozen runs in inference mode (running statistics used, not updated), as ``model.eval()``
     on the frozen part in torchvision's fine-tuning recipes. ``unfreeze_after``: at the start
     of epoch ``unfreeze_after + 1`` (``begin_epoch``, which ``Trainer`` calls) everything the
-    default trainable set holds trains (``unfreeze``).
+    default trainable set holds trains (``unfreeze``). ``lr_groups``: {fnmatch pattern:
+    multiplier}: a parameter's learning rate is the session's times its first matching
+    pattern's multiplier (1 where none matches), as ``torch.optim`` parameter groups with
+    those learning rates (discriminative fine-tuning); numpy backend, fp32.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -256,7 +273,7 @@ class TrainingSession:
                  max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES,
                  distributed: World | None = None, sync_batchnorm: bool = False,
                  grad_bucket_mb: float = 25.0, frozen_batchnorm: str = "train",
-                 unfreeze_after: int | None = None):
+                 unfreeze_after: int | None = None, lr_groups: dict | None = None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -318,7 +335,8 @@ class TrainingSession:
                             fold_limit_bytes=fold_limit_bytes,
                             sync_batchnorm=bool(sync_batchnorm), grad_bucket_mb=grad_bucket_mb,
                             frozen_batchnorm=check_frozen_batchnorm(frozen_batchnorm),
-                            unfreeze_after=check_unfreeze_after(unfreeze_after))
+                            unfreeze_after=check_unfreeze_after(unfreeze_after),
+                            lr_groups=check_lr_groups(lr_groups, self.backend, precision))
         # a world of one trains as no world at all: the plan gets no collective nodes
         self.world = distributed if distributed is not None and distributed.size > 1 else None
         self._world_id = register(self.world) if self.world is not None else None
@@ -407,7 +425,8 @@ class TrainingSession:
             world=self._world_id, sync_batchnorm=opts["sync_batchnorm"],
             grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))),
             grad_accumulation=opts["grad_accumulation"],
-            frozen_batchnorm_eval=opts["frozen_batchnorm"] == "eval")
+            frozen_batchnorm_eval=opts["frozen_batchnorm"] == "eval",
+            lr_groups=opts["lr_groups"] or {})
         return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,

@@ -95,6 +95,9 @@ class TrainConfig:
     # BatchNorms whose scale and bias are both frozen stay in inference mode (running
     # statistics used, not updated), as model.eval() on frozen layers in torchvision recipes
     frozen_batchnorm_eval: bool = False
+    # fnmatch pattern -> learning-rate multiplier (discriminative fine-tuning); a parameter
+    # takes its first matching pattern's, else 1 (``lr_group_runs``)
+    lr_groups: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -451,11 +454,37 @@ def select_trainable(graph: Graph, loss: Value, cfg: TrainConfig) -> list[Value]
                 "`tr-onnx inspect` lists why)")
         raise TrOnnxError(f"no trainable parameters: nothing the loss depends on matches {what} "
                           f"minus frozen={cfg.frozen}")
+    if cfg.lr_groups:  # each group's parameters adjacent: one update over each group's spans
+        selected.sort(key=lambda p: lr_group_of(p.name, cfg.lr_groups)[0])
     dtypes = {p.dtype for p in selected}
     if len(dtypes) != 1:
         raise TrOnnxError(f"trainable parameters mix dtypes {sorted(map(str, dtypes))}; freeze "
                           "some or cast the model")
     return selected
+
+
+def lr_group_of(name: str, lr_groups: dict[str, float]) -> tuple[int, float]:
+    """The index of the first pattern of ``lr_groups`` that ``name`` matches and its
+    multiplier; (len(lr_groups), 1.0) where none does."""
+    for k, (pattern, mult) in enumerate(lr_groups.items()):
+        if fnmatch.fnmatchcase(name, pattern):
+            return k, float(mult)
+    return len(lr_groups), 1.0
+
+
+def lr_group_runs(trainable: list[Value], lr_groups: dict[str, float]
+                  ) -> list[tuple[float, int, int]]:
+    """(multiplier, start, stop) of each run of adjacent trainable parameters of one group."""
+    runs: list[tuple[float, int, int]] = []
+    last = None
+    for i, p in enumerate(trainable):
+        group, mult = lr_group_of(p.name, lr_groups)
+        if group == last:
+            runs[-1] = (mult, runs[-1][1], i + 1)
+        else:
+            runs.append((mult, i, i + 1))
+        last = group
+    return runs
 
 
 def add_backward(graph: Graph, loss: Value, trainable: list[Value], registry: OpRegistry,
@@ -615,11 +644,34 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
     grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
                      {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL,
                      shapes=[((), np.float32)])
-    b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
-         cfg.optimizer.attrs(), domain=INTERNAL, shapes=[])
-    update = b.graph.nodes[-1]
+    if cfg.lr_groups:
+        update = _add_group_updates(b, spans, scalars, cfg)
+    else:
+        b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
+             cfg.optimizer.attrs(), domain=INTERNAL, shapes=[])
+        update = b.graph.nodes[-1]
     b.op("ZeroFill", [g_span], domain=INTERNAL, shapes=[])
     return grad_norm, update
+
+
+def _add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
+                       cfg: TrainConfig) -> Node:
+    """One optimizer update per learning-rate group, over its run of each span (a span of
+    those members: adjacent slots, as ``select_trainable`` ordered them), with the learning
+    rate times the group's multiplier; returns the first."""
+    updates = []
+    for k, (mult, start, stop) in enumerate(lr_group_runs(spans[0].span_of, cfg.lr_groups)):
+        parts = []
+        for span in spans:
+            part = Value(f"{span.name}/group{k}", (0,), span.dtype, span.kind,
+                         span_of=span.span_of[start:stop])
+            b.graph.values[part.name] = part
+            parts.append(part)
+        lr = scalars[LR] if mult == 1.0 else b.mul(scalars[LR], b.const(np.float32(mult)))
+        b.op(cfg.optimizer.op, [*parts, lr, scalars[STEP]], cfg.optimizer.attrs(),
+             domain=INTERNAL, shapes=[])
+        updates.append(b.graph.nodes[-1])
+    return updates[0]
 
 
 def set_optional_input(graph: Graph, node: Node, index: int, value: Value) -> None:
