@@ -121,3 +121,41 @@ def test_cli_lr_groups_and_option_errors(tmp_path):
             apply(_parse(*argv), str(path))
     with pytest.raises(SystemExit):
         _parse("--lr-group", "features.*")
+
+
+UNFREEZE_OPTIMIZERS = {
+    "sgd-dampening": (tr_onnx.optim.SGD(lr=LR, momentum=0.9, dampening=0.5), torch.optim.SGD,
+                      {"momentum": 0.9, "dampening": 0.5}),
+    "adamw": (tr_onnx.optim.AdamW(lr=LR, weight_decay=1e-2), torch.optim.AdamW,
+              {"weight_decay": 1e-2}),
+}
+
+
+@pytest.mark.parametrize("name", list(UNFREEZE_OPTIMIZERS))
+def test_unfrozen_parameters_start_their_optimizer_state_as_torch_add_param_group(name):
+    """The head trains 2 steps, then everything 2 more: torch's ``add_param_group`` gives the
+    added parameters fresh state (step 0: Adam's bias correction, SGD's first momentum
+    buffer); with the head's lr group at 2x on the way."""
+    ours_opt, torch_cls, kwargs = UNFREEZE_OPTIMIZERS[name]
+    module = Net()
+    session = tr_onnx.TrainingSession(_export(module), optimizer=ours_opt, backend="numpy",
+                                      trainable=["fc.*"], lr_groups={"fc.*": 2.0})
+    opt = torch_cls([{"params": module.fc.parameters(), "lr": 2 * LR}], lr=LR, **kwargs)
+
+    def steps(ks):
+        for k in ks:
+            x, y = _batch(k)
+            session.train_step({"x": x}, y)
+            loss = torch.nn.functional.cross_entropy(module(torch.from_numpy(x)),
+                                                     torch.from_numpy(y))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    steps(range(2))
+    session.unfreeze()
+    opt.add_param_group({"params": list(module.features.parameters())})
+    steps(range(2, 4))
+    params = session.parameters()
+    for n, p in module.named_parameters():
+        np.testing.assert_allclose(params[n], p.detach().numpy(), rtol=0, atol=1e-6, err_msg=n)

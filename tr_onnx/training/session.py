@@ -255,7 +255,10 @@ class TrainingSession:
     default trainable set holds trains (``unfreeze``). ``lr_groups``: {fnmatch pattern:
     multiplier}: a parameter's learning rate is the session's times its first matching
     pattern's multiplier (1 where none matches), as ``torch.optim`` parameter groups with
-    those learning rates (discriminative fine-tuning); numpy backend, fp32.
+    those learning rates (discriminative fine-tuning); numpy backend, fp32. ``step_offsets``
+    ({parameter: optimizer steps}, which ``unfreeze`` records; kept in checkpoints): a
+    parameter's update counts only the steps since it became trainable (Adam's bias
+    correction, SGD's first momentum step), as PyTorch's per-parameter optimizer state.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -273,7 +276,8 @@ class TrainingSession:
                  max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES,
                  distributed: World | None = None, sync_batchnorm: bool = False,
                  grad_bucket_mb: float = 25.0, frozen_batchnorm: str = "train",
-                 unfreeze_after: int | None = None, lr_groups: dict | None = None):
+                 unfreeze_after: int | None = None, lr_groups: dict | None = None,
+                 step_offsets: dict | None = None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -336,7 +340,8 @@ class TrainingSession:
                             sync_batchnorm=bool(sync_batchnorm), grad_bucket_mb=grad_bucket_mb,
                             frozen_batchnorm=check_frozen_batchnorm(frozen_batchnorm),
                             unfreeze_after=check_unfreeze_after(unfreeze_after),
-                            lr_groups=check_lr_groups(lr_groups, self.backend, precision))
+                            lr_groups=check_lr_groups(lr_groups, self.backend, precision),
+                            step_offsets={str(k): int(v) for k, v in (step_offsets or {}).items()})
         # a world of one trains as no world at all: the plan gets no collective nodes
         self.world = distributed if distributed is not None and distributed.size > 1 else None
         self._world_id = register(self.world) if self.world is not None else None
@@ -426,7 +431,7 @@ class TrainingSession:
             grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))),
             grad_accumulation=opts["grad_accumulation"],
             frozen_batchnorm_eval=opts["frozen_batchnorm"] == "eval",
-            lr_groups=opts["lr_groups"] or {})
+            lr_groups=opts["lr_groups"] or {}, step_offsets=opts["step_offsets"])
         return compile_plan(self.imported, shapes, const_feeds,
                             self.backend, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
@@ -448,12 +453,20 @@ class TrainingSession:
         """Train ``trainable`` minus ``frozen`` from the next step on (default: the model's
         parameters, ``parameter_roles``). The plan is static, so this compiles new ones, with
         gradient buffers and optimizer state for the newly trainable weights; their optimizer
-        state starts at zero, as PyTorch's for parameters added to an optimizer, and
-        everything else (weights, running statistics, others' optimizer state) carries over.
+        state starts at zero and counts its own steps (``step_offsets``; numpy, fp32), as
+        PyTorch's for parameters added to an optimizer, and everything else (weights, running
+        statistics, others' optimizer state) carries over.
         BatchNorms with trainable parameters switch to training mode."""
         self._drain()
         if self._active is not None:
             self._pending = self._read_state(self._active) | self._pending
+            # one update per group of offsets: the numpy backend in fp32 (``check_lr_groups``)
+            if self.step and self.backend == "numpy" and self.options["precision"] == "fp32":
+                before = set(self._active.info.trainable)
+                offsets = self.options["step_offsets"]
+                offsets.update({v.name: self.step for v in self._active.graph.values.values()
+                                if v.kind == ir.PARAM and v.name not in before
+                                and v.name not in offsets})
         self._plans.clear()
         self._plans.sizes.clear()
         self._active = None

@@ -98,6 +98,9 @@ class TrainConfig:
     # fnmatch pattern -> learning-rate multiplier (discriminative fine-tuning); a parameter
     # takes its first matching pattern's, else 1 (``lr_group_runs``)
     lr_groups: dict[str, float] = field(default_factory=dict)
+    # parameter -> optimizer steps taken before it became trainable (``TrainingSession.
+    # unfreeze``): its update counts its own steps, as PyTorch's per-parameter state does
+    step_offsets: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -454,8 +457,8 @@ def select_trainable(graph: Graph, loss: Value, cfg: TrainConfig) -> list[Value]
                 "`tr-onnx inspect` lists why)")
         raise TrOnnxError(f"no trainable parameters: nothing the loss depends on matches {what} "
                           f"minus frozen={cfg.frozen}")
-    if cfg.lr_groups:  # each group's parameters adjacent: one update over each group's spans
-        selected.sort(key=lambda p: lr_group_of(p.name, cfg.lr_groups)[0])
+    if cfg.lr_groups or cfg.step_offsets:  # each group adjacent: one update over its spans
+        selected.sort(key=lambda p: update_group(p.name, cfg)[0])
     dtypes = {p.dtype for p in selected}
     if len(dtypes) != 1:
         raise TrOnnxError(f"trainable parameters mix dtypes {sorted(map(str, dtypes))}; freeze "
@@ -472,18 +475,26 @@ def lr_group_of(name: str, lr_groups: dict[str, float]) -> tuple[int, float]:
     return len(lr_groups), 1.0
 
 
-def lr_group_runs(trainable: list[Value], lr_groups: dict[str, float]
-                  ) -> list[tuple[float, int, int]]:
-    """(multiplier, start, stop) of each run of adjacent trainable parameters of one group."""
-    runs: list[tuple[float, int, int]] = []
+def update_group(name: str, cfg: TrainConfig) -> tuple[tuple[int, int], float, int]:
+    """The update group of parameter ``name``: its key (learning-rate group, step offset), its
+    learning-rate multiplier and its step offset."""
+    group, mult = lr_group_of(name, cfg.lr_groups)
+    offset = int(cfg.step_offsets.get(name, 0))
+    return (group, offset), mult, offset
+
+
+def update_runs(trainable: list[Value], cfg: TrainConfig) -> list[tuple[float, int, int, int]]:
+    """(lr multiplier, step offset, start, stop) of each run of adjacent trainable parameters
+    of one update group (``update_group``)."""
+    runs: list[tuple[float, int, int, int]] = []
     last = None
     for i, p in enumerate(trainable):
-        group, mult = lr_group_of(p.name, lr_groups)
-        if group == last:
-            runs[-1] = (mult, runs[-1][1], i + 1)
+        key, mult, offset = update_group(p.name, cfg)
+        if key == last:
+            runs[-1] = (*runs[-1][:3], i + 1)
         else:
-            runs.append((mult, i, i + 1))
-        last = group
+            runs.append((mult, offset, i, i + 1))
+        last = key
     return runs
 
 
@@ -644,7 +655,7 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
     grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
                      {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL,
                      shapes=[((), np.float32)])
-    if cfg.lr_groups:
+    if cfg.lr_groups or cfg.step_offsets:
         update = _add_group_updates(b, spans, scalars, cfg)
     else:
         b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
@@ -656,11 +667,12 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
 
 def _add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
                        cfg: TrainConfig) -> Node:
-    """One optimizer update per learning-rate group, over its run of each span (a span of
-    those members: adjacent slots, as ``select_trainable`` ordered them), with the learning
-    rate times the group's multiplier; returns the first."""
+    """One optimizer update per update group (``update_group``), over its run of each span (a
+    span of those members: adjacent slots, as ``select_trainable`` ordered them), with the
+    learning rate times the group's multiplier and the step less the group's offset; returns
+    the first."""
     updates = []
-    for k, (mult, start, stop) in enumerate(lr_group_runs(spans[0].span_of, cfg.lr_groups)):
+    for k, (mult, offset, start, stop) in enumerate(update_runs(spans[0].span_of, cfg)):
         parts = []
         for span in spans:
             part = Value(f"{span.name}/group{k}", (0,), span.dtype, span.kind,
@@ -668,8 +680,10 @@ def _add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Va
             b.graph.values[part.name] = part
             parts.append(part)
         lr = scalars[LR] if mult == 1.0 else b.mul(scalars[LR], b.const(np.float32(mult)))
-        b.op(cfg.optimizer.op, [*parts, lr, scalars[STEP]], cfg.optimizer.attrs(),
-             domain=INTERNAL, shapes=[])
+        step = scalars[STEP] if offset == 0 else b.op(
+            "Sub", [scalars[STEP], b.const(np.int64(offset))])
+        b.op(cfg.optimizer.op, [*parts, lr, step], cfg.optimizer.attrs(), domain=INTERNAL,
+             shapes=[])
         updates.append(b.graph.nodes[-1])
     return updates[0]
 
