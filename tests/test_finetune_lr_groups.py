@@ -159,3 +159,22 @@ def test_unfrozen_parameters_start_their_optimizer_state_as_torch_add_param_grou
     params = session.parameters()
     for n, p in module.named_parameters():
         np.testing.assert_allclose(params[n], p.detach().numpy(), rtol=0, atol=1e-6, err_msg=n)
+
+
+def test_a_checkpoint_after_unfreezing_resumes_the_same_steps(tmp_path):
+    """Groups, the unfrozen set and each parameter's step offset come back from a checkpoint:
+    the resumed session takes the same steps, bit for bit, as the one that kept going."""
+    opt = tr_onnx.optim.AdamW(lr=LR)
+    session = tr_onnx.TrainingSession(_export(Net()), optimizer=opt, backend="numpy",
+                                      trainable=["fc.*"], lr_groups={"features.*": MULT})
+    session.train_step({"x": _batch(0)[0]}, _batch(0)[1])
+    session.unfreeze()
+    session.train_step({"x": _batch(1)[0]}, _batch(1)[1])
+    path = session.save_checkpoint(tmp_path / "c.ckpt.npz")
+    resumed = tr_onnx.TrainingSession.from_checkpoint(path)
+    for s in (session, resumed):
+        s.train_step({"x": _batch(2)[0]}, _batch(2)[1])
+    ours, theirs = session.parameters(), resumed.parameters()
+    assert resumed.options["step_offsets"]["features.0.weight"] == 1
+    for n in ours:
+        np.testing.assert_array_equal(ours[n], theirs[n], err_msg=n)
