@@ -62,6 +62,7 @@ from ..importer import (
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..passes.control_flow import output_value
 from ..registry import build_registry, default_registry
+from . import groups
 from .data_parallel import REDUCE
 from .export import export_model
 from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
@@ -161,33 +162,6 @@ class PendingStep:
         return session.last_outputs()
 
 
-def check_frozen_batchnorm(mode: str) -> str:
-    if mode not in ("train", "eval"):
-        raise OptionError(f"frozen_batchnorm={mode!r}; valid: 'train', 'eval'")
-    return mode
-
-
-def check_unfreeze_after(epochs: int | None) -> int | None:
-    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
-                               or epochs < 0):
-        raise OptionError(f"unfreeze_after={epochs!r}: must be a number of epochs >= 0 or None")
-    return epochs
-
-
-def check_lr_groups(groups: dict | None, backend: str, precision: str) -> dict | None:
-    if not groups:
-        return None
-    if not isinstance(groups, dict) or not all(
-            isinstance(k, str) and isinstance(m, numbers.Real) and not isinstance(m, bool)
-            and math.isfinite(m) and m >= 0 for k, m in groups.items()):
-        raise OptionError(f"lr_groups={groups!r}: must be {{name pattern: multiplier >= 0}}")
-    if backend != "numpy" or precision != "fp32":
-        # the cuda step guard and half precision wire their inputs into one update node
-        raise OptionError(f"lr_groups: the numpy backend in fp32 only (not {backend}, "
-                          f"{precision})")
-    return {k: float(m) for k, m in groups.items()}
-
-
 class TrainingSession:
     """Train an ONNX model.
 
@@ -247,18 +221,10 @@ class TrainingSession:
     all of them. ``train_step`` returns this rank's loss. ``grad_bucket_mb``: the gradients
     are all-reduced in buckets of about this size, each started as soon as the backward pass
     has finished it (DDP's ``bucket_cap_mb``).
-    ``frozen_batchnorm``: ``"train"`` (default: every BatchNorm uses batch statistics and
-    updates its running statistics) or ``"eval"``: a BatchNorm whose scale and bias are both
-    frozen runs in inference mode (running statistics used, not updated), as ``model.eval()``
-    on the frozen part in torchvision's fine-tuning recipes. ``unfreeze_after``: at the start
-    of epoch ``unfreeze_after + 1`` (``begin_epoch``, which ``Trainer`` calls) everything the
-    default trainable set holds trains (``unfreeze``). ``lr_groups``: {fnmatch pattern:
-    multiplier}: a parameter's learning rate is the session's times its first matching
-    pattern's multiplier (1 where none matches), as ``torch.optim`` parameter groups with
-    those learning rates (discriminative fine-tuning); numpy backend, fp32. ``step_offsets``
-    ({parameter: optimizer steps}, which ``unfreeze`` records; kept in checkpoints): a
-    parameter's update counts only the steps since it became trainable (Adam's bias
-    correction, SGD's first momentum step), as PyTorch's per-parameter optimizer state.
+    Fine-tuning (docs/finetune.md, ``training.groups``): ``frozen_batchnorm="eval"`` runs the
+    BatchNorms whose scale and bias are frozen in inference mode; after ``unfreeze_after``
+    epochs everything trains (``begin_epoch``); ``lr_groups`` {pattern: multiplier} as torch's
+    parameter groups; ``step_offsets`` as ``unfreeze`` records them.
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -338,9 +304,9 @@ class TrainingSession:
                             precision=precision, loss_scale=loss_scale,
                             fold_limit_bytes=fold_limit_bytes,
                             sync_batchnorm=bool(sync_batchnorm), grad_bucket_mb=grad_bucket_mb,
-                            frozen_batchnorm=check_frozen_batchnorm(frozen_batchnorm),
-                            unfreeze_after=check_unfreeze_after(unfreeze_after),
-                            lr_groups=check_lr_groups(lr_groups, self.backend, precision),
+                            frozen_batchnorm=groups.check_frozen_batchnorm(frozen_batchnorm),
+                            unfreeze_after=groups.check_unfreeze_after(unfreeze_after),
+                            lr_groups=groups.check_lr_groups(lr_groups, self.backend, precision),
                             step_offsets={str(k): int(v) for k, v in (step_offsets or {}).items()})
         # a world of one trains as no world at all: the plan gets no collective nodes
         self.world = distributed if distributed is not None and distributed.size > 1 else None
@@ -451,22 +417,14 @@ class TrainingSession:
 
     def unfreeze(self, trainable=None, frozen=()) -> None:
         """Train ``trainable`` minus ``frozen`` from the next step on (default: the model's
-        parameters, ``parameter_roles``). The plan is static, so this compiles new ones, with
-        gradient buffers and optimizer state for the newly trainable weights; their optimizer
-        state starts at zero and counts its own steps (``step_offsets``; numpy, fp32), as
-        PyTorch's for parameters added to an optimizer, and everything else (weights, running
-        statistics, others' optimizer state) carries over.
-        BatchNorms with trainable parameters switch to training mode."""
+        parameters) in new plans (the plan is static): the newly trainable weights' optimizer
+        state starts at zero and counts its own steps (``unfrozen_offsets``), as
+        torch's ``add_param_group``; everything else carries over."""
         self._drain()
         if self._active is not None:
             self._pending = self._read_state(self._active) | self._pending
-            # one update per group of offsets: the numpy backend in fp32 (``check_lr_groups``)
-            if self.step and self.backend == "numpy" and self.options["precision"] == "fp32":
-                before = set(self._active.info.trainable)
-                offsets = self.options["step_offsets"]
-                offsets.update({v.name: self.step for v in self._active.graph.values.values()
-                                if v.kind == ir.PARAM and v.name not in before
-                                and v.name not in offsets})
+            self.options["step_offsets"].update(groups.unfrozen_offsets(
+                self._active, self.step, self.backend, self.options))
         self._plans.clear()
         self._plans.sizes.clear()
         self._active = None

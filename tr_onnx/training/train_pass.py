@@ -40,6 +40,7 @@ from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
+from .groups import update_group, update_runs
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
 from .parameters import ParamSharing
 
@@ -466,38 +467,6 @@ def select_trainable(graph: Graph, loss: Value, cfg: TrainConfig) -> list[Value]
     return selected
 
 
-def lr_group_of(name: str, lr_groups: dict[str, float]) -> tuple[int, float]:
-    """The index of the first pattern of ``lr_groups`` that ``name`` matches and its
-    multiplier; (len(lr_groups), 1.0) where none does."""
-    for k, (pattern, mult) in enumerate(lr_groups.items()):
-        if fnmatch.fnmatchcase(name, pattern):
-            return k, float(mult)
-    return len(lr_groups), 1.0
-
-
-def update_group(name: str, cfg: TrainConfig) -> tuple[tuple[int, int], float, int]:
-    """The update group of parameter ``name``: its key (learning-rate group, step offset), its
-    learning-rate multiplier and its step offset."""
-    group, mult = lr_group_of(name, cfg.lr_groups)
-    offset = int(cfg.step_offsets.get(name, 0))
-    return (group, offset), mult, offset
-
-
-def update_runs(trainable: list[Value], cfg: TrainConfig) -> list[tuple[float, int, int, int]]:
-    """(lr multiplier, step offset, start, stop) of each run of adjacent trainable parameters
-    of one update group (``update_group``)."""
-    runs: list[tuple[float, int, int, int]] = []
-    last = None
-    for i, p in enumerate(trainable):
-        key, mult, offset = update_group(p.name, cfg)
-        if key == last:
-            runs[-1] = (*runs[-1][:3], i + 1)
-        else:
-            runs.append((mult, offset, i, i + 1))
-        last = key
-    return runs
-
-
 def add_backward(graph: Graph, loss: Value, trainable: list[Value], registry: OpRegistry,
                  backend: str, cfg: TrainConfig) -> dict[str, Value]:
     """The backward pass (``passes.autodiff``): the gradient of the loss w.r.t. each trainable
@@ -656,7 +625,7 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
                      {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL,
                      shapes=[((), np.float32)])
     if cfg.lr_groups or cfg.step_offsets:
-        update = _add_group_updates(b, spans, scalars, cfg)
+        update = add_group_updates(b, spans, scalars, cfg)
     else:
         b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
              cfg.optimizer.attrs(), domain=INTERNAL, shapes=[])
@@ -665,8 +634,8 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
     return grad_norm, update
 
 
-def _add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
-                       cfg: TrainConfig) -> Node:
+def add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
+                      cfg: TrainConfig) -> Node:
     """One optimizer update per update group (``update_group``), over its run of each span (a
     span of those members: adjacent slots, as ``select_trainable`` ordered them), with the
     learning rate times the group's multiplier and the step less the group's offset; returns
