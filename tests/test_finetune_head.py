@@ -62,6 +62,17 @@ class ConvHead(torch.nn.Module):
         return torch.flatten(self.fc(torch.relu(self.conv(x)).mean((2, 3), keepdim=True)), 1)
 
 
+class Pairs(torch.nn.Module):
+    """Scores reshaped after the classifier, the class count baked into the shape constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 10)
+
+    def forward(self, x):
+        return self.fc(x).reshape(-1, 2, self.fc.out_features)
+
+
 CASES = {  # id: module, input shape, exporter, dynamo's optimize
     "gemm-classic": (Pooled, (2, 3, 8, 8), "classic", True),
     "gemm-dynamo": (Pooled, (2, 3, 8, 8), "dynamo", True),
@@ -69,6 +80,8 @@ CASES = {  # id: module, input shape, exporter, dynamo's optimize
     "matmul-transpose-dynamo": (Tokens, (2, 3, 6), "dynamo", False),
     "matmul-classic": (Tokens, (2, 3, 6), "classic", True),
     "conv1x1-classic": (ConvHead, (2, 3, 8, 8), "classic", True),
+    "reshape-constant-classic": (Pairs, (4, 6), "classic", True),
+    "reshape-initializer-dynamo": (Pairs, (4, 6), "dynamo", True),
 }
 
 
@@ -114,7 +127,7 @@ def test_new_head_runs_in_onnxruntime_as_torch_with_that_head(case):
     new, choice = replace_head(model, K, seed=3)
     onnx.checker.check_model(new, full_check=True)
     assert (choice.old_classes, choice.num_classes, choice.op_type) == (
-        10, K, "Conv" if cls is ConvHead else ("Gemm" if cls is Pooled else "MatMul"))
+        10, K, "Conv" if cls is ConvHead else ("MatMul" if cls is Tokens else "Gemm"))
     old_inits = {i.name: i for i in model.graph.initializer}
     new_inits = {i.name: i for i in new.graph.initializer}
     assert list(old_inits) == list(new_inits)  # names and order kept
@@ -122,9 +135,9 @@ def test_new_head_runs_in_onnxruntime_as_torch_with_that_head(case):
     old_dims = list(old_inits[choice.weight].dims)
     assert list(new_inits[choice.weight].dims) == [K if d == 10 else d for d in old_dims]
     dims = new.graph.output[0].type.tensor_type.shape.dim
-    assert dims[-1].dim_value == K
+    assert dims[-1].dim_value == K or dims[-1].dim_param  # the classic Reshape's is a name
     _torch_head(module, new, choice)
-    x = np.random.default_rng(1).standard_normal((3, *shape[1:])).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((shape[0] + 2, *shape[1:])).astype(np.float32)
     with torch.no_grad():
         want = module(torch.from_numpy(x)).numpy()
     got = ort_run(new, {"x": x})[0]
@@ -162,5 +175,8 @@ def test_head_by_name_and_a_bad_name_lists_the_candidates():
         replace_head(model, K, head="nope")
     _, default = replace_head(model, K, head=choice.node)
     assert default.node == choice.node == "node_MatMul_3"
+    with pytest.raises(TrOnnxError, match="node_MatMul_1: with the new class count the model's "
+                       "shapes disagree"):  # a hidden layer: the next one wants 8 features
+        replace_head(model, K, head="node_MatMul_1")
     with pytest.raises(TrOnnxError, match="num_classes"):
         replace_head(model, 0)

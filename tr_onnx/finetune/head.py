@@ -192,6 +192,7 @@ def replace_head(model: onnx.ModelProto, num_classes: int, *, head: str | None =
                           f"{[_label(n) for n in users if n is not chosen.node]}; replacing it "
                           "would change them too")
     _rewrite(model, chosen, int(num_classes), seed, on_path, found)
+    _check_shapes(model, _label(chosen.node))
     return model, HeadChoice(_label(chosen.node), chosen.node.op_type, chosen.weight,
                              chosen.bias, chosen.in_features, chosen.classes, int(num_classes),
                              why)
@@ -225,6 +226,39 @@ def _rewrite(model: onnx.ModelProto, h: _Head, k: int, seed: int, on_path: bool,
     for vi in [*graph.value_info, *graph.output]:
         if vi.name in names:
             _set_class_dim(vi, h.classes, k, h.node.op_type == "Conv")
+    for node in found[1]:
+        if node.op_type == "Reshape" and h.node.op_type != "Conv":
+            _reshape_classes(graph, node, h.classes, k)
+
+
+def _reshape_classes(graph: onnx.GraphProto, node: onnx.NodeProto, old: int, new: int) -> None:
+    """A Reshape after a Gemm/MatMul head whose constant shape ends in the class count (an
+    export's ``view(-1, 2, classes)``): that last entry becomes ``new``."""
+    shape = node.input[1]
+    if sum(shape in n.input for n in graph.node) > 1:
+        return  # shared: the shape check after the rewrite says whether it still fits
+    tensors = [i for i in graph.initializer if i.name == shape]
+    tensors += [a.t for n in graph.node if n.op_type == "Constant" and shape in n.output
+                for a in n.attribute if a.name == "value"]
+    for t in tensors:
+        dims = numpy_helper.to_array(t)
+        if dims.ndim == 1 and len(dims) and dims[-1] == old:
+            dims = dims.copy()
+            dims[-1] = new
+            _assign(t, dims)
+
+
+def _check_shapes(model: onnx.ModelProto, label: str) -> None:
+    """The rewritten model's shapes, inferred strictly: a later op that still expects the old
+    class count (a shape computed at run time, a head= off the output's path) is an error
+    here, not at run time. Models over protobuf's 2 GB are left to onnx.checker on a path."""
+    if model.ByteSize() >= (1 << 31) - (1 << 24):
+        return
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as exc:
+        raise TrOnnxError(f"{label}: with the new class count the model's shapes disagree: "
+                          f"{str(exc).strip()}") from None
 
 
 def _assign(init: onnx.TensorProto, x: np.ndarray) -> None:
