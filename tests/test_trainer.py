@@ -18,7 +18,8 @@ import tr_onnx
 from tr_onnx.cli import main
 from tr_onnx.data import load_dataset, split
 from tr_onnx.optim import SGD, AdamW
-from tr_onnx.training.trainer import CHECKPOINT_NAME, ProgressBar, Trainer, label_kind, numpy_loss
+from tr_onnx.training.progress import ProgressBar
+from tr_onnx.training.trainer import CHECKPOINT_NAME, Trainer, label_kind, numpy_loss
 
 ZOO = Path(__file__).parent.parent / "model_zoo"
 MLP, LENET, RESNET = str(ZOO / "mlp.onnx"), str(ZOO / "lenet.onnx"), str(ZOO / "resnet.onnx")

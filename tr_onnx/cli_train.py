@@ -69,7 +69,7 @@ def _check_writable(option: str, given, path: Path) -> None:
 def _check_outputs(args, out: Path, ckpt: Path | None) -> None:
     """Every output of ``tr-onnx train`` checked before the first step, so that a path it
     cannot write fails now, not after the last epoch; and a plot format matplotlib writes."""
-    from .training.trainer import plot_format
+    from .training.plots import plot_format
 
     for option, given, path in (("--out" if args.out else "--out (default)", out, out),
                                 ("--plot", args.plot, args.plot),
@@ -132,10 +132,10 @@ def _check_same_model(path: str, session, ckpt: Path) -> None:
 
 
 def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
-    from .training import trainer
+    from .training import plots
 
     try:
-        trainer.plot_history(history, plot)
+        plots.plot_history(history, plot)
     except (OSError, RuntimeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         kept = f"; the trained model was written to {model}" if model else ""

@@ -21,10 +21,8 @@ records the global batch size, so a run of another world size resumes it at the 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
-import sys
 import time
 import zlib
 from dataclasses import asdict, dataclass
@@ -44,8 +42,10 @@ from ..errors import (
 )
 from ..feeds import check_class_indices
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
+from .plots import plot_format, plot_history
+from .progress import ProgressBar
 from .session import TrainingSession
-from .storage import atomic_write, write_all, write_error
+from .storage import write_all, write_error
 
 CHECKPOINT_NAME = "last.ckpt.npz"
 
@@ -126,92 +126,13 @@ def count_correct(kind: str | None, x: np.ndarray, y: np.ndarray,
     return int(((pred == y) & keep).sum()), int(keep.sum())
 
 
-# ---- progress, metrics, plot -----------------------------------------------------------------
-
-class ProgressBar:
-    """One status line on ``stream``, redrawn in place with ``\\r`` at most every ``interval``
-    seconds; draws nothing when disabled or (unless ``tty_only`` is False) when the stream is
-    not a terminal."""
-
-    def __init__(self, total: int, label: str, stream=None, enabled: bool = True,
-                 width: int = 24, interval: float = 0.1, tty_only: bool = True):
-        self.stream = stream if stream is not None else sys.stderr
-        isatty = getattr(self.stream, "isatty", None)
-        self.enabled = bool(enabled and (not tty_only or isatty is not None and isatty()))
-        self.total, self.label, self.width, self.interval = total, label, width, interval
-        self._last = 0.0
-        self._shown = 0
-
-    def update(self, done: int, text: str) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if done < self.total and now - self._last < self.interval:
-            return
-        self._last = now
-        filled = self.width * done // max(self.total, 1)
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{done}/{self.total} {text}")
-        self.stream.write("\r" + line.ljust(self._shown))
-        self.stream.flush()
-        self._shown = len(line)
-
-    def close(self) -> None:
-        """Clear the line (the caller logs a summary in its place)."""
-        if self.enabled and self._shown:
-            self.stream.write("\r" + " " * self._shown + "\r")
-            self.stream.flush()
-            self._shown = 0
-
+# ---- metrics ---------------------------------------------------------------------------------
 
 def _finite(v):
     """JSON-safe metric: non-finite floats become None (strict JSON has no NaN)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
-
-
-def plot_format(path: str | Path) -> str:
-    """The image format the suffix of ``path`` names (``.svg`` -> ``"svg"``; no suffix: png).
-    A suffix matplotlib cannot write is an InputError naming those it can; ImportError without
-    matplotlib."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    suffix = Path(path).suffix.lower()
-    supported = FigureCanvasBase.get_supported_filetypes()
-    if suffix and suffix[1:] not in supported:
-        raise InputError(f"{path}: plot format {suffix!r} is not supported; use one of "
-                         f"{', '.join('.' + s for s in supported)}")
-    return suffix[1:] or "png"
-
-
-def plot_history(history: list[dict], path: str | Path) -> Path:
-    """Loss and accuracy per epoch (train and validation), written atomically in the format
-    the suffix of ``path`` names (``plot_format``). Imports matplotlib (Agg canvas, no pyplot
-    state); raises ImportError without it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(9, 3.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_loss, ax_acc = fig.subplots(1, 2)
-    epochs = [r["epoch"] for r in history]
-    for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
-        for split, style in (("train", "o-"), ("val", "s--")):
-            ys = [r.get(f"{split}_{metric}") for r in history]
-            if any(y is not None for y in ys):
-                ax.plot(epochs, [np.nan if y is None else y for y in ys], style, label=split)
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("accuracy" if metric == "acc" else "loss")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=plot_format(path), dpi=100)
-    atomic_write(path, buf.getvalue())
-    return Path(path)
 
 
 @dataclass
