@@ -6,12 +6,14 @@ writes files (``cli.py`` holds the other commands and the shared error handling)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 from .errors import InputError, TrOnnxError
@@ -142,6 +144,98 @@ def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
         raise TrOnnxError(f"--plot {plot}: not written ({why}){kept}") from None
 
 
+# What --resume takes from the checkpoint: the training graph, the optimizer and its schedule.
+# Given with --resume they are refused (changing them mid-run is a new run, not a resume); the
+# options of the Trainer (checkpoints, metrics, validation, logs, plot) and the machine
+# (--backend, --precision) are honoured from the resumed step on.
+RESUMED_FROM_CHECKPOINT = ("loss", "optimizer", "lr", "lr_schedule", "grad_accumulation",
+                           "clip_grad_norm", "weight_decay", "momentum", "frozen", "trainable",
+                           "output")
+HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_split", "val_data")
+DEFAULT_EPOCHS = 5
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_resume_options(args) -> list[str]:
+    """``--resume``: an option that would change what the checkpoint trains is an error naming
+    it; the lines saying which given options apply from the resumed step on."""
+    refused = [_option(k) for k in RESUMED_FROM_CHECKPOINT if getattr(args, k) is not None]
+    if refused:
+        raise InputError(f"--resume continues the checkpoint's training, which fixes the loss, "
+                         f"optimizer, lr, schedule, accumulation, clipping, trainable set and "
+                         f"output: {', '.join(refused)} cannot change it; drop "
+                         f"{'it' if len(refused) == 1 else 'them'}, or train afresh without "
+                         "--resume")
+    return [f"--resume: {_option(k)} {getattr(args, k)} applies from the resumed step on"
+            for k in HONOURED_ON_RESUME if getattr(args, k) is not None]
+
+
+def _optimizer(args):
+    """The optimizer ``--optimizer`` names with ``--lr``, ``--weight-decay`` and ``--momentum``;
+    one it does not take is an error naming the optimizers that do."""
+    from .optim import OPTIMIZERS, make_optimizer
+
+    name = (args.optimizer or "adamw").lower()
+    given = {k: getattr(args, k) for k in ("weight_decay", "momentum")
+             if getattr(args, k) is not None}
+    if name in OPTIMIZERS:
+        for key in given:
+            takes = [n for n, cls in OPTIMIZERS.items()
+                     if key in {f.name for f in dataclasses.fields(cls) if f.init}]
+            if name not in takes:
+                raise InputError(f"{_option(key)}: optimizer {name} takes no {key}; "
+                                 f"{', '.join(takes)} {'does' if len(takes) == 1 else 'do'}")
+    return _user_error(make_optimizer, {"name": name, **given}, args.lr)
+
+
+def _model_outputs(path: str) -> list[str] | None:
+    """The graph outputs of the model file (None where it cannot be read: the session says
+    why)."""
+    import onnx
+
+    try:
+        return [o.name for o in onnx.load(path, load_external_data=False).graph.output]
+    except Exception:  # the session's import names what is wrong with it
+        return None
+
+
+def _check_output(args) -> None:
+    """``--output``: an output of the model; required where the model has several (the first
+    one is a guess that trains the wrong head silently)."""
+    outputs = _model_outputs(args.model)
+    if outputs is None:
+        return
+    if args.output is not None and args.output not in outputs:
+        raise InputError(f"--output {args.output}: not an output of {args.model}; its outputs "
+                         f"are {', '.join(outputs)}")
+    if args.output is None and len(outputs) > 1:
+        raise InputError(f"{args.model} has {len(outputs)} outputs ({', '.join(outputs)}); "
+                         "choose the one the loss trains with --output NAME")
+
+
+def warn_softmax_output(session) -> None:
+    """Warn when cross-entropy trains an output that a Softmax/LogSoftmax node computes: the
+    loss applies log-softmax itself, so the model's own softmax is applied twice."""
+    from .training.losses import LossSpec
+
+    if not (isinstance(session.loss, LossSpec) and session.loss.name == "cross_entropy"):
+        return
+    producers = {o: n for n in session.imported.proto.graph.node for o in n.output}
+    node = producers.get(session.output_name)
+    while node is not None and node.op_type == "Identity":
+        node = producers.get(node.input[0])
+    if node is not None and node.op_type in ("Softmax", "LogSoftmax"):
+        warnings.warn(f"output {session.output_name!r} of {session.imported.source} is computed "
+                      f"by {node.op_type} node {node.name!r}: the model already applies "
+                      f"softmax, and the cross_entropy loss applies log-softmax to it again "
+                      f"(gradients shrink, training stalls); export the model without its "
+                      f"final {node.op_type} so that it outputs logits", UserWarning,
+                      stacklevel=2)
+
+
 def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     """``tr-onnx train``: check every output path, load the data, train (or resume), export the
     model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
@@ -150,7 +244,6 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     from .data import load, read_spec, split, write_meta
     from .distributed import init
     from .errors import TrainingDiverged
-    from .optim import make_optimizer
     from .training.session import TrainingSession
     from .training.trainer import CHECKPOINT_NAME, Trainer, label_kind
 
@@ -164,6 +257,10 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
     out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
     _check_outputs(args, out, ckpt)
+    honoured = _check_resume_options(args) if args.resume else []
+    if args.val_data is not None and args.val_split is not None:
+        raise InputError(f"--val-data {args.val_data} and --val-split {args.val_split}: give "
+                         "one (validation from another file, or held out of --data)")
     if args.resume:
         # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
         overrides = {k: getattr(args, k) for k in ("backend", "precision")
@@ -179,12 +276,15 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     else:
         seed = 0 if args.seed is None else args.seed
         batch_size = 32 if args.batch_size is None else args.batch_size
+        _check_output(args)
         session = _user_error(
-            TrainingSession, args.model, loss=args.loss,
-            optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
-            grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
-            seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32",
-            distributed=world)
+            TrainingSession, args.model, loss=args.loss or "cross_entropy",
+            optimizer=_optimizer(args), trainable=args.trainable, frozen=args.frozen or (),
+            output_name=args.output, grad_accumulation=args.grad_accumulation or 1,
+            clip_grad_norm=args.clip_grad_norm, seed=seed, backend=args.backend or "auto",
+            precision=args.precision or "fp32", distributed=world)
+        if world.is_root:
+            warn_softmax_output(session)
     kind, dtype = label_kind(session)
     spec_file = getattr(args, "data_spec", None)
     options = read_spec(spec_file) if spec_file else {}
@@ -193,21 +293,32 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     # every label, at its position in the file, before the split and the first step
     session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
                                f"{args.data}: 'labels'")
-    if args.val_split > 0:
-        train, val = _user_error(split, arrays, labels, args.val_split, seed)
+    val_split = 0.2 if args.val_split is None and args.val_data is None else args.val_split
+    if val_split:
+        train, val = _user_error(split, arrays, labels, val_split, seed)
     else:
         train, val = (arrays, labels), None
-    options = {"epochs": args.epochs, "batch_size": batch_size, "seed": seed,
+    if args.val_data is not None:
+        val = load(args.val_data, session.imported.inputs, kind, dtype, options).data
+        session.check_class_labels(val[1], {k: v[:batch_size] for k, v in val[0].items()},
+                                   f"--val-data {args.val_data}: 'labels'")
+    epochs = DEFAULT_EPOCHS if args.epochs is None and not args.resume else args.epochs
+    options = {"epochs": epochs, "batch_size": batch_size, "seed": seed,
                "checkpoint_dir": args.checkpoint_dir, "metrics_path": args.metrics,
                "progress": not args.no_progress, "log": log,
                "checkpoint_every": args.checkpoint_every, "metrics_every": args.metrics_every}
     if args.resume:
+        if epochs is None:  # to the checkpoint's total
+            del options["epochs"]
         trainer = _user_error(Trainer.resume, options.pop("checkpoint_dir"), train, val,
                               session=session, **options)
+        for line in honoured:
+            trainer.log(line)
     else:
         trainer = _user_error(Trainer, session, train, val, **options)
-        batches = trainer.batches_per_epoch * args.epochs  # global batches
-        session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
+        batches = trainer.batches_per_epoch * epochs  # global batches
+        session.schedule = _schedule(args.lr_schedule or "constant",
+                                     -(-batches // (args.grad_accumulation or 1)))
     if on_trainer is not None:
         on_trainer(trainer)
     try:
@@ -233,6 +344,69 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             "rank": world.rank, "world_size": world.size}
 
 
+def evaluate_model(args) -> dict:
+    """``tr-onnx evaluate``: the loss (and whatever metrics the Trainer's evaluation reports) of
+    MODEL on DATA, in eval mode, as a dict."""
+    from .data import load, read_spec
+    from .training.session import TrainingSession
+    from .training.trainer import Trainer, label_kind
+
+    _check_output(args)
+    session = _user_error(TrainingSession, args.model, loss=args.loss or "cross_entropy",
+                          output_name=args.output, backend=args.backend or "auto")
+    warn_softmax_output(session)
+    kind, dtype = label_kind(session)
+    options = read_spec(args.data_spec) if args.data_spec else {}
+    data = load(args.data, session.imported.inputs, kind, dtype, options).data
+    session.check_class_labels(data[1], {k: v[:args.batch_size] for k, v in data[0].items()},
+                               f"{args.data}: 'labels'")
+    trainer = _user_error(Trainer, session, data, batch_size=args.batch_size, progress=False,
+                          log=None)
+    result = trainer.evaluate(data)
+    if not isinstance(result, dict):  # (loss, accuracy)
+        result = {"loss": result[0], "accuracy": result[1]}
+    return {"model": args.model, "data": args.data, "samples": len(data[1]),
+            **{k: v for k, v in result.items() if v is not None}}
+
+
+def add_evaluate_parser(sub) -> None:
+    """Add the ``evaluate`` command to the subparsers ``sub``."""
+    from .training.losses import LOSSES
+
+    e = sub.add_parser("evaluate", help="the loss and metrics of a model on data",
+                       description="Evaluate MODEL (in eval mode: dropout off, BatchNorm's "
+                       "running statistics) on DATA and print the loss and metrics.")
+    e.add_argument("model", help="the ONNX model (a trained export, or any model)")
+    e.add_argument("--data", required=True, metavar="DATA",
+                   help="the data, in any form `tr-onnx train --data` takes")
+    e.add_argument("--data-spec", metavar="FILE.toml", help="as for train")
+    e.add_argument("--loss", default=None,
+                   help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
+                   "ONNX loss model")
+    e.add_argument("--output", metavar="NAME",
+                   help="the model output to evaluate (needed when the model has several)")
+    e.add_argument("--batch-size", type=count_type(1), default=32,
+                   help="samples per run (default 32)")
+    e.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
+                   help="default: auto (cuda when a GPU is usable)")
+    e.add_argument("--json", action="store_true", help="the result as one JSON object")
+
+
+def run_evaluate(args) -> int:
+    """``tr-onnx evaluate``: print the result (exit 0), or one error line (exit 2)."""
+    import json
+
+    info = evaluate_model(args)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"{info['model']} on {info['data']} ({info['samples']} samples)")
+    for key, value in info.items():
+        if key not in ("model", "data", "samples"):
+            print(f"{key:<11}{value:.6g}" if isinstance(value, float) else f"{key:<11}{value}")
+    return 0
+
+
 def count_type(minimum: int):
     """An argparse ``type``: an integer of at least ``minimum`` (a usage error otherwise)."""
     def count(text: str) -> int:
@@ -254,6 +428,13 @@ def _fraction(text: str) -> float:
         value = float("nan")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
+    return value
+
+
+def _epochs_count(text: str) -> int:
+    value = count_type(0)(text)
+    if value == 0:  # it would export the untrained weights as the trained model
+        raise argparse.ArgumentTypeError("0 epochs would train nothing; give 1 or more")
     return value
 
 
@@ -283,22 +464,40 @@ def add_train_parser(sub) -> None:
     t.add_argument("--data-spec", metavar="FILE.toml",
                    help="what --data cannot say itself: kind = ..., and a [section] per kind "
                         "(docs/data.md)")
-    t.add_argument("--loss", default="cross_entropy",
+    t.add_argument("--loss", default=None,
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")
-    t.add_argument("--optimizer", default="adamw",
+    t.add_argument("--optimizer", default=None,
                    help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
+    t.add_argument("--weight-decay", type=float, default=None, metavar="X",
+                   help="the optimizer's weight decay (default: the optimizer's: adamw 0.01, "
+                   "the others 0); adamw decouples it, sgd/adam/adagrad add it to the gradient")
+    t.add_argument("--momentum", type=float, default=None, metavar="X",
+                   help="sgd's momentum (default 0); other optimizers take none")
     defaults = ", ".join(f"{name} {cls().lr:g}" for name, cls in OPTIMIZERS.items())
     t.add_argument("--lr", type=float, default=None,
                    help=f"learning rate (default: the optimizer's: {defaults})")
-    t.add_argument("--epochs", type=count_type(0), default=5,
-                   help="total epochs (default 5; a resumed run continues to it)")
+    t.add_argument("--epochs", type=_epochs_count, default=None,
+                   help=f"total epochs, >= 1 (default {DEFAULT_EPOCHS}; a resumed run continues "
+                   "to it, by default to the checkpoint's)")
     t.add_argument("--batch-size", type=count_type(1), default=None,
                    help="per rank under mpiexec (default 32; on --resume the checkpoint's "
                    "global batch over this run's ranks)")
-    t.add_argument("--val-split", type=_fraction, default=0.2, metavar="F",
-                   help="hold out this fraction of the samples (of the .npz or the digits) "
-                   "for validation (default 0.2; 0: no validation)")
+    t.add_argument("--val-split", type=_fraction, default=None, metavar="F",
+                   help="hold out this fraction of the samples of --data for validation "
+                   "(default 0.2, or none with --val-data; 0: no validation)")
+    t.add_argument("--val-data", metavar="DATA",
+                   help="validate on this data (any form --data takes, read with the same "
+                   "--data-spec) instead of a part of --data")
+    t.add_argument("--output", metavar="NAME",
+                   help="the model output the loss trains (needed when the model has several)")
+    t.add_argument("--trainable", action="append", default=None, metavar="PATTERN",
+                   help="train only the initializers whose names match PATTERN (fnmatch: "
+                   "'classifier.*'; repeatable; default: the model's parameters, as `tr-onnx "
+                   "inspect` lists them)")
+    t.add_argument("--frozen", action="append", default=None, metavar="PATTERN",
+                   help="do not train the initializers whose names match PATTERN (repeatable); "
+                   "a pattern that matches no initializer is an error")
     t.add_argument("--seed", type=int, default=None,
                    help="data split and order, dropout (default 0; on --resume the checkpoint's)")
     t.add_argument("--out", help="trained model (default: ./<model stem>_trained.onnx)")
@@ -307,8 +506,9 @@ def add_train_parser(sub) -> None:
     t.add_argument("--checkpoint-every", type=count_type(1), default=None, metavar="N",
                    help="also checkpoint every N batches")
     t.add_argument("--resume", action="store_true",
-                   help="continue from --checkpoint-dir (loss, optimizer, lr, schedule, "
-                   "accumulation and clipping come from the checkpoint)")
+                   help="continue from --checkpoint-dir: the loss, optimizer, lr, schedule, "
+                   "accumulation, clipping, trainable set and output come from the checkpoint "
+                   "(giving one of them is an error); --epochs defaults to the checkpoint's")
     t.add_argument("--metrics", metavar="FILE.jsonl", help="JSON lines, one per epoch")
     t.add_argument("--metrics-every", type=count_type(1), default=None, metavar="N",
                    help="also a metrics line every N batches")
@@ -321,11 +521,11 @@ def add_train_parser(sub) -> None:
     t.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None,
                    help="fp16/bf16: mixed precision on cuda (default fp32; on --resume: the "
                    "checkpoint's)")
-    t.add_argument("--grad-accumulation", type=count_type(1), default=1, metavar="K",
+    t.add_argument("--grad-accumulation", type=count_type(1), default=None, metavar="K",
                    help="one optimizer step every K batches, gradients averaged (default 1)")
     t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
                    help="clip the global gradient norm to X (default: no clipping)")
-    t.add_argument("--lr-schedule", default="constant", choices=list(SCHEDULES),
+    t.add_argument("--lr-schedule", default=None, choices=list(SCHEDULES),
                    help=f"one of {', '.join(SCHEDULES)} (default constant): cosine anneals to 0 "
                    "over the run, step multiplies the lr by 0.1 after each third of it, warmup "
                    "rises linearly over the first tenth")
@@ -377,7 +577,10 @@ def run_train(args, shown) -> int:
     world = init(args.dist_timeout)
     rank = f"rank {world.rank} of {world.size}: " if world.size > 1 else ""
 
+    started = []
+
     def on_trainer(trainer) -> None:
+        started.append(trainer)
         shown.where = lambda: _position(trainer)
 
     try:
@@ -387,9 +590,7 @@ def run_train(args, shown) -> int:
         return _fail(world, f"tr-onnx: {rank}training diverged: {exc}"
                      + (f"; {notes}" if notes else ""), 1)
     except KeyboardInterrupt:
-        hint = (f"; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
-                if args.checkpoint_dir else "")
-        return _fail(world, f"tr-onnx: {rank}interrupted{hint}", 130)
+        return _fail(world, f"tr-onnx: {rank}{_interrupted(args, started)}", 130)
     except TrOnnxError as exc:
         lost = _cause(exc, DistributedError)  # a backend may chain it under its own error
         if lost is not None:  # its message names this rank and what it waited for
@@ -405,6 +606,17 @@ def run_train(args, shown) -> int:
     if world.is_root:
         _print_trained(info)
     return 0
+
+
+def _interrupted(args, started: list) -> str:
+    """What a Ctrl-C during ``tr-onnx train`` lost, and how to go on."""
+    if not started:
+        return "interrupted before training started"
+    steps = started[0].session.step
+    done = f"interrupted after {steps} step{'' if steps == 1 else 's'}"
+    if args.checkpoint_dir:
+        return f"{done}; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
+    return f"{done}; nothing saved: use --checkpoint-dir to resume"
 
 
 def _cause(exc: BaseException, kind: type) -> BaseException | None:

@@ -67,6 +67,7 @@ from .export import export_model
 from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
 from .parameters import (
     ParamRole,
+    name_patterns,
     parameter_roles,
     parameter_sharing,
     share_parameters,
@@ -289,8 +290,12 @@ class TrainingSession:
         for advice in export_advice(self.imported, tied=self.sharing.tie,
                                     split=self.sharing.split):
             warnings.warn(f"{self.imported.source}: {advice}", ExportAdviceWarning, stacklevel=2)
-        self.options = dict(trainable=list(trainable) if trainable is not None else None,
-                            frozen=list(frozen), grad_accumulation=int(grad_accumulation),
+        initializers = {i.name for i in self.imported.proto.graph.initializer}
+        initializers |= set(self.parameter_roles)
+        self.options = dict(trainable=(name_patterns("trainable", trainable, initializers)
+                                       if trainable is not None else None),
+                            frozen=name_patterns("frozen", frozen, initializers),
+                            grad_accumulation=int(grad_accumulation),
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
                             tie_shared_initializers=tie_shared_initializers,
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
