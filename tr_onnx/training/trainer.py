@@ -200,8 +200,9 @@ class Trainer:
     ``val_loss``, ``val_acc`` (null in step lines and without validation data), ``lr`` (of the
     next step), ``samples_per_s`` (training only), ``seconds``, and ``skipped_batches`` (epoch
     lines) or ``batch`` (step lines). ``plot_path``: the per-epoch curves written when ``fit``
-    ends, in the format its suffix names (``plot_format``). ``progress``: a status line on
-    stderr when it is a terminal. ``log``: where summaries go (``print``; None for silence).
+    ends, in the format its suffix names (``plot_format``). ``progress``: progress on stderr
+    (``training.progress``: redrawn in place on a terminal, plain lines elsewhere). ``log``:
+    where summaries go (``print``; None for silence).
 
     Losses are averages over samples of the per-batch losses (weighted by batch size); batches
     whose loss or gradient is non-finite are not applied by the session, not counted in the
@@ -210,8 +211,8 @@ class Trainer:
     With a session of several ranks (``distributed=``), ``batch_size`` and ``val_batch_size``
     are per rank and every rank calls ``fit`` (see the module docstring for the sharding); the
     loss, accuracy and samples/s are those of all ranks, and rank 0 alone logs, shows progress
-    (also when stderr is not a terminal: launchers give ranks pipes) and writes files. In a
-    last global batch with fewer rows than ranks, the ranks without a row add nothing.
+    and writes files. In a last global batch with fewer rows than ranks, the ranks without a
+    row add nothing.
     """
 
     def __init__(self, session: TrainingSession, train_data: Dataset,
@@ -436,8 +437,7 @@ class Trainer:
         order = np.random.default_rng(self.seed + epoch).permutation(self.n_train)
         arrays, labels = self.train_data
         totals = self.totals
-        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress,
-                          tty_only=self.world.size == 1)
+        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress)
         output = self.session.output_name
         # On the cuda backend each batch is accounted for after the next one was launched
         # (train_step(..., wait=False): the host prepares batch b+1 while the GPU runs b),
