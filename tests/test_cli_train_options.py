@@ -326,7 +326,7 @@ def test_ctrl_c_without_checkpoint_dir_says_what_was_lost(tmp_path, monkeypatch,
 @pytest.mark.parametrize("option", [
     ["--lr", "0.1"], ["--optimizer", "sgd"], ["--loss", "mse"], ["--frozen", "0.*"],
     ["--trainable", "4.*"], ["--grad-accumulation", "2"], ["--lr-schedule", "cosine"],
-    ["--clip-grad-norm", "1"], ["--weight-decay", "0"], ["--output", "logits"],
+    ["--clip-grad-norm", "1"], ["--weight-decay", "0"], ["--momentum", "0.9"],
 ], ids=lambda o: o[0])
 def test_resume_refuses_an_option_that_would_change_what_the_checkpoint_trains(
         tmp_path, monkeypatch, capsys, option):
@@ -339,8 +339,21 @@ def test_resume_refuses_an_option_that_would_change_what_the_checkpoint_trains(
     assert main(["train", MLP, "--resume", "--epochs", "2", *resume_args(data), *option]) == 2
     err = capsys.readouterr().err
     assert not steps and err.count("\n") == 1
-    assert "--resume continues the checkpoint's training" in err and option[0] in err
+    assert "--resume continues the checkpoint's training" in err
+    assert f"{option[0]} {option[1]} (the checkpoint's: " in err
     assert (tmp_path / "ck" / CHECKPOINT_NAME).read_bytes() == kept
+
+
+def test_resume_accepts_the_first_commands_options_repeated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = mlp_data(tmp_path / "d.npz", n=16)
+    first = ["--optimizer", "SGD", "--lr", "0.05", "--momentum", "0.9", "--weight-decay",
+             "0.001", "--lr-schedule", "cosine", "--frozen", "0.*", "--output", "logits",
+             "--loss", "cross_entropy", "--grad-accumulation", "2", "--clip-grad-norm", "1"]
+    assert main(["train", MLP, "--epochs", "1", *resume_args(data), *first]) == 0
+    steps = count_steps(monkeypatch)
+    assert main(["train", MLP, "--epochs", "2", "--resume", *resume_args(data), *first]) == 0
+    assert len(steps) == 2
 
 
 def test_resume_honours_checkpoint_every_and_says_so(tmp_path, monkeypatch, capsys):

@@ -73,10 +73,12 @@ def _check_outputs(args, out: Path, ckpt: Path | None) -> None:
     cannot write fails now, not after the last epoch; and a plot format matplotlib writes."""
     from .training.plots import plot_format
 
+    log_dir = Path(args.log_dir) / "events" if args.log_dir else None  # a file in it
     for option, given, path in (("--out" if args.out else "--out (default)", out, out),
                                 ("--plot", args.plot, args.plot),
                                 ("--metrics", args.metrics, args.metrics),
-                                ("--checkpoint-dir", args.checkpoint_dir, ckpt)):
+                                ("--checkpoint-dir", args.checkpoint_dir, ckpt),
+                                ("--log-dir", args.log_dir, log_dir)):
         if given is not None:
             _check_writable(option, given, Path(path))
     if args.plot is not None:
@@ -133,11 +135,12 @@ def _check_same_model(path: str, session, ckpt: Path) -> None:
                      f"{path} without --resume")
 
 
-def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
+def _write_plot(history: list[dict], plot: str, model: Path | None,
+                steps: list[dict] | None = None) -> None:
     from .training import plots
 
     try:
-        plots.plot_history(history, plot)
+        plots.plot_history(history, plot, steps)
     except (OSError, RuntimeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         kept = f"; the trained model was written to {model}" if model else ""
@@ -145,13 +148,14 @@ def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
 
 
 # What --resume takes from the checkpoint: the training graph, the optimizer and its schedule.
-# Given with --resume they are refused (changing them mid-run is a new run, not a resume); the
-# options of the Trainer (checkpoints, metrics, validation, logs, plot) and the machine
-# (--backend, --precision) are honoured from the resumed step on.
+# Given with --resume, one that differs from the checkpoint's is refused (changing it mid-run is
+# a new run, not a resume; the same value, as when the first command is repeated with --resume,
+# is fine); the options of the Trainer (checkpoints, metrics, validation, logs, plot) and the
+# machine (--backend, --precision) are honoured from the resumed step on.
 RESUMED_FROM_CHECKPOINT = ("loss", "optimizer", "lr", "lr_schedule", "grad_accumulation",
                            "clip_grad_norm", "weight_decay", "momentum", "frozen", "trainable",
                            "output")
-HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_split", "val_data")
+HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_split", "val_data", "log_dir")
 DEFAULT_EPOCHS = 5
 
 
@@ -159,16 +163,62 @@ def _option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _check_resume_options(args) -> list[str]:
-    """``--resume``: an option that would change what the checkpoint trains is an error naming
-    it; the lines saying which given options apply from the resumed step on."""
-    refused = [_option(k) for k in RESUMED_FROM_CHECKPOINT if getattr(args, k) is not None]
-    if refused:
-        raise InputError(f"--resume continues the checkpoint's training, which fixes the loss, "
+def _checkpoint_value(session, key: str):
+    """The value of train option ``key`` (an ``args`` name) that a resumed ``session`` has,
+    in the form the command line gives it."""
+    from .optim import OPTIMIZERS, SCHEDULES
+    from .training.losses import LossSpec
+
+    opt = session.optimizer
+    if key == "loss":
+        return session.loss.name if isinstance(session.loss, LossSpec) else "an ONNX loss model"
+    if key == "optimizer":
+        return next((n for n, cls in OPTIMIZERS.items() if type(opt) is cls), type(opt).__name__)
+    if key == "lr_schedule":
+        return next((n for n, cls in SCHEDULES.items() if type(session.schedule) is cls),
+                    type(session.schedule).__name__)
+    if key in ("lr", "weight_decay", "momentum"):
+        return getattr(opt, key, None)
+    if key == "output":
+        return session.output_name
+    return session.options[key]  # grad_accumulation, clip_grad_norm, frozen, trainable
+
+
+def _shown(value) -> str:
+    """An option's value as the command line gives it (a repeated option: its values)."""
+    if isinstance(value, list):
+        return " ".join(value) if value else "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "none" if value is None else str(value)
+
+
+def _check_resume_options(args, session) -> None:
+    """``--resume``: an option given with a value other than the checkpoint's would change what
+    it trains: an error naming each, with the checkpoint's value."""
+    differ = []
+    for key in RESUMED_FROM_CHECKPOINT:
+        given = getattr(args, key)
+        if given is None:
+            continue
+        theirs = _checkpoint_value(session, key)
+        if isinstance(given, str) and isinstance(theirs, str):
+            same = given.lower() == theirs.lower()
+        else:
+            same = given == theirs or key == "frozen" and not given and not theirs
+        if not same:
+            differ.append(f"{_option(key)} {_shown(given)} (the checkpoint's: "
+                          f"{_shown(theirs)})")
+    if differ:
+        raise InputError(f"--resume continues the checkpoint's training, with its loss, "
                          f"optimizer, lr, schedule, accumulation, clipping, trainable set and "
-                         f"output: {', '.join(refused)} cannot change it; drop "
-                         f"{'it' if len(refused) == 1 else 'them'}, or train afresh without "
+                         f"output: {'; '.join(differ)}; drop "
+                         f"{'it' if len(differ) == 1 else 'them'}, or train afresh without "
                          "--resume")
+
+
+def _honoured_on_resume(args) -> list[str]:
+    """The lines saying which options given with ``--resume`` apply from the resumed step on."""
     return [f"--resume: {_option(k)} {getattr(args, k)} applies from the resumed step on"
             for k in HONOURED_ON_RESUME if getattr(args, k) is not None]
 
@@ -236,6 +286,53 @@ def warn_softmax_output(session) -> None:
                       stacklevel=2)
 
 
+class _RecordTap:
+    """The Trainer's metrics writer, followed by the TensorBoard log and the list of step
+    records the plot draws. (The Trainer writes every record through ``_write_metrics``; a
+    callback of its own would be the better seam.)"""
+
+    def __init__(self, write, log, steps: list):
+        self.write, self.log, self.steps = write, log, steps
+
+    def __call__(self, record: dict) -> None:
+        self.write(record)
+        if record.get("kind") == "step":
+            self.steps.append(record)
+        if self.log is not None:
+            self.log.write(record)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def _follow_records(trainer, args, world) -> list[dict]:
+    """Tap the metrics records of ``trainer`` for ``--log-dir`` (rank 0) and the plot; the list
+    the step records collect in."""
+    log = None
+    if args.log_dir is not None and world.is_root:
+        from .training.tensorboard import TensorBoardLog
+
+        log = TensorBoardLog(args.log_dir)
+    steps: list[dict] = []
+    trainer._write_metrics = _RecordTap(trainer._write_metrics, log, steps)
+    return steps
+
+
+def _step_records(args, collected: list[dict]) -> list[dict] | None:
+    """The step records the plot draws (``--metrics-every``): of the whole run, read back from
+    ``--metrics`` (a resumed run's file holds those before the resume too), else this
+    process's."""
+    if not args.metrics_every:
+        return None
+    if args.metrics and Path(args.metrics).exists():
+        import json
+
+        records = [json.loads(line) for line in Path(args.metrics).read_text().splitlines()]
+        return [r for r in records if r.get("kind") == "step"]
+    return collected
+
+
 def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     """``tr-onnx train``: check every output path, load the data, train (or resume), export the
     model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
@@ -257,7 +354,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
     out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
     _check_outputs(args, out, ckpt)
-    honoured = _check_resume_options(args) if args.resume else []
+    honoured = _honoured_on_resume(args) if args.resume else []
     if args.val_data is not None and args.val_split is not None:
         raise InputError(f"--val-data {args.val_data} and --val-split {args.val_split}: give "
                          "one (validation from another file, or held out of --data)")
@@ -268,6 +365,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         session = _user_error(TrainingSession.from_checkpoint, ckpt, distributed=world,
                               **overrides)
         _check_same_model(args.model, session, ckpt)
+        _check_resume_options(args, session)
         extra = session.checkpoint_extra
         seed = extra.get("seed", 0) if args.seed is None else args.seed
         # the checkpoint's global batch, split over this run's ranks
@@ -319,6 +417,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         batches = trainer.batches_per_epoch * epochs  # global batches
         session.schedule = _schedule(args.lr_schedule or "constant",
                                      -(-batches // (args.grad_accumulation or 1)))
+    steps = _follow_records(trainer, args, world)
     if on_trainer is not None:
         on_trainer(trainer)
     try:
@@ -326,15 +425,17 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     except TrainingDiverged as exc:
         if trainer.history and args.plot and world.is_root:  # the epochs completed
             try:
-                _write_plot(trainer.history, args.plot, None)
+                _write_plot(trainer.history, args.plot, None, _step_records(args, steps))
             except TrOnnxError as failed:
                 exc.add_note(str(failed))
         raise
+    finally:
+        trainer._write_metrics.close()
     if world.is_root:
         session.export(out)  # before the plot: whatever fails after it, the model is kept
         write_meta(loaded, out)
         if history and args.plot:
-            _write_plot(history, args.plot, out)
+            _write_plot(history, args.plot, out, _step_records(args, steps))
     final = history[-1] if history else {}
     return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"),
@@ -513,8 +614,12 @@ def add_train_parser(sub) -> None:
     t.add_argument("--metrics-every", type=count_type(1), default=None, metavar="N",
                    help="also a metrics line every N batches")
     t.add_argument("--plot", metavar="FILE",
-                   help="loss and accuracy per epoch, in the format the suffix names (.png, "
-                   ".svg, .pdf...; no suffix: PNG); written after the model")
+                   help="the loss and each metric per epoch (and per step with --metrics-every), "
+                   "in the format the suffix names (.png, .svg, .pdf...; no suffix: PNG); "
+                   "written after the model")
+    t.add_argument("--log-dir", metavar="DIR",
+                   help="write TensorBoard event files there (tensorboardX): the metrics per "
+                   "epoch, and per step with --metrics-every")
     t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
                    help="default: auto (cuda when a GPU is usable); on --resume: the "
                    "checkpoint's")
