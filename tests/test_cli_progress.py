@@ -108,3 +108,22 @@ def test_train_writes_plain_progress_lines_when_stderr_is_not_a_terminal(tmp_pat
     assert "\r" not in err
     lines = [line for line in err.splitlines() if line.startswith("epoch 1/1: ")]
     assert [line.split()[2] for line in lines] == [f"{d}/10" for d in range(1, 10)]
+
+
+def test_an_unknown_total_shows_the_steps_and_elapsed_time_without_eta(fake_clock):
+    stream, terminal = io.StringIO(), Terminal()
+    lines = ProgressBar(0, "epoch 1/1", stream=stream)
+    redrawn = ProgressBar(0, "epoch 1/1", stream=terminal, interval=0)
+    for done in range(1, 26):
+        fake_clock.now += 1
+        lines.update(done, "")
+        redrawn.update(done, "")
+    assert stream.getvalue().splitlines() == ["epoch 1/1: 10/? 0:10 ", "epoch 1/1: 20/? 0:20 "]
+    assert terminal.getvalue().endswith("\repoch 1/1 25/? 0:25 ")
+
+
+def test_tty_only_from_earlier_callers_is_accepted_and_ignored():
+    stream = io.StringIO()
+    bar = ProgressBar(2, "epoch 1/1", stream=stream, tty_only=True)
+    bar.update(1, "")
+    assert stream.getvalue().startswith("epoch 1/1: 1/2 (50%)")

@@ -196,7 +196,7 @@ def test_evaluate_prints_the_loss_and_accuracy_onnxruntime_and_torch_give(tmp_pa
     with np.load(data) as d:
         (logits,) = ort_run(MLP, {"input": d["input"]})
         assert info["loss"] == pytest.approx(torch_ce(logits, d["labels"]), rel=1e-5)
-        assert info["accuracy"] == pytest.approx(float((logits.argmax(1) == d["labels"]).mean()))
+        assert info["acc"] == pytest.approx(float((logits.argmax(1) == d["labels"]).mean()))
     assert info["samples"] == 40
     assert main(["evaluate", MLP, "--data", data]) == 0
     assert "loss" in capsys.readouterr().out

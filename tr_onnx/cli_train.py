@@ -464,8 +464,8 @@ def evaluate_model(args) -> dict:
     trainer = _user_error(Trainer, session, data, batch_size=args.batch_size, progress=False,
                           log=None)
     result = trainer.evaluate(data)
-    if not isinstance(result, dict):  # (loss, accuracy)
-        result = {"loss": result[0], "accuracy": result[1]}
+    if not isinstance(result, dict):  # (loss, accuracy): the record's val_ keys, unprefixed
+        result = {"loss": result[0], "acc": result[1]}
     return {"model": args.model, "data": args.data, "samples": len(data[1]),
             **{k: v for k, v in result.items() if v is not None}}
 
@@ -609,7 +609,8 @@ def add_train_parser(sub) -> None:
     t.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint-dir: the loss, optimizer, lr, schedule, "
                    "accumulation, clipping, trainable set and output come from the checkpoint "
-                   "(giving one of them is an error); --epochs defaults to the checkpoint's")
+                   "(one given with another value is an error); --epochs defaults to the "
+                   "checkpoint's")
     t.add_argument("--metrics", metavar="FILE.jsonl", help="JSON lines, one per epoch")
     t.add_argument("--metrics-every", type=count_type(1), default=None, metavar="N",
                    help="also a metrics line every N batches")

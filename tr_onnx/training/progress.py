@@ -25,10 +25,13 @@ class ProgressBar:
     the step, elapsed time, the ETA (from the rate of the steps since the first update, so that
     a first step that also plans is not counted) and the caller's ``text``. A terminal gets a
     line redrawn in place at most every ``interval`` seconds; another stream plain lines (the
-    module docstring). ``enabled=False`` draws nothing."""
+    module docstring). ``enabled=False`` draws nothing. ``total`` 0: not known (a stream of
+    batches without a length): the steps done and the elapsed time, no ETA. ``tty_only`` is
+    obsolete (the stream decides) and ignored: callers written before plain lines pass it."""
 
     def __init__(self, total: int, label: str, stream=None, enabled: bool = True,
-                 width: int = 24, interval: float = 0.1, line_every: float = 10.0):
+                 width: int = 24, interval: float = 0.1, line_every: float = 10.0,
+                 tty_only: bool | None = None):
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.terminal = bool(isatty is not None and isatty())
@@ -45,6 +48,8 @@ class ProgressBar:
         """``elapsed<eta`` (tqdm's notation); ``?`` until the rate is known."""
         elapsed = clock(now - self._start)
         t0, d0 = self._first or (now, done)
+        if self.total <= 0:
+            return elapsed
         if done <= d0 or now <= t0:
             return f"{elapsed}<?"
         return f"{elapsed}<{clock((now - t0) / (done - d0) * (self.total - done))}"
@@ -64,22 +69,26 @@ class ProgressBar:
         if done < self.total and now - self._last < self.interval:
             return
         self._last = now
-        filled = self.width * done // max(self.total, 1)
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{done}/{self.total} {self.timing(done, now)} {text}")
+        if self.total > 0:
+            filled = self.width * done // self.total
+            where = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total}"
+        else:
+            where = f"{done}/?"
+        line = f"{self.label} {where} {self.timing(done, now)} {text}"
         self.stream.write("\r" + line.ljust(self._shown))
         self.stream.flush()
         self._shown = len(line)
 
     def _line(self, done: int, text: str, now: float) -> None:
-        if done >= self.total:  # the caller's epoch summary follows
+        total = self.total
+        if 0 < total <= done:  # the caller's epoch summary follows
             return
-        tenth = self._last_done * 10 // max(self.total, 1) < done * 10 // max(self.total, 1)
+        tenth = total > 0 and self._last_done * 10 // total < done * 10 // total
         if not tenth and now - max(self._last, self._start) < self.line_every:
             return
         self._last, self._last_done = now, done
-        self.stream.write(f"{self.label}: {done}/{self.total} ({100 * done // self.total}%) "
-                          f"{self.timing(done, now)} {text}\n")
+        where = f"{done}/{total} ({100 * done // total}%)" if total > 0 else f"{done}/?"
+        self.stream.write(f"{self.label}: {where} {self.timing(done, now)} {text}\n")
         self.stream.flush()
 
     def close(self) -> None:
