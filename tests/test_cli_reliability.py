@@ -152,7 +152,7 @@ def test_a_plot_that_fails_after_training_still_leaves_the_trained_model(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
 
-    def disk_full(history, path):
+    def disk_full(history, path, steps=None):
         raise OSError(28, "No space left on device", str(path))
 
     monkeypatch.setattr("tr_onnx.training.plots.plot_history", disk_full)

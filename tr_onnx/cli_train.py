@@ -155,7 +155,9 @@ def _write_plot(history: list[dict], plot: str, model: Path | None,
 RESUMED_FROM_CHECKPOINT = ("loss", "optimizer", "lr", "lr_schedule", "grad_accumulation",
                            "clip_grad_norm", "weight_decay", "momentum", "frozen", "trainable",
                            "output")
-HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_split", "val_data", "log_dir")
+# (--val-split is neither: it decides the training samples, which the resume checks are the
+# checkpoint's)
+HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_data", "log_dir")
 DEFAULT_EPOCHS = 5
 
 
