@@ -434,9 +434,12 @@ class _Parser(argparse.ArgumentParser):
                     if near:
                         hints.append(f"{token}: did you mean {' or '.join(near)}?")
             return "; " + "; ".join(hints) if hints else ""
-        if "invalid choice: " in message and commands:
+        if "invalid choice: " in message and "(choose from " in message:
+            # argparse's "invalid choice: 'trian' (choose from 'inspect', 'run', ...)": a
+            # command, or the value of an option with choices (--backend, --lr-schedule)
             given = message.split("invalid choice: ", 1)[1].split("'")[1]
-            near = difflib.get_close_matches(given, list(commands), n=2)
+            choices = message.split("(choose from ", 1)[1].split("'")[1::2]
+            near = difflib.get_close_matches(given, choices, n=2)
             if near:
                 return f"; did you mean {' or '.join(near)}?"
         return ""
