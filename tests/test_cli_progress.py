@@ -127,3 +127,20 @@ def test_tty_only_from_earlier_callers_is_accepted_and_ignored():
     bar = ProgressBar(2, "epoch 1/1", stream=stream, tty_only=True)
     bar.update(1, "")
     assert stream.getvalue().startswith("epoch 1/1: 1/2 (50%)")
+
+
+def test_train_shows_validation_progress(tmp_path, monkeypatch, capsys):
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", input=rng.standard_normal((48, 64)).astype(np.float32),
+             labels=rng.integers(0, 10, 48).astype(np.int64))
+    mlp = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "model_zoo"
+              / "mlp.onnx")
+    # 24 validation samples in batches of 8: 3 runs, a line after each but the last
+    assert main(["train", mlp, "--data", str(tmp_path / "d.npz"), "--epochs", "2",
+                 "--batch-size", "8", "--val-split", "0.5"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "validation" in line]
+    assert [line.split(":")[0] + " " + line.split()[3] for line in lines] == [
+        f"epoch {e}/2 validation {d}/3" for e in (1, 2) for d in (1, 2)]

@@ -321,6 +321,39 @@ def _follow_records(trainer, args, world) -> list[dict]:
     return steps
 
 
+def _show_validation(trainer) -> None:
+    """Progress through the validation batches of ``trainer`` (each ``session.run`` of its
+    ``evaluate`` is one batch), where it shows progress (rank 0, without --no-progress). (The
+    Trainer's evaluate loop is the better home; it is being rewritten alongside this.)"""
+    from .training.progress import ProgressBar
+
+    if not trainer.progress:
+        return
+    evaluate, session = trainer.evaluate, trainer.session
+
+    def evaluate_shown(data):
+        world, n = trainer.world, len(data[1]) if isinstance(data, tuple) else 0
+        rows = n * (world.rank + 1) // world.size - n * world.rank // world.size
+        bar = ProgressBar(-(-rows // trainer.val_batch_size),
+                          f"epoch {trainer.epoch + 1}/{trainer.epochs} validation")
+        run, done = session.run, []
+
+        def run_counted(*args, **kwargs):
+            outputs = run(*args, **kwargs)
+            done.append(1)
+            bar.update(len(done), "")
+            return outputs
+
+        session.run = run_counted
+        try:
+            return evaluate(data)
+        finally:
+            del session.run  # the class's again
+            bar.close()
+
+    trainer.evaluate = evaluate_shown
+
+
 def _step_records(args, collected: list[dict]) -> list[dict] | None:
     """The step records the plot draws (``--metrics-every``): of the whole run, read back from
     ``--metrics`` (a resumed run's file holds those before the resume too), else this
@@ -420,6 +453,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         session.schedule = _schedule(args.lr_schedule or "constant",
                                      -(-batches // (args.grad_accumulation or 1)))
     steps = _follow_records(trainer, args, world)
+    _show_validation(trainer)
     if on_trainer is not None:
         on_trainer(trainer)
     try:
