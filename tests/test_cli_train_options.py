@@ -268,6 +268,8 @@ def test_cross_entropy_on_a_softmax_output_warns_that_the_model_applies_softmax(
     pytest.param(["train", MLP, "--data", "digits", "--lr-shedule", "cosine"],
                  "--lr-shedule: did you mean --lr-schedule?", id="train-option-2"),
     pytest.param(["inspect", MLP, "--jsn"], "--jsn: did you mean --json?", id="inspect-option"),
+    pytest.param(["train", MLP, "--data", "digits", "--epoch", "3"],
+                 "--epoch: did you mean --epochs?", id="no-abbreviations"),
     pytest.param(["train", MLP, "--data", "digits", "--lr-schedule", "cosin"],
                  "did you mean cosine?", id="option-choice"),
     pytest.param(["train", MLP, "--data", "digits", "--backend", "cdua"],

@@ -409,6 +409,12 @@ class _Parser(argparse.ArgumentParser):
     (exit status 2), and "did you mean" for a mistyped option or command (difflib over the
     option strings of the command given, or the command names)."""
 
+    def __init__(self, *args, **kwargs):
+        # an abbreviation (--epoch for --epochs) that works today breaks when an option sharing
+        # its prefix is added; a mistyped option gets "did you mean" instead
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def parse_known_args(self, args=None, namespace=None):
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
