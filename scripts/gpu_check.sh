@@ -15,7 +15,7 @@
 #   stages.jsonl  one JSON line per result as soon as it exists, one final line per stage
 #   summary.md    stage | status (ok/failed/skipped/timeout) | seconds | key numbers or error,
 #                 rewritten after every line
-#   results.json, results.md   the benchmark stage's table (the README table), as before
+#   results.json, results.md   the benchmark stage's table (for docs/benchmarks.md), as before
 #   gpu_check.log everything printed
 #   cudnn_errors.log, nccl.*.log   cuDNN's (CUDNN_LOGERR_DBG) and NCCL's (NCCL_DEBUG=WARN) own logs
 # Stages: 0-versions, 1-kernels (NVRTC per family + 12 one-node kernels vs numpy), 2-capture

@@ -18,7 +18,7 @@ it), models-tf32-off (NVIDIA_TF32_OVERRIDE=0, and replay with cuDNN's non-determ
 deselected: TR_ONNX_CUDNN_DETERMINISTIC=1), convnets, precision-export, nccl (a world of 1
 through data parallelism's NCCL all-reduce in the captured step), real-exports (models
 exported here by scripts/export_real_sets.py, carried in .gpu-real), benchmark
-(``gpu_check.run_benchmark``: results.json / results.md as before, for the README table).
+(``gpu_check.run_benchmark``: results.json / results.md as before, for docs/benchmarks.md).
 """
 
 from __future__ import annotations

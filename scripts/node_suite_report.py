@@ -1,5 +1,5 @@
-"""Print the README's node-suite table: every loaded case is included (all must pass in CI) or
-excluded with its reason.  Run: python scripts/node_suite_report.py"""
+"""Print docs/verification.md's node-suite table: every loaded case is included (all must
+pass in CI) or excluded with its reason.  Run: python scripts/node_suite_report.py"""
 
 import sys
 from collections import defaultdict

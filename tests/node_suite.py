@@ -1,6 +1,7 @@
 """Which cases of ONNX's backend node suite run in CI, and why each other one is left out.
 
-Used by ``test_onnx_node_suite.py`` and by ``scripts/node_suite_report.py`` (README numbers).
+Used by ``test_onnx_node_suite.py`` and by ``scripts/node_suite_report.py`` (the numbers in
+docs/verification.md).
 """
 
 from __future__ import annotations

@@ -182,6 +182,35 @@ def test_val_data_is_what_the_final_val_loss_is_of(tmp_path, monkeypatch):
     assert records[-1]["step"] == 2 * 8
 
 
+def test_val_data_with_other_named_classes_is_refused(tmp_path, monkeypatch, capsys):
+    """A table's text labels are numbered in sorted order per file: a validation file without
+    class 'b' would number 'c' as 1, which the model learned as 'b'."""
+    pytest.importorskip("pyarrow")
+    monkeypatch.chdir(tmp_path)
+    model = two_output_model(tmp_path / "heads.onnx")
+    rng = np.random.default_rng(0)
+
+    def table(name: str, classes: str) -> str:
+        rows = [",".join(f"{v:.3f}" for v in rng.standard_normal(4)) + f",{c}"
+                for c in classes * 4]
+        (tmp_path / name).write_text("f0,f1,f2,f3,label\n" + "\n".join(rows) + "\n")
+        return name
+
+    steps = count_steps(monkeypatch)
+    assert main(["train", model, "--output", "a", "--data", table("t.csv", "abc"),
+                 "--val-data", table("v.csv", "ac"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert not steps
+    assert "--val-data v.csv: its classes ['a', 'c'] are not those of --data t.csv" in err
+    assert main(["train", model, "--output", "a", "--data", "t.csv", "--epochs", "1",
+                 "--val-data", table("v2.csv", "cab"), "--no-progress", "--out", "m.onnx"]) == 0
+    # evaluate holds data to the classes recorded beside the trained model (m.data.json)
+    capsys.readouterr()
+    assert main(["evaluate", "m.onnx", "--output", "a", "--data", "v.csv"]) == 2
+    assert "its classes ['a', 'c'] are not those of m.data.json" in capsys.readouterr().err
+    assert main(["evaluate", "m.onnx", "--output", "a", "--data", "v2.csv"]) == 0
+
+
 def test_val_data_and_val_split_together_are_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     data = mlp_data(tmp_path / "d.npz")

@@ -64,7 +64,7 @@ def test_compress_by_a_constant_condition_equals_numpy_bit_for_bit(device, signa
 
 def test_a_condition_from_the_data_is_left_to_the_numpy_backend(device):
     """NonZero of a model input: its count depends on the batch (a DynamicRegion), which the
-    cuda backend does not run (README): the plan is refused naming the op, rather than run a
+    cuda backend does not run (docs/gpu.md): the plan is refused naming the op, rather than run a
     graph of fixed sizes."""
     graph = helper.make_graph(
         [helper.make_node("NonZero", ["x"], ["where"]),

@@ -1,6 +1,6 @@
 """What exporters do to a model, and the advice tr_onnx gives about it (issue 11, item 6).
 
-The README's export recipes ("Exporting a model for training") are run from README.md itself
+The export recipes (README "Train your own model", docs/export.md) are run from those pages
 on three small torch models (a torchvision-shaped BatchNorm CNN, an MLP with zero-initialised
 biases, a tied-embedding language model): the files keep BatchNorm, biases and ties, get no
 advice, and train 3 SGD steps as PyTorch's ``train()`` does. The exporters' defaults get the
@@ -111,10 +111,18 @@ def fresh_model(name: str):
     return MODELS[name]()
 
 
-def readme_recipes() -> dict[str, str]:
-    readme = (ROOT / "README.md").read_text()
-    return dict(re.findall(r"<!-- export-recipe:(\S+) -->\n```python\n(.*?)```\n"
-                           r"<!-- /export-recipe:\1 -->", readme, re.DOTALL))
+RECIPE_PAGES = ("README.md", "docs/export.md")  # the user guide's two, the training-mode one
+
+
+def export_recipes() -> dict[str, str]:
+    """Every export recipe of the user docs, by name; a name on two pages is an error (one
+    recipe, one home)."""
+    found = [match for page in RECIPE_PAGES for match in re.findall(
+        r"<!-- export-recipe:(\S+) -->\n```python\n(.*?)```\n<!-- /export-recipe:\1 -->",
+        (ROOT / page).read_text(), re.DOTALL)]
+    names = [name for name, _ in found]
+    assert len(set(names)) == len(names), f"a recipe is on two pages: {names}"
+    return dict(found)
 
 
 def export_with_recipe(code: str, model, x, path: Path) -> Path:
@@ -179,11 +187,11 @@ def inspect_json(path) -> dict:
     return info
 
 
-def test_the_readme_has_the_three_recipes():
-    assert set(readme_recipes()) == {"classic", "classic-training", "dynamo"}
+def test_the_docs_have_the_three_recipes():
+    assert set(export_recipes()) == {"classic", "classic-training", "dynamo"}
 
 
-RECIPE_CASES = [  # (README recipe, model, advice expected); the MLP only where exports are cheap
+RECIPE_CASES = [  # (export recipe, model, advice expected); the MLP only where exports are cheap
     ("classic", "convnet", []), ("classic", "mlp", []), ("classic", "tiny_lm", []),
     ("dynamo", "convnet", []), ("dynamo", "tiny_lm", []),
     ("classic-training", "convnet", []), ("classic-training", "mlp", []),
@@ -195,12 +203,12 @@ RECIPE_CASES = [  # (README recipe, model, advice expected); the MLP only where 
 
 @pytest.mark.parametrize("recipe, name, expected", RECIPE_CASES,
                          ids=[f"{r}-{m}" for r, m, _ in RECIPE_CASES])
-def test_readme_recipe_keeps_the_model_and_trains_like_pytorch(tmp_path, recipe, name,
+def test_export_recipe_keeps_the_model_and_trains_like_pytorch(tmp_path, recipe, name,
                                                                expected):
     model = fresh_model(name)
     rng = np.random.default_rng(0)
     x, _ = example_batch(name, rng, 2)
-    path = export_with_recipe(readme_recipes()[recipe], model, x, tmp_path / "model.onnx")
+    path = export_with_recipe(export_recipes()[recipe], model, x, tmp_path / "model.onnx")
     proto = onnx.load(path)
     ops = Counter(n.op_type for n in proto.graph.node)
     assert ops["BatchNormalization"] == BATCH_NORMS[name]
@@ -441,12 +449,12 @@ def test_advice_names_the_first_nodes_and_counts_the_rest():
 
 
 def test_deepcopy_keeps_the_module_unchanged_by_a_training_mode_export(tmp_path):
-    """Why the README's classic training-mode recipe exports a copy: the export moves the
+    """Why docs/export.md's classic training-mode recipe exports a copy: the export moves the
     module's BatchNorm running statistics."""
     model = fresh_model("convnet").eval()
     before = copy.deepcopy(model.state_dict())
     x, _ = example_batch("convnet", np.random.default_rng(0), 2)
-    code = readme_recipes()["classic-training"]
+    code = export_recipes()["classic-training"]
     export_with_recipe(code.replace("copy.deepcopy(model)", "model"), model, x,
                        tmp_path / "moved.onnx")
     assert not torch.equal(before["features.1.running_mean"],

@@ -1,7 +1,7 @@
 """ONNX's backend node suite: every case runs unless ``node_suite`` excludes it with a reason.
 
 Cases are built in memory by ``load_model_tests(kind="node")``; exclusions are listed with their
-reasons in ``node_suite.EXCLUDED`` (and counted in the README).
+reasons in ``node_suite.EXCLUDED`` (and counted in docs/verification.md).
 """
 
 import re

@@ -1,6 +1,6 @@
 """Plugins as a user writes them: the installed packages in plugins/ (found through their entry
 points), `plugins=[...]`, explicit priority and overrides, bad plugins, training and exporting
-models with custom ops, and the README's "Writing a plugin" example run verbatim.
+models with custom ops, and docs/plugins.md's example run verbatim.
 
 The packages are installed by the test command (`pip install -e plugins/...`); their gradient
 tables are in grad_cases_plugins.py, run by test_gradients.py with the builtin ones.
@@ -213,7 +213,7 @@ def test_unregistered_custom_op_names_the_domain_and_the_docs():
     message = str(err.value)
     assert "Frobnicate (domain 'com.acme', since_version 1) at node(s) 'frob0'" in message
     assert "plugin package providing domain 'com.acme'" in message
-    assert "Writing a plugin" in message
+    assert "docs/plugins.md" in message
 
 
 # ---- plugins=[...] ------------------------------------------------------------------------
@@ -388,25 +388,25 @@ def _nvrtc():
     return nvrtc
 
 
-# ---- README "Writing a plugin", verbatim ------------------------------------------------------
+# ---- docs/plugins.md's example, verbatim -- ------------------------------------------------------
 
-def _readme_block(marker: str) -> str:
-    readme = (ROOT / "README.md").read_text()
+def _doc_block(marker: str) -> str:
+    page = (ROOT / "docs" / "plugins.md").read_text()
     section = re.search(rf"<!-- plugin-example:{marker} -->\n```\w+\n(.*?)```\n"
-                        rf"<!-- /plugin-example:{marker} -->", readme, re.DOTALL)
-    assert section, f"README.md lost the plugin-example:{marker} block"
+                        rf"<!-- /plugin-example:{marker} -->", page, re.DOTALL)
+    assert section, f"docs/plugins.md lost the plugin-example:{marker} block"
     return section.group(1)
 
 
-def test_readme_plugin_example_registers_trains_and_has_correct_gradients(tmp_module):
-    project = tomllib.loads(_readme_block("pyproject"))
+def test_plugins_doc_example_registers_trains_and_has_correct_gradients(tmp_module):
+    project = tomllib.loads(_doc_block("pyproject"))
     ((_, module_name),) = project["project"]["entry-points"]["tr_onnx"].items()
-    plugin = tmp_module(module_name, _readme_block("module"))
+    plugin = tmp_module(module_name, _doc_block("module"))
     registry = build_registry([plugin], autoload=False)
     assert registry.plugins[module_name]["ops"] == ["com.mycompany.ScaledTanh"]
 
     rng = np.random.default_rng(3)
-    case = GradCase("readme_ScaledTanh", "ScaledTanh", [rng.standard_normal((3, 5))],
+    case = GradCase("docs_ScaledTanh", "ScaledTanh", [rng.standard_normal((3, 5))],
                     {"alpha": 1.7}, domain=plugin.DOMAIN, fd_oracle="ours")
     check_case(case, plugins=[plugin])
 

@@ -275,28 +275,28 @@ def test_a_kernel_for_an_op_nobody_registers_is_an_error():
                                                       versions=(99,)))])
 
 
-def _readme_cuda_exclusions() -> set[str]:
-    """The ops the README's "Ops the cuda backend does not run" names (its bullets' backticked
+def _documented_cuda_exclusions() -> set[str]:
+    """The ops docs/gpu.md's "Ops the cuda backend does not run" names (its bullets' backticked
     names, a domain prefix kept where it has one)."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("### Ops the cuda backend does not run", 1)[1].split("\nWhat CI", 1)[0]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "gpu.md").read_text()
+    section = page.split("\n## Ops the cuda backend does not run\n", 1)[1].split("\nWhat CI", 1)[0]
     bullets = re.findall(r"^- (.*?(?:\n  .*?)*)$", section, flags=re.M)
     return {name for text in bullets
             for name in re.findall(r"`([\w.]+)`", text.split(": ", 1)[0])}
 
 
-def test_cuda_runs_every_op_numpy_runs_but_the_readme_list(capsys):
+def test_cuda_runs_every_op_numpy_runs_but_the_documented_list(capsys):
     """Issue 30's rule: `tr-onnx ops --json` lists cuda for every op numpy lists, except the
-    README's short list of ops the cuda backend does not run, each with its reason."""
+    docs/gpu.md's short list of ops the cuda backend does not run, each with its reason."""
     assert cli_main(["ops", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     numpy_only = {(r["op"] if r["domain"] in ("ai.onnx", "ai.tr_onnx") else
                    f"{r['domain']}.{r['op']}") for r in rows
                   if "numpy" in r["backends"] and "cuda" not in r["backends"]}
-    assert numpy_only == _readme_cuda_exclusions()
+    assert numpy_only == _documented_cuda_exclusions()
     for r in rows:  # and every version numpy runs
         if "cuda" in r["backends"] and "numpy" in r["backends"]:
             assert r["backend_versions"]["cuda"] == r["backend_versions"]["numpy"], r["op"]

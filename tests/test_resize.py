@@ -341,8 +341,8 @@ def _pixels(k):
             rng.integers(0, 3, (2, 8, 8)).astype(np.int64))
 
 
-# BatchNorm stays BatchNorm only without constant folding (README 'Exporting a model for
-# training'); PyTorch's running variance is the unbiased one.
+# BatchNorm stays BatchNorm only without constant folding (docs/export.md); PyTorch's
+# running variance is the unbiased one.
 UNET_EXPORTS = {"classic": (17, {"do_constant_folding": False}),
                 "dynamo": (18, {"optimize": False})}
 

@@ -120,7 +120,7 @@ def _quiet():
 
 @pytest.mark.parametrize("arch,kwargs", [
     (swin, {}), (convnext, {}), (vit, {}),
-    # BatchNorm nets keep their BatchNorm only unoptimised (README "Exporting a model"), and
+    # BatchNorm nets keep their BatchNorm only unoptimised (docs/export.md), and
     # update running variances as PyTorch does with bn_running_var="unbiased". (Not the
     # MobileNetV2: its training is chaotic at this size, PyTorch's own float32 and float64
     # losses part by 0.06 within 4 steps even at lr 1e-3; its trainable set is tested below.)

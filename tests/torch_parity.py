@@ -39,7 +39,7 @@ class ParityCase:
     ``dynamic_axes``: {input name: {axis: name}} for the classic exporter; the dynamo export
     uses the same axes as ``torch.export.Dim``s. ``session_kwargs`` go to TrainingSession;
     ``export_kwargs`` to ``torch.onnx.export`` (a BatchNorm model keeps its BatchNorm with
-    ``do_constant_folding=False``, as the README tells users). ``ort_optimize=False`` runs
+    ``do_constant_folding=False``, as the README's recipe says). ``ort_optimize=False`` runs
     onnxruntime without its graph optimizations (``ort_run``): a QDQ model's must, or
     onnxruntime computes its fused integer kernels instead of the graph (2.5e-3 from PyTorch
     on tests/test_quantize.py's QAT CNN, 3.6e-7 without them)."""

@@ -373,7 +373,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     model, then write the plot; where the files went. ``on_trainer(trainer)`` is called once
     the Trainer exists. ``world``: the ranks training together (default: ``init()``'s, from
     the launcher); every rank calls this, rank 0 alone logs, writes files and exports."""
-    from .data import load, read_spec, split, write_meta
+    from .data import flag_options, load, read_spec, split, write_meta
     from .distributed import init
     from .errors import TrainingDiverged
     from .training.session import TrainingSession
@@ -420,8 +420,10 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             warn_softmax_output(session)
     kind, dtype = label_kind(session)
     spec_file = getattr(args, "data_spec", None)
-    options = read_spec(spec_file) if spec_file else {}
+    options = flag_options(read_spec(spec_file) if spec_file else {}, args)
     loaded = load(args.data, session.imported.inputs, kind, dtype, options)
+    for note in loaded.notes if log else ():
+        log(note)
     arrays, labels = loaded.data
     # every label, at its position in the file, before the split and the first step
     session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
@@ -432,7 +434,10 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     else:
         train, val = (arrays, labels), None
     if args.val_data is not None:
-        val = load(args.val_data, session.imported.inputs, kind, dtype, options).data
+        val_loaded = load(args.val_data, session.imported.inputs, kind, dtype, options)
+        _check_same_classes(f"--val-data {args.val_data}", val_loaded.meta,
+                            f"--data {args.data}", loaded.meta)
+        val = val_loaded.data
         session.check_class_labels(val[1], {k: v[:batch_size] for k, v in val[0].items()},
                                    f"--val-data {args.val_data}: 'labels'")
     epochs = DEFAULT_EPOCHS if args.epochs is None and not args.resume else args.epochs
@@ -481,10 +486,21 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             "rank": world.rank, "world_size": world.size}
 
 
+def _check_same_classes(what: str, meta: dict, reference: str, reference_meta: dict) -> None:
+    """Class names numbered per file (a table's sorted text labels, an image folder's
+    subfolders) must be the reference's: a class missing from one file would shift the
+    indices of the others, and the loss would score the wrong classes without a word."""
+    ours, theirs = meta.get("classes"), reference_meta.get("classes")
+    if ours is not None and theirs is not None and list(ours) != list(theirs):
+        raise InputError(f"{what}: its classes {list(ours)} are not those of {reference} "
+                         f"({list(theirs)}), so the same index would name another class; "
+                         "give data with the same classes")
+
+
 def evaluate_model(args) -> dict:
     """``tr-onnx evaluate``: the loss (and whatever metrics the Trainer's evaluation reports) of
     MODEL on DATA, in eval mode, as a dict."""
-    from .data import load, read_spec
+    from .data import flag_options, load, read_spec
     from .training.session import TrainingSession
     from .training.trainer import Trainer, label_kind
 
@@ -493,8 +509,17 @@ def evaluate_model(args) -> dict:
                           output_name=args.output, backend=args.backend or "auto")
     warn_softmax_output(session)
     kind, dtype = label_kind(session)
-    options = read_spec(args.data_spec) if args.data_spec else {}
-    data = load(args.data, session.imported.inputs, kind, dtype, options).data
+    options = flag_options(read_spec(args.data_spec) if args.data_spec else {}, args)
+    loaded = load(args.data, session.imported.inputs, kind, dtype, options)
+    for note in loaded.notes:
+        print(note)
+    beside = Path(args.model).with_suffix(".data.json")  # write_meta's, if it trained here
+    if beside.is_file():
+        import json
+
+        _check_same_classes(f"--data {args.data}", loaded.meta, str(beside),
+                            json.loads(beside.read_text()))
+    data = loaded.data
     session.check_class_labels(data[1], {k: v[:args.batch_size] for k, v in data[0].items()},
                                f"{args.data}: 'labels'")
     trainer = _user_error(Trainer, session, data, batch_size=args.batch_size, progress=False,
@@ -508,6 +533,7 @@ def evaluate_model(args) -> dict:
 
 def add_evaluate_parser(sub) -> None:
     """Add the ``evaluate`` command to the subparsers ``sub``."""
+    from .data import add_arguments as add_data_arguments
     from .training.losses import LOSSES
 
     e = sub.add_parser("evaluate", help="the loss and metrics of a model on data",
@@ -517,6 +543,7 @@ def add_evaluate_parser(sub) -> None:
     e.add_argument("--data", required=True, metavar="DATA",
                    help="the data, in any form `tr-onnx train --data` takes")
     e.add_argument("--data-spec", metavar="FILE.toml", help="as for train")
+    add_data_arguments(e.add_argument_group("data sources (docs/data.md)"))
     e.add_argument("--loss", default=None,
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model")
@@ -587,6 +614,7 @@ def _seconds(text: str) -> float:
 
 def add_train_parser(sub) -> None:
     """Add the ``train`` command and its options to the subparsers ``sub``."""
+    from .data import add_arguments as add_data_arguments
     from .optim import OPTIMIZERS, SCHEDULES
     from .training.losses import LOSSES
 
@@ -595,12 +623,14 @@ def add_train_parser(sub) -> None:
                        "is checked before the first step; missing parent folders are created.")
     t.add_argument("model", help="the ONNX model to train (with --resume: the checkpoint's "
                    "model, or its trained export)")
-    t.add_argument("--data", required=True, metavar="DATA.npz|digits",
+    t.add_argument("--data", required=True, metavar="DATA",
                    help="an .npz with one array per model input (named after it, samples on "
-                   "axis 0) plus 'labels', or 'digits' (scikit-learn's 8x8 digits)")
+                   "axis 0) plus 'labels', a folder of such .npy files, a CSV or Parquet table, "
+                   "or 'digits' (scikit-learn's 8x8 digits); docs/data.md")
     t.add_argument("--data-spec", metavar="FILE.toml",
                    help="what --data cannot say itself: kind = ..., and a [section] per kind "
                         "(docs/data.md)")
+    add_data_arguments(t.add_argument_group("data sources (docs/data.md)"))
     t.add_argument("--loss", default=None,
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")

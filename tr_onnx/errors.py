@@ -59,7 +59,7 @@ def unsupported_message(missing: list[tuple[str, str, int, list[str]]], backend:
                      "backend='numpy', or give these ops a cuda kernel (a KernelDef, or "
                      "OpDef.kernels['cuda'] = CudaKernel(...), in a plugin; the builtin "
                      "bindings are in tr_onnx/backends/cuda/ops/<family>.py).")
-    lines.append("Ops come from op-set plugins; see README 'Writing a plugin' and "
+    lines.append("Ops come from op-set plugins; see docs/plugins.md and "
                  "`tr-onnx ops` for what is registered.")
     return "\n".join(lines)
 

@@ -1,8 +1,8 @@
 """What the exporter probably did to a model, said before it is trained.
 
 tr_onnx trains the graph it is given, exactly; but the graph an exporter writes is not always
-the model that was trained in PyTorch. Measured on torch 2.13 (README "Exporting a model for
-training" has the settings that avoid each):
+the model that was trained in PyTorch. Measured on torch 2.13 (docs/export.md has the
+settings that avoid each):
 
 - an eval-mode export with constant folding (both torch exporters' default) folds BatchNorm
   into the convolutions: training then trains the folded function, not PyTorch's ``train()``;
@@ -14,7 +14,7 @@ training" has the settings that avoid each):
 ``export_advice`` looks for these signatures in the imported graph and returns one
 ``ExportAdvice`` per finding; ``TrainingSession`` warns with each (``ExportAdviceWarning``) and
 ``tr-onnx inspect`` prints them. The detectors are heuristics tuned to stay silent on models
-exported as the README recommends and on the model zoo; each message says when to ignore it.
+exported as docs/export.md recommends and on the model zoo; each message says when to ignore it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from onnx import numpy_helper
 from .importer import ImportedModel
 from .torch_metadata import exported_parameters, folded_from, module_of, rewrite_rules
 
-README = "README 'Exporting a model for training'"
+DOC = "docs/export.md, 'The recipes'"
 # Ops that normalise activations. Any of them in a conv net means BatchNorm was not folded
 # away (LRN too: a network with LRN, AlexNet's era, was designed without BatchNorm).
 NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormalization",
@@ -156,7 +156,7 @@ def fused_batchnorm(g: _Graph) -> list[ExportAdvice]:
         "Training trains that folded function (no batch statistics, no running statistics), "
         "not what PyTorch's train() does, and drifts from it (measured: a torchvision "
         "DenseNet, 2e-2 in loss after 5 SGD steps). Export with torch.onnx.export(..., "
-        f"dynamo=True, optimize=False) or dynamo=False, do_constant_folding=False ({README}).",
+        f"dynamo=True, optimize=False) or dynamo=False, do_constant_folding=False ({DOC}).",
         tuple(label for label, _ in fused))]
 
 
@@ -183,7 +183,7 @@ def folded_batchnorm(g: _Graph) -> list[ExportAdvice]:
         "constant folding: training trains that folded function (no batch statistics, no "
         "running statistics), not what PyTorch's train() does. To keep BatchNorm, export with "
         "torch.onnx.export(..., dynamo=False, do_constant_folding=False) or, with the dynamo "
-        f"exporter, optimize=False ({README}). Ignore this for a network designed without "
+        f"exporter, optimize=False ({DOC}). Ignore this for a network designed without "
         "normalization (AlexNet, VGG without BN, SqueezeNet).",
         tuple(names))]
 
@@ -214,7 +214,7 @@ def removed_biases(g: _Graph) -> list[ExportAdvice]:
         "model's biases are zero): a removed bias is not a parameter of the ONNX model, so "
         "training does not learn it, where PyTorch would (measured: a torchvision ConvNeXt, "
         "0.17 in loss after 4 SGD steps). Export with torch.onnx.export(..., dynamo=True, "
-        f"optimize=False) or with dynamo=False ({README}).",
+        f"optimize=False) or with dynamo=False ({DOC}).",
         tuple(n for n, _ in layers))]
 
 
@@ -242,7 +242,7 @@ def dropped_biases(g: _Graph, folded: bool) -> list[ExportAdvice]:
             "remove-optional-bias rule; every bias of a freshly initialised Hugging Face "
             "model is zero): a dropped bias is not a parameter of the ONNX model, so training "
             "does not learn it, where PyTorch would. Export with torch.onnx.export(..., "
-            f"dynamo=True, optimize=False) or with dynamo=False ({README}). Ignore this if "
+            f"dynamo=True, optimize=False) or with dynamo=False ({DOC}). Ignore this if "
             "these layers have no bias by design.",
             tuple(names)))
     return out
@@ -302,7 +302,7 @@ def untied_weights(g: _Graph) -> list[ExportAdvice]:
                     "(under 256 elements), they train as two parameters here, as one in "
                     "PyTorch. Export with torch.onnx.export(..., dynamo=False, "
                     "do_constant_folding=False) or (dynamo) optimize=False "
-                    f"({README}).",
+                    f"({DOC}).",
                     (name, table)))
     return out
 
@@ -339,7 +339,7 @@ def merged_initializers(g: _Graph, split: Collection[str] = ()) -> list[ExportAd
         "The torch dynamo exporter merges equal-valued initializers (a freshly initialised "
         "model's LayerNorm scales, all ones, and its zero biases become one initializer each): "
         "training here learns one shared parameter where PyTorch learns one per layer. Export "
-        f"with torch.onnx.export(..., dynamo=True, optimize=False) or dynamo=False ({README}). "
+        f"with torch.onnx.export(..., dynamo=True, optimize=False) or dynamo=False ({DOC}). "
         "Ignore this if the sharing is by design.",
         tuple(name for name, _ in merged))]
 

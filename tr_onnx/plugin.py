@@ -6,8 +6,7 @@ gradient rule, shape rule), ``GradientDef`` (a gradient for an op registered els
 ``KernelDef`` (one backend's kernel for an op registered elsewhere; the builtin cuda bindings
 are KernelDefs, ``tr_onnx/backends/cuda/ops/<family>.py``) objects. It is found through the
 entry-point group ``tr_onnx`` of an installed package, or
-passed as ``plugins=[module]`` to ``InferenceSession``/``TrainingSession``. See the README
-section "Writing a plugin".
+passed as ``plugins=[module]`` to ``InferenceSession``/``TrainingSession``. See docs/plugins.md.
 
 Kernels (per backend):
     ``def factory(ctx: KernelContext) -> run`` runs once at plan time; ``run(ins, outs, ws)``

@@ -39,7 +39,10 @@ class Rows(Protocol):
     """Samples read when indexed (``rows[idx]`` -> an ndarray of ``len(idx)`` samples), with
     the ``shape``/``dtype`` of the whole; ``subset(idx)`` is the same source over those rows
     (a split), ``fingerprint()`` a cheap CRC-32 of what identifies the data (its files and
-    their sizes and times), recorded by checkpoints."""
+    their sizes and times), recorded by checkpoints. Optionally ``for_epoch(seed, epoch)``:
+    the rows a training epoch reads (an image folder's augmentation); the ``Trainer`` asks
+    its training data only. The Trainer may index it from a background thread
+    (``prefetch.Prefetcher``), one call at a time."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -54,11 +57,13 @@ class Rows(Protocol):
 class Loaded:
     """What a source read: the data set, and ``meta`` to keep beside the trained model
     (``write_meta``: a table's label mapping, an image folder's class names, the tokenizer's
-    path and sequence length), and which source read it."""
+    path and sequence length), which source read it, and ``notes``: what it chose that the user
+    did not say (a table's label column), for the command line to print."""
 
     data: Dataset
     source: str
     meta: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,26 @@ def _is_npz(path: Path) -> bool:
     return path.suffix == ".npz"
 
 
+def _claims(module: str) -> Callable[[Path], bool]:
+    """``tr_onnx.data.<module>.claims``, imported when first asked."""
+    return lambda path: importlib.import_module(f"{__name__}.{module}").claims(path)
+
+
+def _is_npy_folder(path: Path) -> bool:
+    return path.is_dir() and (path / f"{LABELS}.npy").is_file()
+
+
+def _is_table(path: Path) -> bool:
+    return path.suffix.lower() in (".csv", ".parquet", ".pq")
+
+
 SOURCES: list[Source] = [
     Source("npz", "npz", _is_npz),
+    Source("npy_folder", "npy_folder", _is_npy_folder),
+    Source("hf_dataset", "hf_dataset", _claims("hf_dataset")),
+    Source("images", "images", _claims("images")),
+    Source("table", "table", _is_table),  # a CSV is a table unless kind = "text" says not
+    Source("text", "text", _claims("text")),
 ]
 
 
@@ -151,6 +174,19 @@ def add_arguments(group) -> None:
         module = importlib.import_module(f"{__name__}.{source.module}")
         if hasattr(module, "add_arguments"):
             module.add_arguments(group)
+
+
+def flag_options(options: Mapping[str, Any], args) -> dict[str, Any]:
+    """``options`` with the sources' command-line flags laid over it: a flag whose ``dest`` is
+    ``"section.key"`` (``add_arguments``), when given, sets ``options[section][key]``."""
+    merged = {k: dict(v) if isinstance(v, Mapping) else v for k, v in options.items()}
+    for dest, value in vars(args).items():
+        if "." in dest and value is not None:
+            name, key = dest.split(".", 1)
+            values = merged.setdefault(name, {})
+            if isinstance(values, dict):  # else section() names the bad [name]
+                values[key] = value
+    return merged
 
 
 def write_meta(loaded: Loaded, model_path: str | Path) -> Path | None:

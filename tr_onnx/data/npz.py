@@ -1,14 +1,19 @@
-"""An ``.npz`` holding one array per model input (named after it) plus ``labels``."""
+"""An ``.npz`` holding one array per model input (named after it) plus ``labels``.
+
+``check_arrays`` is the rule every source of named arrays shares (the ``.npy`` folder too):
+one array per model input plus ``labels``, the samples on axis 0, each input's shape and dtype
+as the model takes it."""
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
-from . import LABELS, Loaded, cast
+from . import LABELS, Dataset, Loaded, cast
 
 
 def load(path: Path, input_specs, label_kind: str, label_dtype: np.dtype,
@@ -21,32 +26,42 @@ def load(path: Path, input_specs, label_kind: str, label_dtype: np.dtype,
         raise InputError(f"{path}: no such file (give an .npz or 'digits')") from None
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise InputError(f"{path}: not a readable .npz ({exc})") from None
+    return Loaded(check_arrays(path, loaded, input_specs, label_kind, label_dtype), "npz")
+
+
+def check_arrays(where, found: Mapping[str, np.ndarray], input_specs, label_kind: str,
+                 label_dtype: np.dtype, convert: Callable = cast) -> Dataset:
+    """``found`` (array name -> array, read from ``where``) as a data set for a model whose
+    inputs are ``input_specs``: the names, the sample counts and each input's shape checked,
+    each input made the model's dtype by ``convert(x, dtype, what)`` (``cast``: floating point
+    to the wanted float type, at once; a source may defer it to batch time), the labels as
+    ``label_kind`` wants them. Raises ``InputError`` naming ``where`` and the array."""
     names = [s.name for s in input_specs]
-    missing = [k for k in [*names, LABELS] if k not in loaded]
-    extra = sorted(k for k in loaded if k not in names and k != LABELS)
+    missing = [k for k in [*names, LABELS] if k not in found]
+    extra = sorted(k for k in found if k not in names and k != LABELS)
     if missing or extra:
-        raise InputError(f"{path}: arrays {sorted(loaded)} do not match the model's inputs "
+        raise InputError(f"{where}: arrays {sorted(found)} do not match the model's inputs "
                          f"{names} plus {LABELS!r} (missing {missing}, extra {extra})")
-    labels = loaded[LABELS]
+    labels = found[LABELS]
     n = labels.shape[0] if labels.ndim else None
     if not n:
-        raise InputError(f"{path}: {LABELS!r} has shape {list(labels.shape)}; need at least one "
-                         "sample along axis 0")
+        raise InputError(f"{where}: {LABELS!r} has shape {list(labels.shape)}; need at least "
+                         "one sample along axis 0")
     arrays = {}
     for spec in input_specs:
-        x = loaded[spec.name]
+        x = found[spec.name]
         want = [n, *spec.shape[1:]]
         if x.ndim != len(spec.shape) or any(
                 isinstance(d, int) and d != s for d, s in zip(want, x.shape, strict=True)):
-            raise InputError(f"{path}: array {spec.name!r} has shape {list(x.shape)}; model "
+            raise InputError(f"{where}: array {spec.name!r} has shape {list(x.shape)}; model "
                              f"input {spec.name!r} needs {want} ({n} samples, as in "
                              f"{LABELS!r})")
-        arrays[spec.name] = cast(x, spec.dtype, f"{path}: array {spec.name!r}")
+        arrays[spec.name] = convert(x, spec.dtype, f"{where}: array {spec.name!r}")
     if label_kind == "index":
         if labels.dtype.kind not in "iu":
-            raise InputError(f"{path}: {LABELS!r} is {labels.dtype}; this loss needs integer "
+            raise InputError(f"{where}: {LABELS!r} is {labels.dtype}; this loss needs integer "
                              "class indices")
         labels = labels.astype(np.int64, copy=False)
     else:
-        labels = cast(labels, label_dtype, f"{path}: {LABELS!r}")
-    return Loaded((arrays, labels), "npz")
+        labels = cast(labels, label_dtype, f"{where}: {LABELS!r}")
+    return arrays, labels

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..data import Dataset, Rows, num_samples
+from ..data.prefetch import Prefetcher
 from ..distributed import World
 from ..errors import (
     CheckpointError,
@@ -432,10 +433,18 @@ class Trainer:
             if data is not None:
                 self.session.check_class_labels(data[1], feed, what)
 
+    # batches that take time to read (files, decoding) made ahead by a background thread
+    # while a step runs (Prefetcher, which says when); 0: each in the training thread
+    prefetch = 2
+
     def _run_epoch(self) -> None:
         epoch, gb, nb = self.epoch, self.global_batch_size, self.batches_per_epoch
         order = np.random.default_rng(self.seed + epoch).permutation(self.n_train)
         arrays, labels = self.train_data
+        # a source that augments (an image folder) draws per (seed, epoch, sample): a resumed
+        # run draws the same, and validation data, never passed through here, is not augmented
+        arrays = {k: v.for_epoch(self.seed, epoch) if hasattr(v, "for_epoch") else v
+                  for k, v in arrays.items()}
         totals = self.totals
         bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress)
         output = self.session.output_name
@@ -467,24 +476,28 @@ class Trainer:
             self.batch += 1
             bar.update(self.batch, self._status_text(totals))
 
+        def fetch(b: int):
+            rows = order[b * gb:(b + 1) * gb]
+            idx = self._shard(rows)
+            return rows, labels[idx], {k: v[idx] for k, v in arrays.items()}
+
         try:
-            for b in range(self.batch, nb):
-                start = time.perf_counter()
-                rows = order[b * gb:(b + 1) * gb]
-                idx = self._shard(rows)
-                y = labels[idx]
-                pending = self.session.train_step({k: v[idx] for k, v in arrays.items()}, y,
-                                                  wait=False)
-                for done in waiting:
-                    account(*done)
-                waiting = [(pending, y, len(rows))]
-                if pending.done or not pending.keeps_outputs or b + 1 == nb \
-                        or self._due(epoch * nb + b + 1):
-                    account(pending, y, len(rows))
-                    waiting = []
-                totals.train_seconds += time.perf_counter() - start
-                if not waiting:
-                    self._after_batch(epoch * nb + b + 1)
+            with Prefetcher(fetch, range(self.batch, nb), self.prefetch,
+                            lambda b: f"epoch {epoch + 1}, batch {b + 1}") as batches:
+                start = time.perf_counter()  # waiting for a batch counts as training time
+                for b, (rows, y, feed) in batches:
+                    pending = self.session.train_step(feed, y, wait=False)
+                    for done in waiting:
+                        account(*done)
+                    waiting = [(pending, y, len(rows))]
+                    if pending.done or not pending.keeps_outputs or b + 1 == nb \
+                            or self._due(epoch * nb + b + 1):
+                        account(pending, y, len(rows))
+                        waiting = []
+                    totals.train_seconds += time.perf_counter() - start
+                    if not waiting:
+                        self._after_batch(epoch * nb + b + 1)
+                    start = time.perf_counter()
         finally:
             bar.close()
         start = time.perf_counter()

@@ -4,7 +4,7 @@ The rest of the family decides sizes or the path from the data of each step -- N
 Unique, an If on a computed condition, and the DynamicRegion (with its gradient) that runs
 them: its producers eagerly on the host, then a sub-plan specialised to the sizes they gave.
 A captured CUDA Graph replays one path over fixed sizes, so the cuda backend does not run
-them (README, "Ops the cuda backend does not run"); a model with them trains on numpy.
+them (docs/gpu.md, "Ops the cuda backend does not run"); a model with them trains on numpy.
 """
 
 from __future__ import annotations
