@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from ..ir import Graph, Value
 from ..passes.autodiff import GradBuilder
 
@@ -141,6 +142,22 @@ def class_labels(graph: Graph, label_name: str) -> list[ClassLabels]:
                 seen.add(id(node))
                 todo.append(node.outputs[0])
     return found
+
+
+def check_loss_model(loss_model, source: str = "the ONNX loss model") -> None:
+    """An ONNX loss model takes (model output, labels) and returns one value: anything else
+    (a model given as ``loss=`` by mistake) is an ``InputError`` naming its inputs and outputs,
+    before anything reads its label input. ``loss_model``: an ``ImportedModel``."""
+    inputs, outputs = loss_model.inputs, loss_model.outputs
+    if len(inputs) != 2 or len(outputs) != 1:
+        def listed(specs) -> str:
+            return ", ".join(f"{s.name!r} {list(s.shape) if s.shape is not None else '?'}"
+                             for s in specs) or "none"
+        raise InputError(f"{source} {loss_model.source}: a loss model takes "
+                         f"exactly 2 inputs (model output, labels) and returns 1 scalar; this "
+                         f"one has {len(inputs)} input(s) ({listed(inputs)}) and "
+                         f"{len(outputs)} output(s) ({listed(outputs)}): is it the model "
+                         "instead of a loss?")
 
 
 def make_loss_spec(loss: str | LossSpec | dict) -> LossSpec:
