@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data import Rows
 from ..errors import InputError
 
 LABEL_KEYS = ("labels", "label")
@@ -79,7 +80,8 @@ class Converter:
         else:
             raise InputError(f"{what}: one array for a model with inputs {self.names}; give a "
                              "dict by input name or a tuple in that order")
-        return {s.name: cast_to(as_array(given[s.name], f"{what} input {s.name!r}"), s.dtype)
+        return {s.name: given[s.name] if isinstance(given[s.name], Rows) else  # read lazily
+                cast_to(as_array(given[s.name], f"{what} input {s.name!r}"), s.dtype)
                 for s in self.specs}
 
     def labels(self, labels, what: str) -> np.ndarray:

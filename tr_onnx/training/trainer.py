@@ -44,7 +44,7 @@ from ..errors import (
     TrOnnxError,
 )
 from ..feeds import check_class_indices
-from .batches import Batches
+from .batches import Batches, prepare
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
 from .metrics import default_metrics, make_metrics, metric_values
 from .session import TrainingSession
@@ -318,6 +318,11 @@ class Trainer:
             raise ValueError(f"epochs must be >= 0, got {epochs}")
         self.session = session
         self.world = session_world(session)
+        kind, dtype = label_kind(session)
+        train_data = prepare(train_data, session.imported.inputs, kind, dtype, batch_size,
+                             "train_data")
+        val_data = prepare(val_data, session.imported.inputs, kind, dtype, batch_size,
+                           "val_data")
         streams = [d for d in (train_data, val_data) if isinstance(d, Batches)]
         if streams and self.world.size > 1:
             raise InputError(f"{streams[0].what}: batches from an iterable train on one "
@@ -327,6 +332,10 @@ class Trainer:
             raise ValueError("checkpoint_every: a mid-epoch checkpoint resumes at a batch of "
                              "the epoch, which batches from an iterable cannot replay; "
                              "checkpoints are written at each epoch end")
+        if isinstance(train_data, Batches) and train_data.one_shot and epochs > 1:
+            raise InputError(f"{train_data.what}: a generator or iterator gives its batches "
+                             f"once, and epochs={epochs}: pass a callable that returns a fresh "
+                             "one each epoch (lambda: make_batches()) or a list")
         self.train_data = self._check_data(train_data, "train_data")
         self.val_data = self._check_data(val_data, "val_data") if val_data is not None and (
             isinstance(val_data, Batches) or num_samples(val_data)) else None
