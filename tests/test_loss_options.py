@@ -5,9 +5,19 @@ model of the wrong arity named as such."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+import tr_onnx
 from tr_onnx.cli import main
+from tr_onnx.optim import SGD
+from tr_onnx.training.trainer import numpy_loss
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
 
 ZOO = Path(__file__).parent.parent / "model_zoo"
 MLP, LENET = str(ZOO / "mlp.onnx"), str(ZOO / "lenet.onnx")
@@ -21,3 +31,99 @@ def test_a_model_given_as_the_loss_is_an_input_error_naming_its_inputs(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("tr-onnx: error: ") and err.count("\n") == 1, err
     assert "lenet.onnx" in err and "1 input(s) ('input'" in err and "1 output(s)" in err
+
+
+# ---- cross_entropy's options against torch.nn.functional.cross_entropy ------------------------
+
+class Tokens(torch.nn.Module):
+    """[N, T, 6] -> token logits [N, T, 5] (classes last: class_axis=-1)."""
+
+    def __init__(self):
+        super().__init__()  # parameters the export keeps by name (a Linear's weight is
+        self.w = torch.nn.Parameter(torch.randn(6, 5) / 3)  # folded into a transposed copy)
+        self.b = torch.nn.Parameter(torch.randn(5) / 3)
+
+    def forward(self, x):
+        return x @ self.w + self.b
+
+
+SHAPES = {  # module, input shape, labels shape, class_axis
+    "classifier": (lambda: torch.nn.Linear(6, 5), (8, 6), (8,), 1),
+    "per-position": (lambda: torch.nn.Conv1d(3, 5, 1), (4, 3, 7), (4, 7), 1),
+    "tokens": (Tokens, (4, 7, 6), (4, 7), -1),
+}
+WEIGHTS = (0.5, 1.0, 1.5, 2.0, 0.25)
+OPTIONS = [
+    pytest.param("classifier", {}, id="mean"),
+    pytest.param("classifier", {"reduction": "sum"}, id="sum"),
+    pytest.param("classifier", {"weights": WEIGHTS}, id="weights"),
+    pytest.param("classifier", {"ignore_index": -100}, id="ignore_index"),
+    pytest.param("classifier", {"label_smoothing": 0.1}, id="smoothing"),
+    pytest.param("classifier", {"label_smoothing": 0.2, "reduction": "sum"}, id="smoothing-sum"),
+    pytest.param("classifier", {"label_smoothing": 0.1, "weights": WEIGHTS},
+                 id="smoothing-weights"),
+    pytest.param("classifier", {"label_smoothing": 0.3, "weights": WEIGHTS,
+                                "ignore_index": -100}, id="smoothing-weights-ignore"),
+    pytest.param("classifier", {"label_smoothing": 0.1, "ignore_index": 3, "reduction": "sum"},
+                 id="smoothing-ignore-sum"),
+    pytest.param("per-position", {"label_smoothing": 0.1, "weights": WEIGHTS,
+                                  "ignore_index": -100}, id="per-position-all"),
+    pytest.param("tokens", {"label_smoothing": 0.1, "ignore_index": -100}, id="tokens-smoothing"),
+    pytest.param("tokens", {"label_smoothing": 0.1, "weights": WEIGHTS, "ignore_index": -100,
+                            "reduction": "sum"}, id="tokens-all-sum"),
+]
+
+
+def export(module: torch.nn.Module, shape, path: Path) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.zeros(shape),), str(path), dynamo=False,
+                          input_names=["x"], output_names=["logits"])
+    return str(path)
+
+
+@pytest.mark.parametrize("shape, options", OPTIONS)
+def test_cross_entropy_options_equal_torch_in_value_and_gradient(tmp_path, shape, options):
+    make, x_shape, y_shape, class_axis = SHAPES[shape]
+    torch.manual_seed(0)
+    module = make()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y = rng.integers(0, 5, y_shape)
+    y.reshape(-1)[[1, 4]] = options.get("ignore_index", y.reshape(-1)[1])  # two ignored
+    spec = tr_onnx.LossSpec("cross_entropy", class_axis=class_axis, **options)
+    session = tr_onnx.TrainingSession(export(module, x_shape, tmp_path / "m.onnx"), loss=spec,
+                                      optimizer=SGD(lr=1.0), backend="numpy")
+    before = session.parameters()
+
+    logits = module(torch.from_numpy(x))
+    target = torch.from_numpy(y)
+    if class_axis == -1:
+        logits, target = logits.reshape(-1, 5), target.reshape(-1)
+    want = F.cross_entropy(
+        logits, target, reduction=spec.reduction,
+        weight=torch.tensor(WEIGHTS) if spec.weights else None,
+        ignore_index=-100 if spec.ignore_index is None else spec.ignore_index,
+        label_smoothing=spec.label_smoothing)
+    want.backward()
+
+    assert session.train_step({"x": x}, y) == pytest.approx(want.item(), rel=1e-5)
+    after = session.parameters()
+    for name, p in module.named_parameters():  # SGD with lr 1: the step is the gradient
+        np.testing.assert_allclose(before[name] - after[name], p.grad.numpy(), rtol=1e-4,
+                                   atol=1e-6, err_msg=name)
+    # the validation loss (NumPy, float64) of the same outputs
+    (out,) = tr_onnx.InferenceSession(export(module, x_shape, tmp_path / "m2.onnx")).run(
+        None, {"x": x})
+    assert numpy_loss(spec, out, y) == pytest.approx(want.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"name": "mse", "label_smoothing": 0.1}, "for cross_entropy only"),
+    ({"name": "cross_entropy", "label_smoothing": 1.5}, "a fraction in \\[0, 1\\]"),
+], ids=["not-cross-entropy", "above-one"])
+def test_label_smoothing_out_of_place_is_named(options, message):
+    from tr_onnx.training.losses import make_loss_spec
+
+    with pytest.raises(ValueError, match=message):
+        make_loss_spec(options)

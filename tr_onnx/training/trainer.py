@@ -84,10 +84,16 @@ def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
         x = np.moveaxis(x, axis, 1)
         keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
         yi = np.where(keep, y, 0)
-        nll = -np.take_along_axis(_log_softmax(x), np.expand_dims(yi, 1), axis=1)[:, 0]
-        w = np.asarray(spec.weights, np.float64)[yi] if spec.weights else np.ones(y.shape)
-        w = w * keep
+        logp = _log_softmax(x)
+        nll = -np.take_along_axis(logp, np.expand_dims(yi, 1), axis=1)[:, 0]
+        class_w = (np.asarray(spec.weights, np.float64) if spec.weights
+                   else np.ones(x.shape[1]))
+        w = class_w[yi] * keep
         total = float((w * nll).sum())
+        if spec.label_smoothing:  # torch's: the uniform part weighs every class's log p
+            eps, shape = spec.label_smoothing, [-1] + [1] * (x.ndim - 2)
+            smooth = float((-(logp * class_w.reshape(shape)).sum(axis=1) * keep).sum())
+            total = (1 - eps) * total + eps / x.shape[1] * smooth
         return total / float(w.sum()) if spec.reduction == "mean" else total
     d = x - y.astype(np.float64)
     if spec.name == "mse":
