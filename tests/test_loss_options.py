@@ -127,3 +127,58 @@ def test_label_smoothing_out_of_place_is_named(options, message):
 
     with pytest.raises(ValueError, match=message):
         make_loss_spec(options)
+
+
+# ---- losses written in PyTorch ----------------------------------------------------------------
+
+def focal_loss(logits, labels, gamma: float = 2.0):
+    """Focal loss (Lin et al. 2017) as a user writes it in PyTorch."""
+    logp = F.log_softmax(logits, dim=1)
+    logpt = logp.gather(1, labels[:, None])[:, 0]
+    return (-(1 - logpt.exp()) ** gamma * logpt).mean()
+
+
+def test_a_torch_focal_loss_trains_as_torch_autograd(tmp_path):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(),
+                                 torch.nn.Linear(16, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (torch.zeros(2, 12),), str(tmp_path / "m.onnx"), dynamo=False,
+                          input_names=["x"], output_names=["logits"],
+                          dynamic_axes={"x": {0: "n"}, "logits": {0: "n"}})
+    loss_model = tr_onnx.losses.from_torch(focal_loss, np.zeros((3, 4), np.float32),
+                                           np.zeros(3, np.int64))
+    session = tr_onnx.TrainingSession(tmp_path / "m.onnx", loss=loss_model,
+                                      optimizer=SGD(lr=0.5), backend="numpy")
+    rng = np.random.default_rng(2)
+    steps = [(rng.standard_normal((8, 12)).astype(np.float32), rng.integers(0, 4, 8))
+             for _ in range(3)]
+    opt = torch.optim.SGD(module.parameters(), lr=0.5)
+    for x, y in steps:
+        loss = focal_loss(module(torch.from_numpy(x)), torch.from_numpy(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert session.train_step({"x": x}, y) == pytest.approx(loss.item(), rel=1e-5)
+    ours = session.parameters()
+    for name, p in module.named_parameters():
+        np.testing.assert_allclose(ours[name], p.detach().numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_from_torch_without_torch_says_what_it_needs(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)
+    with pytest.raises(tr_onnx.TrOnnxError, match="needs PyTorch \\(pip install torch\\)"):
+        tr_onnx.losses.from_torch(focal_loss, np.zeros((3, 4), np.float32), np.zeros(3))
+
+
+def test_a_torch_loss_saved_as_onnx_trains_from_the_command_line(tmp_path, monkeypatch, capsys):
+    import onnx
+
+    monkeypatch.chdir(tmp_path)
+    onnx.save(tr_onnx.losses.from_torch(focal_loss, np.zeros((3, 10), np.float32),
+                                        np.zeros(3, np.int64)), "focal.onnx")
+    assert main(["train", MLP, "--data", "digits", "--loss", "focal.onnx", "--epochs", "1",
+                 "--backend", "numpy", "--no-progress"]) == 0
+    assert "train loss" in capsys.readouterr().out
