@@ -157,3 +157,38 @@ def test_a_regression_epoch_prints_mse_and_mae_and_no_accuracy():
     assert f"mse {record['val_mse']:.4f} mae {record['val_mae']:.4f}" in line
     assert record["train_acc"] is None and record["train_mse"] == pytest.approx(
         record["train_loss"], rel=1e-6)  # every sample has as many targets: the same mean
+
+
+def test_a_language_models_perplexity_is_over_all_tokens_of_the_epoch(tmp_path):
+    """With lr 0 the training outputs are the model's: the epoch's perplexity is exp of the
+    mean over every non-padding token (batches with different token counts), as torch."""
+    import warnings
+
+    import tr_onnx
+    from tr_onnx.optim import SGD
+    from tr_onnx.training.trainer import Trainer
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    emb = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(emb, (torch.zeros(2, 5, dtype=torch.int64),), str(tmp_path / "lm.onnx"),
+                          dynamo=False, input_names=["ids"], output_names=["logits"],
+                          dynamic_axes={"ids": {0: "n"}, "logits": {0: "n"}})
+    ids = RNG.integers(0, 11, (12, 5))
+    labels = np.roll(ids, -1, axis=1)
+    labels[:, -1] = -100
+    labels[:5, 2:] = -100  # padding: the first batch has fewer tokens
+    spec = tr_onnx.LossSpec("cross_entropy", ignore_index=-100, class_axis=-1)
+    session = tr_onnx.TrainingSession(tmp_path / "lm.onnx", loss=spec, optimizer=SGD(lr=0.0),
+                                      backend="numpy")
+    trainer = Trainer(session, [(ids[:6], labels[:6]), (ids[6:], labels[6:])],
+                      val_data=(ids, labels), epochs=1, log=None)
+    assert [m.name for m in trainer.metrics] == ["perplexity"]
+    record = trainer.fit()[-1]
+    with torch.no_grad():
+        mean = torch.nn.functional.cross_entropy(emb(torch.from_numpy(ids)).reshape(-1, 11),
+                                                 torch.from_numpy(labels).reshape(-1))
+    assert record["train_perplexity"] == pytest.approx(math.exp(mean.item()), rel=1e-5)
+    assert record["val_perplexity"] == pytest.approx(math.exp(mean.item()), rel=1e-5)

@@ -45,7 +45,7 @@ class TopK:
     def size(self, shape: Sequence[int]) -> int:
         return 2
 
-    def sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def sums(self, x: np.ndarray, y: np.ndarray, loss: float | None = None) -> np.ndarray:
         scores = np.moveaxis(x, self.class_axis, -1)
         k = min(self.k, scores.shape[-1])
         top = np.argpartition(-scores, k - 1, axis=-1)[..., :k]
@@ -76,7 +76,7 @@ class Confusion:
     def size(self, shape: Sequence[int]) -> int:
         return int(shape[self.class_axis]) ** 2
 
-    def sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def sums(self, x: np.ndarray, y: np.ndarray, loss: float | None = None) -> np.ndarray:
         c = x.shape[self.class_axis]
         pred = x.argmax(axis=self.class_axis)
         keep = _keep(y, self.ignore_index)
@@ -102,20 +102,28 @@ class Confusion:
 @dataclass(frozen=True)
 class Perplexity:
     """``exp`` of the mean negative log-likelihood per token over the epoch (the unweighted,
-    unsmoothed cross-entropy of every label not equal to ``ignore_index``)."""
+    unsmoothed cross-entropy of every label not equal to ``ignore_index``). ``loss_is_nll``:
+    the batch loss given to ``sums`` is that mean over the batch's tokens (a plain
+    cross_entropy), so its sum is the loss times the tokens, without a log-softmax over the
+    vocabulary on the host."""
 
     class_axis: int = -1
     ignore_index: int | None = None
+    loss_is_nll: bool = False
     name: str = "perplexity"
 
     def size(self, shape: Sequence[int]) -> int:
         return 2
 
-    def sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def sums(self, x: np.ndarray, y: np.ndarray, loss: float | None = None) -> np.ndarray:
+        keep = _keep(y, self.ignore_index)
+        if not keep.any():  # every label ignored: nothing to add (the loss is 0/0)
+            return np.zeros(2)
+        if self.loss_is_nll and loss is not None:
+            return np.array([loss * keep.sum(), keep.sum()], np.float64)
         z = np.moveaxis(x.astype(np.float64), self.class_axis, -1)
         z = z - z.max(axis=-1, keepdims=True)
         log_norm = np.log(np.exp(z).sum(axis=-1))
-        keep = _keep(y, self.ignore_index)
         picked = np.take_along_axis(z, np.where(keep, y, 0)[..., None], axis=-1)[..., 0]
         return np.array([((log_norm - picked) * keep).sum(), keep.sum()], np.float64)
 
@@ -136,7 +144,7 @@ class Regression:
     def size(self, shape: Sequence[int]) -> int:
         return 2
 
-    def sums(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def sums(self, x: np.ndarray, y: np.ndarray, loss: float | None = None) -> np.ndarray:
         d = x.astype(np.float64) - y.astype(np.float64)
         err = d * d if self.name == "mse" else np.abs(d)
         return np.array([err.sum(), d.size], np.float64)
@@ -148,14 +156,16 @@ class Regression:
 METRIC_NAMES = ("top5", "f1", "miou", "perplexity", "mse", "mae")  # and top<k> for any k
 
 
-def make_metric(name: str, *, class_axis: int, ignore_index: int | None):
-    """The metric called ``name``: one of ``METRIC_NAMES`` or ``top<k>``."""
+def make_metric(name: str, *, class_axis: int, ignore_index: int | None,
+                loss_is_nll: bool = False):
+    """The metric called ``name``: one of ``METRIC_NAMES`` or ``top<k>``; ``loss_is_nll``:
+    the loss is the mean token NLL (``Perplexity``)."""
     if name.startswith("top") and name[3:].isdigit() and int(name[3:]) >= 1:
         return TopK(int(name[3:]), class_axis, ignore_index)
     if name in ("f1", "miou"):
         return Confusion(name, class_axis, ignore_index)
     if name == "perplexity":
-        return Perplexity(class_axis, ignore_index)
+        return Perplexity(class_axis, ignore_index, loss_is_nll)
     if name in ("mse", "mae"):
         return Regression(name)
     raise InputError(f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)} (top<k> for "
@@ -178,20 +188,16 @@ def default_metrics(class_labels: bool, output_rank: int, class_axis: int,
     return []
 
 
-def make_metrics(names: Sequence[str], *, class_axis: int, ignore_index: int | None) -> list:
+def make_metrics(names: Sequence[str], *, class_axis: int, ignore_index: int | None,
+                 loss_is_nll: bool = False) -> list:
     """The metrics called ``names`` (``make_metric``), each once."""
     if isinstance(names, str):
         names = [names]
     seen: dict[str, object] = {}
     for name in names:
         seen.setdefault(name, make_metric(name, class_axis=class_axis,
-                                          ignore_index=ignore_index))
+                                          ignore_index=ignore_index, loss_is_nll=loss_is_nll))
     return list(seen.values())
-
-
-def metric_sums(metrics: Sequence, x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
-    """One batch's sums of each of ``metrics``."""
-    return [m.sums(x, y) for m in metrics]
 
 
 def metric_values(metrics: Sequence, sums: Sequence[Sequence[float]] | None,

@@ -399,7 +399,12 @@ class Trainer:
                 classes = dim if isinstance(dim, int) else None
             names = default_metrics(label_kind(self.session)[0] == "index", rank,
                                     self.class_axis, classes)
-        return make_metrics(names, class_axis=self.class_axis, ignore_index=self.ignore_index)
+        loss = self.session.loss
+        plain = (isinstance(loss, LossSpec) and loss.name == "cross_entropy"
+                 and loss.reduction == "mean" and not loss.weights
+                 and not loss.label_smoothing)
+        return make_metrics(names, class_axis=self.class_axis, ignore_index=self.ignore_index,
+                            loss_is_nll=plain)
 
     def _count_batches(self) -> int:
         # a last batch of fewer rows than ranks leaves some ranks none: they add nothing (the
@@ -674,8 +679,9 @@ class Trainer:
         else:
             x = pending.outputs()[self.session.output_name]
             c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
-            scalars = [0.0, pending.loss() * len(y), len(y), c, k]
-            sums = [m.sums(x, y) for m in self.metrics]
+            loss = pending.loss()
+            scalars = [0.0, loss * len(y), len(y), c, k]
+            sums = [m.sums(x, y, loss) for m in self.metrics]
         scalars, sums = self._allreduce(scalars, sums)
         bad, loss_sum, samples, correct, counted = scalars
         totals.seen += rows
@@ -789,10 +795,11 @@ class Trainer:
         loss_sum, correct, counted, n, sums = 0.0, 0, 0, 0, None
         for feed, y in self._eval_batches(data):
             (x,) = self.session.run([output], feed)
-            loss_sum += self._batch_loss(x, y) * len(y)
+            loss = self._batch_loss(x, y)
+            loss_sum += loss * len(y)
             c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
             correct, counted, n = correct + c, counted + k, n + len(y)
-            batch = [m.sums(x, y) for m in self.metrics]
+            batch = [m.sums(x, y, loss) for m in self.metrics]
             sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
         if sums is None:  # a rank without rows: zeros of the sizes the others send
             feed, _ = next(iter(self._eval_batches(data, shard=False)))
