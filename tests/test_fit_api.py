@@ -240,3 +240,11 @@ def test_evaluate_scores_the_onnxruntime_outputs_as_torch_and_sklearn_do(mlp_pat
     assert result["acc"] == skm.accuracy_score(y, logits.argmax(1))
     assert result["f1"] == pytest.approx(skm.f1_score(y, logits.argmax(1), average="macro"))
     assert result["top5"] == pytest.approx(skm.top_k_accuracy_score(y, logits, k=5))
+
+
+def test_fit_reads_what_the_command_line_reads_and_trains_a_given_session(tmp_path):
+    mlp = str(__import__("pathlib").Path(__file__).parent.parent / "model_zoo" / "mlp.onnx")
+    session = tr_onnx.TrainingSession(mlp, backend="numpy")
+    result = tr_onnx.fit(session, "digits", val_data="digits", epochs=1, log=None)
+    assert result.session is session and session.step == -(-1797 // 32)
+    assert result.history[-1]["val_acc"] > 0.5

@@ -192,3 +192,30 @@ def test_a_language_models_perplexity_is_over_all_tokens_of_the_epoch(tmp_path):
                                                  torch.from_numpy(labels).reshape(-1))
     assert record["train_perplexity"] == pytest.approx(math.exp(mean.item()), rel=1e-5)
     assert record["val_perplexity"] == pytest.approx(math.exp(mean.item()), rel=1e-5)
+
+
+def test_a_segmentation_epoch_records_miou_as_sklearn_jaccard(tmp_path):
+    import warnings
+
+    import tr_onnx
+    from tr_onnx.training.trainer import Trainer
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    seg = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(seg, (torch.zeros(2, 3, 8, 8),), str(tmp_path / "seg.onnx"),
+                          dynamo=False, input_names=["image"], output_names=["scores"],
+                          dynamic_axes={"image": {0: "n"}, "scores": {0: "n"}})
+    x = RNG.standard_normal((20, 3, 8, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + 2 * (x[:, 1] > 0)  # 4 classes from the pixels
+    session = tr_onnx.TrainingSession(tmp_path / "seg.onnx", backend="numpy")
+    trainer = Trainer(session, (x[:16], y[:16]), (x[16:], y[16:]), epochs=2, batch_size=4,
+                      log=None)
+    record = trainer.fit()[-1]
+    (scores,) = session.run(["scores"], {"image": x[16:]})
+    want = skm.jaccard_score(y[16:].reshape(-1), scores.argmax(1).reshape(-1), average="macro")
+    assert record["val_miou"] == pytest.approx(want, abs=1e-9)
+    assert 0 < record["train_miou"] <= 1 and "train_f1" not in record
