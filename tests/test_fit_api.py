@@ -248,3 +248,18 @@ def test_fit_reads_what_the_command_line_reads_and_trains_a_given_session(tmp_pa
     result = tr_onnx.fit(session, "digits", val_data="digits", epochs=1, log=None)
     assert result.session is session and session.step == -(-1797 // 32)
     assert result.history[-1]["val_acc"] > 0.5
+
+
+def test_batches_from_an_iterable_resume_at_an_epoch_end_bit_for_bit(mlp_path, digits,
+                                                                    tmp_path):
+    full = tr_onnx.fit(mlp_path, batches(*digits), epochs=2, backend="numpy", log=None)
+    tr_onnx.fit(mlp_path, batches(*digits), epochs=1, backend="numpy", log=None,
+                checkpoint_dir=tmp_path)
+    resumed = tr_onnx.Trainer.resume(tmp_path, batches(*digits), epochs=2, log=None)
+    resumed.fit()
+    assert [r["train_loss"] for r in resumed.history] == [r["train_loss"]
+                                                          for r in full.history]
+    for name, value in full.session.parameters().items():
+        np.testing.assert_array_equal(resumed.session.parameters()[name], value, err_msg=name)
+    with pytest.raises(ValueError, match="checkpoint_every: a mid-epoch checkpoint"):
+        tr_onnx.Trainer(full.session, batches(*digits), checkpoint_every=2, log=None)

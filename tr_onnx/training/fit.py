@@ -51,6 +51,10 @@ class _Monitor:
         if not self.min_delta >= 0:
             raise ValueError(f"min_delta must be >= 0, got {self.min_delta}")
 
+    def reset(self) -> None:
+        """Forget the best so far (``fit`` calls it: an instance may watch several runs)."""
+        self.best = self.best_record = None
+
     def _improved(self, record: dict) -> bool:
         value = record.get(self.monitor)
         if value is None:  # not a metric of this run (a NaN loss is recorded as None too)
@@ -88,6 +92,10 @@ class EarlyStopping(_Monitor):
         if not isinstance(self.patience, int) or self.patience < 1:
             raise ValueError(f"patience must be an integer >= 1, got {self.patience!r}")
 
+    def reset(self) -> None:
+        super().reset()
+        self.wait, self.stopped_epoch = 0, None
+
     def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
         if self._improved(record):
             self.wait = 0
@@ -110,6 +118,10 @@ class KeepBest(_Monitor):
 
     path: str | Path | None = None
     parameters: dict | None = field(default=None, init=False, repr=False)
+
+    def reset(self) -> None:
+        super().reset()
+        self.parameters = None
 
     def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
         if not self._improved(record):
@@ -190,6 +202,8 @@ def fit(model, data, *, loss=None, optimizer=None, lr: float | None = None, epoc
     stopper = _early_stopping(early_stopping, val_data is not None)
     best = _keep_best(keep_best, stopper, val_data is not None, checkpoint_dir)
     watchers = [w for w in (best, stopper) if w is not None]
+    for watcher in watchers:
+        watcher.reset()
     trainer = Trainer(session, data, val_data, batch_size=batch_size, epochs=epochs, seed=seed,
                       checkpoint_dir=checkpoint_dir, metrics_path=metrics_path,
                       progress=progress, log=log, metrics=metrics,
