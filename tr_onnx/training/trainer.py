@@ -282,20 +282,28 @@ class Trainer:
     continues up to it).
 
     ``train_data``/``val_data``: ``(arrays by model input name, labels)``, as
-    ``tr_onnx.data.load_dataset`` returns. Per epoch: shuffle (a function of ``seed`` and the
-    epoch), ``session.train_step`` per batch, validation with ``session.run`` in batches of
-    ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint.
+    ``tr_onnx.data.load_dataset`` returns, or anything ``training.batches.prepare`` takes (a
+    path, whole arrays, an iterable of batches: ``tr_onnx.fit``'s data). Per epoch: shuffle (a
+    function of ``seed`` and the epoch; batches from an iterable come in its order),
+    ``session.train_step`` per batch, validation with ``session.run`` in batches of
+    ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint, then the
+    ``callbacks``' ``on_epoch_end(trainer, record)`` (a plain function is called as that);
+    ``on_step(trainer, record)`` after every batch, with the epoch's running record. A
+    callback that sets ``stop_training`` ends ``fit`` after the epoch. ``metrics``: names of
+    ``training.metrics`` (default: those of the task, ``default_metrics``).
 
     ``checkpoint_dir``: ``last.ckpt.npz`` is written there (atomically) at each epoch end and,
     with ``checkpoint_every=N``, after every N-th batch (counted from the start of training).
     ``metrics_path``: JSON lines, one per epoch (``"kind": "epoch"``) and, with
     ``metrics_every=N``, one every N batches (``"kind": "step"``, the epoch's running values):
     ``epoch`` (1-based), ``step`` (optimizer steps so far), ``train_loss``, ``train_acc``,
-    ``val_loss``, ``val_acc`` (null in step lines and without validation data), ``lr`` (of the
-    next step), ``samples_per_s`` (training only), ``seconds``, and ``skipped_batches`` (epoch
-    lines) or ``batch`` (step lines). ``plot_path``: the per-epoch curves written when ``fit``
-    ends, in the format its suffix names (``plot_format``). ``progress``: a status line on
-    stderr when it is a terminal. ``log``: where summaries go (``print``; None for silence).
+    ``val_loss``, ``val_acc`` (null in step lines and without validation data),
+    ``train_<metric>`` and ``val_<metric>`` per metric (``f1`` adds ``*_f1_per_class``),
+    ``lr`` (of the next step), ``samples_per_s`` (training only), ``seconds``, and
+    ``skipped_batches`` (epoch lines) or ``batch`` (step lines). ``plot_path``: the per-epoch
+    curves written when ``fit`` ends, in the format its suffix names (``plot_format``).
+    ``progress``: a status line on stderr when it is a terminal. ``log``: where summaries go
+    (``print``; None for silence).
 
     Losses are averages over samples of the per-batch losses (weighted by batch size); batches
     whose loss or gradient is non-finite are not applied by the session, not counted in the
