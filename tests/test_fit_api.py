@@ -263,3 +263,9 @@ def test_batches_from_an_iterable_resume_at_an_epoch_end_bit_for_bit(mlp_path, d
         np.testing.assert_array_equal(resumed.session.parameters()[name], value, err_msg=name)
     with pytest.raises(ValueError, match="checkpoint_every: a mid-epoch checkpoint"):
         tr_onnx.Trainer(full.session, batches(*digits), checkpoint_every=2, log=None)
+
+
+def test_every_public_name_resolves():
+    missing = [name for name in tr_onnx.__all__ if getattr(tr_onnx, name, None) is None]
+    assert not missing
+    assert tr_onnx.fit is tr_onnx.training.fit.fit and tr_onnx.Trainer.fit
