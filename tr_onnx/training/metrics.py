@@ -32,7 +32,8 @@ def _keep(y: np.ndarray, ignore_index: int | None) -> np.ndarray:
 @dataclass(frozen=True)
 class TopK:
     """The fraction of labels among the ``k`` highest scores (``sklearn.metrics.
-    top_k_accuracy_score``); labels equal to ``ignore_index`` do not count."""
+    top_k_accuracy_score``; a label tied with the k-th score counts as a hit, where sklearn
+    breaks the tie by class index); labels equal to ``ignore_index`` do not count."""
 
     k: int = 5
     class_axis: int = 1
@@ -47,10 +48,10 @@ class TopK:
 
     def sums(self, x: np.ndarray, y: np.ndarray, loss: float | None = None) -> np.ndarray:
         scores = np.moveaxis(x, self.class_axis, -1)
-        k = min(self.k, scores.shape[-1])
-        top = np.argpartition(-scores, k - 1, axis=-1)[..., :k]
         keep = _keep(y, self.ignore_index)
-        hit = (top == y[..., None]).any(axis=-1) & keep
+        label_score = np.take_along_axis(scores, np.where(keep, y, 0)[..., None], axis=-1)
+        # among the k best: fewer than k classes score higher (a tie counts as a hit)
+        hit = ((scores > label_score).sum(axis=-1) < self.k) & keep
         return np.array([hit.sum(), keep.sum()], np.float64)
 
     def value(self, sums: np.ndarray) -> float | None:
