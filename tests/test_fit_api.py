@@ -269,3 +269,10 @@ def test_every_public_name_resolves():
     missing = [name for name in tr_onnx.__all__ if getattr(tr_onnx, name, None) is None]
     assert not missing
     assert tr_onnx.fit is tr_onnx.training.fit.fit and tr_onnx.Trainer.fit
+
+
+def test_a_dict_of_arrays_with_labels_in_a_list_is_a_data_set(mlp_path, digits):
+    x, y = digits
+    result = tr_onnx.fit(mlp_path, ({"input": x}, y.tolist()), epochs=1, backend="numpy",
+                         log=None)
+    assert result.session.step == N // BATCH

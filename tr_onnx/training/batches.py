@@ -150,16 +150,14 @@ class Batches:
 
 def is_data_set(data) -> bool:
     """Whether ``data`` is a whole data set ``(inputs, labels)`` (a tuple, not a list: a list
-    of two batches is batches), its inputs arrays with one row per label."""
+    of two batches is batches): inputs a dict (its labels anything array-like), or an array
+    or a tuple of arrays with array labels (a tuple of two batches is batches)."""
     if not (isinstance(data, tuple) and len(data) == 2):
         return False
     inputs, labels = data
     if isinstance(inputs, Mapping):
-        arrays = list(inputs.values())
-    elif isinstance(inputs, tuple):
-        arrays = list(inputs)
-    else:
-        arrays = [inputs]
+        return True
+    arrays = list(inputs) if isinstance(inputs, tuple) else [inputs]
     return all(hasattr(a, "shape") or _is_torch(a) for a in [*arrays, labels])
 
 
