@@ -96,15 +96,17 @@ def test_regression_metrics_equal_sklearn(name, sk):
     assert got == pytest.approx(sk(y.astype(np.float64), x.astype(np.float64)), rel=1e-12)
 
 
-@pytest.mark.parametrize("class_labels, rank, axis, classes, want", [
-    (True, 2, 1, 10, ["top5", "f1"]),
-    (True, 2, 1, 3, ["f1"]),
-    (True, 3, -1, 50, ["perplexity"]),
-    (True, 4, 1, 21, ["miou"]),
-    (False, 2, 1, None, ["mse", "mae"]),
-], ids=["classifier", "three-classes", "language-model", "segmentation", "regression"])
-def test_default_metrics_follow_the_task(class_labels, rank, axis, classes, want):
-    assert default_metrics(class_labels, rank, axis, classes) == want
+@pytest.mark.parametrize("task, rank, axis, classes, want", [
+    ("classes", 2, 1, 10, ["top5", "f1"]),
+    ("classes", 2, 1, 3, ["f1"]),
+    ("classes", 3, -1, 50, ["perplexity"]),
+    ("classes", 4, 1, 21, ["miou"]),
+    ("regression", 2, 1, None, ["mse", "mae"]),
+    ("other", 2, 1, None, []),
+], ids=["classifier", "three-classes", "language-model", "segmentation", "regression",
+        "bce-or-a-loss-model"])
+def test_default_metrics_follow_the_task(task, rank, axis, classes, want):
+    assert default_metrics(task, rank, axis, classes) == want
 
 
 def test_an_unknown_metric_names_the_known_ones():

@@ -10,8 +10,9 @@ ranks, and into mid-epoch checkpoints, as plain lists.
 
 Which metrics a run gets by default follows the loss and the output's shape
 (``default_metrics``): class scores [N, C] get top-5 accuracy (C > 5) and macro F1, token
-logits [N, T, V] perplexity, segmentation scores [N, C, H, W] mIoU, regression targets MSE and
-MAE. Accuracy itself stays the Trainer's (``train_acc``/``val_acc``), for every class-label run.
+logits [N, T, V] perplexity, segmentation scores [N, C, H, W] mIoU, the regression losses (mse,
+l1, smooth_l1) MSE and MAE; bce_with_logits and a loss model with float labels none.
+Accuracy itself stays the Trainer's (``train_acc``/``val_acc``), for every class-label run.
 """
 
 from __future__ import annotations
@@ -173,12 +174,15 @@ def make_metric(name: str, *, class_axis: int, ignore_index: int | None,
                      "any k)")
 
 
-def default_metrics(class_labels: bool, output_rank: int, class_axis: int,
+def default_metrics(task: str, output_rank: int, class_axis: int,
                     classes: int | None) -> list[str]:
-    """The metrics of a run by its task: ``class_labels`` (the loss takes class indices), the
-    model output's rank, the loss's class axis, and the number of classes where known."""
-    if not class_labels:
+    """The metrics of a run by its ``task`` (``"classes"``: the loss takes class indices;
+    ``"regression"``: a builtin regression loss, mse/l1/smooth_l1; anything else gets none),
+    the model output's rank, the loss's class axis, and the number of classes where known."""
+    if task == "regression":
         return ["mse", "mae"]
+    if task != "classes":
+        return []
     axis = class_axis % output_rank if output_rank else 0
     if output_rank == 2:
         return (["top5"] if classes is None or classes > 5 else []) + ["f1"]

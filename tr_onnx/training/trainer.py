@@ -51,6 +51,7 @@ from .session import TrainingSession
 from .storage import atomic_write, write_all, write_error
 
 CHECKPOINT_NAME = "last.ckpt.npz"
+REGRESSION = frozenset({"mse", "l1", "smooth_l1"})  # the losses whose runs get MSE and MAE
 
 
 def label_kind(session: TrainingSession) -> tuple[str, np.dtype]:
@@ -405,8 +406,10 @@ class Trainer:
             if rank >= 2 and -rank <= self.class_axis < rank:
                 dim = out.shape[self.class_axis]
                 classes = dim if isinstance(dim, int) else None
-            names = default_metrics(label_kind(self.session)[0] == "index", rank,
-                                    self.class_axis, classes)
+            loss = self.session.loss
+            task = ("regression" if isinstance(loss, LossSpec) and loss.name in REGRESSION
+                    else "classes" if label_kind(self.session)[0] == "index" else "other")
+            names = default_metrics(task, rank, self.class_axis, classes)
         loss = self.session.loss
         plain = (isinstance(loss, LossSpec) and loss.name == "cross_entropy"
                  and loss.reduction == "mean" and not loss.weights
