@@ -276,3 +276,11 @@ def test_a_dict_of_arrays_with_labels_in_a_list_is_a_data_set(mlp_path, digits):
     result = tr_onnx.fit(mlp_path, ({"input": x}, y.tolist()), epochs=1, backend="numpy",
                          log=None)
     assert result.session.step == N // BATCH
+
+
+def test_a_mistyped_option_names_the_nearest(mlp_path, digits):
+    with pytest.raises(tr_onnx.OptionError, match="unknown option\\(s\\) \\['epoch'\\] "
+                                                  "\\(epoch: did you mean epochs"):
+        tr_onnx.fit(mlp_path, digits, epoch=3, backend="numpy", log=None)
+    with pytest.raises(tr_onnx.OptionError, match="frozn: did you mean frozen"):
+        tr_onnx.evaluate(mlp_path, digits, frozn=["x"], backend="numpy")

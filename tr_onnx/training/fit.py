@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from .session import TrainingSession
 from .trainer import Trainer
 
@@ -154,6 +154,23 @@ class FitResult:
         return self.session.export(path)
 
 
+def _check_options(options, fn) -> None:
+    """A keyword ``fn`` does not take and ``TrainingSession`` does not either is an
+    ``OptionError`` naming the nearest of both (``epoch=`` for ``epochs=``), not a TypeError
+    about ``TrainingSession.__init__``."""
+    import difflib
+    import inspect
+
+    known = set(inspect.signature(TrainingSession).parameters) - {"model"}
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        names = sorted(known | set(inspect.signature(fn).parameters) - {"session_options"})
+        near = {k: difflib.get_close_matches(k, names, n=2) for k in unknown}
+        hints = "; ".join(f"{k}: did you mean {' or '.join(v)}?" if v else f"{k}: not an option"
+                          for k, v in near.items())
+        raise OptionError(f"{fn.__name__}() got unknown option(s) {unknown} ({hints})")
+
+
 def _session(model, loss, optimizer, lr, seed, backend, options) -> TrainingSession:
     if isinstance(model, TrainingSession):
         given = [k for k, v in (("loss", loss), ("optimizer", optimizer), ("lr", lr),
@@ -198,6 +215,7 @@ def fit(model, data, *, loss=None, optimizer=None, lr: float | None = None, epoc
     the ``last.ckpt.npz`` of every epoch. ``metrics``: names (``training.metrics``) instead
     of the task's defaults; ``metrics_path``: the JSON lines of every epoch.
     """
+    _check_options(session_options, fit)
     session = _session(model, loss, optimizer, lr, seed, backend, session_options)
     stopper = _early_stopping(early_stopping, val_data is not None)
     best = _keep_best(keep_best, stopper, val_data is not None, checkpoint_dir)
@@ -253,6 +271,7 @@ def evaluate(model, data, *, loss=None, batch_size: int = 32,
     ``model``: a path, a ModelProto (evaluated with ``loss``, default cross_entropy, on
     ``backend``) or a ``TrainingSession`` (its loss and current weights). ``data``: as
     ``fit``'s (a data set is read in order, in batches of ``batch_size``)."""
+    _check_options(session_options, evaluate)
     session = _session(model, loss, None, None, 0, backend, session_options)
     trainer = Trainer(session, data, epochs=0, batch_size=batch_size, progress=False,
                       log=None, metrics=metrics)
