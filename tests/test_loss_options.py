@@ -84,6 +84,23 @@ def export(module: torch.nn.Module, shape, path: Path) -> str:
 
 @pytest.mark.parametrize("shape, options", OPTIONS)
 def test_cross_entropy_options_equal_torch_in_value_and_gradient(tmp_path, shape, options):
+    check_against_torch(tmp_path, shape, options, backend="numpy")
+
+
+def test_label_smoothing_on_the_cuda_backend_equals_torch(tmp_path, tmp_path_factory):
+    """The smoothing term's ops (LogSoftmax, Equal, Not, Cast, Where, Gather, ReduceSum) on
+    the cuda backend's kernels, run by the host emulator."""
+    from tr_onnx.testing.host_emulator import build_host_library, host_emulator
+
+    device = host_emulator(build_host_library(tmp_path_factory.mktemp("host_kernels")))
+    check_against_torch(tmp_path, "per-position", {"label_smoothing": 0.1, "weights": WEIGHTS,
+                                                   "ignore_index": -100},
+                        backend="cuda", device=device)
+
+
+def check_against_torch(tmp_path, shape, options, **session_kw):
+    """One SGD step (lr 1) of the model ``SHAPES[shape]`` with cross_entropy ``options``: the
+    loss and the step equal torch's loss and gradient, the validation loss its loss."""
     make, x_shape, y_shape, class_axis = SHAPES[shape]
     torch.manual_seed(0)
     module = make()
@@ -93,7 +110,7 @@ def test_cross_entropy_options_equal_torch_in_value_and_gradient(tmp_path, shape
     y.reshape(-1)[[1, 4]] = options.get("ignore_index", y.reshape(-1)[1])  # two ignored
     spec = tr_onnx.LossSpec("cross_entropy", class_axis=class_axis, **options)
     session = tr_onnx.TrainingSession(export(module, x_shape, tmp_path / "m.onnx"), loss=spec,
-                                      optimizer=SGD(lr=1.0), backend="numpy")
+                                      optimizer=SGD(lr=1.0), **session_kw)
     before = session.parameters()
 
     logits = module(torch.from_numpy(x))

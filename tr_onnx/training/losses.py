@@ -89,12 +89,18 @@ def _smoothing_term(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value
     """PyTorch's label smoothing term (ATen ``cross_entropy_loss_label_smoothing``): per label
     ``-sum_c w_c log_softmax(x)_c`` (0 where the label is ``ignore_index``), summed, and for
     the mean divided by what the NLL term is divided by: the weights of the kept labels (their
-    count without weights). ``x``: scores with classes on axis 1; ``y``: the labels."""
+    count without weights). ``x``: scores with classes on axis 1; ``y``: the labels. Scores
+    of rank > 2 become rows [M, C] first (classes last, then a reshape): a backend may hold
+    them channels-last, where its LogSoftmax reads only row-major rows."""
+    if len(x.shape) > 2:
+        perm = [0, *range(2, len(x.shape)), 1]
+        x = b.op("Reshape", [b.op("Transpose", [x], {"perm": perm}), b.ints([-1, x.shape[1]])])
+        y = b.op("Reshape", [y, b.ints([-1])])
     logp = b.op("LogSoftmax", [x], {"axis": 1})
     w = None
     if spec.weights is not None:
         w = np.asarray(spec.weights, dtype=x.dtype)
-        logp = b.mul(logp, b.const(w.reshape([-1] + [1] * (len(x.shape) - 2))))
+        logp = b.mul(logp, b.const(w))
     per_label = b.neg(b.op("ReduceSum", [logp, b.ints([1])], {"keepdims": 0}))
     keep = None
     if spec.ignore_index is not None:
