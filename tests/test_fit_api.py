@@ -141,8 +141,11 @@ def test_the_trainer_takes_a_generator_for_one_epoch_and_names_the_fix_for_two(m
     session = tr_onnx.TrainingSession(mlp_path, optimizer=SGD(lr=LR), backend="numpy")
     history = tr_onnx.Trainer(session, generator(*digits), epochs=1, log=None).fit()
     assert len(history) == 1 and session.step == N // BATCH
-    with pytest.raises(InputError, match="epochs=2: pass a callable that returns a fresh one"):
+    with pytest.raises(InputError, match="train_data: a generator .* epochs=2: pass a "
+                                         "callable that returns a fresh one"):
         tr_onnx.Trainer(session, generator(*digits), epochs=2, log=None)
+    with pytest.raises(InputError, match="val_data: a generator .* epochs=2"):
+        tr_onnx.Trainer(session, batches(*digits), generator(*digits), epochs=2, log=None)
 
 
 def test_batches_that_are_not_batches_are_named(mlp_path, digits):

@@ -347,10 +347,11 @@ class Trainer:
             raise ValueError("checkpoint_every: a mid-epoch checkpoint resumes at a batch of "
                              "the epoch, which batches from an iterable cannot replay; "
                              "checkpoints are written at each epoch end")
-        if isinstance(train_data, Batches) and train_data.one_shot and epochs > 1:
-            raise InputError(f"{train_data.what}: a generator or iterator gives its batches "
-                             f"once, and epochs={epochs}: pass a callable that returns a fresh "
-                             "one each epoch (lambda: make_batches()) or a list")
+        for data in streams:
+            if data.one_shot and epochs > 1:
+                raise InputError(f"{data.what}: a generator or iterator gives its batches "
+                                 f"once, and epochs={epochs}: pass a callable that returns a "
+                                 "fresh one each epoch (lambda: make_batches()) or a list")
         self.train_data = self._check_data(train_data, "train_data")
         self.val_data = self._check_data(val_data, "val_data") if val_data is not None and (
             isinstance(val_data, Batches) or num_samples(val_data)) else None
