@@ -122,13 +122,6 @@ def test_an_unknown_total_shows_the_steps_and_elapsed_time_without_eta(fake_cloc
     assert terminal.getvalue().endswith("\repoch 1/1 25/? 0:25 ")
 
 
-def test_tty_only_from_earlier_callers_is_accepted_and_ignored():
-    stream = io.StringIO()
-    bar = ProgressBar(2, "epoch 1/1", stream=stream, tty_only=True)
-    bar.update(1, "")
-    assert stream.getvalue().startswith("epoch 1/1: 1/2 (50%)")
-
-
 def test_train_shows_validation_progress(tmp_path, monkeypatch, capsys):
     import numpy as np
 

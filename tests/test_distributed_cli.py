@@ -70,7 +70,8 @@ def assert_same_epochs(path: Path, expected: Path) -> None:
     got, want = epoch_lines(path), epoch_lines(expected)
     assert [r["step"] for r in got] == [r["step"] for r in want] == [BATCHES, 2 * BATCHES]
     for g, w in zip(got, want, strict=True):
-        for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "train_f1", "val_f1",
+                    "train_top5", "val_top5"):  # metrics: sums reduced over the ranks
             assert g[key] == pytest.approx(w[key], rel=0, abs=TOL), (g["epoch"], key)
 
 

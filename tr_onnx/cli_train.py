@@ -525,8 +525,6 @@ def evaluate_model(args) -> dict:
     trainer = _user_error(Trainer, session, data, batch_size=args.batch_size, progress=False,
                           log=None)
     result = trainer.evaluate(data)
-    if not isinstance(result, dict):  # (loss, accuracy): the record's val_ keys, unprefixed
-        result = {"loss": result[0], "acc": result[1]}
     return {"model": args.model, "data": args.data, "samples": len(data[1]),
             **{k: v for k, v in result.items() if v is not None}}
 

@@ -26,12 +26,10 @@ class ProgressBar:
     a first step that also plans is not counted) and the caller's ``text``. A terminal gets a
     line redrawn in place at most every ``interval`` seconds; another stream plain lines (the
     module docstring). ``enabled=False`` draws nothing. ``total`` 0: not known (a stream of
-    batches without a length): the steps done and the elapsed time, no ETA. ``tty_only`` is
-    obsolete (the stream decides) and ignored: callers written before plain lines pass it."""
+    batches without a length): the steps done and the elapsed time, no ETA."""
 
     def __init__(self, total: int, label: str, stream=None, enabled: bool = True,
-                 width: int = 24, interval: float = 0.1, line_every: float = 10.0,
-                 tty_only: bool | None = None):
+                 width: int = 24, interval: float = 0.1, line_every: float = 10.0):
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.terminal = bool(isatty is not None and isatty())

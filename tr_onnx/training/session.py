@@ -64,7 +64,7 @@ from ..passes.control_flow import output_value
 from ..registry import build_registry, default_registry
 from .data_parallel import REDUCE
 from .export import export_model
-from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
+from .losses import ClassLabels, LossSpec, check_loss_model, class_labels, make_loss_spec
 from .parameters import (
     ParamRole,
     name_patterns,
@@ -328,9 +328,11 @@ class TrainingSession:
     def _loss(self, loss):
         if isinstance(loss, (onnx.ModelProto, bytes)) or (
                 isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
-            return import_model(loss, self.registry, self.backend,
-                                external_data_dir=self._external_data_dir,
-                                fold_limit_bytes=self.fold_limit_bytes)
+            loss_model = import_model(loss, self.registry, self.backend,
+                                      external_data_dir=self._external_data_dir,
+                                      fold_limit_bytes=self.fold_limit_bytes)
+            check_loss_model(loss_model)
+            return loss_model
         return make_loss_spec(loss)
 
     def config(self) -> dict:
