@@ -37,6 +37,8 @@ def as_array(x, what: str) -> np.ndarray:
     """``x`` as a NumPy array (a torch tensor through ``.numpy()``, on the CPU)."""
     if _is_torch(x):
         return x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):  # as it is: a memory-mapped array stays one
+        return x
     try:
         return np.asarray(x)
     except (TypeError, ValueError) as exc:
