@@ -261,11 +261,13 @@ def _train(lora, case, info, first_batch: int) -> tr_onnx.TrainingSession:
     return session
 
 
-def test_exports_merged_adapter_file_and_npz_agree_in_onnxruntime(exports, tmp_path):
+@pytest.mark.parametrize("case_id", ["llama-dynamo", "bert-classic"])
+def test_exports_merged_adapter_file_and_npz_agree_in_onnxruntime(case_id, exports, tmp_path):
     """Two adapters trained on different data: the merged model of each equals the adapter
     model run by onnxruntime with that adapter file active (swapped in one session), and the
-    base output without one; the .npz re-applied to a fresh base merges to the same model."""
-    case = BY_ID["llama-dynamo"]
+    base output without one; the .npz re-applied to a fresh base merges to the same model.
+    BERT's adapters carry the trained classifier too (``train_also``)."""
+    case = BY_ID[case_id]
     path = exports(case.id)
     base = onnx.load(path)
     lora, info = _lora(case, path)

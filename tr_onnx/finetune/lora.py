@@ -173,8 +173,10 @@ def merge_lora(base: onnx.ModelProto | str | Path, trained, info: LoraInfo) -> o
 def adapter_model(base: onnx.ModelProto | str | Path, info: LoraInfo) -> onnx.ModelProto:
     """The base model with the LoRA branches, A and B graph inputs that default to zeros
     (initializers of the same names: onnxruntime feeds an active adapter's tensors in their
-    place, and without one the model computes the base output). Serve it with onnxruntime:
-    ``LoraAdapter.Load(file)``, ``RunOptions.add_active_adapter``. No dropout."""
+    place, and without one the model computes the base output). The ``train_also`` tensors
+    (a head) are graph inputs too, defaulting to the base's values, so an adapter file
+    carries them as well. Serve it with onnxruntime: ``LoraAdapter.Load(file)``,
+    ``RunOptions.add_active_adapter``. No dropout."""
     base = _load(base)
     _check_base(base, info)
     zeros = {}
@@ -184,21 +186,25 @@ def adapter_model(base: onnx.ModelProto | str | Path, info: LoraInfo) -> onnx.Mo
         zeros[t.lora_B] = np.zeros(b_shape, np.float32)
     serving = copy.copy(info)
     serving.dropout, serving.base_dtype = 0.0, None
-    return _inject(base, serving, zeros, as_inputs=True)
+    out = _inject(base, serving, zeros, as_inputs=True)
+    inits = {i.name: i for i in out.graph.initializer}
+    out.graph.input.extend(helper.make_tensor_value_info(n, inits[n].data_type, inits[n].dims)
+                           for n in info.trainable if n not in zeros)
+    return out
 
 
 def write_adapter(path: str | Path, trained, info: LoraInfo, model_version: int = 0,
                   adapter_version: int = 0) -> Path:
-    """The trained A and B written as an onnxruntime adapter file (``onnxruntime.
-    AdapterFormat``) for ``adapter_model``'s model."""
+    """The trained A and B (and ``train_also`` tensors) written as an onnxruntime adapter
+    file (``onnxruntime.AdapterFormat``) for ``adapter_model``'s model."""
     import onnxruntime as ort
 
-    values = _values(trained, info.adapter_names())
+    values = _values(trained, info.trainable)
     fmt = ort.AdapterFormat()
     fmt.set_adapter_version(adapter_version)
     fmt.set_model_version(model_version)
-    fmt.set_parameters({n: ort.OrtValue.ortvalue_from_numpy(
-        np.ascontiguousarray(values[n], np.float32)) for n in info.adapter_names()})
+    fmt.set_parameters({n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(values[n]))
+                        for n in info.trainable})
     path = Path(path)
     fmt.export_adapter(str(path))
     return path
