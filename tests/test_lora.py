@@ -446,3 +446,25 @@ def test_lora_model_checks_and_keeps_the_base_untouched(exports):
     onnx.checker.check_model(adapter_model(base, info), full_check=True)
     assert any(n in info.trainable for n in ("model.classifier.weight", "model.classifier.bias"))
     assert copy.deepcopy(info) == info
+
+
+def test_lora_llama_in_bf16_plans_on_cuda_without_a_device(exports):
+    """The deviceless cuda plan (``tr-onnx inspect --backend cuda``'s): every node of a LoRA
+    Llama with bf16 base weights, dropout and bf16 training binds a cuda kernel, only A and B
+    train, and cuDNN accepts every graph the plan declares."""
+    from tr_onnx.backends.cuda.deviceless import check_plan
+    from tr_onnx.testing.recorder import FakeRecorder
+
+    case = BY_ID["llama-dynamo"]
+    lora, info = add_lora(onnx.load(exports(case.id)), rank=RANK, alpha=ALPHA,
+                          targets=case.targets, base_dtype="bfloat16", dropout=0.05)
+    session = tr_onnx.TrainingSession(
+        lora, loss=tr_onnx.LossSpec("cross_entropy", class_axis=-1), backend="cuda",
+        device=lambda plan: FakeRecorder(plan.memory), precision="bf16",
+        trainable=info.trainable)
+    plan = session._train_plan(case.batch(0)[0])
+    assert all(".cuda." in source for _, source in plan.kernels), sorted(
+        {s for _, s in plan.kernels if ".cuda." not in s})
+    assert {n.op_type for n, _ in plan.kernels} >= {"MatMul", "Transpose", "Cast"}
+    assert sorted(plan.info.trainable) == sorted(info.trainable)
+    assert all(check.ok for check in check_plan(plan))
