@@ -417,7 +417,9 @@ def test_targets_that_match_nothing_name_the_candidates(exports):
      {"rank": 8, "alpha": 16.0, "dropout": 0.05, "targets": "q_proj|v_proj"}),
     ("targets=(q|v)_proj,{1,2},rank=4", {"targets": "(q|v)_proj,{1,2}", "rank": 4}),
     ("rank=2, base_dtype=bfloat16", {"rank": 2, "base_dtype": "bfloat16"}),
-], ids=["all", "targets-with-commas", "base-dtype"])
+    ("targets=a,seed=1,rank=2,train_also=head", {"targets": "a", "seed": 1, "rank": 2,
+                                                  "train_also": "head"}),
+], ids=["all", "targets-with-commas", "base-dtype", "keys-after-targets"])
 def test_parse_lora_reads_the_cli_text(text, want):
     assert parse_lora(text) == want
 
@@ -468,3 +470,25 @@ def test_lora_llama_in_bf16_plans_on_cuda_without_a_device(exports):
     assert {n.op_type for n, _ in plan.kernels} >= {"MatMul", "Transpose", "Cast"}
     assert sorted(plan.info.trainable) == sorted(info.trainable)
     assert all(check.ok for check in check_plan(plan))
+
+
+def test_a_weight_another_node_also_reads_gets_no_adapter():
+    """A tied embedding (Gather and MatMul read one initializer): folding an adapter into it
+    would change the Gather too, so it is skipped and said why; the other weight is adapted."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((6, 6)).astype(np.float32), "tied.weight")
+    w2 = numpy_helper.from_array(rng.standard_normal((6, 3)).astype(np.float32), "out.weight")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["tied.weight", "ids"], ["e"], "embed"),
+         helper.make_node("MatMul", ["e", "tied.weight"], ["h"], "mix"),
+         helper.make_node("MatMul", ["h", "out.weight"], ["y"], "out")], "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [w, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    lora, info = add_lora(model, rank=2, alpha=4)
+    assert [t.weight for t in info.adapters] == ["out.weight"]
+    assert "Gather embed" in info.skipped["tied.weight"]
+    feed = {"ids": np.array([1, 4], np.int64)}
+    np.testing.assert_array_equal(ort_run(lora, feed)[0], ort_run(model, feed)[0])  # B = 0

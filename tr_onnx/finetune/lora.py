@@ -263,13 +263,9 @@ def parse_lora(text: str) -> dict:
                             f"{', '.join(kinds)})")
         if key not in kinds:
             raise LoraError(f"--lora: unknown key {key!r}; valid: {', '.join(kinds)}")
-        if key in ("targets", "train_also"):
-            value, rest = value, ""  # a regular expression: the rest of the text
-            for other in kinds:  # unless another key follows
-                m = re.search(rf",\s*{other}=", value)
-                if m and other != key:
-                    value, rest = value[:m.start()], value[m.start() + 1:]
-                    break
+        if key in ("targets", "train_also"):  # a regular expression: up to the next key
+            m = re.search(rf",\s*(?:{'|'.join(kinds)})=", value)
+            value, rest = (value[:m.start()], value[m.start() + 1:]) if m else (value, "")
         else:
             value, _, rest = value.partition(",")
         if key in out:
@@ -385,16 +381,17 @@ def _find_targets(model: onnx.ModelProto, info: LoraInfo
     inits = {i.name: i for i in model.graph.initializer}
     folded = torch_metadata.folded_from(model)
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node in _all_nodes(model.graph):
+    for node, nested in _all_nodes(model.graph):
         for i, x in enumerate(node.input):
-            if x in inits:
-                readers.setdefault(x, []).append((node, i))
+            if x in inits:  # a branch goes beside top-level nodes only: -1 marks the others
+                readers.setdefault(x, []).append((node, -1 if nested else i))
     found, skipped, names = [], {}, set()
     for weight, uses in readers.items():
-        first = uses[0][0]
-        shape = _eligible(first, inits)
-        if shape is None or uses[0][1] != 1:
+        adaptable = [n for n, i in uses if i == 1 and _eligible(n, inits)]
+        if not adaptable:
             continue
+        first = adaptable[0]
+        shape = _eligible(first, inits)
         name = _param_name(weight, first, folded)
         if not _matches(info.targets, name):
             continue
@@ -411,12 +408,13 @@ def _find_targets(model: onnx.ModelProto, info: LoraInfo
     return found, skipped
 
 
-def _all_nodes(graph: onnx.GraphProto):
+def _all_nodes(graph: onnx.GraphProto, nested: bool = False):
+    """(node, whether it is inside a subgraph) of every node."""
     for node in graph.node:
-        yield node
+        yield node, nested
         for a in node.attribute:  # a subgraph reading the weight keeps it from an adapter
             for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                yield from _all_nodes(g)
+                yield from _all_nodes(g, True)
 
 
 def _also_trained(model: onnx.ModelProto, info: LoraInfo) -> list[str]:
