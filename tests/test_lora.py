@@ -7,9 +7,10 @@ onnxruntime (its ``AdapterFormat`` / ``LoraAdapter`` / ``RunOptions.add_active_a
 the exports. Models: the tiny Llama and BERT of ``real_exports.py`` exported by both torch
 exporters (Llama also at opset 23), and a small CNN with a 1x1 Conv (peft's Conv2d LoRA).
 
-Tolerances: losses 1e-5 absolute against peft over 20 SGD and 20 AdamW steps (the brief's;
-float32 on both sides); trained A/B 1e-5 against peft's; exports 1e-5 absolute against each
-other in onnxruntime (seen about 3e-7 on logits near 1).
+Tolerances: losses 1e-5 absolute against peft over 20 SGD and 20 AdamW steps (the issue's;
+float32 on both sides; seen at most 2.7e-6, BERT with SGD, 9.5e-7 on the Llamas); trained A/B
+1e-5 against peft's; exports 1e-5 absolute against each other in onnxruntime (seen about 3e-7
+on logits near 1).
 """
 
 from __future__ import annotations
@@ -492,3 +493,41 @@ def test_a_weight_another_node_also_reads_gets_no_adapter():
     assert "Gather embed" in info.skipped["tied.weight"]
     feed = {"ids": np.array([1, 4], np.int64)}
     np.testing.assert_array_equal(ort_run(lora, feed)[0], ort_run(model, feed)[0])  # B = 0
+
+
+def _one_node_model(op: str, attrs: dict, x_shape, w_shape, out_shape) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(out_shape[1]).astype(np.float32), "c")]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "w", "c"], ["y"], "layer", **attrs)], "one",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op,attrs,x_shape,w_shape,out_shape,kind", [
+    ("Gemm", {"transA": 1, "alpha": 0.5, "beta": 2.0}, (5, 3), (5, 4), (3, 4), "gemm"),
+    ("Gemm", {"transB": 1, "alpha": 2.0}, (3, 5), (4, 5), (3, 4), "gemm_t"),
+    ("Conv", {"strides": [2, 2], "pads": [1, 1, 1, 1]}, (2, 5, 6, 6), (4, 5, 1, 1),
+     (2, 4, 4, 4), "conv"),
+], ids=["gemm-transA-alpha", "gemm-transB", "conv-1x1-stride-pad"])
+def test_the_merged_weight_computes_what_the_branch_computes(op, attrs, x_shape, w_shape,
+                                                               out_shape, kind):
+    """onnxruntime runs the LoRA model (with a non-zero B) and the merged one: equal, for
+    Gemm's alpha/transA/transB and a strided, padded 1x1 Conv."""
+    model = _one_node_model(op, attrs, x_shape, w_shape, out_shape)
+    lora, info = add_lora(model, rank=2, alpha=3)
+    assert [t.kind for t in info.adapters] == [kind]
+    rng = np.random.default_rng(2)
+    trained = {n: rng.standard_normal(numpy_helper.to_array(i).shape).astype(np.float32)
+               for i in lora.graph.initializer for n in [i.name] if n in info.trainable}
+    lora_trained, _ = apply_lora(model, (trained, info))
+    feed = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    want = ort_run(lora_trained, feed)[0]
+    assert want.shape == out_shape
+    assert np.abs(want - ort_run(model, feed)[0]).max() > 0.1
+    np.testing.assert_allclose(ort_run(merge_lora(model, trained, info), feed)[0], want,
+                               rtol=0, atol=1e-5)
