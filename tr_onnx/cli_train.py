@@ -288,16 +288,14 @@ def warn_softmax_output(session) -> None:
                       stacklevel=2)
 
 
-class _RecordTap:
-    """The Trainer's metrics writer, followed by the TensorBoard log and the list of step
-    records the plot draws. (The Trainer writes every record through ``_write_metrics``; a
-    callback of its own would be the better seam.)"""
+class _RecordSink:
+    """A Trainer callback: every metrics record to the TensorBoard log (``--log-dir``, rank 0)
+    and the step records to the list the plot draws."""
 
-    def __init__(self, write, log, steps: list):
-        self.write, self.log, self.steps = write, log, steps
+    def __init__(self, log, steps: list):
+        self.log, self.steps = log, steps
 
-    def __call__(self, record: dict) -> None:
-        self.write(record)
+    def on_record(self, trainer, record: dict) -> None:
         if record.get("kind") == "step":
             self.steps.append(record)
         if self.log is not None:
@@ -308,50 +306,17 @@ class _RecordTap:
             self.log.close()
 
 
-def _follow_records(trainer, args, world) -> list[dict]:
-    """Tap the metrics records of ``trainer`` for ``--log-dir`` (rank 0) and the plot; the list
-    the step records collect in."""
+def _follow_records(trainer, args, world) -> _RecordSink:
+    """The callback taking the metrics records of ``trainer`` for ``--log-dir`` (rank 0) and
+    the plot (its ``steps``)."""
     log = None
     if args.log_dir is not None and world.is_root:
         from .training.tensorboard import TensorBoardLog
 
         log = TensorBoardLog(args.log_dir)
-    steps: list[dict] = []
-    trainer._write_metrics = _RecordTap(trainer._write_metrics, log, steps)
-    return steps
-
-
-def _show_validation(trainer) -> None:
-    """Progress through the validation batches of ``trainer`` (each ``session.run`` of its
-    ``evaluate`` is one batch), where it shows progress (rank 0, without --no-progress). (The
-    Trainer's evaluate loop is the better home; it is being rewritten alongside this.)"""
-    from .training.progress import ProgressBar
-
-    if not trainer.progress:
-        return
-    evaluate, session = trainer.evaluate, trainer.session
-
-    def evaluate_shown(data):
-        world, n = trainer.world, len(data[1]) if isinstance(data, tuple) else 0
-        rows = n * (world.rank + 1) // world.size - n * world.rank // world.size
-        bar = ProgressBar(-(-rows // trainer.val_batch_size),
-                          f"epoch {trainer.epoch + 1}/{trainer.epochs} validation")
-        run, done = session.run, []
-
-        def run_counted(*args, **kwargs):
-            outputs = run(*args, **kwargs)
-            done.append(1)
-            bar.update(len(done), "")
-            return outputs
-
-        session.run = run_counted
-        try:
-            return evaluate(data)
-        finally:
-            del session.run  # the class's again
-            bar.close()
-
-    trainer.evaluate = evaluate_shown
+    sink = _RecordSink(log, [])
+    trainer.callbacks.append(sink)
+    return sink
 
 
 def _step_records(args, collected: list[dict]) -> list[dict] | None:
@@ -457,8 +422,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         batches = trainer.batches_per_epoch * epochs  # global batches
         session.schedule = _schedule(args.lr_schedule or "constant",
                                      -(-batches // (args.grad_accumulation or 1)))
-    steps = _follow_records(trainer, args, world)
-    _show_validation(trainer)
+    records = _follow_records(trainer, args, world)
     if on_trainer is not None:
         on_trainer(trainer)
     try:
@@ -466,17 +430,17 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     except TrainingDiverged as exc:
         if trainer.history and args.plot and world.is_root:  # the epochs completed
             try:
-                _write_plot(trainer.history, args.plot, None, _step_records(args, steps))
+                _write_plot(trainer.history, args.plot, None, _step_records(args, records.steps))
             except TrOnnxError as failed:
                 exc.add_note(str(failed))
         raise
     finally:
-        trainer._write_metrics.close()
+        records.close()
     if world.is_root:
         session.export(out)  # before the plot: whatever fails after it, the model is kept
         write_meta(loaded, out)
         if history and args.plot:
-            _write_plot(history, args.plot, out, _step_records(args, steps))
+            _write_plot(history, args.plot, out, _step_records(args, records.steps))
     final = history[-1] if history else {}
     return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"),

@@ -211,8 +211,10 @@ class Trainer:
     ``session.train_step`` per batch, validation with ``session.run`` in batches of
     ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint, then the
     ``callbacks``' ``on_epoch_end(trainer, record)`` (a plain function is called as that);
-    ``on_step(trainer, record)`` after every batch, with the epoch's running record. A
-    callback that sets ``stop_training`` ends ``fit`` after the epoch. ``metrics``: names of
+    ``on_step(trainer, record)`` after every batch, with the epoch's running record;
+    ``on_record(trainer, record)`` for every record the metrics file gets (each epoch's and,
+    with ``metrics_every``, the step records), whether or not there is a file. A callback
+    that sets ``stop_training`` ends ``fit`` after the epoch. ``metrics``: names of
     ``training.metrics`` (default: those of the task, ``default_metrics``).
 
     ``checkpoint_dir``: ``last.ckpt.npz`` is written there (atomically) at each epoch end and,
@@ -598,7 +600,8 @@ class Trainer:
         """Validation, the epoch's record (history, metrics file, summary), the checkpoint,
         then the callbacks' ``on_epoch_end``."""
         start = time.perf_counter()
-        val = self.evaluate(self.val_data) if self.val_data else None
+        val = (self.evaluate(self.val_data, shown=f"epoch {self.epoch + 1}/{self.epochs} "
+                             "validation") if self.val_data else None)
         record = self._record("epoch", totals, val,
                               totals.train_seconds + time.perf_counter() - start)
         record["skipped_batches"] = totals.skipped
@@ -608,8 +611,10 @@ class Trainer:
         self.log(self._summary(record))
         self._checkpoint()
         for callback in self.callbacks:
-            (callback.on_epoch_end if hasattr(callback, "on_epoch_end") else callback)(self,
-                                                                                      record)
+            if hasattr(callback, "on_epoch_end"):
+                callback.on_epoch_end(self, record)
+            elif callable(callback):  # a plain function
+                callback(self, record)
 
     def _account(self, pending, y: np.ndarray, rows: int, totals: EpochTotals) -> None:
         """Add one batch's loss, accuracy and metric sums to ``totals``: the sums of all
@@ -728,24 +733,29 @@ class Trainer:
 
     # ---- evaluation --------------------------------------------------------------------------
 
-    def evaluate(self, data) -> dict:
+    def evaluate(self, data, shown: str | None = None) -> dict:
         """The loss and metrics of the current weights on ``data`` in eval mode:
         ``{"loss", "acc", <metric>...}`` (the record's ``val_`` keys without the prefix). The
         loss as the training loss (sample-weighted batch losses), accuracy None for regression
         targets, every metric from sums over all of ``data``. ``data``: a data set ``(arrays,
         labels)``, evaluated in batches of ``val_batch_size`` (across ranks, every rank calls
         it: rank r evaluates rows ``[r*n//size, (r+1)*n//size)`` and the sums and counts are
-        reduced), or ``Batches`` (``training.batches``), evaluated batch by batch."""
+        reduced), or ``Batches`` (``training.batches``), evaluated batch by batch. ``shown``:
+        the label of a progress line through the batches, where the Trainer shows progress."""
         output = self.session.output_name
         loss_sum, correct, counted, n, sums = 0.0, 0, 0, 0, None
-        for feed, y in self._eval_batches(data):
+        bar = ProgressBar(self._eval_batch_count(data), shown or "",
+                          enabled=bool(shown) and self.progress)
+        for done, (feed, y) in enumerate(self._eval_batches(data), 1):
             (x,) = self.session.run([output], feed)
+            bar.update(done, "")
             loss = self._batch_loss(x, y)
             loss_sum += loss * len(y)
             c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
             correct, counted, n = correct + c, counted + k, n + len(y)
             batch = [m.sums(x, y, loss) for m in self.metrics]
             sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
+        bar.close()
         if sums is None:  # a rank without rows: zeros of the sizes the others send
             feed, _ = next(iter(self._eval_batches(data, shard=False)))
             (x,) = self.session.run([output], {k: v[:1] for k, v in feed.items()})
@@ -755,6 +765,13 @@ class Trainer:
         return {"loss": _finite(loss_sum / n) if n else None,
                 "acc": correct / counted if counted else None,
                 **metric_values(self.metrics, sums, "")}
+
+    def _eval_batch_count(self, data) -> int:
+        """This rank's evaluation batches of ``data`` (0: a stream of unknown length)."""
+        if isinstance(data, Batches):
+            return data.length or 0
+        n, r, size = len(data[1]), self.world.rank, self.world.size
+        return -(-(n * (r + 1) // size - n * r // size) // self.val_batch_size)
 
     def _eval_batches(self, data, shard: bool = True):
         """``(feed, labels)`` batches of ``data``: this rank's rows of a data set in batches
@@ -830,6 +847,13 @@ class Trainer:
                 self._metrics = None
 
     def _write_metrics(self, record: dict) -> None:
+        """Append one JSON line, then hand the record to the callbacks' ``on_record``."""
+        self._write_metrics_line(record)
+        for callback in self.callbacks:
+            if hasattr(callback, "on_record"):
+                callback.on_record(self, record)
+
+    def _write_metrics_line(self, record: dict) -> None:
         """Append one JSON line. Failing (disk full) is a ``WriteError``; the file is cut back
         to the lines written before it (never half a line)."""
         if self._metrics is None:
