@@ -152,10 +152,10 @@ def test_a_plot_that_fails_after_training_still_leaves_the_trained_model(
         tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
 
-    def disk_full(history, path):
+    def disk_full(history, path, steps=None):
         raise OSError(28, "No space left on device", str(path))
 
-    monkeypatch.setattr("tr_onnx.training.trainer.plot_history", disk_full)
+    monkeypatch.setattr("tr_onnx.training.plots.plot_history", disk_full)
     data = mlp_data(tmp_path)
     status = main(["train", MLP, "--data", data, "--epochs", "1", "--no-progress", "--plot",
                    "c.png", "--val-split", "0"])

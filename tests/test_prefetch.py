@@ -172,8 +172,16 @@ def test_prefetched_training_equals_reading_in_the_training_thread_bit_for_bit(t
 
 def test_arrays_in_memory_are_read_in_the_training_thread_a_copy_is_too_quick_to_hand_off(
         tmp_path, monkeypatch):
-    # the threshold raised from 1 ms: a busy machine may pause the training thread that long
-    monkeypatch.setattr(prefetch_module, "MIN_READ_S", 0.04)
+    # the read timed by a clock that moves 10 us per reading (a copy of rows in memory): a
+    # real clock on a busy machine may pause the training thread past any threshold
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1e-5
+            return self.now
+
+    monkeypatch.setattr(prefetch_module, "time", Clock())
     _, read_by = trained(tmp_path, prefetch=2, in_memory=True)
     assert set(read_by) == {threading.current_thread().name}
 

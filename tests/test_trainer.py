@@ -4,7 +4,6 @@ batches."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import pickle
@@ -18,7 +17,7 @@ import tr_onnx
 from tr_onnx.cli import main
 from tr_onnx.data import load_dataset, split
 from tr_onnx.optim import SGD, AdamW
-from tr_onnx.training.trainer import CHECKPOINT_NAME, ProgressBar, Trainer, label_kind, numpy_loss
+from tr_onnx.training.trainer import CHECKPOINT_NAME, Trainer, label_kind, numpy_loss
 
 ZOO = Path(__file__).parent.parent / "model_zoo"
 MLP, LENET, RESNET = str(ZOO / "mlp.onnx"), str(ZOO / "lenet.onnx"), str(ZOO / "resnet.onnx")
@@ -347,28 +346,6 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path):
 
 
 # ---- progress and plot -----------------------------------------------------------------------
-
-class Terminal(io.StringIO):
-    def isatty(self):
-        return True
-
-
-@pytest.mark.parametrize("stream, enabled, drawn", [
-    pytest.param(Terminal(), True, True, id="tty"),
-    pytest.param(io.StringIO(), True, False, id="not-a-tty"),
-    pytest.param(Terminal(), False, False, id="disabled"),
-])
-def test_progress_bar_draws_only_on_a_terminal(stream, enabled, drawn):
-    bar = ProgressBar(4, "epoch 1/1", stream=stream, enabled=enabled, interval=0)
-    for done in range(1, 5):
-        bar.update(done, f"loss {1 / done:.4f}")
-    text = stream.getvalue()
-    assert bool(text) == drawn
-    if drawn:
-        assert text.count("\r") == 4 and "4/4 loss 0.2500" in text and "\n" not in text
-        bar.close()
-        assert stream.getvalue().endswith("\r")
-
 
 def test_missing_matplotlib_is_reported_once(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)

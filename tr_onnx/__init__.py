@@ -27,7 +27,10 @@ from .errors import (
 # Imported on first use (PEP 562): NumPy, onnx and ml_dtypes take about a second to import, and
 # ``tr-onnx`` (``__main__``) must be able to catch an interrupt that lands in that second.
 _LAZY = {"InferenceSession": ".session", "TrainingSession": ".training.session",
-         "LossSpec": ".training.losses", "hookimpl": ".hookspecs"}
+         "LossSpec": ".training.losses", "hookimpl": ".hookspecs",
+         "Trainer": ".training.trainer", "fit": ".training.fit", "evaluate": ".training.fit",
+         "FitResult": ".training.fit", "EarlyStopping": ".training.fit",
+         "KeepBest": ".training.fit"}
 
 
 def __getattr__(name: str):
@@ -47,7 +50,8 @@ def __getattr__(name: str):
 
 
 __version__ = "0.1.0"
-__all__ = ["InferenceSession", "TrainingSession", "LossSpec", "optim", "hookimpl", "TrOnnxError",
+__all__ = ["InferenceSession", "TrainingSession", "LossSpec", "fit", "evaluate", "FitResult",
+           "EarlyStopping", "KeepBest", "Trainer", "losses", "optim", "hookimpl", "TrOnnxError",
            "ModelLoadError", "UnsupportedModelError", "RegistryError", "ShapeError", "InputError",
            "OptionError", "InternalError", "PlanError", "TrainingDiverged", "NoStepApplied",
            "ExportAdviceWarning", "CheckpointError", "WriteError", "ArenaSizeError",

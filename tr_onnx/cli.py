@@ -18,12 +18,12 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from .cli_train import add_train_parser, count_type, run_train
+from .cli_train import add_evaluate_parser, add_train_parser, count_type, run_evaluate, run_train
 from .errors import ExportAdviceWarning, InputError, TrOnnxError
 
 DESCRIPTION = ("Train exported ONNX models: ONNX in, trained ONNX out. inspect shows how a "
                "model is laid out, run runs it, ops and plugins list what is registered, train "
-               "trains it and exports the trained model.")
+               "trains it and exports the trained model, evaluate prints its loss and metrics.")
 
 
 def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
@@ -406,10 +406,55 @@ def list_plugins(include_builtin: bool = False) -> dict:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with its usage errors as one line, like every other error of the command line
-    (exit status 2)."""
+    (exit status 2), and "did you mean" for a mistyped option or command (difflib over the
+    option strings of the command given, or the command names)."""
+
+    def __init__(self, *args, **kwargs):
+        # an abbreviation (--epoch for --epochs) that works today breaks when an option sharing
+        # its prefix is added; a mistyped option gets "did you mean" instead
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        hint = self._did_you_mean(message)
+        self.exit(2, f"{self.prog}: error: {message}{hint}; see {self.prog} --help\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        import difflib
+
+        commands = self._commands()
+        if message.startswith("unrecognized arguments: "):
+            argv = getattr(self, "_argv", [])
+            command = next((a for a in argv if a in commands), None)
+            parser = commands.get(command, self)
+            options = [o for a in parser._actions for o in a.option_strings]
+            hints = []
+            for token in message.removeprefix("unrecognized arguments: ").split():
+                if token.startswith("-"):
+                    near = difflib.get_close_matches(token.partition("=")[0], options, n=2,
+                                                    cutoff=0.75)
+                    if near:
+                        hints.append(f"{token}: did you mean {' or '.join(near)}?")
+            return "; " + "; ".join(hints) if hints else ""
+        if "invalid choice: " in message and "(choose from " in message:
+            # argparse's "invalid choice: 'trian' (choose from 'inspect', 'run', ...)": a
+            # command, or the value of an option with choices (--backend, --lr-schedule)
+            given = message.split("invalid choice: ", 1)[1].split("'")[1]
+            choices = message.split("(choose from ", 1)[1].split("'")[1::2]
+            near = difflib.get_close_matches(given, choices, n=2)
+            if near:
+                return f"; did you mean {' or '.join(near)}?"
+        return ""
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
 
 
 class _WarningLines:
@@ -441,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the package version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="one of inspect, run, plugins, ops, train "
+                                help="one of inspect, run, plugins, ops, train, evaluate "
                                 "(tr-onnx COMMAND --help for its options)")
     p = sub.add_parser("inspect", help="ops and kernels, layout decisions, memory plan")
     p.add_argument("model", help="the ONNX model")
@@ -482,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("ops", help="list registered ops")
     o.add_argument("--json", action="store_true", help="as JSON")
     add_train_parser(sub)
+    add_evaluate_parser(sub)
     return parser
 
 
@@ -514,6 +560,8 @@ def _command(args, shown: _WarningLines) -> int:
     try:
         if args.command == "train":
             return run_train(args, shown)
+        if args.command == "evaluate":
+            return run_evaluate(args)
         if args.command == "inspect":
             info = inspect_model(args.model, args.batch, args.channel_align,
                                  _parse_shapes(args.shape), reuse=not args.no_reuse,

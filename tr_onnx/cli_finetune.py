@@ -60,6 +60,8 @@ def apply(args, model_path: str):
     notes: list[str] = []
     if args.head is not None and args.num_classes is None:
         raise TrOnnxError("--head needs --num-classes (the head it names is replaced)")
+    if args.train_only is not None and getattr(args, "trainable", None):
+        raise TrOnnxError("--train-only and --trainable both say what trains: give one")
     if args.unfreeze_after is not None and args.train_only is None:
         raise TrOnnxError("--unfreeze-after needs --train-only: nothing is frozen to unfreeze")
     model, choice = model_path, None

@@ -6,12 +6,14 @@ writes files (``cli.py`` holds the other commands and the shared error handling)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import os
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 from . import cli_finetune
@@ -70,12 +72,14 @@ def _check_writable(option: str, given, path: Path) -> None:
 def _check_outputs(args, out: Path, ckpt: Path | None) -> None:
     """Every output of ``tr-onnx train`` checked before the first step, so that a path it
     cannot write fails now, not after the last epoch; and a plot format matplotlib writes."""
-    from .training.trainer import plot_format
+    from .training.plots import plot_format
 
+    log_dir = Path(args.log_dir) / "events" if args.log_dir else None  # a file in it
     for option, given, path in (("--out" if args.out else "--out (default)", out, out),
                                 ("--plot", args.plot, args.plot),
                                 ("--metrics", args.metrics, args.metrics),
-                                ("--checkpoint-dir", args.checkpoint_dir, ckpt)):
+                                ("--checkpoint-dir", args.checkpoint_dir, ckpt),
+                                ("--log-dir", args.log_dir, log_dir)):
         if given is not None:
             _check_writable(option, given, Path(path))
     if args.plot is not None:
@@ -132,15 +136,202 @@ def _check_same_model(path: str, session, ckpt: Path) -> None:
                      f"{path} without --resume")
 
 
-def _write_plot(history: list[dict], plot: str, model: Path | None) -> None:
-    from .training import trainer
+def _write_plot(history: list[dict], plot: str, model: Path | None,
+                steps: list[dict] | None = None) -> None:
+    from .training import plots
 
     try:
-        trainer.plot_history(history, plot)
+        plots.plot_history(history, plot, steps)
     except (OSError, RuntimeError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         kept = f"; the trained model was written to {model}" if model else ""
         raise TrOnnxError(f"--plot {plot}: not written ({why}){kept}") from None
+
+
+# What --resume takes from the checkpoint: the training graph, the optimizer and its schedule.
+# Given with --resume, one that differs from the checkpoint's is refused (changing it mid-run is
+# a new run, not a resume; the same value, as when the first command is repeated with --resume,
+# is fine); the options of the Trainer (checkpoints, metrics, validation, logs, plot) and the
+# machine (--backend, --precision) are honoured from the resumed step on.
+RESUMED_FROM_CHECKPOINT = ("loss", "optimizer", "lr", "lr_schedule", "grad_accumulation",
+                           "clip_grad_norm", "weight_decay", "momentum", "frozen", "trainable",
+                           "output")
+# (--val-split is neither: it decides the training samples, which the resume checks are the
+# checkpoint's)
+HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_data", "log_dir")
+DEFAULT_EPOCHS = 5
+
+
+def _option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _checkpoint_value(session, key: str):
+    """The value of train option ``key`` (an ``args`` name) that a resumed ``session`` has,
+    in the form the command line gives it."""
+    from .optim import OPTIMIZERS, SCHEDULES
+    from .training.losses import LossSpec
+
+    opt = session.optimizer
+    if key == "loss":
+        return session.loss.name if isinstance(session.loss, LossSpec) else "an ONNX loss model"
+    if key == "optimizer":
+        return next((n for n, cls in OPTIMIZERS.items() if type(opt) is cls), type(opt).__name__)
+    if key == "lr_schedule":
+        return next((n for n, cls in SCHEDULES.items() if type(session.schedule) is cls),
+                    type(session.schedule).__name__)
+    if key in ("lr", "weight_decay", "momentum"):
+        return getattr(opt, key, None)
+    if key == "output":
+        return session.output_name
+    return session.options[key]  # grad_accumulation, clip_grad_norm, frozen, trainable
+
+
+def _shown(value) -> str:
+    """An option's value as the command line gives it (a repeated option: its values)."""
+    if isinstance(value, list):
+        return " ".join(value) if value else "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "none" if value is None else str(value)
+
+
+def _check_resume_options(args, session) -> None:
+    """``--resume``: an option given with a value other than the checkpoint's would change what
+    it trains: an error naming each, with the checkpoint's value."""
+    differ = []
+    for key in RESUMED_FROM_CHECKPOINT:
+        given = getattr(args, key)
+        if given is None:
+            continue
+        theirs = _checkpoint_value(session, key)
+        if isinstance(given, str) and isinstance(theirs, str):
+            same = given.lower() == theirs.lower()
+        else:
+            same = given == theirs or key == "frozen" and not given and not theirs
+        if not same:
+            differ.append(f"{_option(key)} {_shown(given)} (the checkpoint's: "
+                          f"{_shown(theirs)})")
+    if differ:
+        raise InputError(f"--resume continues the checkpoint's training, with its loss, "
+                         f"optimizer, lr, schedule, accumulation, clipping, trainable set and "
+                         f"output: {'; '.join(differ)}; drop "
+                         f"{'it' if len(differ) == 1 else 'them'}, or train afresh without "
+                         "--resume")
+
+
+def _honoured_on_resume(args) -> list[str]:
+    """The lines saying which options given with ``--resume`` apply from the resumed step on."""
+    return [f"--resume: {_option(k)} {getattr(args, k)} applies from the resumed step on"
+            for k in HONOURED_ON_RESUME if getattr(args, k) is not None]
+
+
+def _optimizer(args):
+    """The optimizer ``--optimizer`` names with ``--lr``, ``--weight-decay`` and ``--momentum``;
+    one it does not take is an error naming the optimizers that do."""
+    from .optim import OPTIMIZERS, make_optimizer
+
+    name = (args.optimizer or "adamw").lower()
+    given = {k: getattr(args, k) for k in ("weight_decay", "momentum")
+             if getattr(args, k) is not None}
+    if name in OPTIMIZERS:
+        for key in given:
+            takes = [n for n, cls in OPTIMIZERS.items()
+                     if key in {f.name for f in dataclasses.fields(cls) if f.init}]
+            if name not in takes:
+                raise InputError(f"{_option(key)}: optimizer {name} takes no {key}; "
+                                 f"{', '.join(takes)} {'does' if len(takes) == 1 else 'do'}")
+    return _user_error(make_optimizer, {"name": name, **given}, args.lr)
+
+
+def _model_outputs(path: str) -> list[str] | None:
+    """The graph outputs of the model file (None where it cannot be read: the session says
+    why)."""
+    import onnx
+
+    try:
+        return [o.name for o in onnx.load(path, load_external_data=False).graph.output]
+    except Exception:  # the session's import names what is wrong with it
+        return None
+
+
+def _check_output(args) -> None:
+    """``--output``: an output of the model; required where the model has several (the first
+    one is a guess that trains the wrong head silently)."""
+    outputs = _model_outputs(args.model)
+    if outputs is None:
+        return
+    if args.output is not None and args.output not in outputs:
+        raise InputError(f"--output {args.output}: not an output of {args.model}; its outputs "
+                         f"are {', '.join(outputs)}")
+    if args.output is None and len(outputs) > 1:
+        raise InputError(f"{args.model} has {len(outputs)} outputs ({', '.join(outputs)}); "
+                         "choose the one the loss trains with --output NAME")
+
+
+def warn_softmax_output(session) -> None:
+    """Warn when cross-entropy trains an output that a Softmax/LogSoftmax node computes: the
+    loss applies log-softmax itself, so the model's own softmax is applied twice."""
+    from .training.losses import LossSpec
+
+    if not (isinstance(session.loss, LossSpec) and session.loss.name == "cross_entropy"):
+        return
+    producers = {o: n for n in session.imported.proto.graph.node for o in n.output}
+    node = producers.get(session.output_name)
+    while node is not None and node.op_type == "Identity":
+        node = producers.get(node.input[0])
+    if node is not None and node.op_type in ("Softmax", "LogSoftmax"):
+        warnings.warn(f"output {session.output_name!r} of {session.imported.source} is computed "
+                      f"by {node.op_type} node {node.name!r}: the model already applies "
+                      f"softmax, and the cross_entropy loss applies log-softmax to it again "
+                      f"(gradients shrink, training stalls); export the model without its "
+                      f"final {node.op_type} so that it outputs logits", UserWarning,
+                      stacklevel=2)
+
+
+class _RecordSink:
+    """A Trainer callback: every metrics record to the TensorBoard log (``--log-dir``, rank 0)
+    and the step records to the list the plot draws."""
+
+    def __init__(self, log, steps: list):
+        self.log, self.steps = log, steps
+
+    def on_record(self, trainer, record: dict) -> None:
+        if record.get("kind") == "step":
+            self.steps.append(record)
+        if self.log is not None:
+            self.log.write(record)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def _follow_records(trainer, args, world) -> _RecordSink:
+    """The callback taking the metrics records of ``trainer`` for ``--log-dir`` (rank 0) and
+    the plot (its ``steps``)."""
+    log = None
+    if args.log_dir is not None and world.is_root:
+        from .training.tensorboard import TensorBoardLog
+
+        log = TensorBoardLog(args.log_dir)
+    sink = _RecordSink(log, [])
+    trainer.callbacks.append(sink)
+    return sink
+
+
+def _step_records(args, collected: list[dict]) -> list[dict] | None:
+    """The step records the plot draws (``--metrics-every``): of the whole run, read back from
+    ``--metrics`` (a resumed run's file holds those before the resume too), else this
+    process's."""
+    if not args.metrics_every:
+        return None
+    if args.metrics and Path(args.metrics).exists():
+        import json
+
+        records = [json.loads(line) for line in Path(args.metrics).read_text().splitlines()]
+        return [r for r in records if r.get("kind") == "step"]
+    return collected
 
 
 def train_model(args, log=print, on_trainer=None, world=None) -> dict:
@@ -151,7 +342,6 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     from .data import flag_options, load, read_spec, split, write_meta
     from .distributed import init
     from .errors import TrainingDiverged
-    from .optim import make_optimizer
     from .training.session import TrainingSession
     from .training.trainer import CHECKPOINT_NAME, Trainer, label_kind
 
@@ -165,6 +355,10 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
     out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
     _check_outputs(args, out, ckpt)
+    honoured = _honoured_on_resume(args) if args.resume else []
+    if args.val_data is not None and args.val_split is not None:
+        raise InputError(f"--val-data {args.val_data} and --val-split {args.val_split}: give "
+                         "one (validation from another file, or held out of --data)")
     if args.resume:
         # loss, optimizer, lr, schedule, accumulation and clipping come from the checkpoint
         overrides = {k: getattr(args, k) for k in ("backend", "precision")
@@ -172,6 +366,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         session = _user_error(TrainingSession.from_checkpoint, ckpt, distributed=world,
                               **overrides)
         _check_same_model(args.model, session, ckpt)
+        _check_resume_options(args, session)
         extra = session.checkpoint_extra
         seed = extra.get("seed", 0) if args.seed is None else args.seed
         # the checkpoint's global batch, split over this run's ranks
@@ -180,15 +375,17 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     else:
         seed = 0 if args.seed is None else args.seed
         batch_size = 32 if args.batch_size is None else args.batch_size
+        _check_output(args)
         model, tuned, notes = cli_finetune.apply(args, args.model)  # docs/finetune.md
         for note in notes if log else ():
             log(note)
         session = _user_error(
-            TrainingSession, model, loss=args.loss, **tuned,
-            optimizer=_user_error(make_optimizer, args.optimizer, args.lr),
-            grad_accumulation=args.grad_accumulation, clip_grad_norm=args.clip_grad_norm,
-            seed=seed, backend=args.backend or "auto", precision=args.precision or "fp32",
-            distributed=world)
+            TrainingSession, model, loss=args.loss or "cross_entropy",
+            optimizer=_optimizer(args), frozen=args.frozen or (),
+            output_name=args.output, grad_accumulation=args.grad_accumulation or 1,
+            clip_grad_norm=args.clip_grad_norm, seed=seed, backend=args.backend or "auto",
+            precision=args.precision or "fp32", distributed=world,
+            **{"trainable": args.trainable, **tuned})
     kind, dtype = label_kind(session)
     spec_file = getattr(args, "data_spec", None)
     options = flag_options(read_spec(spec_file) if spec_file else {}, args)
@@ -199,21 +396,36 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     # every label, at its position in the file, before the split and the first step
     session.check_class_labels(labels, {k: v[:batch_size] for k, v in arrays.items()},
                                f"{args.data}: 'labels'")
-    if args.val_split > 0:
-        train, val = _user_error(split, arrays, labels, args.val_split, seed)
+    val_split = 0.2 if args.val_split is None and args.val_data is None else args.val_split
+    if val_split:
+        train, val = _user_error(split, arrays, labels, val_split, seed)
     else:
         train, val = (arrays, labels), None
-    options = {"epochs": args.epochs, "batch_size": batch_size, "seed": seed,
+    if args.val_data is not None:
+        val_loaded = load(args.val_data, session.imported.inputs, kind, dtype, options)
+        _check_same_classes(f"--val-data {args.val_data}", val_loaded.meta,
+                            f"--data {args.data}", loaded.meta)
+        val = val_loaded.data
+        session.check_class_labels(val[1], {k: v[:batch_size] for k, v in val[0].items()},
+                                   f"--val-data {args.val_data}: 'labels'")
+    epochs = DEFAULT_EPOCHS if args.epochs is None and not args.resume else args.epochs
+    options = {"epochs": epochs, "batch_size": batch_size, "seed": seed,
                "checkpoint_dir": args.checkpoint_dir, "metrics_path": args.metrics,
                "progress": not args.no_progress, "log": log,
                "checkpoint_every": args.checkpoint_every, "metrics_every": args.metrics_every}
     if args.resume:
+        if epochs is None:  # to the checkpoint's total
+            del options["epochs"]
         trainer = _user_error(Trainer.resume, options.pop("checkpoint_dir"), train, val,
                               session=session, **options)
+        for line in honoured:
+            trainer.log(line)
     else:
         trainer = _user_error(Trainer, session, train, val, **options)
-        batches = trainer.batches_per_epoch * args.epochs  # global batches
-        session.schedule = _schedule(args.lr_schedule, -(-batches // args.grad_accumulation))
+        batches = trainer.batches_per_epoch * epochs  # global batches
+        session.schedule = _schedule(args.lr_schedule or "constant",
+                                     -(-batches // (args.grad_accumulation or 1)))
+    records = _follow_records(trainer, args, world)
     if on_trainer is not None:
         on_trainer(trainer)
     try:
@@ -221,15 +433,17 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     except TrainingDiverged as exc:
         if trainer.history and args.plot and world.is_root:  # the epochs completed
             try:
-                _write_plot(trainer.history, args.plot, None)
+                _write_plot(trainer.history, args.plot, None, _step_records(args, records.steps))
             except TrOnnxError as failed:
                 exc.add_note(str(failed))
         raise
+    finally:
+        records.close()
     if world.is_root:
         session.export(out)  # before the plot: whatever fails after it, the model is kept
         write_meta(loaded, out)
         if history and args.plot:
-            _write_plot(history, args.plot, out)
+            _write_plot(history, args.plot, out, _step_records(args, records.steps))
     final = history[-1] if history else {}
     return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"),
@@ -237,6 +451,89 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             "checkpoint": str(ckpt) if ckpt else None,
             "metrics": args.metrics, "plot": args.plot if history and args.plot else None,
             "rank": world.rank, "world_size": world.size}
+
+
+def _check_same_classes(what: str, meta: dict, reference: str, reference_meta: dict) -> None:
+    """Class names numbered per file (a table's sorted text labels, an image folder's
+    subfolders) must be the reference's: a class missing from one file would shift the
+    indices of the others, and the loss would score the wrong classes without a word."""
+    ours, theirs = meta.get("classes"), reference_meta.get("classes")
+    if ours is not None and theirs is not None and list(ours) != list(theirs):
+        raise InputError(f"{what}: its classes {list(ours)} are not those of {reference} "
+                         f"({list(theirs)}), so the same index would name another class; "
+                         "give data with the same classes")
+
+
+def evaluate_model(args) -> dict:
+    """``tr-onnx evaluate``: the loss (and whatever metrics the Trainer's evaluation reports) of
+    MODEL on DATA, in eval mode, as a dict."""
+    from .data import flag_options, load, read_spec
+    from .training.session import TrainingSession
+    from .training.trainer import Trainer, label_kind
+
+    _check_output(args)
+    session = _user_error(TrainingSession, args.model, loss=args.loss or "cross_entropy",
+                          output_name=args.output, backend=args.backend or "auto")
+    warn_softmax_output(session)
+    kind, dtype = label_kind(session)
+    options = flag_options(read_spec(args.data_spec) if args.data_spec else {}, args)
+    loaded = load(args.data, session.imported.inputs, kind, dtype, options)
+    for note in loaded.notes:
+        print(note)
+    beside = Path(args.model).with_suffix(".data.json")  # write_meta's, if it trained here
+    if beside.is_file():
+        import json
+
+        _check_same_classes(f"--data {args.data}", loaded.meta, str(beside),
+                            json.loads(beside.read_text()))
+    data = loaded.data
+    session.check_class_labels(data[1], {k: v[:args.batch_size] for k, v in data[0].items()},
+                               f"{args.data}: 'labels'")
+    trainer = _user_error(Trainer, session, data, batch_size=args.batch_size, progress=False,
+                          log=None)
+    result = trainer.evaluate(data)
+    return {"model": args.model, "data": args.data, "samples": len(data[1]),
+            **{k: v for k, v in result.items() if v is not None}}
+
+
+def add_evaluate_parser(sub) -> None:
+    """Add the ``evaluate`` command to the subparsers ``sub``."""
+    from .data import add_arguments as add_data_arguments
+    from .training.losses import LOSSES
+
+    e = sub.add_parser("evaluate", help="the loss and metrics of a model on data",
+                       description="Evaluate MODEL (in eval mode: dropout off, BatchNorm's "
+                       "running statistics) on DATA and print the loss and metrics.")
+    e.add_argument("model", help="the ONNX model (a trained export, or any model)")
+    e.add_argument("--data", required=True, metavar="DATA",
+                   help="the data, in any form `tr-onnx train --data` takes")
+    e.add_argument("--data-spec", metavar="FILE.toml", help="as for train")
+    add_data_arguments(e.add_argument_group("data sources (docs/data.md)"))
+    e.add_argument("--loss", default=None,
+                   help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
+                   "ONNX loss model")
+    e.add_argument("--output", metavar="NAME",
+                   help="the model output to evaluate (needed when the model has several)")
+    e.add_argument("--batch-size", type=count_type(1), default=32,
+                   help="samples per run (default 32)")
+    e.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
+                   help="default: auto (cuda when a GPU is usable)")
+    e.add_argument("--json", action="store_true", help="the result as one JSON object")
+
+
+def run_evaluate(args) -> int:
+    """``tr-onnx evaluate``: print the result (exit 0), or one error line (exit 2)."""
+    import json
+
+    info = evaluate_model(args)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"{info['model']} on {info['data']} ({info['samples']} samples)")
+    for key, value in info.items():
+        if key not in ("model", "data", "samples"):
+            print(f"{key:<11}{value:.6g}" if isinstance(value, float) else f"{key:<11}{value}")
+    return 0
 
 
 def count_type(minimum: int):
@@ -260,6 +557,13 @@ def _fraction(text: str) -> float:
         value = float("nan")
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
+    return value
+
+
+def _epochs_count(text: str) -> int:
+    value = count_type(0)(text)
+    if value == 0:  # it would export the untrained weights as the trained model
+        raise argparse.ArgumentTypeError("0 epochs would train nothing; give 1 or more")
     return value
 
 
@@ -293,22 +597,40 @@ def add_train_parser(sub) -> None:
                         "(docs/data.md)")
     add_data_arguments(t.add_argument_group("data sources (docs/data.md)"))
     cli_finetune.add_arguments(t.add_argument_group("fine-tuning (docs/finetune.md)"))
-    t.add_argument("--loss", default="cross_entropy",
+    t.add_argument("--loss", default=None,
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")
-    t.add_argument("--optimizer", default="adamw",
+    t.add_argument("--optimizer", default=None,
                    help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
+    t.add_argument("--weight-decay", type=float, default=None, metavar="X",
+                   help="the optimizer's weight decay (default: the optimizer's: adamw 0.01, "
+                   "the others 0); adamw decouples it, sgd/adam/adagrad add it to the gradient")
+    t.add_argument("--momentum", type=float, default=None, metavar="X",
+                   help="sgd's momentum (default 0); other optimizers take none")
     defaults = ", ".join(f"{name} {cls().lr:g}" for name, cls in OPTIMIZERS.items())
     t.add_argument("--lr", type=float, default=None,
                    help=f"learning rate (default: the optimizer's: {defaults})")
-    t.add_argument("--epochs", type=count_type(0), default=5,
-                   help="total epochs (default 5; a resumed run continues to it)")
+    t.add_argument("--epochs", type=_epochs_count, default=None,
+                   help=f"total epochs, >= 1 (default {DEFAULT_EPOCHS}; a resumed run continues "
+                   "to it, by default to the checkpoint's)")
     t.add_argument("--batch-size", type=count_type(1), default=None,
                    help="per rank under mpiexec (default 32; on --resume the checkpoint's "
                    "global batch over this run's ranks)")
-    t.add_argument("--val-split", type=_fraction, default=0.2, metavar="F",
-                   help="hold out this fraction of the samples (of the .npz or the digits) "
-                   "for validation (default 0.2; 0: no validation)")
+    t.add_argument("--val-split", type=_fraction, default=None, metavar="F",
+                   help="hold out this fraction of the samples of --data for validation "
+                   "(default 0.2, or none with --val-data; 0: no validation)")
+    t.add_argument("--val-data", metavar="DATA",
+                   help="validate on this data (any form --data takes, read with the same "
+                   "--data-spec) instead of a part of --data")
+    t.add_argument("--output", metavar="NAME",
+                   help="the model output the loss trains (needed when the model has several)")
+    t.add_argument("--trainable", action="append", default=None, metavar="PATTERN",
+                   help="train only the initializers whose names match PATTERN (fnmatch: "
+                   "'classifier.*'; repeatable; default: the model's parameters, as `tr-onnx "
+                   "inspect` lists them)")
+    t.add_argument("--frozen", action="append", default=None, metavar="PATTERN",
+                   help="do not train the initializers whose names match PATTERN (repeatable); "
+                   "a pattern that matches no initializer is an error")
     t.add_argument("--seed", type=int, default=None,
                    help="data split and order, dropout (default 0; on --resume the checkpoint's)")
     t.add_argument("--out", help="trained model (default: ./<model stem>_trained.onnx)")
@@ -317,25 +639,31 @@ def add_train_parser(sub) -> None:
     t.add_argument("--checkpoint-every", type=count_type(1), default=None, metavar="N",
                    help="also checkpoint every N batches")
     t.add_argument("--resume", action="store_true",
-                   help="continue from --checkpoint-dir (loss, optimizer, lr, schedule, "
-                   "accumulation and clipping come from the checkpoint)")
+                   help="continue from --checkpoint-dir: the loss, optimizer, lr, schedule, "
+                   "accumulation, clipping, trainable set and output come from the checkpoint "
+                   "(one given with another value is an error); --epochs defaults to the "
+                   "checkpoint's")
     t.add_argument("--metrics", metavar="FILE.jsonl", help="JSON lines, one per epoch")
     t.add_argument("--metrics-every", type=count_type(1), default=None, metavar="N",
                    help="also a metrics line every N batches")
     t.add_argument("--plot", metavar="FILE",
-                   help="loss and accuracy per epoch, in the format the suffix names (.png, "
-                   ".svg, .pdf...; no suffix: PNG); written after the model")
+                   help="the loss and each metric per epoch (and per step with --metrics-every), "
+                   "in the format the suffix names (.png, .svg, .pdf...; no suffix: PNG); "
+                   "written after the model")
+    t.add_argument("--log-dir", metavar="DIR",
+                   help="write TensorBoard event files there (tensorboardX): the metrics per "
+                   "epoch, and per step with --metrics-every")
     t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
                    help="default: auto (cuda when a GPU is usable); on --resume: the "
                    "checkpoint's")
     t.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None,
                    help="fp16/bf16: mixed precision on cuda (default fp32; on --resume: the "
                    "checkpoint's)")
-    t.add_argument("--grad-accumulation", type=count_type(1), default=1, metavar="K",
+    t.add_argument("--grad-accumulation", type=count_type(1), default=None, metavar="K",
                    help="one optimizer step every K batches, gradients averaged (default 1)")
     t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
                    help="clip the global gradient norm to X (default: no clipping)")
-    t.add_argument("--lr-schedule", default="constant", choices=list(SCHEDULES),
+    t.add_argument("--lr-schedule", default=None, choices=list(SCHEDULES),
                    help=f"one of {', '.join(SCHEDULES)} (default constant): cosine anneals to 0 "
                    "over the run, step multiplies the lr by 0.1 after each third of it, warmup "
                    "rises linearly over the first tenth")
@@ -387,7 +715,10 @@ def run_train(args, shown) -> int:
     world = init(args.dist_timeout)
     rank = f"rank {world.rank} of {world.size}: " if world.size > 1 else ""
 
+    started = []
+
     def on_trainer(trainer) -> None:
+        started.append(trainer)
         shown.where = lambda: _position(trainer)
 
     try:
@@ -397,9 +728,7 @@ def run_train(args, shown) -> int:
         return _fail(world, f"tr-onnx: {rank}training diverged: {exc}"
                      + (f"; {notes}" if notes else ""), 1)
     except KeyboardInterrupt:
-        hint = (f"; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
-                if args.checkpoint_dir else "")
-        return _fail(world, f"tr-onnx: {rank}interrupted{hint}", 130)
+        return _fail(world, f"tr-onnx: {rank}{_interrupted(args, started)}", 130)
     except TrOnnxError as exc:
         lost = _cause(exc, DistributedError)  # a backend may chain it under its own error
         if lost is not None:  # its message names this rank and what it waited for
@@ -415,6 +744,17 @@ def run_train(args, shown) -> int:
     if world.is_root:
         _print_trained(info)
     return 0
+
+
+def _interrupted(args, started: list) -> str:
+    """What a Ctrl-C during ``tr-onnx train`` lost, and how to go on."""
+    if not started:
+        return "interrupted before training started"
+    steps = started[0].session.step
+    done = f"interrupted after {steps} step{'' if steps == 1 else 's'}"
+    if args.checkpoint_dir:
+        return f"{done}; continue with --resume --checkpoint-dir {args.checkpoint_dir}"
+    return f"{done}; nothing saved: use --checkpoint-dir to resume"
 
 
 def _cause(exc: BaseException, kind: type) -> BaseException | None:

@@ -46,6 +46,14 @@ def check_lr_groups(groups: dict | None, backend: str, precision: str) -> dict |
     return {k: float(m) for k, m in groups.items()}
 
 
+def unfreeze_due(options: dict, epoch: int) -> bool:
+    """Whether epoch ``epoch`` (0-based) comes after the session's ``unfreeze_after`` epochs
+    with something still frozen: then everything trains (``TrainingSession.unfreeze``)."""
+    after = options["unfreeze_after"]
+    return after is not None and epoch >= after and (
+        options["trainable"] is not None or bool(options["frozen"]))
+
+
 def lr_group_of(name: str, lr_groups: dict[str, float]) -> tuple[int, float]:
     """The index of the first pattern of ``lr_groups`` that ``name`` matches and its
     multiplier; (len(lr_groups), 1.0) where none does."""

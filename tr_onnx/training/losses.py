@@ -11,18 +11,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from ..ir import Graph, Value
 from ..passes.autodiff import GradBuilder
 
 
 @dataclass(frozen=True)
 class LossSpec:
-    """A builtin loss by name with its options (``reduction``: mean or sum)."""
+    """A builtin loss by name with its options (``reduction``: mean or sum). cross_entropy's
+    ``ignore_index``, ``weights`` (per class) and ``label_smoothing`` are
+    ``torch.nn.functional.cross_entropy``'s, with its semantics."""
 
     name: str
     reduction: str = "mean"
     ignore_index: int | None = None  # cross_entropy
     weights: tuple[float, ...] | None = None  # cross_entropy: per-class weights
+    label_smoothing: float = 0.0  # cross_entropy: the target mixes in this much of uniform
     beta: float = 1.0  # smooth_l1
     options: dict = field(default_factory=dict)
     # cross_entropy: the output's class axis (ONNX's and torch's 1; a language model's logits
@@ -32,7 +36,7 @@ class LossSpec:
     def config(self) -> dict:
         return {"name": self.name, "reduction": self.reduction, "ignore_index": self.ignore_index,
                 "weights": list(self.weights) if self.weights else None, "beta": self.beta,
-                "class_axis": self.class_axis}
+                "class_axis": self.class_axis, "label_smoothing": self.label_smoothing}
 
     def class_axis_of(self, rank: int) -> int:
         """The class axis of an output of ``rank`` (a named error where there is none)."""
@@ -72,7 +76,57 @@ def cross_entropy(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
     inputs = [x, y]
     if spec.weights is not None:
         inputs.append(b.const(np.asarray(spec.weights, dtype=x.dtype)))
-    return b.op("SoftmaxCrossEntropyLoss", inputs, attrs)
+    nll = b.op("SoftmaxCrossEntropyLoss", inputs, attrs)
+    if not spec.label_smoothing:
+        return nll
+    eps = float(spec.label_smoothing)
+    smooth = _smoothing_term(b, x, y, spec)
+    return b.add(b.mul(nll, b.scalar_like(1.0 - eps, nll)),
+                 b.mul(smooth, b.scalar_like(eps / x.shape[1], nll)))
+
+
+def _smoothing_term(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
+    """PyTorch's label smoothing term (ATen ``cross_entropy_loss_label_smoothing``): per label
+    ``-sum_c w_c log_softmax(x)_c`` (0 where the label is ``ignore_index``), summed, and for
+    the mean divided by what the NLL term is divided by: the weights of the kept labels (their
+    count without weights). ``x``: scores with classes on axis 1; ``y``: the labels. Scores
+    of rank > 2 become rows [M, C] first (classes last, then a reshape): a backend may hold
+    them channels-last, where its LogSoftmax reads only row-major rows."""
+    if len(x.shape) > 2:
+        perm = [0, *range(2, len(x.shape)), 1]
+        x = b.op("Reshape", [b.op("Transpose", [x], {"perm": perm}), b.ints([-1, x.shape[1]])])
+        y = b.op("Reshape", [y, b.ints([-1])])
+    logp = b.op("LogSoftmax", [x], {"axis": 1})
+    w = None
+    if spec.weights is not None:
+        w = np.asarray(spec.weights, dtype=x.dtype)
+        logp = b.mul(logp, b.const(w))
+    per_label = b.neg(b.op("ReduceSum", [logp, b.ints([1])], {"keepdims": 0}))
+    keep = None
+    if spec.ignore_index is not None:
+        ignored = b.op("Equal", [y, b.const(np.asarray(spec.ignore_index, dtype=y.dtype))])
+        keep = b.op("Not", [ignored])
+        per_label = b.mul(per_label, b.op("Cast", [keep], {"to": _onnx_type(x.dtype)}))
+    total = _reduce(b, per_label, "sum")
+    if spec.reduction == "sum":
+        return total
+    if w is not None:
+        idx = y if keep is None else b.op("Where", [keep, y, b.const(np.zeros((), y.dtype))])
+        label_w = b.op("Gather", [b.const(w), idx], {"axis": 0})
+        if keep is not None:
+            label_w = b.mul(label_w, b.op("Cast", [keep], {"to": _onnx_type(x.dtype)}))
+        denom = _reduce(b, label_w, "sum")
+    elif keep is not None:
+        denom = _reduce(b, b.op("Cast", [keep], {"to": _onnx_type(x.dtype)}), "sum")
+    else:
+        denom = b.scalar_like(float(np.prod(y.shape)), total)
+    return b.div(total, denom)
+
+
+def _onnx_type(dtype) -> int:
+    from onnx.helper import np_dtype_to_tensor_dtype
+
+    return np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 def mse(b: GradBuilder, x: Value, y: Value, spec: LossSpec) -> Value:
@@ -143,6 +197,22 @@ def class_labels(graph: Graph, label_name: str) -> list[ClassLabels]:
     return found
 
 
+def check_loss_model(loss_model, source: str = "the ONNX loss model") -> None:
+    """An ONNX loss model takes (model output, labels) and returns one value: anything else
+    (a model given as ``loss=`` by mistake) is an ``InputError`` naming its inputs and outputs,
+    before anything reads its label input. ``loss_model``: an ``ImportedModel``."""
+    inputs, outputs = loss_model.inputs, loss_model.outputs
+    if len(inputs) != 2 or len(outputs) != 1:
+        def listed(specs) -> str:
+            return ", ".join(f"{s.name!r} {list(s.shape) if s.shape is not None else '?'}"
+                             for s in specs) or "none"
+        raise InputError(f"{source} {loss_model.source}: a loss model takes "
+                         f"exactly 2 inputs (model output, labels) and returns 1 scalar; this "
+                         f"one has {len(inputs)} input(s) ({listed(inputs)}) and "
+                         f"{len(outputs)} output(s) ({listed(outputs)}): is it the model "
+                         "instead of a loss?")
+
+
 def make_loss_spec(loss: str | LossSpec | dict) -> LossSpec:
     if isinstance(loss, LossSpec):
         spec = loss
@@ -158,6 +228,10 @@ def make_loss_spec(loss: str | LossSpec | dict) -> LossSpec:
                          "loss model path)")
     if spec.reduction not in ("mean", "sum"):
         raise ValueError(f"loss reduction {spec.reduction!r}; valid: mean, sum")
+    if spec.label_smoothing and (spec.name != "cross_entropy"
+                                 or not 0.0 <= spec.label_smoothing <= 1.0):
+        raise ValueError(f"label_smoothing={spec.label_smoothing!r}: a fraction in [0, 1], "
+                         "for cross_entropy only")
     return spec
 
 

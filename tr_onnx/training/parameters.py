@@ -470,3 +470,31 @@ class _PortWalk:
                         and self._feeds_softmax(consumer, depth - 1):
                     return True
         return False
+
+
+def name_patterns(option: str, patterns, names) -> list[str]:
+    """``patterns`` (``trainable=`` / ``frozen=``: initializer names or fnmatch patterns; one
+    string is one pattern) as a list, each checked to match one of ``names`` at least. A
+    pattern that matches nothing is almost always a typo that would otherwise train (or freeze)
+    something else silently: an ``OptionError`` naming the nearest names (difflib)."""
+    import difflib
+    import fnmatch
+
+    from ..errors import OptionError
+
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    names = sorted(names)
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise OptionError(f"{option}: {pattern!r} is not a name or pattern (a string)")
+        if any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            continue
+        # compare the pattern without its wildcards: "fc*.weigth" is near "fc1.weight"
+        bare = pattern.replace("*", "").replace("?", "")
+        near = difflib.get_close_matches(bare, names, n=5, cutoff=0.5)
+        hint = (f"did you mean {', '.join(map(repr, near))}?" if near else
+                f"the model's initializers are {', '.join(map(repr, names[:10]))}"
+                + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
+        raise OptionError(f"{option}: {pattern!r} matches no initializer of the model; {hint} "
+                          "(`tr-onnx inspect MODEL` lists them)")
+    return patterns

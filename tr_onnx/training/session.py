@@ -65,9 +65,10 @@ from ..registry import build_registry, default_registry
 from . import groups
 from .data_parallel import REDUCE
 from .export import export_model
-from .losses import ClassLabels, LossSpec, class_labels, make_loss_spec
+from .losses import ClassLabels, LossSpec, check_loss_model, class_labels, make_loss_spec
 from .parameters import (
     ParamRole,
+    name_patterns,
     parameter_roles,
     parameter_sharing,
     share_parameters,
@@ -221,10 +222,9 @@ class TrainingSession:
     all of them. ``train_step`` returns this rank's loss. ``grad_bucket_mb``: the gradients
     are all-reduced in buckets of about this size, each started as soon as the backward pass
     has finished it (DDP's ``bucket_cap_mb``).
-    Fine-tuning (docs/finetune.md, ``training.groups``): ``frozen_batchnorm="eval"`` runs the
-    BatchNorms whose scale and bias are frozen in inference mode; after ``unfreeze_after``
-    epochs everything trains (``begin_epoch``); ``lr_groups`` {pattern: multiplier} as torch's
-    parameter groups; ``step_offsets`` as ``unfreeze`` records them.
+    Fine-tuning (docs/finetune.md, ``training.groups``): ``frozen_batchnorm="eval"`` (frozen
+    BatchNorms in inference mode), ``unfreeze_after`` epochs (``begin_epoch``), ``lr_groups``
+    {pattern: lr multiplier}, ``step_offsets`` (``unfreeze`` records them).
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -296,8 +296,12 @@ class TrainingSession:
         for advice in export_advice(self.imported, tied=self.sharing.tie,
                                     split=self.sharing.split):
             warnings.warn(f"{self.imported.source}: {advice}", ExportAdviceWarning, stacklevel=2)
-        self.options = dict(trainable=list(trainable) if trainable is not None else None,
-                            frozen=list(frozen), grad_accumulation=int(grad_accumulation),
+        initializers = {i.name for i in self.imported.proto.graph.initializer}
+        initializers |= set(self.parameter_roles)
+        self.options = dict(trainable=(name_patterns("trainable", trainable, initializers)
+                                       if trainable is not None else None),
+                            frozen=name_patterns("frozen", frozen, initializers),
+                            grad_accumulation=int(grad_accumulation),
                             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
                             tie_shared_initializers=tie_shared_initializers,
                             seed=int(seed), max_bad_steps=int(max_bad_steps),
@@ -334,9 +338,11 @@ class TrainingSession:
     def _loss(self, loss):
         if isinstance(loss, (onnx.ModelProto, bytes)) or (
                 isinstance(loss, (str, Path)) and str(loss).endswith(".onnx")):
-            return import_model(loss, self.registry, self.backend,
-                                external_data_dir=self._external_data_dir,
-                                fold_limit_bytes=self.fold_limit_bytes)
+            loss_model = import_model(loss, self.registry, self.backend,
+                                      external_data_dir=self._external_data_dir,
+                                      fold_limit_bytes=self.fold_limit_bytes)
+            check_loss_model(loss_model)
+            return loss_model
         return make_loss_spec(loss)
 
     def config(self) -> dict:
@@ -406,19 +412,15 @@ class TrainingSession:
                             cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)
 
     def begin_epoch(self, epoch: int) -> str | None:
-        """Called before epoch ``epoch`` (0-based) trains: unfreezes (``unfreeze``) once
-        ``unfreeze_after`` epochs are done; returns a note saying so, else None."""
-        after = self.options["unfreeze_after"]
-        if after is None or epoch < after or self.options["trainable"] is None \
-                and not self.options["frozen"]:
+        """Before epoch ``epoch`` (0-based): ``unfreeze`` if due (``groups.unfreeze_due``)."""
+        if not groups.unfreeze_due(self.options, epoch):
             return None
         self.unfreeze()
-        return f"epoch {epoch + 1}: unfrozen after {after} epochs, every parameter trains"
+        return f"epoch {epoch + 1}: unfrozen after {epoch} epochs, every parameter trains"
 
     def unfreeze(self, trainable=None, frozen=()) -> None:
-        """Train ``trainable`` minus ``frozen`` from the next step on (default: the model's
-        parameters) in new plans (the plan is static): the newly trainable weights' optimizer
-        state starts at zero and counts its own steps (``unfrozen_offsets``), as
+        """Train ``trainable`` minus ``frozen`` (default: the model's parameters) in new plans:
+        new optimizer state starts at zero and counts its own steps (``unfrozen_offsets``), as
         torch's ``add_param_group``; everything else carries over."""
         self._drain()
         if self._active is not None:

@@ -21,13 +21,12 @@ records the global batch size, so a run of another world size resumes it at the 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
-import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +43,16 @@ from ..errors import (
     TrOnnxError,
 )
 from ..feeds import check_class_indices
+from .batches import Batches, prepare
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
+from .metrics import default_metrics, make_metrics, metric_values
+from .plots import plot_format, plot_history
+from .progress import ProgressBar
 from .session import TrainingSession
-from .storage import atomic_write, write_all, write_error
+from .storage import write_all, write_error
 
 CHECKPOINT_NAME = "last.ckpt.npz"
+REGRESSION = frozenset({"mse", "l1", "smooth_l1"})  # the losses whose runs get MSE and MAE
 
 
 def label_kind(session: TrainingSession) -> tuple[str, np.dtype]:
@@ -82,10 +86,16 @@ def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
         x = np.moveaxis(x, axis, 1)
         keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
         yi = np.where(keep, y, 0)
-        nll = -np.take_along_axis(_log_softmax(x), np.expand_dims(yi, 1), axis=1)[:, 0]
-        w = np.asarray(spec.weights, np.float64)[yi] if spec.weights else np.ones(y.shape)
-        w = w * keep
+        logp = _log_softmax(x)
+        nll = -np.take_along_axis(logp, np.expand_dims(yi, 1), axis=1)[:, 0]
+        class_w = (np.asarray(spec.weights, np.float64) if spec.weights
+                   else np.ones(x.shape[1]))
+        w = class_w[yi] * keep
         total = float((w * nll).sum())
+        if spec.label_smoothing:  # torch's: the uniform part weighs every class's log p
+            eps, shape = spec.label_smoothing, [-1] + [1] * (x.ndim - 2)
+            smooth = float((-(logp * class_w.reshape(shape)).sum(axis=1) * keep).sum())
+            total = (1 - eps) * total + eps / x.shape[1] * smooth
         return total / float(w.sum()) if spec.reduction == "mean" else total
     d = x - y.astype(np.float64)
     if spec.name == "mse":
@@ -127,92 +137,13 @@ def count_correct(kind: str | None, x: np.ndarray, y: np.ndarray,
     return int(((pred == y) & keep).sum()), int(keep.sum())
 
 
-# ---- progress, metrics, plot -----------------------------------------------------------------
-
-class ProgressBar:
-    """One status line on ``stream``, redrawn in place with ``\\r`` at most every ``interval``
-    seconds; draws nothing when disabled or (unless ``tty_only`` is False) when the stream is
-    not a terminal."""
-
-    def __init__(self, total: int, label: str, stream=None, enabled: bool = True,
-                 width: int = 24, interval: float = 0.1, tty_only: bool = True):
-        self.stream = stream if stream is not None else sys.stderr
-        isatty = getattr(self.stream, "isatty", None)
-        self.enabled = bool(enabled and (not tty_only or isatty is not None and isatty()))
-        self.total, self.label, self.width, self.interval = total, label, width, interval
-        self._last = 0.0
-        self._shown = 0
-
-    def update(self, done: int, text: str) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if done < self.total and now - self._last < self.interval:
-            return
-        self._last = now
-        filled = self.width * done // max(self.total, 1)
-        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                f"{done}/{self.total} {text}")
-        self.stream.write("\r" + line.ljust(self._shown))
-        self.stream.flush()
-        self._shown = len(line)
-
-    def close(self) -> None:
-        """Clear the line (the caller logs a summary in its place)."""
-        if self.enabled and self._shown:
-            self.stream.write("\r" + " " * self._shown + "\r")
-            self.stream.flush()
-            self._shown = 0
-
+# ---- metrics ---------------------------------------------------------------------------------
 
 def _finite(v):
     """JSON-safe metric: non-finite floats become None (strict JSON has no NaN)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
-
-
-def plot_format(path: str | Path) -> str:
-    """The image format the suffix of ``path`` names (``.svg`` -> ``"svg"``; no suffix: png).
-    A suffix matplotlib cannot write is an InputError naming those it can; ImportError without
-    matplotlib."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    suffix = Path(path).suffix.lower()
-    supported = FigureCanvasBase.get_supported_filetypes()
-    if suffix and suffix[1:] not in supported:
-        raise InputError(f"{path}: plot format {suffix!r} is not supported; use one of "
-                         f"{', '.join('.' + s for s in supported)}")
-    return suffix[1:] or "png"
-
-
-def plot_history(history: list[dict], path: str | Path) -> Path:
-    """Loss and accuracy per epoch (train and validation), written atomically in the format
-    the suffix of ``path`` names (``plot_format``). Imports matplotlib (Agg canvas, no pyplot
-    state); raises ImportError without it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(9, 3.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    ax_loss, ax_acc = fig.subplots(1, 2)
-    epochs = [r["epoch"] for r in history]
-    for ax, metric in ((ax_loss, "loss"), (ax_acc, "acc")):
-        for split, style in (("train", "o-"), ("val", "s--")):
-            ys = [r.get(f"{split}_{metric}") for r in history]
-            if any(y is not None for y in ys):
-                ax.plot(epochs, [np.nan if y is None else y for y in ys], style, label=split)
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel("accuracy" if metric == "acc" else "loss")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=plot_format(path), dpi=100)
-    atomic_write(path, buf.getvalue())
-    return Path(path)
 
 
 @dataclass
@@ -226,6 +157,12 @@ class EpochTotals:
     counted: int = 0
     skipped: int = 0  # batches with a non-finite loss or gradient (not applied)
     train_seconds: float = 0.0
+    metric_sums: list = field(default_factory=list)  # per metric (training.metrics), as lists
+
+    def add_metric_sums(self, sums: Sequence[np.ndarray]) -> None:
+        if not self.metric_sums:
+            self.metric_sums = [[0.0] * len(v) for v in sums]
+        self.metric_sums = [np.add(t, v).tolist() for t, v in zip(self.metric_sums, sums)]
 
     @property
     def loss(self) -> float | None:
@@ -268,20 +205,30 @@ class Trainer:
     continues up to it).
 
     ``train_data``/``val_data``: ``(arrays by model input name, labels)``, as
-    ``tr_onnx.data.load_dataset`` returns. Per epoch: shuffle (a function of ``seed`` and the
-    epoch), ``session.train_step`` per batch, validation with ``session.run`` in batches of
-    ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint.
+    ``tr_onnx.data.load_dataset`` returns, or anything ``training.batches.prepare`` takes (a
+    path, whole arrays, an iterable of batches: ``tr_onnx.fit``'s data). Per epoch: shuffle (a
+    function of ``seed`` and the epoch; batches from an iterable come in its order),
+    ``session.train_step`` per batch, validation with ``session.run`` in batches of
+    ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint, then the
+    ``callbacks``' ``on_epoch_end(trainer, record)`` (a plain function is called as that);
+    ``on_step(trainer, record)`` after every batch, with the epoch's running record;
+    ``on_record(trainer, record)`` for every record the metrics file gets (each epoch's and,
+    with ``metrics_every``, the step records), whether or not there is a file. A callback
+    that sets ``stop_training`` ends ``fit`` after the epoch. ``metrics``: names of
+    ``training.metrics`` (default: those of the task, ``default_metrics``).
 
     ``checkpoint_dir``: ``last.ckpt.npz`` is written there (atomically) at each epoch end and,
     with ``checkpoint_every=N``, after every N-th batch (counted from the start of training).
     ``metrics_path``: JSON lines, one per epoch (``"kind": "epoch"``) and, with
     ``metrics_every=N``, one every N batches (``"kind": "step"``, the epoch's running values):
     ``epoch`` (1-based), ``step`` (optimizer steps so far), ``train_loss``, ``train_acc``,
-    ``val_loss``, ``val_acc`` (null in step lines and without validation data), ``lr`` (of the
-    next step), ``samples_per_s`` (training only), ``seconds``, and ``skipped_batches`` (epoch
-    lines) or ``batch`` (step lines). ``plot_path``: the per-epoch curves written when ``fit``
-    ends, in the format its suffix names (``plot_format``). ``progress``: a status line on
-    stderr when it is a terminal. ``log``: where summaries go (``print``; None for silence).
+    ``val_loss``, ``val_acc`` (null in step lines and without validation data),
+    ``train_<metric>`` and ``val_<metric>`` per metric (``f1`` adds ``*_f1_per_class``),
+    ``lr`` (of the next step), ``samples_per_s`` (training only), ``seconds``, and
+    ``skipped_batches`` (epoch lines) or ``batch`` (step lines). ``plot_path``: the per-epoch
+    curves written when ``fit`` ends, in the format its suffix names (``plot_format``).
+    ``progress``: progress on stderr (``training.progress``: redrawn in place on a terminal,
+    plain lines elsewhere). ``log``: where summaries go (``print``; None for silence).
 
     Losses are averages over samples of the per-batch losses (weighted by batch size); batches
     whose loss or gradient is non-finite are not applied by the session, not counted in the
@@ -290,8 +237,8 @@ class Trainer:
     With a session of several ranks (``distributed=``), ``batch_size`` and ``val_batch_size``
     are per rank and every rank calls ``fit`` (see the module docstring for the sharding); the
     loss, accuracy and samples/s are those of all ranks, and rank 0 alone logs, shows progress
-    (also when stderr is not a terminal: launchers give ranks pipes) and writes files. In a
-    last global batch with fewer rows than ranks, the ranks without a row add nothing.
+    and writes files. In a last global batch with fewer rows than ranks, the ranks without a
+    row add nothing.
     """
 
     def __init__(self, session: TrainingSession, train_data: Dataset,
@@ -299,7 +246,8 @@ class Trainer:
                  seed: int = 0, checkpoint_dir: str | Path | None = None,
                  metrics_path: str | Path | None = None, plot_path: str | Path | None = None,
                  progress: bool = True, log=print, *, checkpoint_every: int | None = None,
-                 metrics_every: int | None = None, val_batch_size: int | None = None):
+                 metrics_every: int | None = None, val_batch_size: int | None = None,
+                 metrics: Sequence[str] | None = None, callbacks: Sequence = ()):
         for name, value in (("batch_size", batch_size), ("checkpoint_every", checkpoint_every),
                             ("metrics_every", metrics_every),
                             ("val_batch_size", val_batch_size)):
@@ -309,9 +257,28 @@ class Trainer:
             raise ValueError(f"epochs must be >= 0, got {epochs}")
         self.session = session
         self.world = session_world(session)
+        kind, dtype = label_kind(session)
+        train_data = prepare(train_data, session.imported.inputs, kind, dtype, batch_size,
+                             "train_data")
+        val_data = prepare(val_data, session.imported.inputs, kind, dtype, batch_size,
+                           "val_data")
+        streams = [d for d in (train_data, val_data) if isinstance(d, Batches)]
+        if streams and self.world.size > 1:
+            raise InputError(f"{streams[0].what}: batches from an iterable train on one "
+                             "process; across ranks give a data set (arrays, labels), which "
+                             "each rank shards")
+        if isinstance(train_data, Batches) and checkpoint_every:
+            raise ValueError("checkpoint_every: a mid-epoch checkpoint resumes at a batch of "
+                             "the epoch, which batches from an iterable cannot replay; "
+                             "checkpoints are written at each epoch end")
+        for data in streams:
+            if data.one_shot and epochs > 1:
+                raise InputError(f"{data.what}: a generator or iterator gives its batches "
+                                 f"once, and epochs={epochs}: pass a callable that returns a "
+                                 "fresh one each epoch (lambda: make_batches()) or a list")
         self.train_data = self._check_data(train_data, "train_data")
-        self.val_data = (self._check_data(val_data, "val_data")
-                         if val_data is not None and num_samples(val_data) else None)
+        self.val_data = self._check_data(val_data, "val_data") if val_data is not None and (
+            isinstance(val_data, Batches) or num_samples(val_data)) else None
         self.batch_size, self.epochs, self.seed = batch_size, int(epochs), int(seed)
         self.global_batch_size = batch_size * self.world.size
         if not self.world.is_root:  # rank 0 alone prints and writes files
@@ -326,12 +293,21 @@ class Trainer:
                 plot_format(self.plot_path)  # a format it cannot write fails now, not at the end
         self.progress = progress
         self.log = log or (lambda *_: None)
-        self.n_train = num_samples(self.train_data)
-        self.batches_per_epoch = self._count_batches()
-        self.accuracy_kind = accuracy_kind(self.train_data[1])
+        if isinstance(self.train_data, Batches):
+            self.n_train, self.batches_per_epoch = None, self.train_data.length
+            # dense labels: known at the first batch (one-hot rows have an accuracy)
+            self.accuracy_kind = ("index" if self.train_data.converter.label_dtype.kind in "iu"
+                                  else None)
+        else:
+            self.n_train = num_samples(self.train_data)
+            self.batches_per_epoch = self._count_batches()
+            self.accuracy_kind = accuracy_kind(self.train_data[1])
         self.ignore_index = (session.loss.ignore_index if isinstance(session.loss, LossSpec)
                              else None)
         self.class_axis = session.loss.class_axis if isinstance(session.loss, LossSpec) else 1
+        self.metrics = self._make_metrics(metrics)
+        self.callbacks = list(callbacks)
+        self.stop_training = False  # a callback sets it to end fit() after this epoch
         self.epoch = 0  # epochs completed
         self.batch = 0  # next batch of the epoch in progress
         self.history: list[dict] = []
@@ -342,6 +318,29 @@ class Trainer:
         self._metrics = None
         self._loss_model = None
         self._data_crc: int | None = None
+        self._stream_batches = 0  # batches from an iterable trained so far (metrics_every)
+
+    def _make_metrics(self, names: Sequence[str] | None) -> list:
+        """The metrics ``names`` (``training.metrics``), by default those of the task: the
+        loss's labels, the output's rank and its number of classes."""
+        if names is None:
+            out = next(o for o in self.session.imported.outputs
+                       if o.name == self.session.output_name)
+            rank = len(out.shape) if out.shape is not None else 0
+            classes = None
+            if rank >= 2 and -rank <= self.class_axis < rank:
+                dim = out.shape[self.class_axis]
+                classes = dim if isinstance(dim, int) else None
+            loss = self.session.loss
+            task = ("regression" if isinstance(loss, LossSpec) and loss.name in REGRESSION
+                    else "classes" if label_kind(self.session)[0] == "index" else "other")
+            names = default_metrics(task, rank, self.class_axis, classes)
+        loss = self.session.loss
+        plain = (isinstance(loss, LossSpec) and loss.name == "cross_entropy"
+                 and loss.reduction == "mean" and not loss.weights
+                 and not loss.label_smoothing)
+        return make_metrics(names, class_axis=self.class_axis, ignore_index=self.ignore_index,
+                            loss_is_nll=plain)
 
     def _count_batches(self) -> int:
         # a last batch of fewer rows than ranks leaves some ranks none: they add nothing (the
@@ -354,9 +353,10 @@ class Trainer:
         return rows[m * r // size:m * (r + 1) // size]
 
     @property
-    def data_crc(self) -> int:
-        """CRC-32 of the training data (computed once; checkpoints record it)."""
-        if self._data_crc is None:
+    def data_crc(self) -> int | None:
+        """CRC-32 of the training data (computed once; checkpoints record it; None for batches
+        from an iterable)."""
+        if self._data_crc is None and not isinstance(self.train_data, Batches):
             self._data_crc = _fingerprint(self.train_data)
         return self._data_crc
 
@@ -364,7 +364,9 @@ class Trainer:
     def checkpoint_path(self) -> Path | None:
         return self.checkpoint_dir / CHECKPOINT_NAME if self.checkpoint_dir else None
 
-    def _check_data(self, data: Dataset, what: str) -> Dataset:
+    def _check_data(self, data: Dataset | Batches, what: str) -> Dataset | Batches:
+        if isinstance(data, Batches):
+            return data
         arrays, labels = data
         names = [s.name for s in self.session.imported.inputs]
         if sorted(arrays) != sorted(names):
@@ -471,11 +473,15 @@ class Trainer:
         if self.epoch >= self.epochs:
             self.log(f"{self.epoch} epochs done already (epochs={self.epochs}): nothing to train")
         try:
+            self.stop_training = False
             with self._metrics_file():
-                while self.epoch < self.epochs:
+                while self.epoch < self.epochs and not self.stop_training:
                     if (note := self.session.begin_epoch(self.epoch)) is not None:
                         self.log(note)  # unfrozen (fine-tuning's unfreeze_after)
-                    self._run_epoch()
+                    if isinstance(self.train_data, Batches):
+                        self._run_stream_epoch()
+                    else:
+                        self._run_epoch()
         except TrainingDiverged as exc:
             self.status = "diverged"
             path = self.checkpoint_path
@@ -508,10 +514,13 @@ class Trainer:
     def _check_class_labels(self) -> None:
         """Every label of the training and validation data, before the first step: one out of
         range of the loss's classes is an ``InputError`` naming it and its position."""
-        feed = {k: v[:self.batch_size] for k, v in self.train_data[0].items()}
-        for what, data in (("train_data", self.train_data), ("val_data", self.val_data)):
-            if data is not None:
-                self.session.check_class_labels(data[1], feed, what)
+        sets = [(what, data) for what, data in (("train_data", self.train_data),
+                                                ("val_data", self.val_data))
+                if data is not None and not isinstance(data, Batches)]  # checked per step
+        if sets:
+            feed = {k: v[:self.batch_size] for k, v in sets[0][1][0].items()}
+        for what, data in sets:
+            self.session.check_class_labels(data[1], feed, what)
 
     # batches that take time to read (files, decoding) made ahead by a background thread
     # while a step runs (Prefetcher, which says when); 0: each in the training thread
@@ -526,35 +535,14 @@ class Trainer:
         arrays = {k: v.for_epoch(self.seed, epoch) if hasattr(v, "for_epoch") else v
                   for k, v in arrays.items()}
         totals = self.totals
-        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress,
-                          tty_only=self.world.size == 1)
-        output = self.session.output_name
+        bar = ProgressBar(nb, f"epoch {epoch + 1}/{self.epochs}", enabled=self.progress)
         # On the cuda backend each batch is accounted for after the next one was launched
         # (train_step(..., wait=False): the host prepares batch b+1 while the GPU runs b),
         # except the last of the epoch and where a checkpoint or a metrics line follows it.
         waiting: list = []  # (pending step, labels, global rows) launched, not accounted for
 
         def account(pending, y, rows) -> None:
-            # one message per batch: the sums of all ranks, so that every rank (and each
-            # checkpoint) holds the totals of the global batch
-            if pending.bad:
-                sums = [1.0, 0.0, 0.0, 0.0, 0.0]
-            else:
-                c, k = count_correct(self.accuracy_kind, pending.outputs()[output], y,
-                                     self.ignore_index, self.class_axis)
-                sums = [0.0, pending.loss() * len(y), len(y), c, k]
-            bad, loss_sum, samples, correct, counted = self.world.allreduce_scalars(sums)
-            totals.seen += rows
-            self._run_batches += 1
-            if bad:
-                totals.skipped += 1
-                self._run_skipped += 1
-            else:
-                totals.loss_sum += loss_sum
-                totals.samples += round(samples)
-                totals.correct += round(correct)
-                totals.counted += round(counted)
-            self.batch += 1
+            self._account(pending, y, rows, totals)
             bar.update(self.batch, self._status_text(totals))
 
         def fetch(b: int):
@@ -581,16 +569,100 @@ class Trainer:
                     start = time.perf_counter()
         finally:
             bar.close()
+        self._end_epoch(totals)
+
+    def _run_stream_epoch(self) -> None:
+        """One epoch over batches from an iterable, in the order it gives them, each step read
+        back before the next batch is fetched."""
+        totals, data = self.totals, self.train_data
+        bar = ProgressBar(data.length or 0, f"epoch {self.epoch + 1}/{self.epochs}",
+                          enabled=self.progress and data.length is not None)
+        batches = data.epoch()
+        try:
+            while True:
+                start = time.perf_counter()
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                feed, y = batch
+                if self.accuracy_kind is None and not self.batch and self.epoch == 0:
+                    self.accuracy_kind = accuracy_kind(y)
+                self._account(self.session.train_step(feed, y, wait=False), y, len(y), totals)
+                totals.train_seconds += time.perf_counter() - start
+                bar.update(self.batch, self._status_text(totals))
+                self._stream_batches += 1
+                self._after_batch(self._stream_batches)
+        finally:
+            bar.close()
+        if not self.batch:
+            raise InputError(f"{data.what}: no batches in epoch {self.epoch + 1}")
+        self._end_epoch(totals)
+
+    def _end_epoch(self, totals: EpochTotals) -> None:
+        """Validation, the epoch's record (history, metrics file, summary), the checkpoint,
+        then the callbacks' ``on_epoch_end``."""
         start = time.perf_counter()
-        val_loss, val_acc = self.evaluate(self.val_data) if self.val_data else (None, None)
-        record = self._record("epoch", totals, val_loss, val_acc,
+        val = (self.evaluate(self.val_data, shown=f"epoch {self.epoch + 1}/{self.epochs} "
+                             "validation") if self.val_data else None)
+        record = self._record("epoch", totals, val,
                               totals.train_seconds + time.perf_counter() - start)
         record["skipped_batches"] = totals.skipped
         self.history.append(record)
-        self.epoch, self.batch, self.totals = epoch + 1, 0, EpochTotals()
+        self.epoch, self.batch, self.totals = self.epoch + 1, 0, EpochTotals()
         self._write_metrics(record)
         self.log(self._summary(record))
         self._checkpoint()
+        for callback in self.callbacks:
+            if hasattr(callback, "on_epoch_end"):
+                callback.on_epoch_end(self, record)
+            elif callable(callback):  # a plain function
+                callback(self, record)
+
+    def _account(self, pending, y: np.ndarray, rows: int, totals: EpochTotals) -> None:
+        """Add one batch's loss, accuracy and metric sums to ``totals``: the sums of all
+        ranks in one message, so that every rank (and each checkpoint) holds the totals of the
+        global batch. A non-finite batch adds nothing but its count."""
+        if pending.bad:
+            scalars = [1.0, 0.0, 0.0, 0.0, 0.0]
+            # zeros of each metric's size: every rank sends a message of the same length
+            sums = [] if self.world.size == 1 else [
+                np.zeros(m.size(pending.outputs()[self.session.output_name].shape))
+                for m in self.metrics]
+        else:
+            x = pending.outputs()[self.session.output_name]
+            c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
+            loss = pending.loss()
+            scalars = [0.0, loss * len(y), len(y), c, k]
+            sums = [m.sums(x, y, loss) for m in self.metrics]
+        scalars, sums = self._allreduce(scalars, sums)
+        bad, loss_sum, samples, correct, counted = scalars
+        totals.seen += rows
+        self._run_batches += 1
+        if bad:
+            totals.skipped += 1
+            self._run_skipped += 1
+        else:
+            totals.loss_sum += loss_sum
+            totals.samples += round(samples)
+            totals.correct += round(correct)
+            totals.counted += round(counted)
+            totals.add_metric_sums(sums)
+        self.batch += 1
+        for callback in self.callbacks:
+            if hasattr(callback, "on_step"):
+                callback.on_step(self, self._record("step", totals, None, totals.train_seconds))
+
+    def _allreduce(self, scalars: list[float], sums: list[np.ndarray]
+                   ) -> tuple[list[float], list[np.ndarray]]:
+        """``scalars`` and the metric ``sums`` summed over the ranks, in one message."""
+        if self.world.size == 1:
+            return scalars, sums
+        flat = self.world.allreduce_scalars([*scalars, *(v for s in sums for v in s)])
+        out, at = [], len(scalars)
+        for s in sums:
+            out.append(np.asarray(flat[at:at + len(s)]))
+            at += len(s)
+        return flat[:len(scalars)], out
 
     def _due(self, global_batch: int) -> bool:
         """Whether a metrics line or a checkpoint follows this batch (it is then accounted
@@ -600,20 +672,40 @@ class Trainer:
 
     def _after_batch(self, global_batch: int) -> None:
         if self.metrics_every and global_batch % self.metrics_every == 0:
-            self._write_metrics(self._record("step", self.totals, None, None,
+            self._write_metrics(self._record("step", self.totals, None,
                                              self.totals.train_seconds))
         if (self.checkpoint_every and global_batch % self.checkpoint_every == 0
                 and self.batch < self.batches_per_epoch):  # the epoch end writes its own
             self._checkpoint()
 
-    def _record(self, kind: str, totals: EpochTotals, val_loss, val_acc, seconds) -> dict:
+    def _record(self, kind: str, totals: EpochTotals, val: dict | None, seconds) -> dict:
+        """A metrics record: ``val`` is ``evaluate``'s result (None: no validation)."""
+        val = val or {}
         record = {"kind": kind, "epoch": self.epoch + 1, "step": self.session.step,
-                  "train_loss": totals.loss, "train_acc": totals.acc, "val_loss": val_loss,
-                  "val_acc": val_acc, "lr": self.session.lr,
-                  "samples_per_s": totals.samples_per_s(), "seconds": seconds}
+                  "train_loss": totals.loss, "train_acc": totals.acc,
+                  "val_loss": val.get("loss"), "val_acc": val.get("acc"),
+                  **metric_values(self.metrics, totals.metric_sums, "train_"),
+                  **{f"val_{k}": val.get(k) for k in self._metric_keys()},
+                  "lr": self.session.lr, "samples_per_s": totals.samples_per_s(),
+                  "seconds": seconds}
         if kind == "step":
             record["batch"] = self.batch
         return {k: _finite(v) for k, v in record.items()}
+
+    def _metric_keys(self) -> list[str]:
+        """The record keys of the metrics beyond loss and accuracy, without their prefix."""
+        return list(metric_values(self.metrics, None, ""))
+
+    def _printed_metrics(self, record: dict, prefix: str) -> str:
+        """`` acc 0.9123 f1 0.9001``: the accuracy where the labels are classes, then each
+        metric (per-class lists are left to the metrics file)."""
+        def fmt(v):
+            return "-" if v is None else format(v, ".4f")
+        text = f" acc {fmt(record[prefix + 'acc'])}" if self.accuracy_kind is not None else ""
+        for key in self._metric_keys():
+            if not key.endswith("_per_class"):
+                text += f" {key} {fmt(record[prefix + key])}"
+        return text
 
     def _status_text(self, totals: EpochTotals) -> str:
         parts = []
@@ -630,10 +722,10 @@ class Trainer:
     def _summary(self, r: dict) -> str:
         def fmt(v, spec):
             return "-" if v is None else format(v, spec)
-        text = (f"epoch {r['epoch']}/{self.epochs}: train loss {fmt(r['train_loss'], '.4f')} "
-                f"acc {fmt(r['train_acc'], '.4f')}")
+        text = (f"epoch {r['epoch']}/{self.epochs}: train loss {fmt(r['train_loss'], '.4f')}"
+                f"{self._printed_metrics(r, 'train_')}")
         if self.val_data:
-            text += f", val loss {fmt(r['val_loss'], '.4f')} acc {fmt(r['val_acc'], '.4f')}"
+            text += f", val loss {fmt(r['val_loss'], '.4f')}{self._printed_metrics(r, 'val_')}"
         ranks = f" on {self.world.size} ranks" if self.world.size > 1 else ""
         text += (f", {fmt(r['samples_per_s'], '.0f')} samples/s{ranks}, {r['seconds']:.2f} s, "
                  f"step {r['step']}")
@@ -643,26 +735,58 @@ class Trainer:
 
     # ---- evaluation --------------------------------------------------------------------------
 
-    def evaluate(self, data: Dataset) -> tuple[float, float | None]:
-        """(loss, accuracy) of the current weights on ``data`` in eval mode, in batches of
-        ``val_batch_size``; the loss as the training loss (sample-weighted batch losses),
-        accuracy None for regression targets. Across ranks (every rank calls it) rank r
-        evaluates rows ``[r*n//size, (r+1)*n//size)`` and the sums and counts are reduced."""
+    def evaluate(self, data, shown: str | None = None) -> dict:
+        """The loss and metrics of the current weights on ``data`` in eval mode:
+        ``{"loss", "acc", <metric>...}`` (the record's ``val_`` keys without the prefix). The
+        loss as the training loss (sample-weighted batch losses), accuracy None for regression
+        targets, every metric from sums over all of ``data``. ``data``: a data set ``(arrays,
+        labels)``, evaluated in batches of ``val_batch_size`` (across ranks, every rank calls
+        it: rank r evaluates rows ``[r*n//size, (r+1)*n//size)`` and the sums and counts are
+        reduced), or ``Batches`` (``training.batches``), evaluated batch by batch. ``shown``:
+        the label of a progress line through the batches, where the Trainer shows progress."""
+        output = self.session.output_name
+        loss_sum, correct, counted, n, sums = 0.0, 0, 0, 0, None
+        bar = ProgressBar(self._eval_batch_count(data), shown or "",
+                          enabled=bool(shown) and self.progress)
+        for done, (feed, y) in enumerate(self._eval_batches(data), 1):
+            (x,) = self.session.run([output], feed)
+            bar.update(done, "")
+            loss = self._batch_loss(x, y)
+            loss_sum += loss * len(y)
+            c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
+            correct, counted, n = correct + c, counted + k, n + len(y)
+            batch = [m.sums(x, y, loss) for m in self.metrics]
+            sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
+        bar.close()
+        if sums is None:  # a rank without rows: zeros of the sizes the others send
+            feed, _ = next(iter(self._eval_batches(data, shard=False)))
+            (x,) = self.session.run([output], {k: v[:1] for k, v in feed.items()})
+            sums = [np.zeros(m.size(x.shape)) for m in self.metrics]
+        (loss_sum, correct, counted, n), sums = self._allreduce([loss_sum, correct, counted, n],
+                                                               sums)
+        return {"loss": _finite(loss_sum / n) if n else None,
+                "acc": correct / counted if counted else None,
+                **metric_values(self.metrics, sums, "")}
+
+    def _eval_batch_count(self, data) -> int:
+        """This rank's evaluation batches of ``data`` (0: a stream of unknown length)."""
+        if isinstance(data, Batches):
+            return data.length or 0
+        n, r, size = len(data[1]), self.world.rank, self.world.size
+        return -(-(n * (r + 1) // size - n * r // size) // self.val_batch_size)
+
+    def _eval_batches(self, data, shard: bool = True):
+        """``(feed, labels)`` batches of ``data``: this rank's rows of a data set in batches
+        of ``val_batch_size`` (all rows with ``shard=False``), or the batches of a stream."""
+        if isinstance(data, Batches):
+            yield from data.epoch()
+            return
         arrays, labels = data
         n, bs, r, size = len(labels), self.val_batch_size, self.world.rank, self.world.size
-        output = self.session.output_name
-        loss_sum, correct, counted = 0.0, 0, 0
-        end = n * (r + 1) // size
-        for start in range(n * r // size, end, bs):
+        first, end = (n * r // size, n * (r + 1) // size) if shard else (0, n)
+        for start in range(first, end, bs):
             stop = min(start + bs, end)
-            y = labels[start:stop]
-            (x,) = self.session.run([output], {k: v[start:stop] for k, v in arrays.items()})
-            loss_sum += self._batch_loss(x, y) * len(y)
-            c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
-            correct += c
-            counted += k
-        loss_sum, correct, counted = self.world.allreduce_scalars([loss_sum, correct, counted])
-        return loss_sum / n, (correct / counted if counted else None)
+            yield {k: v[start:stop] for k, v in arrays.items()}, labels[start:stop]
 
     def _batch_loss(self, x: np.ndarray, y: np.ndarray) -> float:
         loss = self.session.loss
@@ -725,6 +849,13 @@ class Trainer:
                 self._metrics = None
 
     def _write_metrics(self, record: dict) -> None:
+        """Append one JSON line, then hand the record to the callbacks' ``on_record``."""
+        self._write_metrics_line(record)
+        for callback in self.callbacks:
+            if hasattr(callback, "on_record"):
+                callback.on_record(self, record)
+
+    def _write_metrics_line(self, record: dict) -> None:
         """Append one JSON line. Failing (disk full) is a ``WriteError``; the file is cut back
         to the lines written before it (never half a line)."""
         if self._metrics is None:
