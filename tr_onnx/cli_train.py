@@ -386,6 +386,8 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
             clip_grad_norm=args.clip_grad_norm, seed=seed, backend=args.backend or "auto",
             precision=args.precision or "fp32", distributed=world,
             **{"trainable": args.trainable, **tuned})
+        if world.is_root:
+            warn_softmax_output(session)
     kind, dtype = label_kind(session)
     spec_file = getattr(args, "data_spec", None)
     options = flag_options(read_spec(spec_file) if spec_file else {}, args)
