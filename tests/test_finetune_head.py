@@ -148,7 +148,7 @@ def test_new_head_runs_in_onnxruntime_as_torch_with_that_head(case):
         assert choice.weight.startswith("val_")
 
 
-def test_new_weights_follow_torch_linear_init_and_the_seed():
+def test_new_weights_follow_torch_linear_init_and_the_seed(tmp_path):
     """nn.Linear's init: every weight and bias in U(-1/sqrt(fan_in), 1/sqrt(fan_in)), so a
     uniform's std, bound/sqrt(3); the oracle is torch's own init of the same shape."""
     torch.manual_seed(0)
@@ -163,6 +163,9 @@ def test_new_weights_follow_torch_linear_init_and_the_seed():
     assert abs(w.std() - ref.std()) < 0.02 * bound
     again, _ = replace_head(model, k, seed=7)
     other, _ = replace_head(model, k, seed=8)
+    onnx.save(model, tmp_path / "m.onnx")
+    from_path, _ = replace_head(tmp_path / "m.onnx", k, seed=7)
+    assert from_path.SerializeToString() == new.SerializeToString()
     assert again.SerializeToString() == new.SerializeToString()
     assert other.SerializeToString() != new.SerializeToString()
 

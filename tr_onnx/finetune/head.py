@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -154,18 +155,20 @@ def _set_class_dim(vi: onnx.ValueInfoProto, old: int, new: int, conv: bool) -> N
         dims[axis].dim_value = new
 
 
-def replace_head(model: onnx.ModelProto, num_classes: int, *, head: str | None = None,
-                 seed: int = 0) -> tuple[onnx.ModelProto, HeadChoice]:
-    """A copy of ``model`` whose classifier has ``num_classes`` outputs, freshly initialised as
-    PyTorch's ``nn.Linear`` (weight then bias, from ``np.random.default_rng(seed)``), and the
-    ``HeadChoice`` saying which node it is. ``head``: the classifier node's name (default: the
-    last Gemm/MatMul(+Add)/1x1 Conv before the first output, through ``PASS_THROUGH`` ops).
+def replace_head(model: onnx.ModelProto | str | Path, num_classes: int, *,
+                 head: str | None = None, seed: int = 0) -> tuple[onnx.ModelProto, HeadChoice]:
+    """A copy of ``model`` (a ModelProto or a path) whose classifier has ``num_classes``
+    outputs, freshly initialised as PyTorch's ``nn.Linear`` (weight then bias, from
+    ``np.random.default_rng(seed)``), and the ``HeadChoice`` saying which node it is.
+    ``head``: the classifier node's name (default: the last Gemm/MatMul(+Add)/1x1 Conv before
+    the first output, through ``PASS_THROUGH`` ops).
     Node and initializer names and the weight's stored layout stay as they were.
     """
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
             or num_classes < 1:
         raise TrOnnxError(f"num_classes={num_classes!r}: must be an integer >= 1")
-    model = onnx.ModelProto.FromString(model.SerializeToString())
+    model = (onnx.load(str(model)) if isinstance(model, (str, Path)) else
+             onnx.ModelProto.FromString(model.SerializeToString()))
     graph = model.graph
     heads = _heads(graph)
     found = _path_to_output(graph, heads)
