@@ -149,6 +149,19 @@ def test_the_readme_walkthrough_runs_block_by_block(tmp_path, monkeypatch):
     assert len(namespace["history"]) == 2  # the Python API's fit ran its two epochs
     api = onnxruntime.InferenceSession("my_cnn_api.onnx").run(None, {"input": data["input"]})[0]
     assert (api.argmax(axis=1) == data["labels"]).mean() > 0.9
+    # fine-tuning: a 5-class head; LoRA's merged model serves as its adapter file does
+    five = onnxruntime.InferenceSession("my_cnn_5.onnx").run(None, {"input": data["input"]})[0]
+    assert five.shape == (len(data["labels"]), 5)
+    merged = onnxruntime.InferenceSession("my_cnn_lora.onnx").run(
+        None, {"input": data["input"]})[0]
+    adapter = onnxruntime.LoraAdapter()
+    adapter.Load("my_cnn_lora.onnx_adapter")
+    options = onnxruntime.RunOptions()
+    options.add_active_adapter(adapter)
+    served = onnxruntime.InferenceSession("my_cnn_lora.adapter_model.onnx").run(
+        None, {"input": data["input"]}, options)[0]
+    np.testing.assert_allclose(served, merged, atol=1e-5, rtol=0)
+    assert np.max(np.abs(merged - untrained)) > 1e-3  # the adapters trained
 
 
 def _slug(heading: str) -> str:

@@ -1,12 +1,13 @@
 """``tr-onnx train``'s fine-tuning options (issue 33): a new head of K classes
 (``--num-classes``, ``--head``), what trains (``--train-only``) and when everything does
-(``--unfreeze-after``), learning rates by group (``--lr-group``). ``cli_train`` adds them to its
-parser and applies them to the model and the session's arguments; the work is
-``tr_onnx.finetune``'s."""
+(``--unfreeze-after``), learning rates by group (``--lr-group``), LoRA adapters (``--lora``).
+``cli_train`` adds them to its parser, applies them to the model and the session's arguments,
+and writes a LoRA run's exports (``write_lora``); the work is ``tr_onnx.finetune``'s."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def _count(text: str) -> int:
@@ -30,6 +31,16 @@ def _lr_group(text: str) -> tuple[str, float]:
     return pattern, value
 
 
+def _lora(text: str) -> dict:
+    from .errors import TrOnnxError
+    from .finetune.lora import parse_lora
+
+    try:
+        return parse_lora(text)
+    except TrOnnxError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(group) -> None:
     """The fine-tuning flags, on ``group`` (a parser or an argument group)."""
     group.add_argument("--num-classes", type=_count, default=None, metavar="K",
@@ -49,15 +60,29 @@ def add_arguments(group) -> None:
                        metavar="PATTERN=MULT",
                        help="initializers matching PATTERN (fnmatch) train with --lr times MULT "
                             "(repeatable; the first match wins; numpy backend, fp32)")
+    group.add_argument("--lora", type=_lora, default=None,
+                       metavar="rank=8,alpha=16,dropout=0,targets=REGEX",
+                       help="train LoRA adapters beside the targeted MatMul/Gemm/1x1 Conv "
+                            "weights (frozen); the trained model is the base with the adapters "
+                            "merged in, and beside it the adapters alone (.lora.npz) and, for "
+                            "onnxruntime's LoRA serving, <out>.onnx_adapter with the base model "
+                            "taking them (<out>.adapter_model.onnx); docs/lora.md")
 
 
 def apply(args, model_path: str):
-    """``(model, session_kwargs, notes)``: the model to train (``model_path`` itself, or the
-    ModelProto with its new head), ``TrainingSession`` keyword arguments, and lines to log."""
+    """``(model, session_kwargs, notes, lora)``: the model to train (``model_path`` itself, or
+    the ModelProto with its new head or LoRA branches), ``TrainingSession`` keyword arguments,
+    lines to log, and the ``LoraInfo`` of ``--lora`` (else None). The same arguments give the
+    same model (seeded): ``--resume`` rebuilds it to check the checkpoint against."""
     from .errors import TrOnnxError
     from .finetune import finetune_options, replace_head
 
     notes: list[str] = []
+    lora_spec = getattr(args, "lora", None)
+    if lora_spec is not None and (args.train_only is not None or getattr(args, "trainable", None)
+                                  or args.num_classes is not None or args.lr_group):
+        raise TrOnnxError("--lora trains the adapters (and its train_also=): it does not "
+                          "combine with --num-classes, --train-only, --trainable or --lr-group")
     if args.head is not None and args.num_classes is None:
         raise TrOnnxError("--head needs --num-classes (the head it names is replaced)")
     if args.train_only is not None and getattr(args, "trainable", None):
@@ -75,8 +100,17 @@ def apply(args, model_path: str):
         notes.append(f"new head: {choice.op_type} {choice.node!r} ({choice.in_features} -> "
                      f"{choice.num_classes} classes, was {choice.old_classes}; {choice.why})")
     kwargs: dict = {"lr_groups": dict(args.lr_group)} if args.lr_group else {}
+    if lora_spec is not None:
+        from .finetune.lora import add_lora
+
+        model, lora = add_lora(model_path, **{"seed": args.seed or 0, **lora_spec})
+        notes.append(f"LoRA rank {lora.rank}, alpha {lora.alpha:g}: adapters beside "
+                     f"{len(lora.adapters)} weights ({', '.join(t.name for t in lora.adapters[:3])}"
+                     f"{' ...' if len(lora.adapters) > 3 else ''}); training "
+                     f"{len(lora.trainable)} tensors, the base frozen")
+        return model, {"trainable": lora.trainable}, notes, lora
     if args.train_only is None:
-        return model, kwargs, notes
+        return model, kwargs, notes, None
     if args.train_only == "head" and choice is None:
         raise TrOnnxError("--train-only head needs --num-classes (the new head)")
     train_only = (args.train_only if args.train_only == "head"
@@ -85,4 +119,37 @@ def apply(args, model_path: str):
     notes.append(f"training only {kwargs['trainable']}"
                  + (f" for {args.unfreeze_after} epochs, then everything"
                     if args.unfreeze_after is not None else ""))
-    return model, kwargs, notes
+    return model, kwargs, notes, None
+
+
+def tuned(args) -> bool:
+    """Whether the arguments change the model itself (a new head, LoRA branches)."""
+    return args.num_classes is not None or getattr(args, "lora", None) is not None
+
+
+def write_lora(session, lora, base_path: str, out: Path) -> list[Path]:
+    """A LoRA run's exports: ``out`` the base model with the trained adapters merged in (the
+    base's nodes and names, nothing added), ``<out>.lora.npz`` the adapters alone (with the
+    base's hash: ``finetune.lora.apply_lora`` puts them back on it), ``<out>.onnx_adapter``
+    and ``<out>.adapter_model.onnx`` for onnxruntime's LoRA serving. Each written whole
+    (a temporary file renamed), the merged model first."""
+    import onnx
+
+    from .finetune.lora import adapter_model, merge_lora, save_adapters, write_adapter
+
+    trained = session.export_proto()
+    stem = out.with_suffix("")
+    written = []
+
+    def atomically(path: Path, write) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        write(tmp)
+        tmp.replace(path)
+        written.append(path)
+
+    atomically(out, lambda p: onnx.save(merge_lora(base_path, trained, lora), p))
+    atomically(Path(f"{stem}.lora.npz"), lambda p: save_adapters(p, trained, lora))
+    atomically(Path(f"{stem}.adapter_model.onnx"),
+               lambda p: onnx.save(adapter_model(base_path, lora), p))
+    atomically(Path(f"{stem}.onnx_adapter"), lambda p: write_adapter(p, trained, lora))
+    return written

@@ -116,12 +116,13 @@ def _graph_digest(model) -> str:
     return h.hexdigest()
 
 
-def _check_same_model(path: str, session, ckpt: Path) -> None:
+def _check_same_model(path: str, session, ckpt: Path, tuned=None) -> None:
     """``--resume``: MODEL must be the model the checkpoint trains, as given to the first run or
-    as its trained export (weights and the export's inference form differ, nothing else)."""
+    as its trained export (weights and the export's inference form differ, nothing else);
+    ``tuned``: the model the fine-tuning flags make of it (a new head, LoRA branches)."""
     from .importer import load_model
 
-    model, _ = load_model(path)
+    model = tuned if tuned is not None else load_model(path)[0]
     digest = _graph_digest(model)
     if digest in (_graph_digest(session.imported.original),
                   _graph_digest(session.export_proto())):
@@ -365,7 +366,12 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
                      if getattr(args, k) is not None}  # another machine may resume it
         session = _user_error(TrainingSession.from_checkpoint, ckpt, distributed=world,
                               **overrides)
-        _check_same_model(args.model, session, ckpt)
+        lora = None
+        if cli_finetune.tuned(args):  # the checkpoint trains the model the flags make
+            tuned_model, _, _, lora = cli_finetune.apply(args, args.model)
+            _check_same_model(args.model, session, ckpt, tuned_model)
+        else:
+            _check_same_model(args.model, session, ckpt)
         _check_resume_options(args, session)
         extra = session.checkpoint_extra
         seed = extra.get("seed", 0) if args.seed is None else args.seed
@@ -376,7 +382,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         seed = 0 if args.seed is None else args.seed
         batch_size = 32 if args.batch_size is None else args.batch_size
         _check_output(args)
-        model, tuned, notes = cli_finetune.apply(args, args.model)  # docs/finetune.md
+        model, tuned, notes, lora = cli_finetune.apply(args, args.model)  # docs/finetune.md
         for note in notes if log else ():
             log(note)
         session = _user_error(
@@ -442,7 +448,12 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
     finally:
         records.close()
     if world.is_root:
-        session.export(out)  # before the plot: whatever fails after it, the model is kept
+        if lora is not None:  # the base with the adapters merged in, and the adapters
+            for path in cli_finetune.write_lora(session, lora, args.model, out)[1:]:
+                if log:
+                    log(f"LoRA adapters: {path}")
+        else:
+            session.export(out)  # before the plot: whatever fails after it, the model is kept
         write_meta(loaded, out)
         if history and args.plot:
             _write_plot(history, args.plot, out, _step_records(args, records.steps))
