@@ -213,6 +213,37 @@ def test_a_causal_lm_trains_on_text_and_runs_in_onnxruntime(corpus, tmp_path):
     assert ort_loss(out) < 0.85 * ort_loss(model)
 
 
+def test_a_causal_lm_trains_through_the_cli_with_the_loss_options(corpus, tmp_path):
+    """The command line's causal LM: ``--loss-options class_axis=-1,ignore_index=-100``; the
+    first epoch's loss is torch's cross-entropy of the untrained model's logits over the same
+    batches' tokens, and training lowers onnxruntime's loss as the Python API's run does."""
+    rows, tok, data = corpus
+    vocab = Tokenizer.from_file(str(tok)).get_vocab_size()
+    model = export(BigramLM(vocab), tmp_path / "lm.onnx", ["input_ids"], seq=True)
+    spec = tmp_path / "lm.toml"
+    spec.write_text(f'[text]\ntokenizer = "{tok}"\ntask = "causal_lm"\nmax_length = {T}\n')
+    out = tmp_path / "lm_trained.onnx"
+    assert main(["train", str(model), "--data", str(data), "--data-spec", str(spec),
+                 "--loss-options", "class_axis=-1,ignore_index=-100", "--optimizer", "sgd",
+                 "--lr", "0.5", "--epochs", "20", "--batch-size", "16", "--val-split", "0",
+                 "--no-progress", "--backend", "numpy", "--out", str(out)]) == 0
+    options = {"text": {"tokenizer": str(tok), "task": "causal_lm", "max_length": T}}
+    arrays, labels = load(data, specs("seq", ["input_ids"]), options=options).data
+
+    def ort_loss(path) -> float:
+        x = ort_run(onnx.load(path), arrays)[0]
+        return float(torch.nn.functional.cross_entropy(
+            torch.from_numpy(x).transpose(1, 2), torch.from_numpy(labels),
+            ignore_index=IGNORE_INDEX))
+
+    assert ort_loss(out) < 0.85 * ort_loss(model)
+
+
+def test_loss_options_name_a_bad_key(capsys):
+    assert main(["train", "m.onnx", "--data", "x.npz", "--loss-options", "ignore_idx=-100"]) == 2
+    assert "did you mean ignore_index" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("line, error", [
     ('{"label": "pos"}', r"train.jsonl:3: no 'text'"),
     ('{"text": 5, "label": "pos"}', r"train.jsonl:3: 'text' is 5, not a string"),

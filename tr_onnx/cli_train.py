@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import hashlib
 import os
 import sys
@@ -154,28 +155,69 @@ def _write_plot(history: list[dict], plot: str, model: Path | None,
 # a new run, not a resume; the same value, as when the first command is repeated with --resume,
 # is fine); the options of the Trainer (checkpoints, metrics, validation, logs, plot) and the
 # machine (--backend, --precision) are honoured from the resumed step on.
-RESUMED_FROM_CHECKPOINT = ("loss", "optimizer", "lr", "lr_schedule", "grad_accumulation",
-                           "clip_grad_norm", "weight_decay", "momentum", "frozen", "trainable",
-                           "output")
+RESUMED_FROM_CHECKPOINT = ("loss", "loss_options", "optimizer", "lr", "lr_schedule",
+                           "grad_accumulation", "clip_grad_norm", "weight_decay", "momentum",
+                           "frozen", "trainable", "output")
 # (--val-split is neither: it decides the training samples, which the resume checks are the
 # checkpoint's)
 HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_data", "log_dir")
 DEFAULT_EPOCHS = 5
 
 
+# --loss-options KEY=VALUE,...: a builtin loss's options (LossSpec's fields), as torch's
+LOSS_OPTIONS = {"class_axis": int, "ignore_index": int, "label_smoothing": float,
+                "reduction": str, "beta": float,
+                "weights": lambda v: tuple(float(w) for w in v.split(":"))}
+
+
+def _loss_options(text: str) -> dict:
+    options = {}
+    for part in (p for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in LOSS_OPTIONS:
+            near = difflib.get_close_matches(key, list(LOSS_OPTIONS), 1)
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: KEY=VALUE with KEY one of {', '.join(LOSS_OPTIONS)}"
+                + (f" (did you mean {near[0]}?)" if near else ""))
+        try:
+            options[key] = LOSS_OPTIONS[key](value.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r}: {value.strip()!r} is not a valid "
+                                             f"{key}") from None
+    return options
+
+
+def _loss(args):
+    """``--loss`` with ``--loss-options``: a builtin loss's name, or the dict of its options
+    (``make_loss_spec``), or an ONNX loss model's path."""
+    name = args.loss or "cross_entropy"
+    options = getattr(args, "loss_options", None)
+    if not options:
+        return name
+    if name.endswith(".onnx"):
+        raise InputError(f"--loss-options {sorted(options)}: options of a builtin loss; "
+                         f"{name} is an ONNX loss model, which has its own")
+    return {"name": name, **options}
+
+
 def _option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _checkpoint_value(session, key: str):
+def _checkpoint_value(session, key: str, given=None):
     """The value of train option ``key`` (an ``args`` name) that a resumed ``session`` has,
-    in the form the command line gives it."""
+    in the form the command line gives it (``given``: the value given, for the options the
+    checkpoint holds more of than was given)."""
     from .optim import OPTIMIZERS, SCHEDULES
     from .training.losses import LossSpec
 
     opt = session.optimizer
     if key == "loss":
         return session.loss.name if isinstance(session.loss, LossSpec) else "an ONNX loss model"
+    if key == "loss_options":  # those the command line gives, as the checkpoint has them
+        loss = session.loss
+        return {k: getattr(loss, k) for k in given} if isinstance(loss, LossSpec) else None
     if key == "optimizer":
         return next((n for n, cls in OPTIMIZERS.items() if type(opt) is cls), type(opt).__name__)
     if key == "lr_schedule":
@@ -205,7 +247,7 @@ def _check_resume_options(args, session) -> None:
         given = getattr(args, key)
         if given is None:
             continue
-        theirs = _checkpoint_value(session, key)
+        theirs = _checkpoint_value(session, key, given)
         if isinstance(given, str) and isinstance(theirs, str):
             same = given.lower() == theirs.lower()
         else:
@@ -386,7 +428,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         for note in notes if log else ():
             log(note)
         session = _user_error(
-            TrainingSession, model, loss=args.loss or "cross_entropy",
+            TrainingSession, model, loss=_loss(args),
             optimizer=_optimizer(args), frozen=args.frozen or (),
             output_name=args.output, grad_accumulation=args.grad_accumulation or 1,
             clip_grad_norm=args.clip_grad_norm, seed=seed, backend=args.backend or "auto",
@@ -485,7 +527,7 @@ def evaluate_model(args) -> dict:
     from .training.trainer import Trainer, label_kind
 
     _check_output(args)
-    session = _user_error(TrainingSession, args.model, loss=args.loss or "cross_entropy",
+    session = _user_error(TrainingSession, args.model, loss=_loss(args),
                           output_name=args.output, backend=args.backend or "auto")
     warn_softmax_output(session)
     kind, dtype = label_kind(session)
@@ -525,6 +567,8 @@ def add_evaluate_parser(sub) -> None:
     e.add_argument("--loss", default=None,
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model")
+    e.add_argument("--loss-options", type=_loss_options, default=None, metavar="KEY=VALUE,...",
+                   help="as for train")
     e.add_argument("--output", metavar="NAME",
                    help="the model output to evaluate (needed when the model has several)")
     e.add_argument("--batch-size", type=count_type(1), default=32,
@@ -613,6 +657,11 @@ def add_train_parser(sub) -> None:
     t.add_argument("--loss", default=None,
                    help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
                    "ONNX loss model (a path ending in .onnx) taking (model output, labels)")
+    t.add_argument("--loss-options", type=_loss_options, default=None, metavar="KEY=VALUE,...",
+                   help="a builtin loss's options, as torch's: class_axis (-1 for a language "
+                   "model's [N, T, V] logits), ignore_index (-100: the text source's padding), "
+                   "label_smoothing, reduction (mean|sum), weights (per class, colon-separated), "
+                   "beta (smooth_l1)")
     t.add_argument("--optimizer", default=None,
                    help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
     t.add_argument("--weight-decay", type=float, default=None, metavar="X",
