@@ -108,7 +108,7 @@ def apply(args, model_path: str):
                      f"{len(lora.adapters)} weights ({', '.join(t.name for t in lora.adapters[:3])}"
                      f"{' ...' if len(lora.adapters) > 3 else ''}); training "
                      f"{len(lora.trainable)} tensors, the base frozen")
-        return model, {"trainable": lora.trainable}, notes, lora
+        return model, {"trainable": lora.trainable, "lora": lora}, notes, lora
     if args.train_only is None:
         return model, kwargs, notes, None
     if args.train_only == "head" and choice is None:
