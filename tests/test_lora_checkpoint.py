@@ -81,12 +81,14 @@ def test_a_lora_checkpoint_holds_the_trained_tensors_and_is_a_fraction_of_a_full
     assert json.loads(meta["lora"])["base_sha256"] == _sha256(onnx.load(llama))
 
 
-@pytest.mark.parametrize("grad_accumulation", [1, 2], ids=["every-step", "mid-accumulation"])
+@pytest.mark.parametrize(("grad_accumulation", "base_dtype"), [(1, None), (2, None),
+                                                               (1, "bfloat16")],
+                         ids=["every-step", "mid-accumulation", "bf16-base"])
 def test_a_lora_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
-        llama, tmp_path, grad_accumulation):
+        llama, tmp_path, grad_accumulation, base_dtype):
     # dropout: the resumed run must continue the RNG counter; AdamW: the moments and step
     lora_model, info = add_lora(onnx.load(llama), rank=4, alpha=8, dropout=0.1,
-                                targets=LLAMA_TARGETS, train_also=r"norm")
+                                targets=LLAMA_TARGETS, train_also=r"norm", base_dtype=base_dtype)
     straight = _session(lora_model, info, grad_accumulation)
     want = [straight.train_step(*_batch(k)) for k in range(STEPS)]
 
@@ -105,6 +107,21 @@ def test_a_lora_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(
     assert resumed.step == straight.step
     # and it saves a LoRA checkpoint again
     assert "__model__" not in _entries(resumed.save_checkpoint(tmp_path / "again.ckpt.npz"))
+
+
+def test_a_frozen_weight_changed_by_load_parameters_is_kept_in_a_lora_checkpoint(
+        llama, tmp_path):
+    lora_model, info = add_lora(onnx.load(llama), rank=4, alpha=8, targets=["q_proj"])
+    frozen = info.adapters[1].weight  # adapted, so frozen: the base holds its old value
+    session = _session(lora_model, info)
+    session.load_parameters({frozen: session.parameters()[frozen] * np.float32(0.5)})
+    session.train_step(*_batch(0))
+    ckpt = session.save_checkpoint(tmp_path / "lora.ckpt.npz")
+    assert f"state/{frozen}" in _entries(ckpt)
+    assert f"state/{info.adapters[0].weight}" not in _entries(ckpt)
+    resumed = tr_onnx.TrainingSession.from_checkpoint(ckpt, base=str(llama))
+    assert resumed.train_step(*_batch(1)) == session.train_step(*_batch(1))
+    np.testing.assert_array_equal(resumed.parameters()[frozen], session.parameters()[frozen])
 
 
 def test_another_base_is_refused_naming_both_hashes(llama, tmp_path):
