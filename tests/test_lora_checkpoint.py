@@ -23,7 +23,7 @@ from onnx import numpy_helper
 
 import tr_onnx
 from tr_onnx.cli import main
-from tr_onnx.errors import CheckpointError
+from tr_onnx.errors import CheckpointError, ModelLoadError
 from tr_onnx.finetune.lora import add_lora
 
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -138,6 +138,8 @@ def test_another_base_is_refused_naming_both_hashes(llama, tmp_path):
     assert _sha256(base) in str(err.value) and _sha256(other) in str(err.value)
     with pytest.raises(CheckpointError, match="base="):
         tr_onnx.TrainingSession.from_checkpoint(ckpt)
+    with pytest.raises(ModelLoadError, match="nothing.onnx"):
+        tr_onnx.TrainingSession.from_checkpoint(ckpt, base=tmp_path / "nothing.onnx")
 
 
 def test_a_full_checkpoint_of_a_lora_model_still_loads_with_or_without_a_base(llama, tmp_path):

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from ..dtypes import np_dtype
-from ..errors import CheckpointError, OptionError
+from ..errors import CheckpointError, ModelLoadError, OptionError
 from ..optim import make_optimizer, make_schedule
 from .losses import LossSpec
 from .storage import checkpoint_model
@@ -53,11 +54,14 @@ def lora_state(session, state: dict[str, np.ndarray]) -> tuple[str, dict[str, np
 
 
 def _same(value: np.ndarray, init: onnx.TensorProto) -> bool:
+    """Bit for bit (a NaN equals itself; -0.0 is not 0.0)."""
     if (value.shape, value.dtype) != (tuple(init.dims), np_dtype(init.data_type)):
         return False
-    def raw(x: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-    return np.array_equal(raw(value), raw(numpy_helper.to_array(init)))
+    return np.array_equal(_bytes(value), _bytes(numpy_helper.to_array(init)))
+
+
+def _bytes(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
 
 
 def lora_model(path: Path, lora_json: str, state: dict[str, np.ndarray], base):
@@ -77,8 +81,13 @@ def lora_model(path: Path, lora_json: str, state: dict[str, np.ndarray], base):
                               f"base model (graph sha256 {info.base_sha256}): resume with "
                               "from_checkpoint(path, base=<the base model>) (tr-onnx train: "
                               "MODEL is the base, with the same --lora)")
-    model = onnx.load_model_from_string(base) if isinstance(base, bytes) else \
-        base if isinstance(base, onnx.ModelProto) else onnx.load(str(base))
+    try:
+        model = onnx.load_model_from_string(base) if isinstance(base, bytes) else \
+            base if isinstance(base, onnx.ModelProto) else onnx.load(str(base))
+    except (OSError, DecodeError, ValueError) as exc:
+        raise ModelLoadError(f"base={base if isinstance(base, (str, Path)) else '...'}: the "
+                             f"base model of LoRA checkpoint {path} does not load "
+                             f"({type(exc).__name__}: {exc})") from None
     found = base_hash(model)
     if found != info.base_sha256:
         where = f" {base}" if isinstance(base, (str, Path)) else ""

@@ -796,7 +796,8 @@ class TrainingSession:
 
     def save_checkpoint(self, path: str | Path, extra: dict | None = None) -> Path:
         """Parameters, optimizer state, accumulators, step, schedule, RNG counter, the model
-        and the configuration, in one .npz written atomically."""
+        and the configuration, in one .npz written atomically (a ``lora=`` session's: what
+        training changed and the base's hash, no model: ``checkpoints``)."""
         self._drain()
         meta = {"format": CHECKPOINT_FORMAT, "config": self.config(), "step": self.step,
                 "micro_step": self.micro_step, "rng_counter": self.rng_counter,
