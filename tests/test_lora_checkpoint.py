@@ -197,8 +197,16 @@ def test_cli_resume_of_a_lora_run_takes_the_base_and_continues_bit_for_bit(
                   "--resume") != 0
     err = capsys.readouterr().err
     assert _sha256(onnx.load(path)) in err and _sha256(model) in err
-    assert _train(path, data, resumed, "--epochs", "2", "--checkpoint-dir", str(ckpt),
-                  "--resume") == 0
+    resume = ("--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume")
+    assert main(["train", str(path), "--data", str(data), "--backend", "numpy", "--out",
+                 str(resumed), *resume]) != 0  # without --lora
+    assert "is a --lora run's (rank=4,alpha=8.0,dropout=0.0,targets=query|value)" in \
+        capsys.readouterr().err
+    assert main(["train", str(path), "--data", str(data), "--lora", "rank=4,alpha=16,"
+                 "targets=query|value", "--backend", "numpy", "--out", str(resumed),
+                 *resume]) != 0  # another alpha: the same graph, another scale
+    assert "--lora alpha=16.0 (the checkpoint's: 8.0)" in capsys.readouterr().err
+    assert _train(path, data, resumed, *resume) == 0
     a = {i.name: i.raw_data for i in onnx.load(straight).graph.initializer}
     b = {i.name: i.raw_data for i in onnx.load(resumed).graph.initializer}
     assert a == b

@@ -122,6 +122,31 @@ def apply(args, model_path: str):
     return model, kwargs, notes, None
 
 
+# what a --lora run trains with; the seed only drew the initial A, which a resume replaces
+RESUMED_LORA_SETTINGS = ("rank", "alpha", "dropout", "targets", "base_dtype", "train_also")
+
+
+def check_resumed_lora(session, lora, ckpt: Path) -> None:
+    """``--resume`` of a ``--lora`` run's checkpoint (``session.lora``, the LoRA settings it
+    holds): ``lora``, what this command's ``--lora`` makes, must have the same settings, or
+    the exports would fold the adapters in with other ones; an error names each difference."""
+    from .errors import InputError
+
+    theirs = session.lora
+    if theirs is None:  # a full checkpoint: cli_train checks its model against MODEL
+        return
+    shown = ",".join(f"{k}={getattr(theirs, k)}" for k in RESUMED_LORA_SETTINGS
+                     if getattr(theirs, k) is not None)
+    if lora is None:
+        raise InputError(f"--resume: {ckpt} is a --lora run's ({shown}): give MODEL the base "
+                         "and the same --lora")
+    differ = [f"{k}={getattr(lora, k)} (the checkpoint's: {getattr(theirs, k)})"
+              for k in RESUMED_LORA_SETTINGS if getattr(lora, k) != getattr(theirs, k)]
+    if differ:
+        raise InputError(f"--resume: --lora {', '.join(differ)}; {ckpt} continues with its "
+                         f"own ({shown}): give the same --lora, or train afresh")
+
+
 def tuned(args) -> bool:
     """Whether the arguments change the model itself (a new head, LoRA branches)."""
     return args.num_classes is not None or getattr(args, "lora", None) is not None
