@@ -108,7 +108,7 @@ def apply(args, model_path: str):
                      f"{len(lora.adapters)} weights ({', '.join(t.name for t in lora.adapters[:3])}"
                      f"{' ...' if len(lora.adapters) > 3 else ''}); training "
                      f"{len(lora.trainable)} tensors, the base frozen")
-        return model, {"trainable": lora.trainable}, notes, lora
+        return model, {"trainable": lora.trainable, "lora": lora}, notes, lora
     if args.train_only is None:
         return model, kwargs, notes, None
     if args.train_only == "head" and choice is None:
@@ -120,6 +120,31 @@ def apply(args, model_path: str):
                  + (f" for {args.unfreeze_after} epochs, then everything"
                     if args.unfreeze_after is not None else ""))
     return model, kwargs, notes, None
+
+
+# what a --lora run trains with; the seed only drew the initial A, which a resume replaces
+RESUMED_LORA_SETTINGS = ("rank", "alpha", "dropout", "targets", "base_dtype", "train_also")
+
+
+def check_resumed_lora(session, lora, ckpt: Path) -> None:
+    """``--resume`` of a ``--lora`` run's checkpoint (``session.lora``, the LoRA settings it
+    holds): ``lora``, what this command's ``--lora`` makes, must have the same settings, or
+    the exports would fold the adapters in with other ones; an error names each difference."""
+    from .errors import InputError
+
+    theirs = session.lora
+    if theirs is None:  # a full checkpoint: cli_train checks its model against MODEL
+        return
+    shown = ",".join(f"{k}={getattr(theirs, k)}" for k in RESUMED_LORA_SETTINGS
+                     if getattr(theirs, k) is not None)
+    if lora is None:
+        raise InputError(f"--resume: {ckpt} is a --lora run's ({shown}): give MODEL the base "
+                         "and the same --lora")
+    differ = [f"{k}={getattr(lora, k)} (the checkpoint's: {getattr(theirs, k)})"
+              for k in RESUMED_LORA_SETTINGS if getattr(lora, k) != getattr(theirs, k)]
+    if differ:
+        raise InputError(f"--resume: --lora {', '.join(differ)}; {ckpt} continues with its "
+                         f"own ({shown}): give the same --lora, or train afresh")
 
 
 def tuned(args) -> bool:

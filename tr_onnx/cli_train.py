@@ -407,12 +407,14 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         overrides = {k: getattr(args, k) for k in ("backend", "precision")
                      if getattr(args, k) is not None}  # another machine may resume it
         session = _user_error(TrainingSession.from_checkpoint, ckpt, distributed=world,
-                              **overrides)
+                              base=args.model, **overrides)  # a LoRA run's: MODEL is the base
         lora = None
         if cli_finetune.tuned(args):  # the checkpoint trains the model the flags make
             tuned_model, _, _, lora = cli_finetune.apply(args, args.model)
+            cli_finetune.check_resumed_lora(session, lora, ckpt)
             _check_same_model(args.model, session, ckpt, tuned_model)
         else:
+            cli_finetune.check_resumed_lora(session, None, ckpt)
             _check_same_model(args.model, session, ckpt)
         _check_resume_options(args, session)
         extra = session.checkpoint_extra

@@ -35,7 +35,6 @@ from ..compiler import (
     plan_key,
 )
 from ..distributed import World, register
-from ..dtypes import np_dtype
 from ..errors import (
     CheckpointError,
     ExportAdviceWarning,
@@ -62,7 +61,7 @@ from ..importer import (
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
 from ..passes.control_flow import output_value
 from ..registry import build_registry, default_registry
-from . import groups
+from . import checkpoints, groups
 from .data_parallel import REDUCE
 from .export import export_model
 from .losses import ClassLabels, LossSpec, check_loss_model, class_labels, make_loss_spec
@@ -82,7 +81,6 @@ from .precision import (
 from .storage import (
     CHECKPOINT_FORMAT,
     atomic_write,
-    checkpoint_model,
     read_checkpoint,
     shared_checkpoint,
 )
@@ -224,7 +222,9 @@ class TrainingSession:
     has finished it (DDP's ``bucket_cap_mb``).
     Fine-tuning (docs/finetune.md, ``training.groups``): ``frozen_batchnorm="eval"`` (frozen
     BatchNorms in inference mode), ``unfreeze_after`` epochs (``begin_epoch``), ``lr_groups``
-    {pattern: lr multiplier}, ``step_offsets`` (``unfreeze`` records them).
+    {pattern: lr multiplier}, ``step_offsets`` (``unfreeze`` records them). ``lora``: the
+    ``LoraInfo`` of ``finetune.lora.add_lora`` that made ``model`` (trainable by default
+    ``lora.trainable``): checkpoints then hold the trained tensors alone (``checkpoints``).
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
@@ -243,7 +243,7 @@ class TrainingSession:
                  distributed: World | None = None, sync_batchnorm: bool = False,
                  grad_bucket_mb: float = 25.0, frozen_batchnorm: str = "train",
                  unfreeze_after: int | None = None, lr_groups: dict | None = None,
-                 step_offsets: dict | None = None):
+                 step_offsets: dict | None = None, lora=None):
         self.backend = "cuda" if device is not None and backend == "cuda" else \
             resolve_backend(backend)
         self.device = device
@@ -298,6 +298,8 @@ class TrainingSession:
             warnings.warn(f"{self.imported.source}: {advice}", ExportAdviceWarning, stacklevel=2)
         initializers = {i.name for i in self.imported.proto.graph.initializer}
         initializers |= set(self.parameter_roles)
+        self.lora = checkpoints.check_lora(lora, initializers)
+        trainable = lora.trainable if trainable is None and lora is not None else trainable
         self.options = dict(trainable=(name_patterns("trainable", trainable, initializers)
                                        if trainable is not None else None),
                             frozen=name_patterns("frozen", frozen, initializers),
@@ -794,13 +796,19 @@ class TrainingSession:
 
     def save_checkpoint(self, path: str | Path, extra: dict | None = None) -> Path:
         """Parameters, optimizer state, accumulators, step, schedule, RNG counter, the model
-        and the configuration, in one .npz written atomically."""
+        and the configuration, in one .npz written atomically (a ``lora=`` session's: what
+        training changed and the base's hash, no model: ``checkpoints``)."""
         self._drain()
         meta = {"format": CHECKPOINT_FORMAT, "config": self.config(), "step": self.step,
                 "micro_step": self.micro_step, "rng_counter": self.rng_counter,
                 "bad_steps": self.bad_steps, "extra": extra or {}}
-        arrays = {f"state/{k}": v for k, v in self.state_arrays().items()}
-        arrays["__model__"] = np.frombuffer(self.imported.original.SerializeToString(), np.uint8)
+        state, arrays = self.state_arrays(), {}
+        if self.lora is not None:  # the trained tensors alone: the base gives the rest
+            meta["lora"], state = checkpoints.lora_state(self, state)
+        else:
+            arrays["__model__"] = np.frombuffer(self.imported.original.SerializeToString(),
+                                                np.uint8)
+        arrays |= {f"state/{k}": v for k, v in state.items()}
         arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
@@ -808,7 +816,8 @@ class TrainingSession:
         return Path(path)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, plugins=(), **overrides) -> TrainingSession:
+    def from_checkpoint(cls, path: str | Path, plugins=(), base=None,
+                        **overrides) -> TrainingSession:
         """Resume exactly: the same weights, state, step and RNG counter as when it was saved.
 
         A file that cannot be resumed from (truncated, not a checkpoint, another format, an
@@ -818,28 +827,20 @@ class TrainingSession:
         anything.
 
         With ``distributed=`` a world of several ranks, rank 0 reads the file and broadcasts
-        it (``storage.shared_checkpoint``): the other ranks' machines need no copy of it."""
+        it (``storage.shared_checkpoint``): the other ranks' machines need no copy of it.
+        ``base``: the base model (path or ModelProto) of a LoRA run's checkpoint, which holds
+        only the trained tensors (``checkpoints.lora_model``); a full checkpoint ignores it."""
         path = Path(path)
         world = overrides.get("distributed")
         shared = shared_checkpoint(path, world) if world is not None and world.size > 1 \
             else None
         meta, model, state = read_checkpoint(path, shared)
-        cfg = dict(meta["config"])
-        try:
-            loss = cfg.pop("loss")
-            if "onnx" in loss:
-                loss = checkpoint_model(path, bytes.fromhex(loss["onnx"]), "its loss model")
-            else:
-                loss = LossSpec(**{**loss, "weights": tuple(loss["weights"])
-                                   if loss["weights"] else None})
-            optimizer = make_optimizer(cfg.pop("optimizer"))
-            schedule = make_schedule(cfg.pop("lr_schedule"))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"{path}: its configuration is not valid ({type(exc).__name__}:"
-                                  f" {exc}); the file is damaged or not written by tr_onnx") \
-                from None
+        lora = None
+        if "lora" in meta:
+            model, lora = checkpoints.lora_model(path, meta["lora"], state, base)
+        cfg, loss, optimizer, schedule = checkpoints.session_arguments(path, meta["config"])
         options = set(inspect.signature(cls).parameters) - {
-            "model", "loss", "optimizer", "lr_schedule", "plugins"}  # passed below
+            "model", "loss", "optimizer", "lr_schedule", "plugins", "lora"}  # passed below
         unknown = sorted(set(cfg) - options)
         if unknown:
             raise CheckpointError(f"{path}: its configuration has unknown option(s) {unknown}; "
@@ -847,7 +848,7 @@ class TrainingSession:
         cfg.update(overrides)
         try:
             session = cls(model, loss=loss, optimizer=optimizer, lr_schedule=schedule,
-                          plugins=plugins, **cfg)
+                          plugins=plugins, lora=lora, **cfg)
         except ModelLoadError as exc:
             raise CheckpointError(f"{path}: its model does not load: {exc}") from None
         except TrOnnxError:
@@ -855,26 +856,13 @@ class TrainingSession:
         except (TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: cannot resume with its configuration"
                                   f"{' and the overrides' if overrides else ''}: {exc}") from None
-        session._check_parameters(path, state)
+        checkpoints.check_parameters(path, session.imported, state)
         session.step, session.micro_step = meta["step"], meta["micro_step"]
         session.rng_counter, session.bad_steps = meta["rng_counter"], meta["bad_steps"]
         session._pending = dict(state)
         session._checkpoint = (path, state)
         session.checkpoint_extra = meta.get("extra", {})
         return session
-
-    def _check_parameters(self, path: Path, state: dict[str, np.ndarray]) -> None:
-        """The model's parameters in a checkpoint have the initializers' shapes and dtypes."""
-        for init in self.imported.proto.graph.initializer:
-            value = state.get(init.name)
-            if init.name not in self.imported.param_names or value is None:
-                continue
-            want = (tuple(init.dims), np_dtype(init.data_type))
-            if (value.shape, value.dtype) != want:
-                raise CheckpointError(
-                    f"{path}: array {init.name!r} is {value.dtype}{list(value.shape)}, but the "
-                    f"model's parameter {init.name!r} is {want[1]}{list(want[0])}; the file is "
-                    "damaged or its arrays were replaced")
 
     def _check_checkpoint_state(self, plan: CompiledPlan) -> None:
         """The checkpoint's arrays that ``plan`` holds fit it exactly (its optimizer state and

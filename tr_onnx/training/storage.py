@@ -177,9 +177,19 @@ def shared_checkpoint(path: Path, world) -> bytes:
     return buf.tobytes() if not world.is_root else data
 
 
+def _is_lora(arrays: dict[str, np.ndarray]) -> bool:
+    """Whether a checkpoint's meta data says it is a LoRA run's (without the model)."""
+    try:
+        meta = json.loads(arrays["__meta__"].tobytes())
+        return isinstance(meta, dict) and "lora" in meta
+    except (KeyError, ValueError, TypeError):
+        return False  # the checks below name what is wrong
+
+
 def read_checkpoint(path: Path, data: bytes | None = None
-                    ) -> tuple[dict, onnx.ModelProto, dict[str, np.ndarray]]:
-    """A checkpoint's meta data, model and state arrays, from the file or from its ``data``
+                    ) -> tuple[dict, onnx.ModelProto | None, dict[str, np.ndarray]]:
+    """A checkpoint's meta data, model (None in a LoRA run's: ``checkpoints.lora_model``
+    rebuilds it from the base) and state arrays, from the file or from its ``data``
     (``shared_checkpoint``; errors still name ``path``). Anything wrong with the file is a
     ``CheckpointError`` naming it and what; pickled objects are never loaded."""
     if data is None and not path.is_file():
@@ -204,6 +214,8 @@ def read_checkpoint(path: Path, data: bytes | None = None
                               "it is truncated, damaged or not written by save_checkpoint") \
             from None
     for key in ("__meta__", "__model__"):
+        if key == "__model__" and key not in arrays and _is_lora(arrays):
+            continue  # a LoRA run's: the base model is given to resume it (``checkpoints``)
         if key not in arrays:
             raise CheckpointError(f"{path}: not a tr_onnx checkpoint (no {key} entry)")
         if arrays[key].dtype != np.uint8 or arrays[key].ndim != 1:
@@ -224,7 +236,10 @@ def read_checkpoint(path: Path, data: bytes | None = None
         if type(meta.get(key)) is not int or meta[key] < 0:
             raise CheckpointError(f"{path}: its __meta__ {key!r} is {meta.get(key)!r}, not a "
                                   "count")
-    model = checkpoint_model(path, arrays["__model__"].tobytes(), "its model")
+    if "lora" in meta and not isinstance(meta["lora"], str):
+        raise CheckpointError(f"{path}: its __meta__ 'lora' is not the LoRA settings' JSON")
+    model = checkpoint_model(path, arrays["__model__"].tobytes(), "its model") \
+        if "__model__" in arrays else None
     state = {k[len("state/"):]: v for k, v in arrays.items() if k.startswith("state/")}
     for name, value in state.items():
         if value.dtype.fields is not None or value.dtype.kind not in "fiubV":
