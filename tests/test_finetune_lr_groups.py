@@ -107,10 +107,11 @@ def test_cli_lr_groups_and_option_errors(tmp_path):
 
     path = tmp_path / "net.onnx"
     onnx.save(_export(Net()), path)
-    model, kwargs, _ = apply(_parse("--lr-group", "features.*=0.1", "--lr-group", "fc.*=2"),
-                             str(path))
+    model, kwargs, _, _ = apply(_parse("--lr-group", "features.*=0.1", "--lr-group", "fc.*=2"),
+                                str(path))
     assert model == str(path) and kwargs == {"lr_groups": {"features.*": 0.1, "fc.*": 2.0}}
-    model, kwargs, notes = apply(_parse("--num-classes", "3", "--train-only", "head"), str(path))
+    model, kwargs, notes, _ = apply(_parse("--num-classes", "3", "--train-only", "head"),
+                                    str(path))
     assert kwargs["trainable"] == ["fc.weight", "fc.bias"] and "new head" in notes[0]
     assert model.graph.output[0].type.tensor_type.shape.dim[1].dim_value == 3
     for argv, match in ((["--head", "/fc/Gemm"], "--head needs --num-classes"),
