@@ -22,8 +22,8 @@ back). Memory: tr_onnx's MemoryPlan arena and its GRAD + OPT_STATE regions; for 
 parameters + gradients + optimizer state, in bytes: tr_onnx's PARAM + GRAD + OPT_STATE
 regions (256-byte slots), PyTorch's measured after the timed steps from the tensors themselves
 (every parameter's ``nbytes``, every ``.grad``'s, every tensor in ``optimizer.state``). Each
-OpenBLAS setting (``--blas-env``) runs in a process of its own, the four peers one after the
-other in it.
+OpenBLAS setting (``--blas-env``) runs in a process of its own, the four peers taking turns
+step by step in it (on a busy machine they are slowed alike).
 """
 
 from __future__ import annotations
@@ -104,18 +104,24 @@ def batches(name: str, size: str, count: int):
              rx.example_labels(name, seed=k, batch=batch, seq=seq)) for k in range(count)]
 
 
-def timed(step, data, warmup: int) -> list[float]:
-    """Milliseconds of each step after ``warmup``; ``step(feed, labels)`` returns the loss."""
-    times = []
+def timed(peers: dict, data, warmup: int) -> tuple[dict, dict]:
+    """Milliseconds of each peer's steps after ``warmup``, and its step-1 loss; ``peers`` maps
+    a name to its ``step(feed, labels)`` (which returns the loss). The peers take turns step by
+    step, so that a busy machine slows them alike."""
+    times: dict[str, list[float]] = {name: [] for name in peers}
+    first: dict[str, float] = {}
     for k, (feed, labels) in enumerate(data):
-        start = time.perf_counter()
-        step(feed, labels)
-        if k >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return times
+        for name, step in peers.items():
+            start = time.perf_counter()
+            loss = step(feed, labels)
+            if k >= warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+            first.setdefault(name, loss)
+    return times, first
 
 
-def run_tr_onnx(path: Path, name: str, lora: bool, args, data) -> dict:
+def tr_onnx_peer(path: Path, name: str, lora: bool, args):
+    """tr_onnx's ``(step, memory)``: the step function and what reports the plan's bytes."""
     import onnx
 
     import tr_onnx
@@ -130,18 +136,21 @@ def run_tr_onnx(path: Path, name: str, lora: bool, args, data) -> dict:
     session = tr_onnx.TrainingSession(
         model, loss=tr_onnx.LossSpec("cross_entropy", class_axis=-1 if name == "llama" else 1),
         optimizer=tr_onnx.optim.AdamW(lr=LR), trainable=trainable, backend="numpy")
-    times = timed(lambda f, y: float(session.train_step(f, y)), data, args.warmup)
-    plan = session._active
-    mem, params = plan.memory, session.parameters()
-    region = {r.name: b for r, (_, b) in mem.regions.items()}
-    return {"times": times, "trainable": sum(params[n].size for n in plan.info.trainable),
-            "arena": mem.total_bytes, "grad_opt": region.get(Region.GRAD.name, 0)
-            + region.get(Region.OPT_STATE.name, 0),
-            "param_grad_opt": sum(region.get(r.name, 0) for r in (Region.PARAM, Region.GRAD,
-                                                                  Region.OPT_STATE))}
+
+    def memory() -> dict:
+        plan = session._active
+        mem, params = plan.memory, session.parameters()
+        region = {r.name: b for r, (_, b) in mem.regions.items()}
+        return {"trainable": sum(params[n].size for n in plan.info.trainable),
+                "arena": mem.total_bytes,
+                "grad_opt": region.get(Region.GRAD.name, 0) + region.get(Region.OPT_STATE.name, 0),
+                "param_grad_opt": sum(region.get(r.name, 0) for r in (Region.PARAM, Region.GRAD,
+                                                                      Region.OPT_STATE))}
+    return lambda f, y: float(session.train_step(f, y)), memory
 
 
-def run_torch(name: str, lora: bool, args, data) -> dict:
+def torch_peer(name: str, lora: bool, args):
+    """PyTorch's ``(step, memory)``, as ``tr_onnx_peer``'s."""
     import peft
     import torch
 
@@ -168,13 +177,14 @@ def run_torch(name: str, lora: bool, args, data) -> dict:
         opt.step()
         return loss.item()
 
-    times = timed(step, data, args.warmup)
-    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
-    measured = (sum(p.nbytes for p in module.parameters())
-                + sum(p.grad.nbytes for p in trained if p.grad is not None)
-                + sum(t.nbytes for t in state))
-    return {"times": times, "trainable": sum(p.numel() for p in trained), "arena": None,
-            "grad_opt": None, "param_grad_opt": measured}
+    def memory() -> dict:
+        state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+        measured = (sum(p.nbytes for p in module.parameters())
+                    + sum(p.grad.nbytes for p in trained if p.grad is not None)
+                    + sum(t.nbytes for t in state))
+        return {"trainable": sum(p.numel() for p in trained), "arena": None,
+                "grad_opt": None, "param_grad_opt": measured}
+    return step, memory
 
 
 def measure(args) -> None:
@@ -187,18 +197,21 @@ def measure(args) -> None:
     for name in args.models.split(","):
         data = batches(name, args.size, args.warmup + args.steps)
         path = bench / f"{name}-{args.size}.onnx"
-        results = {PEERS[0]: run_tr_onnx(path, name, True, args, data),
-                   PEERS[1]: run_tr_onnx(path, name, False, args, data),
-                   PEERS[2]: run_torch(name, True, args, data),
-                   PEERS[3]: run_torch(name, False, args, data)}
+        peers = {PEERS[0]: tr_onnx_peer(path, name, True, args),
+                 PEERS[1]: tr_onnx_peer(path, name, False, args),
+                 PEERS[2]: torch_peer(name, True, args),
+                 PEERS[3]: torch_peer(name, False, args)}
+        times, first = timed({p: step for p, (step, _) in peers.items()}, data, args.warmup)
+        results = {p: {"times": times[p], "first": first[p], **memory()}
+                   for p, (_, memory) in peers.items()}
         med = {p: float(np.median(r["times"])) for p, r in results.items()}
         same = {PEERS[0]: PEERS[2], PEERS[1]: PEERS[3], PEERS[2]: PEERS[0], PEERS[3]: PEERS[1]}
         full = {PEERS[0]: PEERS[1], PEERS[1]: PEERS[1], PEERS[2]: PEERS[3], PEERS[3]: PEERS[3]}
         print(f"### {name} ({args.size})\n")
         print("| peer | trainable params | arena B | GRAD+OPT_STATE B | params+grads+opt state B "
               "| ms/step median (min) | time / same method other framework | time / own full "
-              "| params+grads+opt / own full |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+              "| params+grads+opt / own full | step-1 loss |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for peer, r in results.items():
             def num(v):
                 return "–" if v is None else f"{v:,d}"
@@ -206,7 +219,7 @@ def measure(args) -> None:
             print(f"| {peer} | {r['trainable']:,d} | {num(r['arena'])} | {num(r['grad_opt'])} | "
                   f"{r['param_grad_opt']:,d} | {med[peer]:.2f} ({min(r['times']):.2f}) | "
                   f"{med[peer] / med[same[peer]]:.2f}x | {med[peer] / med[full[peer]]:.2f}x | "
-                  f"{pgo:.2f}x |")
+                  f"{pgo:.2f}x | {r['first']:.6f} |")
         print()
 
 

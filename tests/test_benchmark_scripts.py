@@ -126,6 +126,8 @@ def test_step_ab_prints_a_row_per_variant_against_the_first():
 
 
 def test_lora_prints_a_row_per_peer_with_peft_counting_the_same_trainable_parameters():
+    """benchmarks/lora.py: tr_onnx and PyTorch + peft train the same number of parameters
+    and start from PyTorch's loss."""
     pytest.importorskip("peft")
     out = run_script("lora.py", "--size", "tiny", "--steps", "2", "--warmup", "1",
                      "--blas-env", "given")
@@ -140,4 +142,8 @@ def test_lora_prints_a_row_per_peer_with_peft_counting_the_same_trainable_parame
         assert peers["tr_onnx full"][1] == peers["PyTorch full"][1]
         assert int(peers["tr_onnx LoRA"][3].replace(",", "")) < int(
             peers["tr_onnx full"][3].replace(",", ""))
-        assert all(float(r[5].split()[0]) > 0 for r in peers.values() if r[0] != "peer")
+        rows_ = [r for r in peers.values() if r[0] != "peer"]
+        assert all(float(r[5].split()[0]) > 0 for r in rows_)
+        # all four start from the same model (LoRA's B is zero): PyTorch's step-1 loss
+        first = [float(r[9]) for r in rows_]
+        assert max(first) - min(first) < 1e-5, first
