@@ -189,6 +189,7 @@ def torch_peer(name: str, lora: bool, args):
 
 
 def measure(args) -> None:
+    import numpy  # noqa: F401  (loads its OpenBLAS, which the header line names)
 
     bench = Path(args.bench_dir)
     print(f"{peer_common.blas_kernels()}; {args.threads} threads; {args.size}: hidden, layers, "
