@@ -2,7 +2,7 @@
 parameters, memory and step time on the CPU.
 
     python benchmarks/lora.py [--size small|tiny] [--models llama,bert] [--rank 8]
-                              [--warmup 2] [--steps 10] [--threads 2] [--blas-env both]
+                              [--warmup 2] [--steps 15] [--threads 1] [--blas-env both]
 
 The models are the Hugging Face Llama (causal LM) and BERT (sequence classification) of
 ``tests/real_exports.py``, random weights (seeded), exported by the classic torch exporter.
@@ -55,8 +55,10 @@ def parse_args(argv):
     p.add_argument("--models", default="llama,bert")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=15)
+    # one BLAS thread: on a 2-core VM that other processes share, two threads per peer stall
+    # (a step's median went from ~0.1 s to 1-4 s while the load average was 3.5-4.6)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--blas-env", choices=peer_common.BLAS_MODES, default="both",
                    help="OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE as given, unset, or both runs")
     p.add_argument("--blas-setting", default=None, help=argparse.SUPPRESS)
