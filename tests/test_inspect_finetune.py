@@ -74,3 +74,8 @@ def test_inspect_prints_the_cost_beside_full_fine_tuning(llama, capsys):
     out = capsys.readouterr().out
     assert "full fine-tuning" in out
     assert "GRAD and OPT_STATE hold the" in out
+
+
+def test_inspect_refuses_what_train_refuses(llama, capsys):
+    assert main(["inspect", str(llama), "--head", "node_linear", *SHAPES]) == 2  # usage
+    assert "--head needs --num-classes" in capsys.readouterr().err

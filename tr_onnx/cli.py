@@ -591,7 +591,8 @@ def _command(args, shown: _WarningLines) -> int:
         if args.command == "evaluate":
             return run_evaluate(args)
         if args.command == "inspect":
-            tuned = finetune_tuned(args) or args.train_only is not None
+            tuned = finetune_tuned(args) or any(  # apply() checks how the flags combine
+                (args.train_only, args.head, args.unfreeze_after, args.lr_group or None))
             info = inspect_model(args.model, args.batch, args.channel_align,
                                  _parse_shapes(args.shape), reuse=not args.no_reuse,
                                  backend=args.backend, train=args.train,
