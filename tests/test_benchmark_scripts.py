@@ -123,3 +123,27 @@ def test_step_ab_prints_a_row_per_variant_against_the_first():
     assert base[0][-2] == "1.00x" and re.fullmatch(r"\d+\.\d+x", other[0][-2])
     assert float(other[0][1]) > 0
     assert base[0][-1] == other[0][-1] == str(ROOT / "tr_onnx")  # this tree, not another
+
+
+def test_lora_prints_a_row_per_peer_with_peft_counting_the_same_trainable_parameters():
+    """benchmarks/lora.py: tr_onnx and PyTorch + peft train the same number of parameters
+    and start from PyTorch's loss."""
+    pytest.importorskip("peft")
+    out = run_script("lora.py", "--size", "tiny", "--steps", "2", "--warmup", "1",
+                     "--blas-env", "given")
+    for model in ("llama", "bert"):
+        assert f"### {model} (tiny)" in out
+    tables = out.split("### ")[1:]
+    for table in tables:
+        peers = {r[0]: r for line in table.splitlines() if line.startswith("| ")
+                 for r in [[c.strip() for c in line.strip("| \n").split("|")]]}
+        # the same adapters (and BERT's new head) train in both frameworks
+        assert peers["tr_onnx LoRA"][1] == peers["PyTorch + peft LoRA"][1]
+        assert peers["tr_onnx full"][1] == peers["PyTorch full"][1]
+        assert int(peers["tr_onnx LoRA"][3].replace(",", "")) < int(
+            peers["tr_onnx full"][3].replace(",", ""))
+        rows_ = [r for r in peers.values() if r[0] != "peer"]
+        assert all(float(r[5].split()[0]) > 0 for r in rows_)
+        # all four start from the same model (LoRA's B is zero): PyTorch's step-1 loss
+        first = [float(r[9]) for r in rows_]
+        assert max(first) - min(first) < 1e-5, first

@@ -18,6 +18,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from .cli_finetune import add_arguments as add_finetune_arguments
+from .cli_finetune import apply as apply_finetune
+from .cli_finetune import tuned as finetune_tuned
 from .cli_train import add_evaluate_parser, add_train_parser, count_type, run_evaluate, run_train
 from .errors import ExportAdviceWarning, InputError, TrOnnxError
 
@@ -85,12 +88,15 @@ def _concrete_feed(imported, batch: int, shapes: dict[str, tuple[int, ...]]) -> 
 def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
                   shapes: dict | None = None, reuse: bool = True, backend: str = "numpy",
                   train: bool = False, precision: str = "fp32",
-                  gpu_properties: str | None = None) -> dict:
+                  gpu_properties: str | None = None, finetune: tuple | None = None) -> dict:
     """Everything ``tr-onnx inspect`` prints, as a dict. ``backend="cuda"`` plans for the GPU
     without one (the cuda bindings over a recording device) and adds ``cudnn_graphs``: the
     real cuDNN library's deviceless check of every graph the plan declares, for the GPU that
     ``gpu_properties`` describes (default: the packaged H200). ``train``: the training plan
-    (``precision`` fp32/fp16/bf16) instead of the inference one."""
+    (``precision`` fp32/fp16/bf16) instead of the inference one. ``finetune``: ``(model,
+    session_kwargs, notes, lora)`` of ``cli_finetune.apply``: the training plan of that model
+    (a new head, LoRA branches) with its trainable set, and ``finetune_cost``: what it trains
+    and holds beside full fine-tuning of the model (planned too)."""
     from .export_advice import export_advice
     from .importer import default_opset
     from .session import InferenceSession
@@ -101,13 +107,17 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
 
         def device(plan):  # binds the plan to arena addresses; runs nothing
             return FakeRecorder(plan.memory)
-    if train:
+    if train or finetune:
         from .training.session import TrainingSession
 
-        with warnings.catch_warnings():  # inspect prints the advice in its own section
-            warnings.simplefilter("ignore", ExportAdviceWarning)
-            sess = TrainingSession(path, backend=backend, device=device, precision=precision,
-                                   channel_align=channel_align)
+        def training_session(model, **kwargs):
+            with warnings.catch_warnings():  # inspect prints the advice in its own section
+                warnings.simplefilter("ignore", ExportAdviceWarning)
+                return TrainingSession(model, backend=backend, device=device,
+                                       precision=precision, channel_align=channel_align,
+                                       **kwargs)
+        sess = training_session(*finetune[:1], **finetune[1]) if finetune else \
+            training_session(path)
     else:
         sess = InferenceSession(path, backend=backend, channel_align=channel_align,
                                 reuse_memory=reuse, device=device)
@@ -117,7 +127,15 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     const_feeds = [n for n in imported.const_feeds if n in feed]
     if const_feeds:
         raise TrOnnxError(f"inputs {const_feeds} determine shapes; inspect needs them as constants")
-    plan = sess._train_plan(feed) if train else sess.plan_for(feed)
+    plan = sess._train_plan(feed) if train or finetune else sess.plan_for(feed)
+    cost = None
+    if finetune:
+        from .cli_finetune import plan_cost
+
+        # full fine-tuning: the new head's model (the LoRA base is the file) training everything
+        full = training_session(path if finetune[3] is not None else finetune[0])
+        cost = {**plan_cost(sess, plan), "notes": finetune[2],
+                "full": plan_cost(full, full._train_plan(feed))}
     graphs = None
     if backend == "cuda":
         from dataclasses import asdict
@@ -138,7 +156,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
                       if n.outputs and n.outputs[0] is not None and n.outputs[0].alias_of)
     mem = plan.memory
     return {
-        "model": imported.source,
+        "model": path if finetune else imported.source,
         "opset": {"original": imported.original_opset,
                   "imported": default_opset(imported.proto)},
         "inputs": {s.name: list(s.shape) for s in imported.inputs},
@@ -170,6 +188,7 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
             "regions": {r.name: {"offset": o, "bytes": b} for r, (o, b) in mem.regions.items()},
         },
         **({"cudnn_graphs": graphs} if graphs is not None else {}),
+        **({"finetune_cost": cost} if cost is not None else {}),
     }
 
 
@@ -291,6 +310,10 @@ def _print_inspect(info: dict, verbose: bool) -> None:
     ratio = mem["arena_bytes"] / mem["naive_bytes"] if mem["naive_bytes"] else 1.0
     print(f"  arena {mem['arena_bytes']:,d} B vs naive sum {mem['naive_bytes']:,d} B "
           f"({ratio:.1%})")
+    if "finetune_cost" in info:
+        from .cli_finetune import print_cost
+
+        print_cost(info["finetune_cost"])
     _print_advice(info["export_advice"])
     if "cudnn_graphs" in info:
         _print_cudnn_graphs(info["cudnn_graphs"])
@@ -507,6 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --train --backend cuda")
     p.add_argument("--gpu-properties", metavar="FILE",
                    help="cuDNN device property list (JSON) of the target GPU (default: H200)")
+    tune = p.add_argument_group("fine-tuning (the training plan of tr-onnx train with these "
+                                "flags, beside full fine-tuning's: what trains, what the "
+                                "gradients and optimizer state take)")
+    add_finetune_arguments(tune)
+    tune.add_argument("--seed", type=int, default=0, help="seed of a new head or adapters")
     r = sub.add_parser("run", help="run a model on inputs from an .npz (or random data)")
     r.add_argument("model", help="the ONNX model")
     r.add_argument("--inputs", metavar="X.npz",
@@ -563,10 +591,13 @@ def _command(args, shown: _WarningLines) -> int:
         if args.command == "evaluate":
             return run_evaluate(args)
         if args.command == "inspect":
+            tuned = finetune_tuned(args) or any(  # apply() checks how the flags combine
+                (args.train_only, args.head, args.unfreeze_after, args.lr_group or None))
             info = inspect_model(args.model, args.batch, args.channel_align,
                                  _parse_shapes(args.shape), reuse=not args.no_reuse,
                                  backend=args.backend, train=args.train,
-                                 precision=args.precision, gpu_properties=args.gpu_properties)
+                                 precision=args.precision, gpu_properties=args.gpu_properties,
+                                 finetune=apply_finetune(args, args.model) if tuned else None)
             if args.json:
                 print(json.dumps(info, indent=2))
             else:

@@ -7,6 +7,7 @@ and writes a LoRA run's exports (``write_lora``); the work is ``tr_onnx.finetune
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 
@@ -178,3 +179,50 @@ def write_lora(session, lora, base_path: str, out: Path) -> list[Path]:
                lambda p: onnx.save(adapter_model(base_path, lora), p))
     atomically(Path(f"{stem}.onnx_adapter"), lambda p: write_adapter(p, trained, lora))
     return written
+
+
+def plan_cost(session, plan) -> dict:
+    """What a training plan trains and holds for it: the trainable tensors (count, elements),
+    the parameters that would train by default but are frozen here, and the bytes of the
+    GRAD and OPT_STATE regions (which hold the trainable tensors' gradients and optimizer
+    state only) and of the whole arena. ``tr-onnx inspect`` with the fine-tuning flags."""
+    from .memory import Region
+
+    mem = plan.memory
+    trainable = set(plan.info.trainable)
+    frozen = [n for n, r in session.parameter_roles.items() if r.trainable and n not in trainable
+              and n in mem.tensors]
+
+    def elements(names) -> int:
+        return sum(math.prod(mem.tensors[n].shape) for n in names)
+
+    return {"trainable": len(trainable), "trainable_elements": elements(trainable),
+            "frozen": len(frozen), "frozen_elements": elements(frozen),
+            "grad_bytes": mem.regions.get(Region.GRAD, (0, 0))[1],
+            "opt_state_bytes": mem.regions.get(Region.OPT_STATE, (0, 0))[1],
+            "arena_bytes": mem.total_bytes}
+
+
+def print_cost(cost: dict) -> None:
+    """``plan_cost`` of the fine-tuning plan beside that of full fine-tuning (``cost["full"]``,
+    planned the same way: every parameter of the model that trains by default)."""
+    full = cost["full"]
+
+    def vs(key: str) -> str:
+        share = cost[key] / full[key] if full[key] else 1.0
+        return f"{cost[key]:>14,d} B vs {full[key]:>14,d} B full fine-tuning ({share:.1%})"
+
+    import textwrap
+
+    print("\nfine-tuning cost (vs full fine-tuning: every parameter that trains by default, "
+          "planned too)")
+    for note in cost["notes"]:
+        print(textwrap.fill(note, 98, initial_indent="  ", subsequent_indent="    "))
+    print(f"  trainable  {cost['trainable']} tensors, {cost['trainable_elements']:,d} elements "
+          f"(full fine-tuning: {full['trainable']}, {full['trainable_elements']:,d})")
+    print(f"  frozen     {cost['frozen']} parameters, {cost['frozen_elements']:,d} elements: "
+          "no gradient buffer, no optimizer state")
+    print(f"  GRAD       {vs('grad_bytes')}")
+    print(f"  OPT_STATE  {vs('opt_state_bytes')}")
+    print(f"  arena      {vs('arena_bytes')}")
+    print(f"  GRAD and OPT_STATE hold the {cost['trainable']} trainable tensors only")
