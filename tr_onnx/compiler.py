@@ -28,6 +28,7 @@ from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
 from .memory import MemoryPlan, mirror_widening, plan_memory, span_elements
 from .opdef import KernelContext, TensorInfo
+from .ops.elementwise import shared_fills
 from .passes import control_flow
 from .passes.dispatch import dispatch
 from .passes.fusions import fuse_erf_gelu
@@ -65,7 +66,8 @@ def plan_key(feed: dict[str, np.ndarray], const_feed_names) -> tuple[tuple, dict
 def plan_bytes(plan: CompiledPlan) -> int:
     """The array memory ``plan`` keeps alive: its arena (host or device) and, on numpy, the
     arrays its bound kernels made for themselves at plan time (constant fills, index tables: a
-    fifth more than the arena for the zoo MLP's training step), found by walking each kernel's
+    fifth more than the arena for the zoo MLP's training step; not the constant-fill buffers
+    all plans share, ``elementwise.shared_fills``), found by walking each kernel's
     closure, ``functools.partial`` arguments and instance attributes. A view counts as its base,
     once. Python objects (a few hundred kB per plan) are bounded by ``max_plans`` instead."""
     bases: dict[int, int] = {}
@@ -97,6 +99,8 @@ def plan_bytes(plan: CompiledPlan) -> int:
     arena = getattr(plan.executor, "arena", None)
     if isinstance(arena, np.ndarray):  # the steps' views of it were counted as their base
         bases.pop(id(_owner(arena)), None)
+    for fill in shared_fills():  # the process's, read by every plan: no plan's to evict
+        bases.pop(id(fill), None)
     return plan.memory.total_bytes + sum(bases.values())
 
 

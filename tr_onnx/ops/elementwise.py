@@ -460,6 +460,12 @@ def filled_like(info, value) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(buffer, shape, strides, writeable=False)
 
 
+def shared_fills() -> list[np.ndarray]:
+    """The fill buffers every plan of the process reads (``filled_like``'s current ones): memory
+    of the process, not of a plan (``compiler.plan_bytes`` leaves them out)."""
+    return list(_FILLED.values())
+
+
 def keep_where(cond, a, out) -> None:
     """``out = a`` where ``cond``, else +0, on the values' bit patterns: ``a * cond`` as
     unsigned integers keeps or zeroes a pattern exactly (NaN, inf and -0.0 included), ~15x
