@@ -182,6 +182,14 @@ def test_causal_lm_labels_are_the_next_tokens_with_padding_ignored(corpus):
         assert labels[i].tolist() == nxt + [IGNORE_INDEX] * (T - len(nxt)), text
 
 
+def ort_lm_loss(path, arrays, labels) -> float:
+    """torch's cross-entropy (padding ignored) of the logits onnxruntime gives for ``path``."""
+    x = ort_run(onnx.load(path), arrays)[0]
+    return float(torch.nn.functional.cross_entropy(
+        torch.from_numpy(x).transpose(1, 2), torch.from_numpy(labels),
+        ignore_index=IGNORE_INDEX))
+
+
 def test_a_causal_lm_trains_on_text_and_runs_in_onnxruntime(corpus, tmp_path):
     rows, tok, data = corpus
     vocab = Tokenizer.from_file(str(tok)).get_vocab_size()
@@ -202,15 +210,9 @@ def test_a_causal_lm_trains_on_text_and_runs_in_onnxruntime(corpus, tmp_path):
             log=None).fit()
     out = session.export(tmp_path / "lm_trained.onnx")
 
-    def ort_loss(path) -> float:
-        x = ort_run(onnx.load(path), arrays)[0]
-        return float(torch.nn.functional.cross_entropy(
-            torch.from_numpy(x).transpose(1, 2), torch.from_numpy(labels),
-            ignore_index=IGNORE_INDEX))
-
     # the words are shuffled: a bigram model learns little beyond the word frequencies (the
     # untrained loss is about ln(vocabulary); the trained one measured 2.51 of 3.11)
-    assert ort_loss(out) < 0.85 * ort_loss(model)
+    assert ort_lm_loss(out, arrays, labels) < 0.85 * ort_lm_loss(model, arrays, labels)
 
 
 def test_a_causal_lm_trains_through_the_cli_with_the_loss_options(corpus, tmp_path):
@@ -230,13 +232,7 @@ def test_a_causal_lm_trains_through_the_cli_with_the_loss_options(corpus, tmp_pa
     options = {"text": {"tokenizer": str(tok), "task": "causal_lm", "max_length": T}}
     arrays, labels = load(data, specs("seq", ["input_ids"]), options=options).data
 
-    def ort_loss(path) -> float:
-        x = ort_run(onnx.load(path), arrays)[0]
-        return float(torch.nn.functional.cross_entropy(
-            torch.from_numpy(x).transpose(1, 2), torch.from_numpy(labels),
-            ignore_index=IGNORE_INDEX))
-
-    assert ort_loss(out) < 0.85 * ort_loss(model)
+    assert ort_lm_loss(out, arrays, labels) < 0.85 * ort_lm_loss(model, arrays, labels)
 
 
 def test_loss_options_name_a_bad_key(capsys):
