@@ -19,7 +19,7 @@ import onnx
 import pytest
 import torch
 from oracles import ort_run
-from torchvision_models import models
+from torchvision_models import models, pretrained_like
 
 import tr_onnx
 from tr_onnx.finetune import finetune_options, replace_head
@@ -34,22 +34,9 @@ TORCH_ATOL = 5e-4
 
 
 def pretrained_like_resnet18() -> torch.nn.Module:
-    """ResNet-18 (10 classes) with random biases, non-unit BatchNorm scales and running
-    statistics away from 0 and 1, as pretrained weights are (test_torchvision_exports)."""
+    """ResNet-18 (10 classes) with pretrained-like weights (``pretrained_like``)."""
     torch.manual_seed(0)
-    module = models().resnet18(num_classes=10)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
-            elif p.ndim == 1:
-                p.mul_(1 + 0.2 * torch.randn_like(p)).add_(0.05 * torch.randn_like(p))
-        for name, b in module.named_buffers():
-            if name.endswith("running_var"):
-                b.uniform_(0.5, 1.5)
-            elif name.endswith("running_mean"):
-                b.normal_(0, 0.1)
-    return module.eval()
+    return pretrained_like(models().resnet18(num_classes=10)).eval()
 
 
 def export_resnet(module: torch.nn.Module, exporter: str, path: Path) -> Path:

@@ -25,7 +25,7 @@ import onnx
 import pytest
 import torch
 from torch_parity import ParityCase, assert_parity, run_case
-from torchvision_models import models
+from torchvision_models import models, pretrained_like
 
 import tr_onnx
 from tr_onnx.export_advice import export_advice
@@ -33,23 +33,6 @@ from tr_onnx.torch_metadata import folded_from, module_of
 
 CLASSES = 10
 BATCH = 2
-
-
-def _pretrained_like(module: torch.nn.Module) -> torch.nn.Module:
-    """Random biases and norm scales (the dynamo exporter would drop or merge torchvision's
-    zeros and ones) and running statistics away from 0 and 1."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
-            elif p.ndim == 1 or "layer_scale" in name:
-                p.mul_(1 + 0.2 * torch.randn_like(p)).add_(0.05 * torch.randn_like(p))
-        for name, b in module.named_buffers():
-            if name.endswith("running_var"):
-                b.uniform_(0.5, 1.5)
-            elif name.endswith("running_mean"):
-                b.normal_(0, 0.1)
-    return module
 
 
 def _head_bias(module: torch.nn.Module) -> torch.nn.Module:
@@ -127,7 +110,7 @@ def _quiet():
     (densenet, BATCHNORM),
 ], ids=lambda a: getattr(a, "__name__", ""))
 def test_pretrained_like_exports_train_as_pytorch(arch, kwargs, tmp_path):
-    result = run_case(case(arch, _pretrained_like, **kwargs), tmp_path)
+    result = run_case(case(arch, pretrained_like, **kwargs), tmp_path)
     assert_parity(result)
     params = {n for n, _ in arch().named_parameters()}
     assert _trained_as_torch_names(result.session, result.path, params) == params
@@ -176,7 +159,7 @@ def test_default_trainable_set_is_pytorchs_parameters(tmp_path):
     trainable set is the module's parameters (MobileNetV2's convolutions with the BatchNorm
     the exporter fused into them: their folded bias is the one initializer PyTorch lacks)."""
     for arch in (mobilenet_v2, vit):
-        c = case(arch, _pretrained_like)
+        c = case(arch, pretrained_like)
         module = c.build().eval()
         path = _export(c, module, tmp_path)
         session = tr_onnx.TrainingSession(path, optimizer=tr_onnx.optim.SGD(lr=0.1),

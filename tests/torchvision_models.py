@@ -43,3 +43,21 @@ def models():
     import torchvision.models
 
     return torchvision.models
+
+
+def pretrained_like(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with random biases and norm (and layer) scales, and running statistics away
+    from 0 and 1, as pretrained weights are: the dynamo exporter would drop or merge
+    torchvision's initial zeros and ones, and the test would measure the exporter."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+            elif p.ndim == 1 or "layer_scale" in name:
+                p.mul_(1 + 0.2 * torch.randn_like(p)).add_(0.05 * torch.randn_like(p))
+        for name, b in module.named_buffers():
+            if name.endswith("running_var"):
+                b.uniform_(0.5, 1.5)
+            elif name.endswith("running_mean"):
+                b.normal_(0, 0.1)
+    return module
