@@ -11,9 +11,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import ir
 from ..distributed import lookup
+from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
-from ..opdef import CHANNEL_VECTOR, SPATIAL, OpDef
+from ..ir import Value
+from ..opdef import CHANNEL_VECTOR, SPATIAL, OpDef, TrainingContext
 from . import batch_norm_onednn
 from .normalization import (
     INTERNAL_DOMAIN,
@@ -394,6 +397,90 @@ def batch_norm_vjp(b, node, gys, needed):
                     needed) + [None, None]
 
 
+# ----------------------------------------------- training form, eval form, export, value bound
+
+
+def batch_norm_training_form(node, ctx: TrainingContext) -> bool:
+    """Training mode whatever mode the model was exported in: a BatchNormTraining normalises
+    with the batch's statistics, saves (mean, inv_std) for the gradient and computes the new
+    running statistics, which the commit phase assigns (``ctx.commits``). A layer whose scale
+    and bias are both frozen stays in inference mode with ``frozen_batchnorm_eval``."""
+    graph = ctx.graph
+    if node.attrs.get("spatial", 1) != 1 and node.inputs[0].rank > 2:
+        raise UnsupportedModelError(f"{node.label}: spatial=0 BatchNormalization cannot "
+                                    "be trained", [])
+    x, scale, bias, mean, var = node.inputs[:5]
+    if ctx.frozen_batchnorm_eval and not any(
+            v is not None and v.kind == ir.PARAM and ctx.trains(v) for v in (scale, bias)):
+        return False  # frozen layer: inference mode
+    stats = (scale, bias, mean, var)
+    if x.rank < 2 or any(v is None or v.shape != (x.shape[1],) for v in stats):
+        raise UnsupportedModelError(
+            f"{node.label}: training needs scale, bias, mean and var of one value per "
+            f"channel of x {list(x.shape)}; they are "
+            f"{[list(v.shape) if v is not None else None for v in stats]}", [])
+    c = (scale.shape[0],)
+    outs = list(node.outputs) + [None] * (5 - len(node.outputs))
+    y = outs[0]
+    saved = [Value(graph.unique_name(f"{node.name}/saved_{k}"), c, x.dtype)
+             for k in ("mean", "inv_std")]
+    for v in saved:
+        graph.values[v.name] = v
+    new_stats = []
+    for k, old in enumerate(outs[1:3]):
+        if old is None or old.shape != c:  # opset < 9 had other optional outputs
+            old = Value(graph.unique_name(f"{node.name}/new_running_{k}"), c, x.dtype)
+            graph.values[old.name] = old
+        new_stats.append(old)
+    attrs = {"epsilon": float(node.attrs.get("epsilon", 1e-5)),
+             "momentum": float(node.attrs.get("momentum", 0.9)),
+             "unbiased_running_var": int(ctx.unbiased_running_var)}
+    if ctx.sync_world is not None:  # statistics over every rank
+        attrs["world"] = ctx.sync_world
+    new = ctx.make_node("BatchNormTraining", node.name, [x, scale, bias, mean, var],
+                        [y, *saved, *new_stats], attrs)
+    graph.replace_node(node, new)
+    ctx.commits += [(stat, v) for stat, v in zip((mean, var), new_stats)
+                    if stat.kind == ir.PARAM]
+    return True
+
+
+def batch_norm_inference_form(node, graph) -> bool:
+    """Exported in training mode: training_mode=0 (the running statistics), and the outputs
+    only that mode has dropped where nothing reads them."""
+    if not node.attrs.get("training_mode", 0):
+        return False
+    node.attrs["training_mode"] = 0
+    for k in range(1, len(node.outputs)):
+        out = node.outputs[k]
+        if out is not None and not out.consumers and out not in graph.outputs:
+            node.outputs[k] = None
+    return True
+
+
+def batch_norm_export(node, graph, used) -> None:
+    """The exported node reads the trained running statistics: training_mode=0, one output
+    (unless something reads the others)."""
+    for attr in node.attribute:
+        if attr.name == "training_mode" and attr.i:
+            attr.i = 0
+            if not any(o in used for o in node.output[1:]):
+                del node.output[1:]
+
+
+def batch_norm_value_bound(node, bound, stats) -> float | None:
+    """Inference mode with constant statistics: |y| <= max|scale / sqrt(var + eps)| *
+    (|x| + max|mean|) + max|bias|."""
+    x = bound(node.inputs[0])
+    values = [stats.data(v) for v in node.inputs[1:5]]
+    if x is None or any(v is None for v in values) or int(node.attrs.get("training_mode", 0)):
+        return None
+    gamma, beta, mean, var = values
+    scale = np.abs(gamma) / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
+    return float(np.max(scale)) * (x + stats.max_abs(node.inputs[3])) + stats.max_abs(
+        node.inputs[2])
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     def internal(op_type, factory, layout, **kw):
@@ -403,12 +490,18 @@ def tr_onnx_op_definitions():
     return [
         OpDef("BatchNormalization", (1, 6, 7, 9, 14, 15), {"numpy": batch_norm_numpy},
               layout=BATCH_NORM, differentiable=True, gradient=batch_norm_vjp,
-              grad_inputs=(0, 1, 2), param_inputs=(1, 2)),
+              grad_inputs=(0, 1, 2), param_inputs=(1, 2), training=batch_norm_training_form,
+              inference=batch_norm_inference_form, export=batch_norm_export,
+              value_bounds=batch_norm_value_bound),
+        # half precision: cuDNN's BatchNorm takes half x/y/dy/dx and float32 per-channel
+        # scale, bias, statistics and their gradients
         internal("BatchNormTraining", batch_norm_training_numpy, BATCH_NORM,
                  shape=batch_norm_training_shape, differentiable=True,
                  gradient=batch_norm_training_vjp, grad_inputs=(0, 1, 2),
+                 fp32_inputs=(1, 2, 3, 4), fp32_outputs=(1, 2, 3, 4),
                  doc="training-mode BatchNormalization: (y, saved_mean, saved_inv_std, "
                      "new_running_mean, new_running_var)"),
         internal("BatchNormGrad", batch_norm_grad_numpy, BATCH_NORM_GRAD,
+                 fp32_inputs=(2, 3, 4), fp32_outputs=(1, 2),
                  doc="(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias)"),
     ]

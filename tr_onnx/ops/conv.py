@@ -575,11 +575,24 @@ def conv_transpose_vjp(b, node, gys, needed):
     return grads
 
 
+def conv_value_bound(node, bound, stats) -> float | None:
+    """A constant weight and bias: |y| <= |x| * max_o sum |w_o| + max |b| (per output
+    channel o)."""
+    w, x = node.inputs[1], bound(node.inputs[0])
+    has_b = len(node.inputs) > 2 and node.inputs[2] is not None
+    b = stats.max_abs(node.inputs[2]) if has_b else 0.0
+    data = stats.data(w)
+    if data is None or b is None or x is None or data.ndim < 2:
+        return None
+    return x * stats.largest_sum(w, 1) + b
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
         OpDef("Conv", (1, 11, 22), {"numpy": conv_numpy}, layout=CONV_LAYOUT,
-              differentiable=True, gradient=conv_vjp, param_inputs=(1, 2)),
+              differentiable=True, gradient=conv_vjp, param_inputs=(1, 2),
+              value_bounds=conv_value_bound),
         OpDef("ConvTranspose", (1, 11, 22), {"numpy": conv_transpose_numpy}, layout=CONV_LAYOUT,
               differentiable=True, gradient=conv_transpose_vjp, param_inputs=(1, 2)),
     ]

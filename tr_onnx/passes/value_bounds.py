@@ -25,13 +25,11 @@ SAFE = float(np.finfo(np.float32).max) / 34
 # ops whose output is bounded by their first input's bound (a selection, a max or a mean of its
 # values, or the values themselves moved)
 _SAME = frozenset({
-    "Relu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Identity",
-    "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Gather",
-    "Neg", "Abs", "ReduceMax", "ReduceMin", "ReduceMean", "SpaceToDepth", "DepthToSpace",
-    "Expand", "Tile"})
+    "Relu", "Identity", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice",
+    "Gather", "Neg", "Abs", "SpaceToDepth", "DepthToSpace", "Expand", "Tile"})
 # the dtypes bounds are given for: a bound below SAFE keeps them finite
 BOUNDED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_UNIT = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Softsign", "Sin", "Cos"})
+_UNIT = frozenset({"Sigmoid", "Tanh", "HardSigmoid", "Softsign", "Sin", "Cos"})
 
 
 class ConstantStats:
@@ -84,44 +82,6 @@ def _max_abs(data: np.ndarray) -> float:
     return float(np.max(np.abs(data))) if data.size else 0.0
 
 
-def _linear(x_bound: float, row_sums: float, bias: float) -> float:
-    """|sum_k w_k x_k + b| <= max_o sum_k |w_ok| * max|x| + max|b|."""
-    return x_bound * row_sums + bias
-
-
-def _conv(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    w, x = node.inputs[1], bound(node.inputs[0])
-    has_b = len(node.inputs) > 2 and node.inputs[2] is not None
-    b = stats.max_abs(node.inputs[2]) if has_b else 0.0
-    data = stats.data(w)
-    if data is None or b is None or x is None or data.ndim < 2:
-        return None
-    return _linear(x, stats.largest_sum(w, 1), b)  # per output channel
-
-
-def _gemm(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    a, w = bound(node.inputs[0]), node.inputs[1]
-    data = stats.data(w)
-    if a is None or data is None or data.ndim != 2 or int(node.attrs.get("transA", 0)):
-        return None
-    # the sums over the input axis, per output column: axis 1 of B^T, axis 0 of B
-    sums = stats.largest_sum(w, 1 if int(node.attrs.get("transB", 0)) else 0)
-    alpha, beta = abs(float(node.attrs.get("alpha", 1.0))), abs(float(node.attrs.get("beta", 1.0)))
-    c = node.inputs[2] if len(node.inputs) > 2 else None
-    c_bound = 0.0 if c is None else bound(c)
-    if c_bound is None:
-        return None
-    return _linear(a, alpha * sums, beta * c_bound)
-
-
-def _matmul(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    a, w = bound(node.inputs[0]), node.inputs[1]
-    data = stats.data(w)
-    if a is None or data is None or data.ndim != 2:
-        return None
-    return _linear(a, stats.largest_sum(w, 0), 0.0)
-
-
 def _clip(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     """Both limits finite constants: the clip of a finite x lies between them."""
     x = bound(node.inputs[0])
@@ -143,16 +103,6 @@ def _clip(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     return max(x, *(abs(float(v)) for v in limits if v is not None))
 
 
-def _batchnorm(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    x = bound(node.inputs[0])
-    values = [stats.data(v) for v in node.inputs[1:5]]
-    if x is None or any(v is None for v in values) or int(node.attrs.get("training_mode", 0)):
-        return None
-    gamma, beta, mean, var = values
-    scale = np.abs(gamma) / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
-    return float(np.max(scale)) * (x + _max_abs(mean)) + _max_abs(beta)
-
-
 def _sum(node: ir.Node, bound, stats: ConstantStats) -> float | None:
     parts = [bound(v) for v in node.inputs]
     return None if any(p is None for p in parts) else math.fsum(parts)
@@ -169,13 +119,18 @@ def _largest(node: ir.Node, bound, stats: ConstantStats) -> float | None:
 
 
 _RULES: dict[str, Callable] = {
-    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "Clip": _clip,
-    "BatchNormalization": _batchnorm, "Add": _sum, "Sub": _sum, "Sum": _sum, "Mul": _product,
+    "Clip": _clip, "Add": _sum, "Sub": _sum, "Sum": _sum, "Mul": _product,
     "Concat": _largest, "Max": _largest, "Min": _largest,
     **{op: lambda node, bound, stats: bound(node.inputs[0]) for op in _SAME},
     **{op: lambda node, bound, stats: 1.0 if bound(node.inputs[0]) is not None else None
        for op in _UNIT},
 }
+
+
+def _rule(node: ir.Node) -> Callable | None:
+    if node.opdef is not None and node.opdef.value_bounds is not None:
+        return node.opdef.value_bounds
+    return _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
 
 
 def magnitude_bounds(graph: ir.Graph, input_limit: float,
@@ -196,7 +151,7 @@ def magnitude_bounds(graph: ir.Graph, input_limit: float,
         return None if v is None else bounds.get(v.name)
 
     for node in graph.nodes:
-        rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rule = _rule(node)
         out = node.outputs[0] if node.outputs else None
         if rule is None or out is None or out.dtype not in BOUNDED_DTYPES or out.name in bounds:
             continue
