@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import ir
 from .layouts import Layout
 
 RunFn = Callable[[list, list, list], None]
@@ -186,8 +187,8 @@ class TrainingContext:
     batch for a tensor ``x`` whose axis 0 is the batch, else None.
     ``unbiased_running_var``, ``frozen_batchnorm_eval``, ``sync_world`` (the world id whose
     ranks share batch statistics, or None): the session's BatchNorm options.
-    ``commits``: the rule appends (state value, its new value) pairs here; the step's commit
-    phase assigns them after a step with finite loss and gradients (running statistics).
+    ``commits``: (state value, its new value) pairs (``commit``), which the step's commit
+    phase assigns after a step with finite loss and gradients (running statistics).
     """
 
     graph: Any
@@ -200,6 +201,18 @@ class TrainingContext:
     frozen_batchnorm_eval: bool = False
     sync_world: int | None = None
     commits: list = field(default_factory=list)
+
+    def new_value(self, base: str, shape, dtype) -> ir.Value:
+        """A new activation of the graph, named uniquely after ``base``."""
+        v = ir.Value(self.graph.unique_name(base), tuple(shape), np.dtype(dtype))
+        self.graph.values[v.name] = v
+        return v
+
+    def commit(self, state: ir.Value, new: ir.Value) -> None:
+        """``state`` takes ``new``'s value after each step with finite loss and gradients,
+        where it is a stored parameter (a running statistic); a computed one keeps none."""
+        if state.kind == ir.PARAM:
+            self.commits.append((state, new))
 
 
 @dataclass(frozen=True)

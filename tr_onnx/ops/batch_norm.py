@@ -440,8 +440,8 @@ def batch_norm_training_form(node, ctx: TrainingContext) -> bool:
     new = ctx.make_node("BatchNormTraining", node.name, [x, scale, bias, mean, var],
                         [y, *saved, *new_stats], attrs)
     graph.replace_node(node, new)
-    ctx.commits += [(stat, v) for stat, v in zip((mean, var), new_stats)
-                    if stat.kind == ir.PARAM]
+    for stat, v in zip((mean, var), new_stats):
+        ctx.commit(stat, v)
     return True
 
 
