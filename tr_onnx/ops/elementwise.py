@@ -16,6 +16,7 @@ The tables' ``vjp`` column holds each op's gradient rule: it builds IR nodes (se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..dtypes import cast_into, cast_scratch, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import OpDef, bounded_like_input
 
 INTERNAL_DOMAIN = "ai.tr_onnx"
 
@@ -592,6 +593,30 @@ def copy_numpy(ctx):
 _CAST_LIKE = (15, 19, 21, 23, 24, 25)
 _CAST = (1, 6, 9, 13, 19, 21, 23, 24, 25, 28)
 _IDENTITY = (1, 13, 14, 16, 19, 21, 23, 24, 25)
+def sum_of_input_bounds(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of a sum or difference: |x1 +- x2| <= |x1| + |x2|."""
+    parts = [bound(v) for v in node.inputs]
+    return None if any(p is None for p in parts) else math.fsum(parts)
+
+
+def product_of_input_bounds(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of a product: |x1 * x2| <= |x1| * |x2|."""
+    parts = [bound(v) for v in node.inputs]
+    return None if any(p is None for p in parts) else math.prod(parts)
+
+
+def largest_input_bound(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of an op whose values are some input's (Max, Min, Concat)."""
+    parts = [bound(v) for v in node.inputs if v is not None]
+    return None if not parts or any(p is None for p in parts) else max(parts)
+
+
+# what bounds each op's values (``OpDef.value_bounds``)
+_VALUE_BOUNDS = {"Add": sum_of_input_bounds, "Sub": sum_of_input_bounds,
+                 "Sum": sum_of_input_bounds, "Mul": product_of_input_bounds,
+                 "Max": largest_input_bound, "Min": largest_input_bound}
+
+
 _VARIADIC = {  # op: (versions, ufunc, gradient rule)
     "Sum": ((1, 6, 8, 13), np.add, _sum_vjp),
     "Mean": ((1, 6, 8, 13), np.add, _mean_vjp),
@@ -603,9 +628,10 @@ _VARIADIC = {  # op: (versions, ufunc, gradient rule)
 @hookimpl
 def tr_onnx_op_definitions():
     defs = [OpDef(op, e.versions, {"numpy": binary_numpy(e)}, differentiable=e.differentiable,
-                  gradient=e.vjp, **_PARAM_PORTS.get(op, {})) for op, e in BINARY.items()]
+                  gradient=e.vjp, value_bounds=_VALUE_BOUNDS.get(op), **_PARAM_PORTS.get(op, {}))
+            for op, e in BINARY.items()]
     defs += [OpDef(op, versions, {"numpy": variadic_numpy(ufunc, mean=op == "Mean")},
-                   differentiable=True, gradient=vjp)
+                   differentiable=True, gradient=vjp, value_bounds=_VALUE_BOUNDS.get(op))
              for op, (versions, ufunc, vjp) in _VARIADIC.items()]
     defs += [
         OpDef("Where", (9, 16), {"numpy": where_numpy}, differentiable=True,
@@ -619,6 +645,7 @@ def tr_onnx_op_definitions():
         OpDef("Binarizer", (1,), {"numpy": binarizer_numpy}, domain="ai.onnx.ml",
               differentiable=False),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
-              differentiable=True, gradient=_identity_vjp, forwards_params=True),
+              differentiable=True, gradient=_identity_vjp, forwards_params=True,
+              value_bounds=bounded_like_input),
     ]
     return defs

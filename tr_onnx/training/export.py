@@ -84,13 +84,3 @@ def inference_form(model: onnx.ModelProto, registry: OpRegistry) -> None:
         opdef = opdef_for(node, opsets, registry, "numpy")
         if opdef is not None and opdef.export is not None:
             opdef.export(node, g, used)
-        elif node.op_type == "Dropout":
-            dropout_export(node, g, used)
-
-
-def dropout_export(node: onnx.NodeProto, g: onnx.GraphProto, used) -> None:
-    """A training_mode input (opset 12+) becomes a constant False initializer."""
-    if len(node.input) > 2 and node.input[2]:
-        name = f"{node.name or node.output[0]}/eval_mode"
-        g.initializer.append(numpy_helper.from_array(np.array(False), name))
-        node.input[2] = name

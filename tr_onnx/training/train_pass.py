@@ -4,9 +4,10 @@ function here, so that order reads in one place:
 
 1. untie parameters that exporters shared through Identity nodes (unless asked to keep ties);
 2. the per-step scalars the host writes (learning rate, step, 1/k, RNG counter);
-3. training semantics: every BatchNormalization uses batch statistics and updates its running
-   statistics (``ai.tr_onnx.BatchNormTraining``), every Dropout with a ratio draws a mask
-   (``ai.tr_onnx.DropoutTraining``), whatever mode the model was exported in;
+3. training semantics, whatever mode the model was exported in: each op's training form
+   (``OpDef.training``): every BatchNormalization uses batch statistics and updates its
+   running statistics (``ai.tr_onnx.BatchNormTraining``), every Dropout with a ratio draws a
+   mask (``ai.tr_onnx.DropoutTraining``), random ops draw from the step counter;
 4. the labels input and the loss nodes (a builtin loss, or a user's ONNX loss model spliced
    in);
 5. the trainable parameters, and the backward pass of the loss w.r.t. them
@@ -31,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from .. import ir
-from ..dtypes import onnx_elem_type
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
@@ -240,50 +240,7 @@ def sample_offset(graph: Graph, cfg: TrainConfig, x: Value) -> Value | None:
 
 
 def _training_form(node: Node):
-    if node.opdef is not None and node.opdef.training is not None:
-        return node.opdef.training
-    if node.op_type == "Dropout" and node.domain in ("", "ai.onnx"):
-        return dropout_training_form
-    return None
-
-
-def dropout_training_form(node: Node, ctx: TrainingContext) -> bool:
-    """A Dropout with a ratio draws its mask each step (``ai.tr_onnx.DropoutTraining``, keyed
-    by ``ctx.seed`` and counted by the step counter)."""
-    graph = ctx.graph
-    ratio = node.attrs.get("ratio", 0.5) if node.since_version < 12 else (
-        float(np.asarray(node.inputs[1].data)) if len(node.inputs) > 1
-        and node.inputs[1] is not None else 0.5)
-    if ratio == 0.0:
-        return False
-    y = node.outputs[0]
-    old_mask = node.outputs[1] if len(node.outputs) > 1 else None
-    mask = old_mask if old_mask is not None and old_mask.dtype == np.bool_ else None
-    if mask is None:
-        mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
-        graph.values[mask.name] = mask
-    offset = ctx.sample_offset(node.inputs[0])
-    inputs = [node.inputs[0], ctx.step_counter] + ([offset] if offset is not None else [])
-    new = ctx.make_node("DropoutTraining", node.name, inputs, [y, mask],
-                        {"ratio": float(ratio), "seed": ctx.seed})
-    graph.replace_node(node, new)
-    if old_mask is not None and old_mask is not mask:
-        _legacy_mask(ctx, new, old_mask)
-    return True
-
-
-def _legacy_mask(ctx: TrainingContext, dropout: Node, old_mask: Value) -> None:
-    """Opset 7-9 Dropout gave its mask in x's type: where something reads it, a Cast of the
-    training mask makes it; otherwise it goes."""
-    graph = ctx.graph
-    if not old_mask.consumers and old_mask not in graph.outputs:
-        del graph.values[old_mask.name]
-        old_mask.producer = None
-        return
-    cast = ctx.make_node("Cast", graph.unique_name(f"{dropout.name}/mask_cast"),
-                         [dropout.outputs[1]], [old_mask], {"to": onnx_elem_type(old_mask.dtype)},
-                         domain="", since_version=13)
-    graph.insert(graph.nodes.index(dropout) + 1, cast)
+    return node.opdef.training if node.opdef is not None else None
 
 
 def to_inference_mode(graph: Graph) -> int:
@@ -299,22 +256,7 @@ def to_inference_mode(graph: Graph) -> int:
 
 
 def _inference_form(node: Node):
-    if node.opdef is not None and node.opdef.inference is not None:
-        return node.opdef.inference
-    if node.op_type == "Dropout" and node.domain in ("", "ai.onnx"):
-        return dropout_inference_form
-    return None
-
-
-def dropout_inference_form(node: Node, graph: Graph) -> bool:
-    """A training_mode input (opset 12+) becomes a constant False."""
-    if node.since_version < 12 or len(node.inputs) <= 2 or node.inputs[2] is None:
-        return False
-    off = Value(graph.unique_name(f"{node.name}/eval"), (), np.dtype(np.bool_), ir.CONST,
-                data=np.array(False))
-    graph.values[off.name] = off
-    graph.replace_input(node, 2, off)
-    return True
+    return node.opdef.inference if node.opdef is not None else None
 
 
 def contributes_to(graph: Graph, target: Value) -> set[Value]:
