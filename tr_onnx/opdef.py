@@ -129,6 +129,8 @@ class OpDef:
     None) and ``stats`` (``passes.value_bounds.ConstantStats``: the constants' numbers); None
     where it proves nothing. ``bounded_like_input`` and ``unit_bounded`` below are the common
     rules. ``passes.value_bounds``.
+    ``traits``: facts the graph analyses ask of an op instead of listing op types (the
+    constants below: ``training.parameters``, ``export_advice``).
     """
 
     op_type: str
@@ -154,10 +156,23 @@ class OpDef:
     fp32_inputs: tuple[int, ...] | str = ()
     fp32_outputs: tuple[int, ...] = ()
     value_bounds: Callable | None = None
+    traits: frozenset[str] = frozenset()
     overrides: bool = False  # replace an op already registered (e.g. a builtin) on purpose
     # Defaults of attributes for ops without an ONNX schema (custom domains), filled into
     # node.attrs at dispatch, so kernels, rules and backends read ctx.attrs[name] directly.
     attr_defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+# OpDef.traits
+NORMALIZATION = "normalization"  # normalises activations: a net with one kept its BatchNorms
+CHANNEL_NORMALIZATION = "channel_normalization"  # per channel: cancels a bias added before it
+CONVOLUTION = "convolution"  # a sliding-window layer (weight, optional bias)
+BATCHNORM_FOLDS_INTO = "batchnorm_folds_into"  # exporters fold a following BatchNorm into it
+LINEAR = "linear"  # x @ W: its weight names the layer of the bias added after it
+SOFTMAX = "softmax"  # normalises scores: an additive mask before it is a constant
+MASK_PATH = "mask_path"  # may lie between an additive attention mask and its Softmax
+BROADCASTS = "broadcasts"  # forwards a value into a larger one: a scalar there is a fill
+LAYOUT_ONLY = "layout_only"  # moves values: exporters put it between a layer and its norm
 
 
 def bounded_like_input(node, bound, stats) -> float | None:

@@ -16,7 +16,14 @@ from ..distributed import lookup
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..ir import Value
-from ..opdef import CHANNEL_VECTOR, SPATIAL, OpDef, TrainingContext
+from ..opdef import (
+    CHANNEL_NORMALIZATION,
+    CHANNEL_VECTOR,
+    NORMALIZATION,
+    SPATIAL,
+    OpDef,
+    TrainingContext,
+)
 from . import batch_norm_onednn
 from .normalization import (
     INTERNAL_DOMAIN,
@@ -492,6 +499,7 @@ def tr_onnx_op_definitions():
               layout=BATCH_NORM, differentiable=True, gradient=batch_norm_vjp,
               grad_inputs=(0, 1, 2), param_inputs=(1, 2), training=batch_norm_training_form,
               inference=batch_norm_inference_form, export=batch_norm_export,
+              traits=frozenset({NORMALIZATION, CHANNEL_NORMALIZATION}),
               value_bounds=batch_norm_value_bound),
         # half precision: cuDNN's BatchNorm takes half x/y/dy/dx and float32 per-channel
         # scale, bias, statistics and their gradients

@@ -29,9 +29,11 @@ from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
 from ..opdef import (
+    BATCHNORM_FOLDS_INTO,
     CHANNEL_VECTOR,
     CHANNELS_LAST,
     CONV_WEIGHT,
+    CONVOLUTION,
     PLAIN,
     SPATIAL,
     LayoutRule,
@@ -592,7 +594,9 @@ def tr_onnx_op_definitions():
     return [
         OpDef("Conv", (1, 11, 22), {"numpy": conv_numpy}, layout=CONV_LAYOUT,
               differentiable=True, gradient=conv_vjp, param_inputs=(1, 2),
-              value_bounds=conv_value_bound),
+              value_bounds=conv_value_bound,
+              traits=frozenset({CONVOLUTION, BATCHNORM_FOLDS_INTO})),
         OpDef("ConvTranspose", (1, 11, 22), {"numpy": conv_transpose_numpy}, layout=CONV_LAYOUT,
-              differentiable=True, gradient=conv_transpose_vjp, param_inputs=(1, 2)),
+              differentiable=True, gradient=conv_transpose_vjp, param_inputs=(1, 2),
+              traits=frozenset({CONVOLUTION, BATCHNORM_FOLDS_INTO})),
     ]

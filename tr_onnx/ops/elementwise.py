@@ -25,7 +25,7 @@ import numpy as np
 
 from ..dtypes import cast_into, cast_scratch, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
-from ..opdef import OpDef, bounded_like_input
+from ..opdef import LAYOUT_ONLY, MASK_PATH, OpDef, bounded_like_input
 
 INTERNAL_DOMAIN = "ai.tr_onnx"
 
@@ -611,6 +611,7 @@ def largest_input_bound(node, bound, stats) -> float | None:
     return None if not parts or any(p is None for p in parts) else max(parts)
 
 
+_TRAITS = {"Add": frozenset({MASK_PATH})}  # ``OpDef.traits``
 # what bounds each op's values (``OpDef.value_bounds``)
 _VALUE_BOUNDS = {"Add": sum_of_input_bounds, "Sub": sum_of_input_bounds,
                  "Sum": sum_of_input_bounds, "Mul": product_of_input_bounds,
@@ -628,14 +629,15 @@ _VARIADIC = {  # op: (versions, ufunc, gradient rule)
 @hookimpl
 def tr_onnx_op_definitions():
     defs = [OpDef(op, e.versions, {"numpy": binary_numpy(e)}, differentiable=e.differentiable,
-                  gradient=e.vjp, value_bounds=_VALUE_BOUNDS.get(op), **_PARAM_PORTS.get(op, {}))
+                  gradient=e.vjp, value_bounds=_VALUE_BOUNDS.get(op),
+                  traits=_TRAITS.get(op, frozenset()), **_PARAM_PORTS.get(op, {}))
             for op, e in BINARY.items()]
     defs += [OpDef(op, versions, {"numpy": variadic_numpy(ufunc, mean=op == "Mean")},
                    differentiable=True, gradient=vjp, value_bounds=_VALUE_BOUNDS.get(op))
              for op, (versions, ufunc, vjp) in _VARIADIC.items()]
     defs += [
         OpDef("Where", (9, 16), {"numpy": where_numpy}, differentiable=True,
-              gradient=_where_vjp, grad_inputs=(1, 2)),
+              gradient=_where_vjp, grad_inputs=(1, 2), traits=frozenset({MASK_PATH})),
         OpDef("Cast", _CAST, {"numpy": cast_numpy}, differentiable=True, gradient=_cast_vjp,
               forwards_params=True),
         OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True,
@@ -646,6 +648,6 @@ def tr_onnx_op_definitions():
               differentiable=False),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
               differentiable=True, gradient=_identity_vjp, forwards_params=True,
-              value_bounds=bounded_like_input),
+              value_bounds=bounded_like_input, traits=frozenset({LAYOUT_ONLY})),
     ]
     return defs

@@ -26,7 +26,7 @@ import numpy as np
 from .. import host_blas, onednn
 from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
-from ..opdef import MATMUL, OpDef
+from ..opdef import BATCHNORM_FOLDS_INTO, LINEAR, MATMUL, OpDef
 from .conv import INTERNAL_DOMAIN
 from .tensor import reshape_to
 
@@ -406,10 +406,11 @@ def tr_onnx_op_definitions():
         OpDef("Det", (11, 22), {"numpy": det_numpy}, differentiable=False),
         OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": compute_wide(gemm_numpy)}, layout=MATMUL,
               differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2),
-              value_bounds=gemm_value_bound),
+              value_bounds=gemm_value_bound,
+              traits=frozenset({LINEAR, BATCHNORM_FOLDS_INTO})),
         OpDef("MatMul", (1, 9, 13), {"numpy": compute_wide(matmul_numpy)}, layout=MATMUL,
               differentiable=True, gradient=matmul_vjp, param_inputs=(0, 1),
-              value_bounds=matmul_value_bound),
+              value_bounds=matmul_value_bound, traits=frozenset({LINEAR})),
         OpDef("MatMulBias", (1,), {"numpy": matmul_bias_numpy}, domain=INTERNAL_DOMAIN,
               layout=MATMUL, doc="MatMul by a 2-D constant, then Add of a per-column bias "
               "(inference plans)"),

@@ -21,7 +21,14 @@ import numpy as np
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout, channels_last_view
-from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
+from ..opdef import (
+    CHANNEL_NORMALIZATION,
+    CHANNEL_VECTOR,
+    ELEMENTWISE,
+    NORMALIZATION,
+    SPATIAL,
+    OpDef,
+)
 from .layer_norm_onednn import layer_norm_grad_onednn, layer_norm_onednn
 from .reduce import reduce_kept
 
@@ -487,16 +494,16 @@ def tr_onnx_op_definitions():
     return [
         OpDef("InstanceNormalization", (1, 6, 22), {"numpy": instance_norm_numpy},
               layout=SCALE_BIAS_NORM, differentiable=True, gradient=instance_norm_vjp,
-              param_inputs=(1, 2)),
+              param_inputs=(1, 2), traits=frozenset({NORMALIZATION, CHANNEL_NORMALIZATION})),
         OpDef("GroupNormalization", (18, 21), {"numpy": group_norm_numpy},
               layout=SCALE_BIAS_NORM, differentiable=True, gradient=group_norm_vjp,
-              param_inputs=(1, 2)),
+              param_inputs=(1, 2), traits=frozenset({NORMALIZATION, CHANNEL_NORMALIZATION})),
         OpDef("LayerNormalization", (17,), {"numpy": layer_norm_numpy}, differentiable=True,
-              gradient=layer_norm_vjp, param_inputs=(1, 2)),
+              gradient=layer_norm_vjp, param_inputs=(1, 2), traits=frozenset({NORMALIZATION})),
         OpDef("MeanVarianceNormalization", (9, 13), {"numpy": mvn_numpy}, differentiable=True,
-              gradient=mvn_vjp),
+              gradient=mvn_vjp, traits=frozenset({NORMALIZATION})),
         OpDef("LpNormalization", (1, 22), {"numpy": lp_norm_numpy}, differentiable=True,
-              gradient=lp_norm_vjp),
+              gradient=lp_norm_vjp, traits=frozenset({NORMALIZATION})),
         internal("GroupNormGrad", group_norm_grad_numpy, SCALE_NORM_GRAD,
                  doc="(gy, x, scale) -> (gx, gscale, gbias) of Instance/GroupNormalization"),
         internal("LayerNormGrad", layer_norm_grad_numpy, ELEMENTWISE,

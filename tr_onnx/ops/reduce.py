@@ -21,7 +21,7 @@ from .. import host_blas
 from ..dtypes import finfo, is_float, onnx_elem_type
 from ..errors import InternalError
 from ..hookspecs import hookimpl
-from ..opdef import OpDef, bounded_like_input, unit_bounded
+from ..opdef import SOFTMAX, OpDef, bounded_like_input, unit_bounded
 from . import softmax_onednn
 
 # The schema version from which each Reduce op takes ``axes`` as input 1 instead of an attribute.
@@ -451,9 +451,9 @@ def tr_onnx_op_definitions():
                for op, versions in _REDUCE_VERSIONS.items()]
     return reduces + [
         OpDef("Softmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True,
-              gradient=softmax_vjp, value_bounds=unit_bounded),
+              gradient=softmax_vjp, value_bounds=unit_bounded, traits=frozenset({SOFTMAX})),
         OpDef("LogSoftmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True,
-              gradient=softmax_vjp),
+              gradient=softmax_vjp, traits=frozenset({SOFTMAX})),
         # piecewise constant (one-hot of the maximum) / integer outputs: no gradient
         OpDef("Hardmax", (1, 11, 13), {"numpy": hardmax_numpy}, differentiable=False),
         OpDef("ArgMax", (1, 11, 12, 13), {"numpy": argmax_numpy}, differentiable=False),

@@ -25,7 +25,14 @@ from onnx import numpy_helper
 from .. import onednn
 from ..dtypes import is_float
 from ..hookspecs import hookimpl
-from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef, bounded_like_input
+from ..opdef import (
+    BROADCASTS,
+    LAYOUT_ONLY,
+    PLAIN_ONLY,
+    STRIDED_TO_PLAIN,
+    OpDef,
+    bounded_like_input,
+)
 from .elementwise import largest_input_bound
 
 INTERNAL = "ai.tr_onnx"
@@ -552,7 +559,7 @@ def trilu_vjp(b, node, gys, needed):
 
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
           "gradient": regroup_vjp, "grad_inputs": (0,), "forwards_params": True,
-          "value_bounds": bounded_like_input}
+          "value_bounds": bounded_like_input, "traits": frozenset({LAYOUT_ONLY})}
 _NONE = {"differentiable": False}
 
 
@@ -568,7 +575,8 @@ def tr_onnx_op_definitions():
               const_inputs=(1,), **_ALIAS),
         OpDef("Transpose", (1, 13, 21, 23, 24, 25), {"numpy": transpose_numpy},
               layout=STRIDED_TO_PLAIN, differentiable=True, gradient=transpose_vjp,
-              forwards_params=True, value_bounds=bounded_like_input),
+              forwards_params=True, value_bounds=bounded_like_input,
+              traits=frozenset({LAYOUT_ONLY})),
         OpDef("Concat", (1, 4, 11, 13), {"numpy": concat_numpy}, differentiable=True,
               gradient=concat_vjp, param_inputs="all", param_min_size=2,
               value_bounds=largest_input_bound),
@@ -586,10 +594,12 @@ def tr_onnx_op_definitions():
         OpDef("Size", (1, 13, 19, 21, 23, 24, 25), {"numpy": size_numpy}, **_NONE),
         OpDef("Expand", (8, 13), {"numpy": expand_numpy}, const_inputs=(1,),
               differentiable=True, gradient=expand_vjp, grad_inputs=DATA_INPUT,
-              forwards_params=True, value_bounds=bounded_like_input),
+              forwards_params=True, value_bounds=bounded_like_input,
+              traits=frozenset({BROADCASTS})),
         OpDef("Tile", (1, 6, 13), {"numpy": tile_numpy}, const_inputs=(1, 2),
               differentiable=True, gradient=tile_vjp, grad_inputs=DATA_INPUT,
-              forwards_params=True, value_bounds=bounded_like_input),
+              forwards_params=True, value_bounds=bounded_like_input,
+              traits=frozenset({BROADCASTS})),
         OpDef("Range", (11, 27), {"numpy": range_numpy}, const_inputs=(0, 1, 2), **_NONE),
         OpDef("Trilu", (14,), {"numpy": trilu_numpy}, const_inputs=(1,), differentiable=True,
               gradient=trilu_vjp, grad_inputs=DATA_INPUT),

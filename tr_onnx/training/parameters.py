@@ -63,15 +63,13 @@ from onnx import numpy_helper
 
 from .. import ir
 from ..importer import opdef_for
+from ..opdef import BROADCASTS, LINEAR, MASK_PATH, SOFTMAX
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
 from ..torch_metadata import exported_parameters, folded_from, input_kinds, module_of
 
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
-_SOFTMAX = {"Softmax", "LogSoftmax"}
-_BROADCASTS = {"Expand", "Tile"}  # forward a value into a larger one
-_MASK_PATH = {"Add", "Where"}  # what may lie between an added mask and the Softmax
 MASKED = -100.0
 # Differentiable operands that hold an exporter's constant or a buffer, not a parameter:
 # normalising by an input's mean and std (torchvision-style buffers), and a Pow exponent (its
@@ -307,6 +305,15 @@ def _merged_by_exporter(imported, arrays) -> dict[str, dict[str, str]]:
     return split
 
 
+def _opdef(node: onnx.NodeProto, opsets: dict, registry):
+    return opdef_for(node, opsets, registry, "numpy") or opdef_for(node, opsets, registry, "cuda")
+
+
+def _traits(node: onnx.NodeProto, opsets: dict, registry) -> frozenset[str]:
+    opdef = _opdef(node, opsets, registry)
+    return opdef.traits if opdef is not None else frozenset()
+
+
 class _ReaderModule:
     """The module a node reads a parameter for: the layer whose weight the node's input was
     multiplied by (a bias Add after a MatMul or Gemm whose weight is ``<layer>.weight``, by
@@ -314,18 +321,19 @@ class _ReaderModule:
     scope alone names the module that called the function: ``F.linear(x, self.proj.weight,
     self.proj.bias)`` in an attention module's forward is scoped to the attention module."""
 
-    _LINEAR = {"MatMul", "Gemm"}
-
     def __init__(self, imported):
         g = imported.proto.graph
         self.producer = {o: n for n in g.node for o in n.output if o}
         self.folded = folded_from(imported.original)
+        self.registry = imported.registry
+        self.opsets = {o.domain or "": o.version for o in imported.proto.opset_import}
 
     def __call__(self, node: onnx.NodeProto) -> str | None:
         if node.op_type == "Add":
             for value in node.input:
                 layer = self.producer.get(value)
-                if layer is not None and layer.op_type in self._LINEAR and len(layer.input) > 1:
+                if layer is not None and LINEAR in _traits(layer, self.opsets, self.registry) \
+                        and len(layer.input) > 1:
                     weight = layer.input[1]
                     for source in [weight, *self.folded.get(weight, ())]:
                         if source.endswith(".weight"):
@@ -405,7 +413,7 @@ class _PortWalk:
                 elif opdef is not None and opdef.forwards_params:
                     if index != 0:  # a shape, axes, a quantization scale: not the value
                         frozen.append(f"{where} is not the value {node.op_type} forwards")
-                    elif size == 1 and node.op_type in _BROADCASTS:
+                    elif size == 1 and BROADCASTS in opdef.traits:
                         frozen.append(f"a scalar broadcast by {node.op_type} (node "
                                       f"{node.name!r}): a constant fill, such as a zero "
                                       "initial state")
@@ -433,8 +441,7 @@ class _PortWalk:
         return opdef.grad_inputs is None or index in opdef.grad_inputs
 
     def _opdef(self, node):
-        return opdef_for(node, self.opsets, self.registry, "numpy") or \
-            opdef_for(node, self.opsets, self.registry, "cuda")
+        return _opdef(node, self.opsets, self.registry)
 
     @staticmethod
     def _ports(node, opdef) -> tuple[int, ...] | range:
@@ -462,11 +469,12 @@ class _PortWalk:
     def _feeds_softmax(self, node, depth: int = 4) -> bool:
         for out in node.output:
             for consumer, _ in self.consumers.get(out, ()):
-                if consumer.op_type in _SOFTMAX:
-                    return True
                 opdef = self._opdef(consumer)
+                traits = opdef.traits if opdef is not None else frozenset()
+                if SOFTMAX in traits:
+                    return True
                 forwards = opdef is not None and opdef.forwards_params
-                if depth and (forwards or consumer.op_type in _MASK_PATH) \
+                if depth and (forwards or MASK_PATH in traits) \
                         and self._feeds_softmax(consumer, depth - 1):
                     return True
         return False
