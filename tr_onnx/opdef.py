@@ -118,6 +118,10 @@ class OpDef:
     training mode: the rule edits ``node`` in place (BatchNormalization reads its running
     statistics, Dropout passes x through) and returns whether it changed anything.
     ``training.train_pass.to_inference_mode``.
+    ``inference_fold``: ``fold(node, graph) -> bool``, for inference plans only (parameters
+    constant): the rule merges ``node`` into its neighbours where that keeps the results
+    (an inference BatchNormalization into the Conv before it) and returns whether it did.
+    ``passes.inference_folds.apply_inference_folds``.
     ``export``: ``export(node, graph, used) -> None``, the same for the exported ModelProto:
     ``node`` is the op's ``onnx.NodeProto`` in ``graph`` (an ``onnx.GraphProto``), ``used``
     the names some node or graph output reads. ``training.export.inference_form``.
@@ -152,6 +156,7 @@ class OpDef:
     updates_inputs: tuple[int, ...] = ()
     training: Callable | None = None
     inference: Callable | None = None
+    inference_fold: Callable | None = None
     export: Callable | None = None
     fp32_inputs: tuple[int, ...] | str = ()
     fp32_outputs: tuple[int, ...] = ()

@@ -475,6 +475,63 @@ def batch_norm_export(node, graph, used) -> None:
                 del node.output[1:]
 
 
+def _is_constant(v) -> bool:
+    return v is not None and v.is_constant and v.data is not None
+
+
+def batch_norm_fold_into_conv(bn, graph) -> bool:
+    """Inference plans (``OpDef.inference_fold``): a Conv whose only consumer is this
+    BatchNormalization, in inference mode with constant statistics, becomes one Conv with
+    per-output-channel scaled weights and a bias, as onnxruntime and PyTorch's
+    ``fuse_conv_bn_eval`` fold it: ``w' = w * s``, ``b' = (b - mean) * s + beta`` with
+    ``s = gamma / sqrt(var + eps)``, computed in float64 and rounded once to the weights'
+    dtype. Returns whether it folded."""
+    if int(bn.attrs.get("training_mode", 0)) \
+            or any(o is not None and o.consumers for o in bn.outputs[1:]) \
+            or any(o in graph.outputs for o in bn.outputs[1:]):
+        return False
+    y = bn.inputs[0]
+    conv = y.producer
+    if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
+            or y.consumers != [bn] or y in graph.outputs:
+        return False
+    w = conv.inputs[1]
+    b = conv.inputs[2] if len(conv.inputs) > 2 else None
+    stats = bn.inputs[1:5]
+    if not all(_is_constant(v) for v in (w, *stats)) or (b is not None and not _is_constant(b)) \
+            or not np.issubdtype(w.dtype, np.floating) or w.rank < 3:
+        return False
+    per_channel = (w.shape[0],)
+    if any(np.shape(v.data) != per_channel for v in stats) \
+            or (b is not None and np.shape(b.data) != per_channel) \
+            or len(y.shape) < 2 or y.shape[1] != w.shape[0]:
+        return False  # a malformed model: the kernels' shape checks name what is wrong
+    gamma, beta, mean, var = (np.asarray(v.data, np.float64) for v in stats)
+    s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
+    w_data = np.asarray(w.data, np.float64) * s.reshape(-1, *([1] * (w.rank - 1)))
+    b_data = (0.0 if b is None else np.asarray(b.data, np.float64)) - mean
+    new_w = ir.Value(graph.unique_name(f"{w.name}.bn_folded"), w.shape, w.dtype, ir.CONST,
+                     data=w_data.astype(w.dtype))
+    graph.values[new_w.name] = new_w
+    new_b = ir.Value(graph.unique_name(f"{conv.name}.bias.bn_folded"), (w.shape[0],),
+                     w.dtype, ir.CONST, data=(b_data * s + beta).astype(w.dtype))
+    graph.values[new_b.name] = new_b
+    graph.replace_input(conv, 1, new_w)
+    if b is None:
+        conv.inputs.append(None)
+    graph.replace_input(conv, 2, new_b)
+    out = bn.outputs[0]
+    graph.remove_node(bn)
+    conv.outputs[0] = out
+    out.producer = conv
+    del graph.values[y.name]
+    for v in (w, b, *stats):  # parameters nothing reads any more hold no arena memory
+        if v is not None and not v.consumers and v not in graph.outputs \
+                and v not in graph.inputs and graph.values.get(v.name) is v:
+            del graph.values[v.name]
+    return True
+
+
 def batch_norm_value_bound(node, bound, stats) -> float | None:
     """Inference mode with constant statistics: |y| <= max|scale / sqrt(var + eps)| *
     (|x| + max|mean|) + max|bias|."""
@@ -499,6 +556,7 @@ def tr_onnx_op_definitions():
               layout=BATCH_NORM, differentiable=True, gradient=batch_norm_vjp,
               grad_inputs=(0, 1, 2), param_inputs=(1, 2), training=batch_norm_training_form,
               inference=batch_norm_inference_form, export=batch_norm_export,
+              inference_fold=batch_norm_fold_into_conv,
               traits=frozenset({NORMALIZATION, CHANNEL_NORMALIZATION}),
               value_bounds=batch_norm_value_bound),
         # half precision: cuDNN's BatchNorm takes half x/y/dy/dx and float32 per-channel
