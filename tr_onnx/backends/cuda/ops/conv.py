@@ -78,7 +78,7 @@ def _conv_params(win: Window) -> dict[str, list[int]]:
 
 
 def _padded_groups(x: DTensor, w: DTensor, y: DTensor, group: int) -> tuple[bool, str]:
-    """Whether the padded dims still describe the logical conv (see the module docstring).
+    """Whether the padded dims still describe the logical conv (``cudnn_graphs``' docstring).
 
     cuDNN infers the group count from the dims: G = C_x / C_w. With padded dims G' = Xc / Wi
     groups of Wo / G' outputs; the first ``group`` of them must be the logical groups and the
@@ -105,7 +105,7 @@ def conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTen
     """The ``kind`` graph (conv_fprop, conv_dgrad, conv_wgrad) of the convolution x -> y with
     weight w; ``inputs``/``outputs`` map ports to the roles 'x', 'w', 'y'. ``attrs``: the
     convolution's attributes when they are not the node's own (ConvTranspose runs as the data
-    gradient of its adjoint Conv, ``backends/cuda/ops/conv.py``). ``bias`` is added to the
+    gradient of its adjoint Conv, ``describe_conv_transpose``). ``bias`` is added to the
     graph's output in its epilogue."""
     attrs = node.attrs if attrs is None else attrs
     index = PlanIndex(plan)

@@ -1,8 +1,8 @@
 """cuda bindings of ``ops/normalization.py``: BatchNormalization with fixed statistics (a
 kernel), the training pass's BatchNormTraining / BatchNormGrad (cuDNN graphs, described here:
 ``describe_batchnorm``, ``describe_batchnorm_backward``; ONNX's running statistics with the
-biased variance are a kernel after the graph), LayerNormalization and its
-backward LayerNormGrad, Instance/GroupNormalization and their backward GroupNormGrad,
+biased variance are a kernel after the graph), LayerNormalization and its backward
+LayerNormGrad, Instance/GroupNormalization and their backward GroupNormGrad,
 MeanVarianceNormalization and LpNormalization (``kernels/normalization.cu``; MVN and
 LpNormalization differentiate through standard ops, the reduce and elementwise families').
 
@@ -93,8 +93,7 @@ KERNELS = normalization_source()
 
 # ---- cuDNN graphs: batchnorm, batchnorm_backward ----------------------------------------------
 
-def describe_batchnorm(node, plan: MemoryPlan, workspace: tuple[int, int]
-                       ) -> GraphDesc:
+def describe_batchnorm(node, plan: MemoryPlan, workspace: tuple[int, int]) -> GraphDesc:
     """BatchNormTraining(x, scale, bias, running_mean, running_var) -> (y, saved_mean,
     saved_inv_std, new_running_mean, new_running_var).
 
