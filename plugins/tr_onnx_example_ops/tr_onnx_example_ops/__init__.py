@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from tr_onnx.plugin import hookimpl
 
-from . import bias_gelu, swish
+from . import bias_gelu, matmul_bias_relu, swish
 
 DOMAIN = "com.example"
 OPSET_VERSION = 1
-REFERENCE_OPS = [swish.Swish, bias_gelu.BiasGelu, bias_gelu.BiasGeluGrad]
+REFERENCE_OPS = [swish.Swish, bias_gelu.BiasGelu, bias_gelu.BiasGeluGrad,
+                 matmul_bias_relu.MatMulBiasRelu]
 
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [swish.OPDEF, *bias_gelu.OPDEFS]
+    return [swish.OPDEF, *bias_gelu.OPDEFS, *matmul_bias_relu.OPDEFS]
