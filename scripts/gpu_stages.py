@@ -569,7 +569,7 @@ def stage_cudnn(ctx: Context) -> str:
     graph kind executed) against numpy fp32 -- loss and gradients -- then lr=0 steps captured
     and replayed, equal to the eager step bit for bit."""
     import tr_onnx
-    from tr_onnx.backends.cuda.cudnn_graphs import CUDNN_OPS
+    from tr_onnx.backends.cuda.bind import CudnnCall
     from tr_onnx.optim import SGD
 
     if not ctx.dry:
@@ -594,11 +594,8 @@ def stage_cudnn(ctx: Context) -> str:
             a, b = cuda.state_arrays(), ref.state_arrays()
             scale = max(float(np.abs(b[n]).max()) for n in names) or 1.0
             grad = max(float(np.abs(a[n].astype(np.float64) - b[n]).max()) for n in names)
-            kinds = sorted({CUDNN_OPS[(nd.domain if nd.domain != "ai.onnx" else "",
-                                       nd.op_type)]
-                            for nd in cuda._active.graph.nodes
-                            if (nd.domain if nd.domain != "ai.onnx" else "", nd.op_type)
-                            in CUDNN_OPS})
+            kinds = sorted({c.desc.kind for bn in cuda._active.executor.bound
+                            for c in bn.calls if isinstance(c, CudnnCall)})
             rep = session({**gpu_check._cuda_kwargs(ctx.device), "precision": precision},
                           optimizer=SGD(lr=0.0))
             losses = [rep.train_step(feed, y) for _ in range(4)]

@@ -477,7 +477,7 @@ def test_every_cudnn_graph_of_a_half_plan_reads_and_writes_the_half_type(device,
 
 def test_a_mixed_type_conv_is_a_named_cudnn_graph_error():
     """A conv reading a float32 image with float16 weights has no cuDNN engine: named."""
-    from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError, GraphDesc, _one_data_type
+    from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError, GraphDesc, one_data_type
 
     from_plan = tr_onnx.TrainingSession(ZOO / "lenet.onnx", backend="numpy", channel_align=8)
     from_plan.train_step({"input": np.zeros((2, 1, 8, 8), np.float32)}, np.zeros(2, np.int64))
@@ -488,7 +488,7 @@ def test_a_mixed_type_conv_is_a_named_cudnn_graph_error():
         **conv.inputs, "weight": dataclasses.replace(conv.inputs["weight"], data_type="HALF")}})
     with pytest.raises(CudnnGraphError, match=r"conv_fprop graph reads and writes one data "
                                               r"type; got image FLOAT, weight HALF"):
-        _one_data_type(mixed)
+        one_data_type(mixed)
 
 
 # ---- the loss in float32 (as under torch.autocast): every builtin loss, a user's ONNX loss --
