@@ -98,6 +98,9 @@ class OpDef:
     ``param_min_size``: a constant at a ``param_inputs`` input is a parameter only with at
     least this many elements (Add/Mul: 2 -- a bias or layer scale is a tensor, a scalar there
     is an exporter's multiplier or epsilon).
+    ``constant_operands``: differentiable inputs that hold an exporter's constant or a buffer,
+    never a learned parameter, with the reason ``tr-onnx inspect`` gives (Sub's subtrahend and
+    Div's divisor: an input's mean and std; Pow's exponent).
     ``forwards_params``: input 0 reaches the outputs unchanged in value (Reshape, Transpose,
     Cast...): an initializer there is a parameter where those outputs go.
     ``straight_through``: the op's non-float outputs carry a gradient, a float tensor shaped
@@ -151,6 +154,7 @@ class OpDef:
     grad_inputs: tuple[int, ...] | None = None
     param_inputs: tuple[int, ...] | str | None = None
     param_min_size: int = 1
+    constant_operands: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
     forwards_params: bool = False
     straight_through: bool = False
     updates_inputs: tuple[int, ...] = ()

@@ -245,7 +245,15 @@ _ARITH = (1, 6, 7, 13, 14)  # Add, Sub, Mul, Div
 # multiplier. Sub's and Div's constants are buffers (an input's mean and std), not parameters.
 _PARAM_PORTS = {"Add": {"param_inputs": (0, 1), "param_min_size": 2},
                 "Mul": {"param_inputs": (0, 1), "param_min_size": 2},
-                "PRelu": {"param_inputs": (1,)}}
+                "PRelu": {"param_inputs": (1,)},
+                # normalising by an input's mean and std (torchvision-style buffers), and a
+                # Pow exponent (its gradient is not even finite for a negative base)
+                "Sub": {"constant_operands": {
+                    1: "a subtracted constant: a buffer, such as an input's mean"}},
+                "Div": {"constant_operands": {
+                    1: "a divisor constant: a buffer, such as an input's std"}},
+                "Pow": {"constant_operands": {
+                    1: "an exponent: a constant the exporter materialised"}}}
 
 BINARY: dict[str, Elementwise] = {
     "Add": Elementwise(_ARITH, _ufunc2(np.add), True, vjp=_binary(

@@ -26,7 +26,7 @@ default trainable set is the parameters, decided per initializer (``parameter_ro
    ReLU6 bounds) -- a scalar the graph still transforms on its own trains (exporters fold
    constant-only expressions, so that is a parameter: CLIP's ``logit_scale.exp()``); inputs that
    carry no gradient (Clip bounds, BatchNorm's running statistics, shapes, indices); the
-   non-value inputs of forwarding ops (a shape, a quantization scale); ``_CONSTANT_OPERANDS``
+   non-value inputs of forwarding ops (a shape, a quantization scale); ``OpDef.constant_operands``
    (Sub/Div buffers, Pow exponents). A tensor added to the scores of a
    Softmax whose values are all 0 or <= -100 is an attention mask (a causal mask, Swin's
    shifted-window mask), not a parameter; other values there are a bias the exporter folded from
@@ -70,15 +70,7 @@ from ..torch_metadata import exported_parameters, folded_from, input_kinds, modu
 
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
-MASKED = -100.0
-# Differentiable operands that hold an exporter's constant or a buffer, not a parameter:
-# normalising by an input's mean and std (torchvision-style buffers), and a Pow exponent (its
-# gradient is not even finite for a negative base).
-_CONSTANT_OPERANDS = {
-    "Sub": {1: "a subtracted constant: a buffer, such as an input's mean"},
-    "Div": {1: "a divisor constant: a buffer, such as an input's std"},
-    "Pow": {1: "an exponent: a constant the exporter materialised"},
-}  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
+MASKED = -100.0  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
 
 
 @dataclass(frozen=True)
@@ -382,7 +374,7 @@ class _PortWalk:
         transformed through the differentiable inputs of others (weight norm's ReduceL2 and
         Div, a LayerNorm of an embedding table, Exp), until a parameter input or the model's
         output; never through an input that carries no gradient or holds a constant
-        (``_CONSTANT_OPERANDS``). A scalar trains only at a parameter input that takes one
+        (``OpDef.constant_operands``). A scalar trains only at a parameter input that takes one
         (PRelu's slope) or transformed on its own (exporters fold constant-only expressions,
         so a scalar the graph still transforms alone is a parameter: CLIP's logit_scale.exp())."""
         source = self.copied.get(name, name)
@@ -421,8 +413,8 @@ class _PortWalk:
                         pending.extend((o, via) for o in outputs)
                 elif not self._differentiable(opdef, index):
                     frozen.append(f"{where} carries no gradient")
-                elif index in _CONSTANT_OPERANDS.get(node.op_type, {}):
-                    frozen.append(f"{where}: {_CONSTANT_OPERANDS[node.op_type][index]}")
+                elif index in opdef.constant_operands:
+                    frozen.append(f"{where}: {opdef.constant_operands[index]}")
                 elif size is not None and size <= 1:
                     if sum(1 for i in node.input if i) == 1:
                         return ParamRole(True, f"a scalar transformed on its own at {where}: "
