@@ -227,7 +227,7 @@ def _checkpoint_value(session, key: str, given=None):
         return getattr(opt, key, None)
     if key == "output":
         return session.output_name
-    return session.options[key]  # grad_accumulation, clip_grad_norm, frozen, trainable
+    return session.options.recorded()[key]  # grad_accumulation, clip_grad_norm, trainable...
 
 
 def _shown(value) -> str:

@@ -402,7 +402,7 @@ class Trainer:
             if not path.exists():
                 raise TrOnnxError(f"{path}: no checkpoint to resume from")
             session = TrainingSession.from_checkpoint(path, plugins=plugins)
-        extra = getattr(session, "checkpoint_extra", {})
+        extra = session.checkpoint_extra
         missing = [k for k in ("epoch", "batch", "seed", "batch_size", "history", "n_train")
                    if k not in extra]
         if missing:
@@ -505,9 +505,9 @@ class Trainer:
         why = (f"all {n} batches had a non-finite loss or gradient and were skipped"
                if skipped == n else f"{skipped} of {n} batches were skipped as non-finite and "
                f"the others completed no step (grad_accumulation="
-               f"{self.session.options['grad_accumulation']}, or fp16 gradient overflows)")
+               f"{self.session.options.grad_accumulation}, or fp16 gradient overflows)")
         return (f"no optimizer step was applied: {why} (fewer than max_bad_steps="
-                f"{self.session.options['max_bad_steps']} in a row, so not reported as "
+                f"{self.session.options.max_bad_steps} in a row, so not reported as "
                 "diverged); the weights are those the run started from: check the data for NaN "
                 "or infinity, or lower the learning rate")
 
