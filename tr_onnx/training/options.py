@@ -20,8 +20,9 @@ from ..compiler import DEFAULT_MAX_PLAN_BYTES, DEFAULT_MAX_PLANS, DeviceFactory
 from ..errors import InputError, OptionError
 from ..importer import DEFAULT_FOLD_LIMIT_BYTES, ImportedModel, check_byte_limit
 from . import groups
-from .parameters import name_patterns
+from .parameters import ParamSharing, name_patterns
 from .precision import check_loss_scale, check_precision
+from .train_pass import TrainConfig
 
 # What a checkpoint's configuration holds besides the loss, optimizer and schedule, in the order
 # it has always been written (the JSON of old and new checkpoints is the same bytes)
@@ -126,6 +127,26 @@ class TrainOptions:
                        trainable=(tuple(name_patterns("trainable", self.trainable, initializers))
                                   if self.trainable is not None else None),
                        frozen=tuple(name_patterns("frozen", self.frozen, initializers)))
+
+    def train_config(self, loss, optimizer, default_trainable: frozenset[str],
+                     sharing: ParamSharing, data_inputs: tuple[str, ...],
+                     world: int | None) -> TrainConfig:
+        """What the training pipeline reads (``TrainConfig``): these options with the session's
+        loss, optimizer, the model's parameters (``default_trainable``), how they are shared,
+        its data inputs and the registered world's id."""
+        return TrainConfig(
+            loss, optimizer, self.output_name, self.label_name,
+            trainable=list(self.trainable) if self.trainable is not None else None,
+            frozen=list(self.frozen), default_trainable=default_trainable,
+            clip_grad_norm=self.clip_grad_norm,
+            bn_unbiased_running_var=self.bn_running_var == "unbiased",
+            sharing=sharing, seed=self.seed, precision=self.precision,
+            loss_scale=self.loss_scale, step_guard=self.backend == "cuda",
+            data_inputs=data_inputs, world=world, sync_batchnorm=self.sync_batchnorm,
+            grad_bucket_bytes=max(1, int(self.grad_bucket_mb * (1 << 20))),
+            grad_accumulation=self.grad_accumulation,
+            frozen_batchnorm_eval=self.frozen_batchnorm == "eval",
+            lr_groups=self.lr_groups or {}, step_offsets=dict(self.step_offsets))
 
     def recorded(self) -> dict:
         """The options a checkpoint stores, as ``TrainingSession`` keyword arguments that

@@ -49,9 +49,9 @@ from .options import TrainOptions
 from .parameters import ParamRole, parameter_roles, parameter_sharing, share_parameters
 from .pipeline import build_training_step
 from .state import TrainingState
-from .steps import StepLauncher
+from .steps import StepLauncher, rank_rows
 from .storage import atomic_write
-from .train_pass import TrainConfig, to_inference_mode
+from .train_pass import to_inference_mode
 
 
 class _Of:
@@ -260,22 +260,9 @@ class TrainingSession:
     def _compile(self, shapes: dict[str, tuple], const_feeds: dict[str, np.ndarray]
                  ) -> CompiledPlan:
         o = self.options
-        cfg = TrainConfig(
-            self.loss, self.optimizer, o.output_name, o.label_name,
-            trainable=list(o.trainable) if o.trainable is not None else None,
-            frozen=list(o.frozen),
-            default_trainable=frozenset(n for n, r in self.parameter_roles.items()
-                                        if r.trainable),
-            clip_grad_norm=o.clip_grad_norm,
-            bn_unbiased_running_var=o.bn_running_var == "unbiased",
-            sharing=self.sharing, seed=o.seed, precision=o.precision, loss_scale=o.loss_scale,
-            step_guard=o.backend == "cuda",
-            data_inputs=tuple(i.name for i in self.imported.inputs),
-            world=self._state.world_id, sync_batchnorm=o.sync_batchnorm,
-            grad_bucket_bytes=max(1, int(o.grad_bucket_mb * (1 << 20))),
-            grad_accumulation=o.grad_accumulation,
-            frozen_batchnorm_eval=o.frozen_batchnorm == "eval",
-            lr_groups=o.lr_groups or {}, step_offsets=dict(o.step_offsets))
+        default_trainable = frozenset(n for n, r in self.parameter_roles.items() if r.trainable)
+        cfg = o.train_config(self.loss, self.optimizer, default_trainable, self.sharing,
+                             tuple(i.name for i in self.imported.inputs), self._state.world_id)
         return compile_plan(self.imported, shapes, const_feeds, o.backend, o.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
                                               backend=o.backend, cfg=cfg),
@@ -354,27 +341,8 @@ class TrainingSession:
             if name not in self.imported.const_feeds:  # a plan-time constant of this plan
                 executor.write_input(name, x)
         executor.write_input(label_name, labels)
-        return self._steps.submit(plan, self._rank_rows(feed), wait, self.last_outputs)
-
-    def _rank_rows(self, feed: dict[str, np.ndarray]) -> tuple[int, float]:
-        """Data parallelism: where this rank's rows start in the global batch (the rows of the
-        ranks before it), so its batch-major dropout masks are those rows of the global
-        batch's (``train_pass.sample_offset``), and its gradient's weight ``size * rows /
-        total rows`` (``train_pass.ROW_WEIGHT``), so the ranks' mean gradient is the mean over
-        every row of the global batch however it was split (0 for a rank with no rows). A
-        rank's rows: the axis-0 extent its data feeds share; where they share none on some
-        rank, every rank weighs 1 (the ranks' plain mean). One collective per step, on every
-        rank."""
-        world = self.world
-        if world is None:
-            return 0, 1.0
-        extents = {np.shape(x)[0] for name, x in feed.items()
-                   if np.ndim(x) and name not in self.imported.const_feeds}
-        rows = world.allgather_int(extents.pop() if len(extents) == 1 else -1)
-        before = sum(max(r, 0) for r in rows[:world.rank])
-        if min(rows) < 0 or not sum(rows):
-            return before, 1.0
-        return before, world.size * rows[world.rank] / sum(rows)
+        rows = rank_rows(self.world, feed, self.imported.const_feeds)
+        return self._steps.submit(plan, rows, wait, self.last_outputs)
 
     def check_class_labels(self, labels, feed, what: str = "labels") -> None:
         """An ``InputError`` naming the first of ``labels`` (any number of samples: a whole

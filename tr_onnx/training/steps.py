@@ -18,6 +18,7 @@ import numpy as np
 
 from ..backends import StepReport
 from ..compiler import CompiledPlan
+from ..distributed import World
 from ..errors import TrainingDiverged, TrOnnxError
 from .data_parallel import REDUCE
 from .state import TrainingState
@@ -211,3 +212,24 @@ class StepLauncher:
                 return False
             state.step += 1
         return True
+
+
+def rank_rows(world: World | None, feed: dict[str, np.ndarray],
+              const_feeds) -> tuple[int, float]:
+    """Data parallelism: where this rank's rows start in the global batch (the rows of the
+    ranks before it), so its batch-major dropout masks are those rows of the global
+    batch's (``train_pass.sample_offset``), and its gradient's weight ``size * rows /
+    total rows`` (``train_pass.ROW_WEIGHT``), so the ranks' mean gradient is the mean over
+    every row of the global batch however it was split (0 for a rank with no rows). A
+    rank's rows: the axis-0 extent its data feeds share; where they share none on some
+    rank, every rank weighs 1 (the ranks' plain mean; ``const_feeds``, the model's plan-time
+    constants, are no rows). One collective per step, on every rank."""
+    if world is None:
+        return 0, 1.0
+    extents = {np.shape(x)[0] for name, x in feed.items()
+               if np.ndim(x) and name not in const_feeds}
+    rows = world.allgather_int(extents.pop() if len(extents) == 1 else -1)
+    before = sum(max(r, 0) for r in rows[:world.rank])
+    if min(rows) < 0 or not sum(rows):
+        return before, 1.0
+    return before, world.size * rows[world.rank] / sum(rows)
