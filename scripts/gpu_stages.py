@@ -590,18 +590,18 @@ def stage_cudnn(ctx: Context) -> str:
             cuda = session({**gpu_check._cuda_kwargs(ctx.device), "precision": precision,
                             **scaling}, grad_accumulation=2)
             want, got = ref.train_step(feed, y), cuda.train_step(feed, y)
-            names = list(ref._active.info.grads.values())
+            names = list(ref._state.active.info.grads.values())
             a, b = cuda.state_arrays(), ref.state_arrays()
             scale = max(float(np.abs(b[n]).max()) for n in names) or 1.0
             grad = max(float(np.abs(a[n].astype(np.float64) - b[n]).max()) for n in names)
-            kinds = sorted({c.desc.kind for bn in cuda._active.executor.bound
+            kinds = sorted({c.desc.kind for bn in cuda._state.active.executor.bound
                             for c in bn.calls if isinstance(c, CudnnCall)})
             rep = session({**gpu_check._cuda_kwargs(ctx.device), "precision": precision},
                           optimizer=SGD(lr=0.0))
             losses = [rep.train_step(feed, y) for _ in range(4)]
             return {"loss": abs(got - want) / max(abs(want), 1e-12), "gradient": grad / scale,
                     "kinds": kinds, "replay": max(abs(v - losses[0]) for v in losses),
-                    "captured_graphs": list(rep._active.executor.graphs)}
+                    "captured_graphs": list(rep._state.active.executor.graphs)}
         row = ctx.check(f"cudnn {precision}", one, {**tol, "replay": 0.0})
         ok += bool(row.get("ok"))
     return f"{ok}/{len(CUDNN_TOL)} dtypes: every kind vs numpy, replay == eager"

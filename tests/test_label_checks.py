@@ -24,8 +24,8 @@ from tests.oracles import ort_run
 from tr_onnx.cli import main
 from tr_onnx.data import split
 from tr_onnx.optim import SGD
-from tr_onnx.training.losses import LossSpec
-from tr_onnx.training.trainer import Trainer, numpy_loss
+from tr_onnx.training.losses import LossSpec, numpy_loss
+from tr_onnx.training.trainer import Trainer
 
 N, T, D, C = 4, 3, 5, 7
 NO_IGNORE = -12345  # what torch is given for "no ignore_index" (its default -100 ignores)

@@ -14,7 +14,7 @@ import pytest
 import tr_onnx
 from tr_onnx.cli import main
 from tr_onnx.optim import SGD
-from tr_onnx.training.trainer import numpy_loss
+from tr_onnx.training.losses import numpy_loss
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

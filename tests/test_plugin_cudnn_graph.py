@@ -142,5 +142,5 @@ def test_three_sgd_steps_on_the_emulator_equal_numpy(host_lib):
     assert a.keys() == b.keys() >= {"w", "b"}
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
-    (call,) = _graph_calls(sess._active)
+    (call,) = _graph_calls(sess._state.active)
     assert isinstance(call, CudnnCall) and call.desc.kind == "matmul_bias_relu"

@@ -76,9 +76,9 @@ def test_training_form_is_the_batch_mean_and_commits_the_running_mean(trained):
     params = session.parameters()
     for name in ("W", "b", "rm"):
         np.testing.assert_allclose(params[name], want[name], rtol=1e-5, atol=1e-6)
-    assert session._active.info.converted["BatchCenter"] == 1
-    assert session._active.info.running_stats == ["rm"]
-    assert "rm" not in session._active.info.trainable
+    assert session._state.active.info.converted["BatchCenter"] == 1
+    assert session._state.active.info.running_stats == ["rm"]
+    assert "rm" not in session._state.active.info.trainable
 
 
 def test_export_writes_standard_ops_that_onnxruntime_runs(trained, tmp_path):

@@ -18,8 +18,8 @@ import torch
 import tr_onnx
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
-from tr_onnx.training.losses import LossSpec
-from tr_onnx.training.trainer import count_correct, numpy_loss
+from tr_onnx.training.losses import LossSpec, numpy_loss
+from tr_onnx.training.records import count_correct
 
 V, D, N, T = 11, 8, 4, 6
 

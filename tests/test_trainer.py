@@ -17,7 +17,8 @@ import tr_onnx
 from tr_onnx.cli import main
 from tr_onnx.data import load_dataset, split
 from tr_onnx.optim import SGD, AdamW
-from tr_onnx.training.trainer import CHECKPOINT_NAME, Trainer, label_kind, numpy_loss
+from tr_onnx.training.losses import numpy_loss
+from tr_onnx.training.trainer import CHECKPOINT_NAME, Trainer, label_kind
 
 ZOO = Path(__file__).parent.parent / "model_zoo"
 MLP, LENET, RESNET = str(ZOO / "mlp.onnx"), str(ZOO / "lenet.onnx"), str(ZOO / "resnet.onnx")
