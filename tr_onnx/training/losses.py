@@ -2,7 +2,6 @@
 
 Each builder emits standard ONNX ops through a GradBuilder (so their gradients come from the
 same rules as any model op). ``cross_entropy`` is ONNX's SoftmaxCrossEntropyLoss.
-``numpy_loss`` evaluates the same losses in NumPy (float64) for the Trainer's validation.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, InternalError
-from ..feeds import check_class_indices
+from ..errors import InputError
 from ..ir import Graph, Value
 from ..passes.autodiff import GradBuilder
 
@@ -239,48 +237,3 @@ def make_loss_spec(loss: str | LossSpec | dict) -> LossSpec:
 
 def label_dtype(spec: LossSpec, output_dtype: np.dtype) -> np.dtype:
     return np.dtype(np.int64) if spec.name in INTEGER_LABELS else np.dtype(output_dtype)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-
-def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
-    """The builtin loss ``spec`` of output ``x`` and labels ``y``, in float64, with the same
-    semantics as the training graph (ONNX SoftmaxCrossEntropyLoss for cross_entropy)."""
-    spec = make_loss_spec(spec)  # an unknown name or reduction is the caller's error
-    x = x.astype(np.float64)
-    if spec.name == "cross_entropy":
-        axis = spec.class_axis_of(x.ndim)
-        check_class_indices(y, "labels", x.shape[axis], spec.ignore_index,
-                            f"the output (class axis {spec.class_axis})")
-        x = np.moveaxis(x, axis, 1)
-        keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
-        yi = np.where(keep, y, 0)
-        logp = _log_softmax(x)
-        nll = -np.take_along_axis(logp, np.expand_dims(yi, 1), axis=1)[:, 0]
-        class_w = (np.asarray(spec.weights, np.float64) if spec.weights
-                   else np.ones(x.shape[1]))
-        w = class_w[yi] * keep
-        total = float((w * nll).sum())
-        if spec.label_smoothing:  # torch's: the uniform part weighs every class's log p
-            eps, shape = spec.label_smoothing, [-1] + [1] * (x.ndim - 2)
-            smooth = float((-(logp * class_w.reshape(shape)).sum(axis=1) * keep).sum())
-            total = (1 - eps) * total + eps / x.shape[1] * smooth
-        return total / float(w.sum()) if spec.reduction == "mean" else total
-    d = x - y.astype(np.float64)
-    if spec.name == "mse":
-        per = d * d
-    elif spec.name == "l1":
-        per = np.abs(d)
-    elif spec.name == "bce_with_logits":
-        per = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
-    elif spec.name == "smooth_l1":
-        a = np.abs(d)
-        per = np.where(a < spec.beta, 0.5 * a * a / spec.beta, a - 0.5 * spec.beta)
-    else:
-        raise InternalError(f"numpy_loss has no evaluation of the builtin loss {spec.name!r}; "
-                            f"every loss in training.losses.LOSSES ({', '.join(LOSSES)}) "
-                            "needs one")
-    return float(per.mean() if spec.reduction == "mean" else per.sum())

@@ -40,6 +40,7 @@ from ..feeds import (
 )
 from ..importer import DEFAULT_FOLD_LIMIT_BYTES, ImportedModel, import_model
 from ..optim import AdamW, Optimizer, Schedule, make_optimizer, make_schedule
+from ..passes.autodiff import GradBuilder
 from ..passes.control_flow import output_value
 from ..registry import build_registry, default_registry
 from . import checkpoints, groups
@@ -51,7 +52,7 @@ from .pipeline import build_training_step
 from .state import TrainingState
 from .steps import StepLauncher, rank_rows
 from .storage import atomic_write
-from .train_pass import to_inference_mode
+from .train_pass import add_labels, add_loss, to_inference_mode
 
 
 class _Of:
@@ -404,23 +405,54 @@ class TrainingSession:
         feed = check_feed(feed, self.imported.inputs)
         self._steps.drain()
         plan = self._eval_plan(feed)
-        for name, x in feed.items():
-            if name not in self.imported.const_feeds:
-                plan.executor.write_input(name, x)
+        self._write_feed(plan, feed)
         plan.executor.run()
         types = {vi.name: vi.type for vi in self.imported.proto.graph.output}
         listed = [v.name for v in plan.graph.outputs]
         return [output_value(plan.executor.read_output, n, types[n], listed) for n in names]
 
-    def _eval_plan(self, feed: dict[str, np.ndarray]) -> CompiledPlan:
-        """The evaluation plan of ``feed``'s shapes, holding the current weights."""
+    def run_loss(self, feed: dict[str, np.ndarray], labels) -> tuple[np.ndarray, float]:
+        """Eval mode, as ``run``: the model output the loss reads, and the loss of ``labels``
+        computed by the loss the training plans compile (forward and loss, no backward).
+        Feeds and labels are checked as ``train_step`` checks them."""
+        feed = check_feed(feed, self.imported.inputs)
+        self._steps.drain()
+        plan = self._eval_plan(feed, with_loss=True)
+        label_name = self.options.label_name
+        want = plan.graph.values[label_name]
+        labels = check_labels(labels, label_name, want.shape, want.dtype)
+        self._check_class_labels(plan, labels, f"labels {label_name!r}")
+        self._write_feed(plan, feed)
+        plan.executor.write_input(label_name, labels)
+        plan.executor.run()
+        return (plan.executor.read_output(self.output_name),
+                float(np.asarray(plan.executor.read_output(plan.graph.outputs[-1].name))))
+
+    def _write_feed(self, plan: CompiledPlan, feed: dict[str, np.ndarray]) -> None:
+        for name, x in feed.items():
+            if name not in self.imported.const_feeds:  # a plan-time constant of this plan
+                plan.executor.write_input(name, x)
+
+    def _eval_plan(self, feed: dict[str, np.ndarray], with_loss: bool = False) -> CompiledPlan:
+        """The evaluation plan of ``feed``'s shapes (``with_loss``: with the labels and the
+        loss appended, the loss its last output), holding the current weights."""
         o = self.options
         key, shapes, const_feeds = plan_key(feed, self.imported.const_feeds)
+        key = (key, with_loss)
         plan = self._eval_plans.lookup(key)
         if plan is None:
             def eval_graph(graph: ir.Graph) -> None:
+                model_outputs = list(graph.outputs)
                 share_parameters(graph, self.sharing, self.registry, o.backend)
                 to_inference_mode(graph)
+                if not with_loss:
+                    return
+                cfg = o.train_config(self.loss, self.optimizer, frozenset(), self.sharing,
+                                     tuple(i.name for i in self.imported.inputs), None)
+                output, labels = add_labels(graph, cfg, model_outputs)
+                loss = add_loss(GradBuilder(graph, self.registry, o.backend, prefix="loss"),
+                                cfg, output, labels)
+                graph.outputs = [output, loss]
 
             plan = compile_plan(self.imported, shapes, const_feeds, o.backend, o.channel_align,
                                 transform=eval_graph, device=o.device,

@@ -40,7 +40,7 @@ from ..errors import (
     TrOnnxError,
 )
 from .batches import Batches, prepare
-from .losses import INTEGER_LABELS, LossSpec, numpy_loss
+from .losses import INTEGER_LABELS, LossSpec
 from .metrics import default_metrics, make_metrics, metric_values
 from .plots import plot_format, plot_history
 from .progress import ProgressBar
@@ -103,7 +103,7 @@ class Trainer:
     ``tr_onnx.data.load_dataset`` returns, or anything ``training.batches.prepare`` takes (a
     path, whole arrays, an iterable of batches: ``tr_onnx.fit``'s data). Per epoch: shuffle (a
     function of ``seed`` and the epoch; batches from an iterable come in its order),
-    ``session.train_step`` per batch, validation with ``session.run`` in batches of
+    ``session.train_step`` per batch, validation with ``session.run_loss`` in batches of
     ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint, then the
     ``callbacks``' ``on_epoch_end(trainer, record)`` (a plain function is called as that);
     ``on_step(trainer, record)`` after every batch, with the epoch's running record;
@@ -210,7 +210,6 @@ class Trainer:
         self.status = "new"  # "running", "done", "diverged" or "no step"
         self._run_batches = self._run_skipped = 0  # batches this fit() trained, skipped
         self._metrics_file = MetricsFile(self.metrics_path)
-        self._loss_model = None
         self._data_crc: int | None = None
         self._stream_batches = 0  # batches from an iterable trained so far (metrics_every)
 
@@ -613,9 +612,8 @@ class Trainer:
         bar = ProgressBar(self._eval_batch_count(data), shown or "",
                           enabled=bool(shown) and self.progress)
         for done, (feed, y) in enumerate(self._eval_batches(data), 1):
-            (x,) = self.session.run([output], feed)
+            x, loss = self.session.run_loss(feed, y)
             bar.update(done, "")
-            loss = self._batch_loss(x, y)
             loss_sum += loss * len(y)
             c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
             correct, counted, n = correct + c, counted + k, n + len(y)
@@ -651,16 +649,6 @@ class Trainer:
         for start in range(first, end, bs):
             stop = min(start + bs, end)
             yield {k: v[start:stop] for k, v in arrays.items()}, labels[start:stop]
-
-    def _batch_loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        loss = self.session.loss
-        if isinstance(loss, LossSpec):
-            return numpy_loss(loss, x, y)
-        if self._loss_model is None:  # an ONNX loss model: run it forward
-            from ..session import InferenceSession
-            self._loss_model = InferenceSession(loss.original)
-        names = [i.name for i in loss.inputs]
-        return float(np.asarray(self._loss_model.run(None, {names[0]: x, names[1]: y})[0]))
 
     # ---- files -------------------------------------------------------------------------------
 
