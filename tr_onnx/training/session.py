@@ -482,7 +482,8 @@ class TrainingSession:
         """The original model with trained initializers (NCHW, unpadded), same names, in
         inference form (``training.export``)."""
         return export_model(self.imported.original, self.parameters(),
-                            self._state.untied_names(), self.sharing.split)
+                            self._state.untied_names(), self.sharing.split,
+                            registry=self.registry)  # a plugins= op's export rule
 
     def export(self, path: str | Path) -> Path:
         """Write the trained model to ``path`` (atomically); onnxruntime can run it."""
