@@ -178,6 +178,13 @@ def _bad_npz(kind: str) -> bytes:
     if kind == "header_declares_2_to_the_40":
         return _npz_member("labels.npy", {"descr": "<f4", "fortran_order": False,
                                           "shape": (2 ** 40,)}, bytes(64))
+    if kind == "corrupt_deflate_stream":  # zlib.error while decompressing (the fuzzer's find)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("labels.npy", _npy_bytes(np.arange(1000, dtype=np.float32)))
+        data = bytearray(out.getvalue())
+        data[80:96] = b"\xff" * 16
+        return bytes(data)
     assert kind == "not_an_array_member"
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as archive:
@@ -186,7 +193,8 @@ def _bad_npz(kind: str) -> bytes:
 
 
 @pytest.mark.parametrize("kind", ["empty_file", "an_npy_named_npz",
-                                  "header_declares_2_to_the_40", "not_an_array_member"])
+                                  "header_declares_2_to_the_40", "not_an_array_member",
+                                  "corrupt_deflate_stream"])
 def test_a_malformed_npz_is_an_input_error_naming_the_file(tmp_path, kind):
     path = tmp_path / "data.npz"
     path.write_bytes(_bad_npz(kind))

@@ -10,6 +10,7 @@ import math
 import os
 import resource
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def load(path: Path, input_specs, label_kind: str, label_dtype: np.dtype,
         raise
     except FileNotFoundError:
         raise InputError(f"{path}: no such file (give an .npz or 'digits')") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{path}: not a readable .npz ({exc})") from None
     return Loaded(check_arrays(path, loaded, input_specs, label_kind, label_dtype), "npz")
 
