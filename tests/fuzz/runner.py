@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import faulthandler
 import json
+import math
 import os
 import resource
 import shutil
@@ -38,7 +39,8 @@ from fuzz.generators import CANARY, GENERATORS, MODEL, Case, make_case  # noqa: 
 
 BUGS = ("traceback", "signal", "timeout", "memory", "wrong_result", "file_escape")
 MEMORY_BYTES = 3 << 30
-TIMEOUT_S = 20.0
+TIMEOUT_S = 20.0  # CPU seconds per case
+WALL_FACTOR = 4  # wall-clock seconds per CPU second before a case is killed as a hang
 SABOTAGE = "TR_ONNX_FUZZ_SABOTAGE"  # "signal", "hang", "escape", "memory": the harness's test
 THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -46,7 +48,12 @@ THREAD_VARS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THR
 # ---- inside the child ---------------------------------------------------------------------
 
 
-def _limit(memory_bytes: int) -> None:
+def _limit(memory_bytes: int, timeout: float) -> None:
+    # the timeout counts CPU seconds (SIGXCPU): on a loaded machine wall time would call slow
+    # cases hangs; the parent's wall-clock limit (WALL_FACTOR times it) catches a hang that
+    # spends no CPU
+    seconds = math.ceil(timeout)
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -170,14 +177,14 @@ def _sabotage(how: str, folder: Path) -> None:
         bytearray(MEMORY_BYTES * 2)
 
 
-def _child(case: Case, folder: Path, what: str, memory_bytes: int) -> None:
+def _child(case: Case, folder: Path, what: str, memory_bytes: int, timeout: float) -> None:
     """The body of a forked child: never returns."""
     code = 0
     try:
         os.chdir(folder)
         fault = open(folder / f"{what}.fault.txt", "w")  # a fatal signal's stack, not the parent's
         faulthandler.enable(file=fault)
-        _limit(memory_bytes)
+        _limit(memory_bytes, timeout)
         escaped: list = []
         if what == "references":
             result = _references(folder)
@@ -217,8 +224,8 @@ def _child(case: Case, folder: Path, what: str, memory_bytes: int) -> None:
 def _fork(case: Case, folder: Path, what: str, memory_bytes: int, timeout: float) -> dict:
     pid = os.fork()
     if pid == 0:
-        _child(case, folder, what, memory_bytes)
-    deadline = time.monotonic() + timeout
+        _child(case, folder, what, memory_bytes, timeout)
+    deadline = time.monotonic() + timeout * WALL_FACTOR
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -227,8 +234,11 @@ def _fork(case: Case, folder: Path, what: str, memory_bytes: int, timeout: float
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             return {"outcome": "timeout", "signature": "timeout",
-                    "detail": f"killed after {timeout} s"}
+                    "detail": f"killed after {timeout * WALL_FACTOR} s of wall-clock time"}
         time.sleep(0.005)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
+        return {"outcome": "timeout", "signature": "timeout",  # SIGKILL: past the hard limit
+                "detail": f"past {timeout} s of CPU time"}
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status)).name
         fault = folder / f"{what}.fault.txt"
