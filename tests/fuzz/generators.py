@@ -299,7 +299,8 @@ def _norm(op):
                 rng, {"alpha": [1e-4, 0.5], "beta": [0.75, 1.0], "bias": [1.0, 2.0]})}
         axis = rng.randint(-1, 1 + len(spatial))
         width = [n, c, *spatial][axis:]
-        return x, [("s", _f(rng, width)), ("b", _f(rng, width))], {"axis": axis}
+        return x, [("s", _f(rng, width)), ("b", _f(rng, width))], \
+            {"axis": axis, **_pick(rng, {"stash_type": [1, 1, 1, 0, 11]})}
     return op, build
 
 
@@ -329,6 +330,24 @@ def _cumsum(rng):
         _pick(rng, {"exclusive": [0, 1], "reverse": [0, 1]})
 
 
+def _nll(rng):
+    n, c = rng.randint(1, 4), rng.randint(1, 4)
+    extra = _shape(rng, 0, 1)
+    target = np.array([rng.randint(-2, c - 1) for _ in range(n * int(np.prod(extra)))],
+                      np.int64).reshape([n, *extra])
+    attrs = _pick(rng, {"reduction": ["none", "sum", "mean"], "ignore_index": [-1, 0]})
+    return [("x", _f(rng, [n, c, *extra]))], [("t", target)], attrs
+
+
+def _dequantize(rng):
+    shape = _shape(rng)
+    axis = rng.randint(-len(shape) - 1, len(shape))
+    width = shape[axis] if -len(shape) <= axis < len(shape) else 3
+    q = np.random.default_rng(rng.randrange(2 ** 32)).integers(-8, 8, shape).astype(np.int8)
+    return [], [("q", q), ("s", _f(rng, [width] if rng.random() < 0.5 else [], 0.1, 1.0))], \
+        {"axis": axis}
+
+
 _OPS = dict([
     _unary("Relu"), _unary("Sigmoid"), _unary("Tanh"), _unary("Abs"), _unary("Neg"),
     _unary("Exp"), _unary("Softplus"), _unary("Softsign"), _unary("Erf"), _unary("Sin"),
@@ -352,7 +371,8 @@ _OPS = dict([
     _recurrent("LSTM"), _recurrent("GRU"), _recurrent("RNN"),
     ("Transpose", _transpose), ("Gemm", _gemm), ("MatMul", _matmul), ("Slice", _slice),
     ("Gather", _gather), ("Pad", _pad), ("Clip", _clip), ("TopK", _topk),
-    ("CumSum", _cumsum),
+    ("CumSum", _cumsum), ("NegativeLogLikelihoodLoss", _nll),
+    ("DequantizeLinear", _dequantize),
     _norm("BatchNormalization"), _norm("InstanceNormalization"), _norm("LRN"),
     _norm("LayerNormalization"), _space("DepthToSpace"), _space("SpaceToDepth"),
 ])
