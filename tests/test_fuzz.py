@@ -63,3 +63,15 @@ def test_a_clean_run_of_a_valid_model_is_ok_and_equal_to_the_references(tmp_path
     assert record["outcome"] == "ok", record
     assert record["oracle"] and record["detail"] == "equal to both references"
     assert MODEL in case.files
+
+
+def test_every_op_of_the_random_graphs_has_a_schema_and_a_numpy_kernel():
+    from fuzz.generators import _OPS, OPSET
+
+    from tr_onnx.registry import default_registry, schema_for
+
+    registry = default_registry()
+    for op in _OPS:
+        schema = schema_for("", op, OPSET)
+        assert schema is not None, op
+        assert registry.lookup("", op, schema.since_version, "numpy") is not None, op
