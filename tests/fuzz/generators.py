@@ -50,7 +50,9 @@ class Case:
 def make_case(seed: int, index: int) -> Case:
     """Case ``index`` of ``seed``: the generators take turns, each drawing from its own
     ``random.Random``."""
-    generator = GENERATORS[index % len(GENERATORS)]
+    # the turn rotates every round of four: the workers take every k-th case, and no worker
+    # may draw only some generators
+    generator = GENERATORS[(index + index // len(GENERATORS)) % len(GENERATORS)]
     rng = random.Random(f"{seed}:{index}:{generator}")
     case = {"zoo_structure": _zoo_structure, "zoo_bytes": _zoo_bytes,
             "random_graph": _random_graph, "bad_data": _bad_data}[generator](rng)
