@@ -312,6 +312,7 @@ def worker(seed: int, first: int, step: int, count: int | None, deadline: float,
         start = time.monotonic()
         record = run_one(case, work / str(index), memory_bytes, timeout)
         record["seconds"] = round(time.monotonic() - start, 3)
+        record["seed"] = seed
         if record["outcome"] in BUGS:
             save_reproducer(case, record, out, work / str(index))
         shutil.rmtree(work / str(index), ignore_errors=True)
