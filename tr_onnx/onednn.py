@@ -24,6 +24,7 @@ from functools import cache, partial
 import numpy as np
 
 from . import blas_threads, host_blas
+from .errors import TrOnnxError
 
 MAX_DIMS = 12
 _Dims = ctypes.c_int64 * MAX_DIMS
@@ -55,8 +56,10 @@ DISTRIBUTION = "onednn-cpu-gomp"
 _LIBRARY_NAMES = ("libdnnl.so.3", "libdnnl.so")
 
 
-class OneDnnError(RuntimeError):
-    """A oneDNN call failed (the status code and the call are in the message)."""
+class OneDnnError(TrOnnxError, RuntimeError):
+    """A oneDNN call failed (the status code and the call are in the message). A TrOnnxError:
+    where no caller falls back to NumPy it reaches the user as a clean error (issue 35 item
+    12)."""
 
 
 class _Arg(ctypes.Structure):
@@ -158,10 +161,11 @@ def avx512() -> bool:
 class MemoryDesc:
     """A memory descriptor handle, destroyed with this object."""
 
-    def __init__(self, handle: _P, owned: bool = True):
+    def __init__(self, handle: _P, owned: bool = True, empty: bool = False):
         # the library is held, not looked up, when the handle is destroyed (at interpreter
         # exit this module's globals may already be gone)
         self.handle, self.owned, self._lib = handle, owned, library()
+        self.empty = empty  # a dimension is 0: no primitive may be made over it
 
     @staticmethod
     def strided(shape, byte_strides, itemsize: int = 4) -> MemoryDesc:
@@ -172,7 +176,7 @@ class MemoryDesc:
         strides = [int(s) // itemsize for s in byte_strides]
         lib.check(lib.lib.dnnl_memory_desc_create_with_strides(
             ctypes.byref(md), len(shape), _Dims(*shape), F32, _Dims(*strides)), "memory desc")
-        return MemoryDesc(md)
+        return MemoryDesc(md, empty=math.prod(shape) == 0)
 
     @staticmethod
     def any(shape) -> MemoryDesc:
@@ -180,7 +184,7 @@ class MemoryDesc:
         md = _P()
         lib.check(lib.lib.dnnl_memory_desc_create_with_tag(
             ctypes.byref(md), len(shape), _Dims(*shape), F32, FORMAT_ANY), "memory desc")
-        return MemoryDesc(md)
+        return MemoryDesc(md, empty=math.prod(shape) == 0)
 
     @property
     def nbytes(self) -> int:
@@ -189,6 +193,14 @@ class MemoryDesc:
     def __del__(self):
         if self.owned and self.handle:
             self._lib.lib.dnnl_memory_desc_destroy(self.handle)
+
+
+def _refuse_empty(what: str, *descs: MemoryDesc | None) -> None:
+    """Raise before a primitive is made over a tensor with a 0 dimension: oneDNN's descriptor
+    construction divides by it (SIGFPE for a MaxPool with a zero-width output, issue 35 item
+    3). Every caller falls back to NumPy, which computes the empty result."""
+    if any(d is not None and d.empty for d in descs):
+        raise OneDnnError(f"oneDNN {what}: an empty tensor (a dimension is 0) is not asked")
 
 
 class Primitive:
@@ -262,6 +274,7 @@ def convolution(kind: int, src: MemoryDesc, weights: MemoryDesc, bias: MemoryDes
     BACKWARD_DATA (diff_src, weights, -, diff_dst) or BACKWARD_WEIGHTS (src, diff_weights,
     -, diff_dst); ``dilations`` as ONNX counts them (1 = none); backward ones need the
     forward primitive as ``hint``; a forward one may apply ``post_ops``."""
+    _refuse_empty("convolution", src, weights, bias, dst)
     lib = library()
     pd = _P()
     geometry = (_Dims(*strides), _Dims(*(d - 1 for d in dilations)), _Dims(*pad_l),
@@ -288,6 +301,7 @@ def eltwise(alg: int, data: MemoryDesc, hint: Primitive | None = None, alpha: fl
     """An elementwise primitive over memory described by ``data`` (source, destination and
     both gradients share it): forward (``src -> dst``) without ``hint``, backward
     (``src, diff_dst -> diff_src``) with the forward primitive as ``hint``."""
+    _refuse_empty("eltwise", data)
     lib = library()
     pd = _P()
     a, b = ctypes.c_float(alpha), ctypes.c_float(beta)
@@ -307,6 +321,7 @@ def max_pooling(src: MemoryDesc, dst: MemoryDesc, strides, kernel, dilations, pa
                 pad_r) -> Primitive:
     """A max pooling primitive for inference (no workspace); ``dilations`` as ONNX counts
     them (1 = none). Its max drops NaN: only for inputs proven finite."""
+    _refuse_empty("pooling", src, dst)
     lib = library()
     pd = _P()
     lib.check(lib.lib.dnnl_pooling_forward_primitive_desc_create(
@@ -321,6 +336,7 @@ def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc,
     """A matmul primitive: dst = src @ weights (+ bias, broadcast onto dst) over the last two
     axes, for each index of the leading (batch) axes; an operand whose leading axes are 1 is
     broadcast over the others'."""
+    _refuse_empty("matmul", src, weights, dst, bias)
     lib = library()
     pd = _P()
     lib.check(lib.lib.dnnl_matmul_primitive_desc_create(
@@ -333,6 +349,7 @@ def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc,
 def softmax(data: MemoryDesc, axis: int) -> Primitive:
     """A forward softmax over ``axis`` of ``data`` (source and destination share it):
     exp(x - max) / sum, each row shifted by its max."""
+    _refuse_empty("softmax", data)
     lib = library()
     pd = _P()
     lib.check(lib.lib.dnnl_softmax_forward_primitive_desc_create(
@@ -348,6 +365,7 @@ def layer_normalization(data: MemoryDesc, stats: MemoryDesc, epsilon: float, fla
     scale, shift -> dst, mean, variance``) without ``hint``; backward (``src, mean, variance,
     diff_dst, scale, shift -> diff_src, diff_scale, diff_shift``) with the forward primitive
     as ``hint``. ``flags``: USE_SCALE, USE_SHIFT."""
+    _refuse_empty("layer normalization", data, stats)
     lib = library()
     pd = _P()
     eps = ctypes.c_float(epsilon)
@@ -371,6 +389,7 @@ def batch_normalization(src: MemoryDesc, dst: MemoryDesc, epsilon: float, flags:
     ``hint``; backward (``src, mean, variance, diff_dst, scale -> diff_src, diff_scale,
     diff_shift``; ``dst`` then describes diff_src) with the forward primitive as ``hint``.
     ``flags``: USE_SCALE, USE_SHIFT."""
+    _refuse_empty("batch normalization", src, dst, diff_dst)
     lib = library()
     pd = _P()
     eps = ctypes.c_float(epsilon)
@@ -388,6 +407,7 @@ def batch_normalization(src: MemoryDesc, dst: MemoryDesc, epsilon: float, flags:
 
 def reorder(src: MemoryDesc, dst: MemoryDesc) -> Primitive:
     """A primitive copying memory described by ``src`` into the layout ``dst``."""
+    _refuse_empty("reorder", src, dst)
     lib = library()
     pd = _P()
     lib.check(lib.lib.dnnl_reorder_primitive_desc_create(

@@ -6,7 +6,11 @@ as the model takes it."""
 
 from __future__ import annotations
 
+import math
+import os
+import resource
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -20,13 +24,69 @@ def load(path: Path, input_specs, label_kind: str, label_dtype: np.dtype,
          options) -> Loaded:
     del options  # an .npz says everything itself
     try:
+        _check_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             loaded = {k: data[k] for k in data.files}
+    except InputError:
+        raise
     except FileNotFoundError:
         raise InputError(f"{path}: no such file (give an .npz or 'digits')") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         raise InputError(f"{path}: not a readable .npz ({exc})") from None
     return Loaded(check_arrays(path, loaded, input_specs, label_kind, label_dtype), "npz")
+
+
+def _check_sizes(path: Path) -> None:
+    """Refuse an .npz before NumPy allocates what its members' headers declare (issue 35
+    items 6, 7): a header's shape must match the bytes its member holds, and all the members
+    must fit in the memory this process may still take. Raises ``InputError`` naming the
+    member and the sizes; zipfile's own errors (not a zip: an empty file, a bare .npy) are the
+    caller's to word."""
+    declared = {}
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name = info.filename
+            if not name.endswith(".npy"):
+                raise InputError(f"{path}: member {name!r} is not an .npy array")
+            with archive.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    raise InputError(f"{path}: member {name!r} is .npy format {version}; "
+                                     "versions 1.0 and 2.0 are read")
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = read_header(f)
+                held = info.file_size - f.tell()
+            if dtype.hasobject:
+                raise InputError(f"{path}: member {name!r} holds Python objects ({dtype})")
+            nbytes = math.prod(shape) * dtype.itemsize
+            if nbytes != held:
+                raise InputError(f"{path}: member {name!r} declares shape {list(shape)} of "
+                                 f"{dtype} ({nbytes} bytes) but holds {held} bytes")
+            declared[name] = nbytes
+    total, free = sum(declared.values()), memory_available()
+    if free is not None and total > free:
+        largest = max(declared, key=declared.get)
+        raise InputError(f"{path}: its arrays take {total} bytes in memory (member {largest!r}: "
+                         f"{declared[largest]} bytes); this process may take {free} more")
+
+
+def memory_available() -> int | None:
+    """Bytes this process may still allocate: the smaller of the system's available memory and
+    what its address-space limit (RLIMIT_AS) leaves; None where neither is known."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            with open("/proc/self/statm") as f:
+                limits.append(soft - int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError):
+        pass
+    return min(limits) if limits else None
 
 
 def check_arrays(where, found: Mapping[str, np.ndarray], input_specs, label_kind: str,

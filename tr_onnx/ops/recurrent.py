@@ -60,7 +60,9 @@ SEQ_LENS = 4
 
 
 def _sigmoid(x, out, a, b):
-    np.negative(x, out=out)
+    # not np.negative: NumPy 2.4's float32 loop of it writes wrong values where both operands
+    # are strided columns (a hidden_size=1 gate block of [N, G*1] rows; issue 35 item 1)
+    np.multiply(x, -1, out=out)
     np.exp(out, out=out)
     np.add(out, 1, out=out)
     np.reciprocal(out, out=out)

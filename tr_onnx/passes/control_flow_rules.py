@@ -176,6 +176,15 @@ def _loop(r: _Resolver, node: onnx.NodeProto):
         return _loop_step(r, node, body, trip)
     else:
         count = trip if static in ("pass", True) else 1
+        # checked before the first iteration: a trip count of 2**31 - 1 would otherwise
+        # spend hours inlining (an empty body emits no node to trip the node bound; issue 35
+        # item 5)
+        per_iteration = len(body.node) + 1  # its nodes, and its iteration's constants
+        if count * per_iteration > r.max_nodes - r.emitted:
+            raise UnsupportedModelError(
+                f"{_label(node)}: {count} iterations of its body ({len(body.node)} nodes) "
+                f"would unroll into more than {r.max_nodes} nodes (the most a plan may inline, "
+                "MAX_UNROLLED_NODES); tr_onnx runs a Loop unrolled", [])
     states = list(node.input[2:])
     nodes, states, pieces, _ = _loop_iterations(r, body, states, count)
     nodes += [r.node("Identity", [s], [o]) for s, o in zip(states, node.output) if o]

@@ -1,0 +1,250 @@
+"""Issue 35's fixed items, each on the smallest model or file that showed it: a wrong result
+checked against onnxruntime and onnx.reference, a crash or hang run in a subprocess (a signal
+or a hang must fail this test, not kill or stall the suite), a traceback turned into a clean
+``TrOnnxError`` naming what was wrong."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import tr_onnx
+from tr_onnx.data import npz
+from tr_onnx.errors import InputError, TrOnnxError, UnsupportedModelError
+from tr_onnx.importer import InputSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_python(code: str, timeout: float = 60, memory_bytes: int | None = None):
+    """``code`` in a fresh interpreter importing this worktree's tr_onnx (optionally under an
+    address-space limit)."""
+    if memory_bytes is not None:
+        code = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({memory_bytes}, "
+                f"{memory_bytes}))\n") + code
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def _references(model: onnx.ModelProto, feed: dict) -> tuple[list, list]:
+    ref = ReferenceEvaluator(model).run(None, feed)
+    rt = ort.InferenceSession(model.SerializeToString(),
+                              providers=["CPUExecutionProvider"]).run(None, feed)
+    return ref, rt
+
+
+# ---- item 1: LSTM with hidden_size=1 and a batch of 2 or more --------------------------------
+
+
+def _recurrent_model(op: str, direction: str, bias: bool, t=4, n=3, i=2, h=1):
+    d = 2 if direction == "bidirectional" else 1
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((d, gates * h, i)).astype(np.float32),
+                                     "W"),
+             numpy_helper.from_array(rng.standard_normal((d, gates * h, h)).astype(np.float32),
+                                     "R")]
+    if bias:
+        inits.append(numpy_helper.from_array(
+            rng.standard_normal((d, 2 * gates * h)).astype(np.float32), "B"))
+    node = helper.make_node(op, ["x", "W", "R", "B" if bias else ""], ["y", "y_h"],
+                            hidden_size=h, direction=direction)
+    graph = helper.make_graph(
+        [node], "recurrent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [t, n, i])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [t, d, n, h]),
+         helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [d, n, h])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_a_recurrent_layer_of_hidden_size_1_over_a_batch_of_3_equals_both_references(
+        op, direction, bias):
+    model = _recurrent_model(op, direction, bias)
+    feed = {"x": np.random.default_rng(1).standard_normal((4, 3, 2)).astype(np.float32)}
+    ref, rt = _references(model, feed)
+    ours = tr_onnx.InferenceSession(model).run(None, feed)
+    for a, b, c in zip(ours, ref, rt, strict=True):
+        np.testing.assert_allclose(b, c, rtol=1e-5, atol=1e-6)  # the references agree
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---- item 3: MaxPool with a zero-width output -------------------------------------------------
+
+
+def test_a_max_pool_with_a_zero_width_output_returns_the_empty_result_of_both_references():
+    # in a subprocess: before the fix oneDNN's primitive construction raised SIGFPE
+    code = textwrap.dedent("""
+        import numpy as np
+        from onnx import TensorProto, helper
+        import tr_onnx
+        node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[1, 2])
+        graph = helper.make_graph(
+            [node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 0])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        x = np.random.default_rng(0).random((1, 4, 3, 1), dtype=np.float32)
+        (y,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
+        print(y.shape, y.dtype)
+    """)
+    done = _run_python(code)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], strides=[1, 2])], "p",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 0])]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    ref, rt = _references(model, {"x": np.zeros((1, 4, 3, 1), np.float32)})
+    assert ref[0].shape == rt[0].shape == (1, 4, 2, 0)
+    assert done.stdout.split("\n")[0] == "(1, 4, 2, 0) float32"
+
+
+# ---- item 5: a Loop of 2**31 - 1 iterations --------------------------------------------------
+
+
+@pytest.mark.parametrize("body_nodes", [0, 1], ids=["empty_body", "one_add"])
+def test_a_loop_of_2_to_the_31_iterations_is_refused_at_once_by_its_node_count(body_nodes):
+    nodes = [helper.make_node("Add", ["v", "one"], ["v_next"])] if body_nodes else []
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_next" if body_nodes else "v", TensorProto.FLOAT,
+                                       [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "one")] if body_nodes else [])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x"], ["y"], body=body)], "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array(2 ** 31 - 1, np.int64), "M")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    code = textwrap.dedent(f"""
+        import numpy as np, onnx, tr_onnx
+        model = onnx.load_from_string(bytes.fromhex({model.SerializeToString().hex()!r}))
+        try:
+            tr_onnx.InferenceSession(model).run(None, {{"x": np.zeros(2, np.float32)}})
+        except tr_onnx.errors.UnsupportedModelError as exc:
+            print("refused:", exc)
+    """)
+    done = _run_python(code, timeout=60)  # before the fix: hours of unrolling
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused:" in done.stdout and "2147483647 iterations" in done.stdout, done.stdout
+    assert issubclass(UnsupportedModelError, TrOnnxError)
+
+
+# ---- items 6 and 7: .npz files that are not what they declare ---------------------------------
+
+
+SPECS = [InputSpec("input", (None, 2), np.dtype(np.float32))]
+
+
+def _npz_member(name: str, header: dict, data: bytes) -> bytes:
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, header)
+    member.write(data)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr(name, member.getvalue())
+    return out.getvalue()
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, a)
+    return out.getvalue()
+
+
+def _bad_npz(kind: str) -> bytes:
+    if kind == "empty_file":
+        return b""
+    if kind == "an_npy_named_npz":
+        return _npy_bytes(np.zeros((4, 2), np.float32))
+    if kind == "header_declares_2_to_the_40":
+        return _npz_member("labels.npy", {"descr": "<f4", "fortran_order": False,
+                                          "shape": (2 ** 40,)}, bytes(64))
+    if kind == "corrupt_deflate_stream":  # zlib.error while decompressing (the fuzzer's find)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("labels.npy", _npy_bytes(np.arange(1000, dtype=np.float32)))
+        data = bytearray(out.getvalue())
+        data[80:96] = b"\xff" * 16
+        return bytes(data)
+    assert kind == "not_an_array_member"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("labels.txt", "0 1 2")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["empty_file", "an_npy_named_npz",
+                                  "header_declares_2_to_the_40", "not_an_array_member",
+                                  "corrupt_deflate_stream"])
+def test_a_malformed_npz_is_an_input_error_naming_the_file(tmp_path, kind):
+    path = tmp_path / "data.npz"
+    path.write_bytes(_bad_npz(kind))
+    with pytest.raises(InputError, match="data.npz"):
+        npz.load(path, SPECS, "index", np.dtype(np.float32), {})
+
+
+def test_an_npz_member_declaring_2_to_the_40_elements_names_the_member_and_sizes(tmp_path):
+    path = tmp_path / "data.npz"
+    path.write_bytes(_bad_npz("header_declares_2_to_the_40"))
+    with pytest.raises(InputError, match=r"'labels.npy' declares shape \[1099511627776\] of "
+                                         r"float32 \(4398046511104 bytes\) but holds 64 bytes"):
+        npz.load(path, SPECS, "index", np.dtype(np.float32), {})
+
+
+def test_an_npz_larger_than_the_memory_left_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "big.npz"  # 1.2 GB of zeros decompressed, 1.2 MB compressed
+    rows = 150_000_000
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        member, {"descr": "<f4", "fortran_order": False, "shape": (rows, 2)})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("input.npy", "w", force_zip64=True) as f:
+            f.write(member.getvalue())
+            chunk = bytes(1 << 24)
+            for _ in range(rows * 8 // len(chunk)):
+                f.write(chunk)
+            f.write(bytes(rows * 8 % len(chunk)))
+        archive.writestr("labels.npy", _npy_bytes(np.zeros(3, np.int64)))
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from pathlib import Path
+        from tr_onnx.data import npz
+        from tr_onnx.errors import InputError
+        from tr_onnx.importer import InputSpec
+        specs = [InputSpec("input", (None, 2), np.dtype(np.float32))]
+        try:
+            npz.load(Path({str(path)!r}), specs, "index", np.dtype(np.float32), {{}})
+        except InputError as exc:
+            print("refused:", exc)
+    """)
+    done = _run_python(code, memory_bytes=1 << 30)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused:" in done.stdout and "1200000024 bytes in memory" in done.stdout, done.stdout
+
+
+# ---- item 12: OneDnnError is a TrOnnxError ------------------------------------------------------
+
+
+def test_a_onednn_error_is_a_tr_onnx_error():
+    from tr_onnx import onednn
+
+    assert issubclass(onednn.OneDnnError, TrOnnxError)

@@ -1,0 +1,154 @@
+"""Issue 35's items not fixed yet (their code is held by other branches): a reproducer each,
+marked ``xfail(strict=True)`` so that whoever fixes one sees its test pass, and removes the mark.
+Crashes and out-of-memory cases run in a subprocess under a memory limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import tr_onnx
+from tr_onnx import cli
+from tr_onnx.errors import TrOnnxError, UnsupportedModelError
+from tr_onnx.optim import SGD
+
+ROOT = Path(__file__).resolve().parent.parent
+F = TensorProto.FLOAT
+
+
+def _vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                             opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run_python(code: str, memory_bytes: int = 3 << 30, timeout: float = 120):
+    code = (f"import resource\nresource.setrlimit(resource.RLIMIT_AS, ({memory_bytes}, "
+            f"{memory_bytes}))\n") + textwrap.dedent(code)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 2: NegativeLogLikelihoodLoss with a "
+                   "negative target other than ignore_index reads another sample's row")
+def test_a_negative_nll_target_equals_the_reference_or_is_refused():
+    model = _model([helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y"],
+                                     reduction="none")],
+                   [_vi("x", F, [3, 4])], [_vi("y", F, [3])],
+                   [numpy_helper.from_array(np.array([0, -2, 1], np.int64), "t")])
+    x = -np.arange(12, dtype=np.float32).reshape(3, 4) / 8
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    try:
+        (got,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
+    except TrOnnxError:
+        return
+    np.testing.assert_allclose(got, want)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 4: onnx's shape inference segfaults on "
+                   "ConvTranspose(kernel_shape=[0]) -> EyeLike(dtype=0), called by the importer")
+def test_a_model_that_crashes_onnx_shape_inference_is_a_clean_error(tmp_path):
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], kernel_shape=[0],
+                              auto_pad="SAME_LOWER", dilations=[2, 2]),
+             helper.make_node("EyeLike", ["c"], ["y"], dtype=0)]
+    model = _model(nodes, [_vi("x", F, [1, 1, 4, 4])], [_vi("y", F, [1, 1])],
+                   [numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")])
+    onnx.checker.check_model(model)
+    onnx.save(model, tmp_path / "m.onnx")
+    done = _run_python(f"""
+        import tr_onnx
+        try:
+            tr_onnx.InferenceSession({str(tmp_path / 'm.onnx')!r})
+        except tr_onnx.TrOnnxError as exc:
+            print("refused:", exc)
+    """)
+    assert done.returncode == 0 and "refused:" in done.stdout, (done.returncode, done.stderr)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 6: an input dim of 1e12 is a MemoryError "
+                   "traceback in `tr-onnx inspect` and `tr-onnx run`")
+@pytest.mark.parametrize("command", ["inspect", "run"])
+def test_a_declared_input_of_a_trillion_elements_is_a_clean_cli_error(tmp_path, command):
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F, [10 ** 12])],
+                   [_vi("y", F, [10 ** 12])])
+    onnx.save(model, tmp_path / "m.onnx")
+    done = _run_python(f"""
+        import sys
+        from tr_onnx import cli
+        sys.exit(cli.main([{command!r}, {str(tmp_path / 'm.onnx')!r}]))
+    """)
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    assert done.returncode == 2 and last.startswith("tr-onnx: error:"), done.stderr[-1500:]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 9: `tr-onnx inspect --train` on an output "
+                   "of rank 1 raises ValueError from the class axis rule")
+def test_inspect_train_on_a_rank_1_output_is_a_clean_error(tmp_path, capsys):
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F, [4])],
+                   [_vi("y", F, [4])])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert cli.main(["inspect", "--train", str(tmp_path / "m.onnx")]) == 2
+    assert "tr-onnx: error:" in capsys.readouterr().err
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 11: a model with no outputs is an "
+                   "IndexError in TrainingSession.__init__")
+def test_a_training_session_of_a_model_with_no_outputs_is_a_clean_error():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F, [2, 4])], [])
+    with pytest.raises(TrOnnxError):
+        tr_onnx.TrainingSession(model, optimizer=SGD(lr=0.1), backend="numpy")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 11: an AveragePool with a zero-width "
+                   "output is an IndexError")
+def test_an_average_pool_with_a_zero_width_output_returns_the_empty_result():
+    model = _model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 3],
+                                     strides=[1, 2])],
+                   [_vi("x", F, [1, 4, 3, 1])], [_vi("y", F, [1, 4, 2, 0])])
+    x = np.ones((1, 4, 3, 1), np.float32)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    (got,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
+    assert got.shape == want.shape == (1, 4, 2, 0)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 13: LayerNormalization with stash_type=0 "
+                   "is a TypeError from the dtype table")
+def test_a_layer_norm_with_an_undefined_stash_type_is_a_clean_error():
+    model = _model([helper.make_node("LayerNormalization", ["x", "s"], ["y"], stash_type=0)],
+                   [_vi("x", F, [2, 3])], [_vi("y", F, [2, 3])],
+                   [numpy_helper.from_array(np.ones(3, np.float32), "s")])
+    with pytest.raises(TrOnnxError):
+        tr_onnx.InferenceSession(model).run(None, {"x": np.ones((2, 3), np.float32)})
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 13: DequantizeLinear with an axis past "
+                   "the input's rank is an IndexError")
+def test_a_dequantize_with_an_axis_past_the_rank_is_a_clean_error():
+    model = _model([helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=3)],
+                   [_vi("q", TensorProto.INT8, [2, 3])], [_vi("y", F, [2, 3])],
+                   [numpy_helper.from_array(np.ones(3, np.float32), "s")])
+    with pytest.raises(TrOnnxError):
+        tr_onnx.InferenceSession(model).run(None, {"q": np.ones((2, 3), np.int8)})
+
+
+@pytest.mark.xfail(strict=True, reason="issue 35 item 14: an internal op in a user's model "
+                   "fails inside its kernel instead of being refused by name")
+def test_an_internal_op_in_a_users_model_is_refused_by_name():
+    model = _model([helper.make_node("DropoutTraining", ["x"], ["y"], domain="ai.tr_onnx",
+                                     ratio=0.5, seed=1)],
+                   [_vi("x", F, [2, 4])], [_vi("y", F, [2, 4])])
+    model.opset_import.append(helper.make_opsetid("ai.tr_onnx", 1))
+    with pytest.raises(UnsupportedModelError, match="internal"):
+        tr_onnx.InferenceSession(model).run(None, {"x": np.ones((2, 4), np.float32)})
