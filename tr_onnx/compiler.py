@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ir
+from . import ir, subplan
 from .backends import ExecutorAPI, numpy_backend
 from .errors import ArenaSizeError, InputError
 from .importer import ImportedModel
@@ -213,12 +213,22 @@ def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
     mode (``"fallback"``, ``"require"``, ``"off"``);
     ``max_arena_bytes``: see ``check_arena_size``."""
     registry = imported.registry
-    graph = imported.specialize(shapes, const_values, control_flow.resolve)
+    graph = imported.specialize(shapes, const_values, control_flow.resolve,
+                                subplan.Regions(registry, compile_region))
     dispatch(graph, registry, backend)
     fuse_erf_gelu(graph, registry, backend)
     info = transform(graph) if transform is not None else None
     return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,
                          cuda_graphs, max_arena_bytes)
+
+
+def compile_region(imported: ImportedModel, shapes: dict[str, tuple],
+                   const_values: dict[str, np.ndarray], transform=None) -> CompiledPlan:
+    """A data-dependent region's sub-plan (``subplan.Regions.compile``): numpy whatever the
+    outer plan's backend (its kernel runs the sub-plan on the host), compact channels, no
+    Flatten folded into a weight (a region's weights are the outer graph's values)."""
+    return compile_plan(imported, shapes, const_values, "numpy", 1, transform=transform,
+                        absorb_flatten=False)
 
 
 def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bool = True,

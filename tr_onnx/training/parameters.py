@@ -62,7 +62,7 @@ import onnx
 from onnx import numpy_helper
 
 from .. import ir
-from ..importer import opdef_for
+from ..const_feeds import opdef_for
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
 from ..torch_metadata import exported_parameters, folded_from, input_kinds, module_of
