@@ -19,17 +19,11 @@ import onnx
 from onnx import numpy_helper
 
 from .. import ir
-from ..backends import (
-    DEFAULT_CHANNEL_ALIGN,
-    StepReport,
-    check_cuda_graphs,
-    resolve_backend,
-)
+from ..backends import Backend, backend_for, check_cuda_graphs
 from ..compiler import (
     DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLANS,
     CompiledPlan,
-    DeviceFactory,
     PlanCache,
     compile_plan,
     plan_key,
@@ -78,6 +72,7 @@ from .precision import (
     check_loss_scale,
     check_precision,
 )
+from .step import StepReport, finish_step, run_step
 from .storage import (
     CHECKPOINT_FORMAT,
     atomic_write,
@@ -183,7 +178,8 @@ class TrainingSession:
     were separate parameters); True also keeps every Identity copy one parameter; False keeps
     all apart (``training.parameters``).
     ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
-    ``backend``: ``"numpy"``, ``"cuda"`` or ``"auto"`` (cuda when a GPU is usable).
+    ``backend``: ``"numpy"``, ``"cuda"``, ``"auto"`` (cuda when a GPU is usable) or a
+    ``backends.Backend`` (the tests' cuda over the host emulator, ``host_emulator.emulated_cuda``).
     ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"`` / ``"bf16"``:
     activations and gradients stored in float16 / bfloat16, float32 master weights updated by
     the fused optimizer, which also writes the half copy the next step reads
@@ -193,8 +189,6 @@ class TrainingSession:
     ``False`` turns it off. A step whose gradients overflow is skipped (weights and optimizer
     state unchanged, ``step`` does not advance, the scale backs off) with a warning naming
     it; it does not count towards ``max_bad_steps``. ``loss_scale`` the property: the scale.
-    ``device`` (cuda only, a test hook): ``device(plan) -> DeviceAPI`` used instead of a
-    ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
     ``cuda_graphs`` (cuda): ``"fallback"`` (default; a step that cannot be captured into a
     CUDA graph warns naming the node and runs eagerly), ``"require"`` (raise) or ``"off"``.
     ``external_data_dir``: the folder a model (or ONNX loss model) given as bytes or a ModelProto
@@ -228,13 +222,13 @@ class TrainingSession:
     """
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
-                 trainable=None, backend: str = "auto", label_name: str = "labels", *,
+                 trainable=None, backend: str | Backend = "auto", label_name: str = "labels", *,
                  output_name: str | None = None, frozen=(), lr: float | None = None,
                  lr_schedule: Schedule | str | None = None, grad_accumulation: int = 1,
                  clip_grad_norm: float | None = None, bn_running_var: str = "biased",
                  tie_shared_initializers: bool | None = None, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
-                 device: DeviceFactory | None = None, precision: str = "fp32",
+                 precision: str = "fp32",
                  loss_scale=None, cuda_graphs: str = "fallback",
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
@@ -244,13 +238,12 @@ class TrainingSession:
                  grad_bucket_mb: float = 25.0, frozen_batchnorm: str = "train",
                  unfreeze_after: int | None = None, lr_groups: dict | None = None,
                  step_offsets: dict | None = None, lora=None):
-        self.backend = "cuda" if device is not None and backend == "cuda" else \
-            resolve_backend(backend)
-        self.device = device
+        self.target: Backend = backend_for(backend)  # what its plans are compiled for
+        self.backend = self.target.name
         self.cuda_graphs = check_cuda_graphs(cuda_graphs)
         precision = check_precision(precision, self.backend)
         loss_scale = check_loss_scale(loss_scale, precision)
-        self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
+        self.channel_align = channel_align or self.target.channel_align
         self.registry = build_registry(plugins) if plugins else default_registry()
         self._external_data_dir = external_data_dir
         self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
@@ -399,7 +392,7 @@ class TrainingSession:
             bn_unbiased_running_var=opts["bn_running_var"] == "unbiased",
             sharing=self.sharing, seed=opts["seed"],
             precision=opts["precision"], loss_scale=opts["loss_scale"],
-            step_guard=self.backend == "cuda",
+            step_guard=self.target.decides_steps,
             data_inputs=tuple(i.name for i in self.imported.inputs),
             world=self._world_id, sync_batchnorm=opts["sync_batchnorm"],
             grad_bucket_bytes=max(1, int(opts["grad_bucket_mb"] * (1 << 20))),
@@ -407,10 +400,10 @@ class TrainingSession:
             frozen_batchnorm_eval=opts["frozen_batchnorm"] == "eval",
             lr_groups=opts["lr_groups"] or {}, step_offsets=opts["step_offsets"])
         return compile_plan(self.imported, shapes, const_feeds,
-                            self.backend, self.channel_align,
+                            self.target, self.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
                                               backend=self.backend, cfg=cfg),
-                            absorb_flatten=False, device=self.device,
+                            absorb_flatten=False,
                             cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes)
 
     def begin_epoch(self, epoch: int) -> str | None:
@@ -624,7 +617,7 @@ class TrainingSession:
             launch.token = ex.launch_step(launch.apply, want)
             launch.outputs = dict.fromkeys(want) if want else None  # filled when read back
         else:
-            launch.report = ex.run_step(launch.plan.info, launch.apply)
+            launch.report = run_step(ex, launch.plan.info, launch.apply)
 
     def _resolve_oldest(self) -> None:
         """Read back the oldest step in flight and account for it (warnings, counters,
@@ -633,7 +626,7 @@ class TrainingSession:
         launch = self._inflight.pop(0)
         if launch.report is None:
             ex = launch.plan.executor
-            launch.report = ex.finish_step(launch.token, launch.apply)
+            launch.report = finish_step(ex, launch.token, launch.apply)
             if launch.outputs:
                 launch.outputs = {n: ex.step_output(launch.token, n) for n in launch.outputs}
         if launch.report.rejected:
@@ -752,8 +745,8 @@ class TrainingSession:
                 to_inference_mode(graph)
 
             plan = compile_plan(self.imported, shapes, const_feeds,
-                                self.backend, self.channel_align, transform=eval_graph,
-                                device=self.device, cuda_graphs=self.cuda_graphs,
+                                self.target, self.channel_align, transform=eval_graph,
+                                cuda_graphs=self.cuda_graphs,
                                 max_arena_bytes=self.max_arena_bytes)
             self._eval_plans[key] = plan
             for dropped in self._eval_plans.evict():  # (a later plan may reuse its id)
