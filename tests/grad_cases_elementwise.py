@@ -162,7 +162,7 @@ CASES = [
     GradCase("Dropout_with_mask", "Dropout", [randn(3, 4)], opset=22, n_outputs=2),
     GradCase("Dropout_v7", "Dropout", [randn(3, 4)], {"ratio": 0.2}, opset=7),
     # training mode with a seed outside the training session: onnx.reference reseeds each run,
-    # so its finite differences see the one mask (ops.elementwise.seeded_dropout_mask)
+    # so its finite differences see the one mask (ops.dropout.seeded_dropout_mask)
     GradCase("Dropout_training_seeded", "Dropout",
              [randn(3, 4), Const(np.array(0.3)), Const(np.array(True))], {"seed": 5}, opset=22),
 ]

@@ -1,5 +1,5 @@
-"""Elu, Selu and Mish in float32 through oneDNN's eltwise kernels (``ops.unary.
-_onednn_finite_eltwise``) against onnxruntime and float64: finite inputs take oneDNN; a run
+"""Elu, Selu and Mish in float32 through oneDNN's eltwise kernels (``ops.unary_onednn.
+onednn_finite_eltwise``) against onnxruntime and float64: finite inputs take oneDNN; a run
 whose input holds NaN or an infinity takes the NumPy body (what oneDNN's kernels make of them
 differs between its ISAs: its AVX-512 gelu_erf turns +inf into NaN), and the next finite run
 takes oneDNN again."""
@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from oracles import ort_run
 
 import tr_onnx
-from tr_onnx.ops import unary
+from tr_onnx.ops import unary, unary_onednn
 
 RNG = np.random.default_rng(29)
 F32 = {"rtol": 1e-5, "atol": 1e-6}  # the op tests' float32 tolerance
@@ -58,7 +58,7 @@ def steps(monkeypatch):
     """How many oneDNN steps were built, and how each run went (True: oneDNN)."""
     require_onednn()
     seen = {"built": 0, "runs": []}
-    real_factory, real_run = unary._onednn_finite_eltwise, unary._finite_or_exact
+    real_factory, real_run = unary.onednn_finite_eltwise, unary_onednn._finite_or_exact
 
     def factory(*args):
         step = real_factory(*args)
@@ -77,8 +77,8 @@ def steps(monkeypatch):
 
         return real_run(flat, took_fast, gamma, y, took_exact)
 
-    monkeypatch.setattr(unary, "_onednn_finite_eltwise", factory)
-    monkeypatch.setattr(unary, "_finite_or_exact", run)
+    monkeypatch.setattr(unary, "onednn_finite_eltwise", factory)
+    monkeypatch.setattr(unary_onednn, "_finite_or_exact", run)
     return seen
 
 

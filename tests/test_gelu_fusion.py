@@ -30,7 +30,7 @@ from oracles import ort_run
 from torch_parity import ParityCase, assert_parity, export, run_case
 
 import tr_onnx
-from tr_onnx.ops import unary
+from tr_onnx.ops import unary, unary_onednn
 from tr_onnx.passes import fusions
 from tr_onnx.training.gradients import vjp
 
@@ -197,9 +197,9 @@ def test_onednn_gelu_and_its_gradient_match_float64(approximate, monkeypatch):
     x = _grid()
     gy = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
     model = _gelu_model(x.shape, approximate)
-    built = spy_kernels(monkeypatch, unary, ["_onednn_gelu"])
+    built = spy_kernels(monkeypatch, unary, ["onednn_gelu"])
     y, grads = vjp(model, {"x": x}, ["x"], gy)
-    assert built == ["_onednn_gelu"] * 2  # oneDNN ran Gelu and GeluGrad, not NumPy
+    assert built == ["onednn_gelu"] * 2  # oneDNN ran Gelu and GeluGrad, not NumPy
     exact = _exact_gelu(x, approximate)
     bound = 4 * F32_EPS * np.maximum(np.abs(x.astype(np.float64)), 1.0)
     assert np.all(np.abs(y - exact.numpy()) <= bound)
@@ -219,7 +219,7 @@ def test_onednn_gelu_special_values_are_numpys(approximate, monkeypatch):
     model = _gelu_model(x.shape, approximate)
     with np.errstate(all="ignore"):
         fast = vjp(model, {"x": x}, ["x"], gy)
-        monkeypatch.setattr(unary, "_onednn_gelu", lambda ctx, infos: None)
+        monkeypatch.setattr(unary, "onednn_gelu", lambda ctx, infos: None)
         numpy_kernels = vjp(model, {"x": x}, ["x"], gy)
     for got, want in ((fast[0], numpy_kernels[0]), (fast[1]["x"], numpy_kernels[1]["x"])):
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -228,17 +228,17 @@ def test_onednn_gelu_special_values_are_numpys(approximate, monkeypatch):
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_restoring_inf_after_onednn_gelu(approximate, monkeypatch):
-    """Where oneDNN's gelu loses +inf (its AVX-512 gelu_erf: ``unary._gelu_loses_inf``), the
+    """Where oneDNN's gelu loses +inf (its AVX-512 gelu_erf: ``unary_onednn._gelu_loses_inf``), the
     kernel puts +inf back where x is +inf and changes nothing else; forced here, so that the
     path runs on any machine. A run without +inf (or NaN) in x skips the mask."""
     require_onednn()
-    monkeypatch.setattr(unary, "_gelu_loses_inf", lambda alg: True)
+    monkeypatch.setattr(unary_onednn, "_gelu_loses_inf", lambda alg: True)
     x = _grid()
     x[0, :4] = [np.inf, np.nan, -np.inf, np.inf]
     session = tr_onnx.InferenceSession(_gelu_model(x.shape, approximate))
     with np.errstate(all="ignore"):
         (y,) = session.run(None, {"x": x})
-        monkeypatch.setattr(unary, "_onednn_gelu", lambda ctx, infos: None)
+        monkeypatch.setattr(unary, "onednn_gelu", lambda ctx, infos: None)
         (want,) = tr_onnx.InferenceSession(_gelu_model(x.shape, approximate)).run(
             None, {"x": x})
     assert y[0, 0] == np.inf and y[0, 3] == np.inf and np.isnan(y[0, 1])

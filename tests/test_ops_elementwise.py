@@ -224,17 +224,17 @@ def test_erf_float64_precision():
 
 
 def test_erf_pieces_precision():
-    """The erf of float32 and float16 results (ops/unary.py ``_ERF_PIECES``) against
+    """The erf of float32 and float16 results (ops/erf.py ``_ERF_PIECES``) against
     math.erf: 5e-11 relative where |x| <= 3.9; beyond, a value that rounds to +-1 in float32
     as erf does; the sign of zero, inf and NaN kept."""
     import math
 
-    from tr_onnx.ops.unary import _ERF_SCRATCH, erf_float64
+    from tr_onnx.ops.erf import ERF_SCRATCH, erf_float64
 
     x = np.concatenate([np.linspace(-7, 7, 140001), np.geomspace(1e-30, 1, 301),
                         -np.geomspace(1e-30, 1, 301), [0.0, -0.0, np.inf, -np.inf, np.nan]])
     dtypes = {"f8": np.float64, "?": np.bool_, "i8": np.intp}
-    t = [np.empty(x.shape, dtypes[c]) for c in _ERF_SCRATCH]
+    t = [np.empty(x.shape, dtypes[c]) for c in ERF_SCRATCH]
     erf_float64(x, t, exact=False)
     ours = t[1]
     expected = np.array([math.erf(v) for v in x])

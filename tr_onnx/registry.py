@@ -24,8 +24,11 @@ from .opdef import GradientDef, KernelDef, OpDef
 
 BUILTIN_OPSETS = (
     "tr_onnx.ops.elementwise",
+    "tr_onnx.ops.dropout",
     "tr_onnx.ops.unary",
     "tr_onnx.ops.tensor",
+    "tr_onnx.ops.pad",
+    "tr_onnx.ops.cumulative",
     "tr_onnx.ops.indexing",
     "tr_onnx.ops.matmul",
     "tr_onnx.ops.conv",
@@ -37,6 +40,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.reduce",
     "tr_onnx.ops.losses",
     "tr_onnx.ops.attention",
+    "tr_onnx.ops.attention_inference",
     "tr_onnx.ops.layout_convert",
     "tr_onnx.ops.optimizers",
     "tr_onnx.ops.collective",

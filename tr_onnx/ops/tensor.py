@@ -1,13 +1,13 @@
 """Tensor manipulation: data movement by shape, not by index values. Reshaping (Reshape, Flatten,
-Squeeze, Unsqueeze), Transpose, joining and splitting, Slice, padding, tiling and broadcasting
-(Pad, Tile, Expand), block rearrangements, Trilu, CumSum, CumProd and the small generators
-(Constant, Shape, Range, EyeLike...), with the backward ops SliceGrad, PadGrad and
-CumProdGrad. What moves data by index values (Gather*, ScatterElements, OneHot, TopK) is
-ops/indexing.py, which uses the axis and gradient helpers defined here.
+Squeeze, Unsqueeze), Transpose, joining and splitting, Slice, tiling and broadcasting (Tile,
+Expand), block rearrangements, Trilu and the small generators (Constant, Shape, Range,
+EyeLike...), with the backward op SliceGrad. Pad is ops/pad.py, CumSum and CumProd
+ops/cumulative.py, and what moves data by index values (Gather*, ScatterElements, OneHot,
+TopK) ops/indexing.py: they use the axis and gradient helpers defined here.
 
 Output shapes come from ONNX shape inference (``ctx.outputs[i].shape``); factories read the
 shape-determining inputs (``const_inputs``) only where the kernel needs more than the output
-shape (Slice's steps, Pad's offsets). Kernels read and write logical views; where an output
+shape (Slice's steps). Kernels read and write logical views; where an output
 is the input regrouped (Tile, DepthToSpace) they write through a strided view of the output
 that splits its axes, so nothing is copied twice. Ops whose output is a pure function of
 plan-time facts (Shape, Size, Constant, Range, EyeLike...) compute it in the factory and
@@ -322,117 +322,7 @@ def eye_like_numpy(ctx):
     return _constant_output(eye_like_value(ctx))
 
 
-# ---- padding, tiling, broadcasting ----------------------------------------------------------
-
-
-def _pad_source(t: int, n: int, mode: str) -> int:
-    """Where position ``t`` (relative to the first input element) reads from, in [0, n)."""
-    if mode == "edge":
-        return min(max(t, 0), n - 1)
-    if mode == "wrap":
-        return t % n
-    if n == 1:  # reflect
-        return 0
-    period = 2 * (n - 1)
-    t %= period
-    return period - t if t >= n else t
-
-
-def _copy_runs(dst: list[int], src: list[int]) -> list[tuple[slice, slice]]:
-    """Group ``out[dst[i]] = out[src[i]]`` into slice copies (source step +1, -1 or 0)."""
-    runs: list[list[int]] = []  # [dst0, src0, step, length]
-    for d, s in zip(dst, src):
-        if runs:
-            d0, s0, step, length = runs[-1]
-            if d == d0 + length and (
-                    (length == 1 and s - s0 in (-1, 0, 1)) or s == s0 + step * length):
-                runs[-1] = [d0, s0, s - s0 if length == 1 else step, length + 1]
-                continue
-        runs.append([d, s, 0, 1])
-    slices = []
-    for d0, s0, step, length in runs:
-        if step == 0:
-            src_slice = slice(s0, s0 + 1)  # broadcast one element
-        else:
-            stop = s0 + step * length
-            src_slice = slice(s0, stop if stop >= 0 else None, step)
-        slices.append((slice(d0, d0 + length), src_slice))
-    return slices
-
-
-def pad_amounts(since_version: int, attrs, pads, axes, rank: int) -> tuple[list, list]:
-    """Pad's per-axis (begin, end) amounts from the attribute (<11) or the pads/axes inputs."""
-    if since_version < 11:
-        pads = list(attrs["pads"] if "pads" in attrs else attrs["paddings"])
-        axes = list(range(rank))
-    else:
-        pads = _ints(pads)
-        axes = [positive_axis(a, rank) for a in _ints(axes)] if axes is not None \
-            else list(range(rank))
-    begin, end = [0] * rank, [0] * rank
-    for i, a in enumerate(axes):
-        begin[a], end[a] = int(pads[i]), int(pads[i + len(axes)])
-    return begin, end
-
-
-def pad_plan(in_shape, begin, end, mode: str, error):
-    """(crop of the input, interior of the output, border steps) for Pad and PadGrad.
-
-    Negative pads crop the input; the rest pads around what remains. Axes are padded one
-    after another; axis a's border is filled over the full extent of the axes before it
-    (already padded) and the interior of the axes after it. A step is ``(region, fills,
-    copies)``: ``fills`` (constant mode) are slices of the region to set, ``copies`` pairs
-    ``(dst, src)`` of slices of the region (source step +1, -1 or 0 along the axis)."""
-    rank = len(in_shape)
-    crop = tuple(slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begin, end, in_shape))
-    lo, hi = [max(b, 0) for b in begin], [max(e, 0) for e in end]
-    kept = [s.stop - s.start for s in crop]
-    interior = tuple(slice(lo[a], lo[a] + kept[a]) for a in range(rank))
-    if mode not in ("constant", "reflect", "edge", "wrap"):
-        raise error(f"unknown Pad mode {mode!r}")
-    if mode != "constant" and any((lo[a] or hi[a]) and kept[a] == 0 for a in range(rank)):
-        raise error(f"Pad mode {mode!r} cannot pad an empty axis")
-    steps = []
-    for a in range(rank):
-        if not lo[a] and not hi[a]:
-            continue
-        region = tuple(slice(None) if b < a else interior[b] if b > a else slice(None)
-                       for b in range(rank))
-        border = list(range(lo[a])) + list(range(lo[a] + kept[a], lo[a] + kept[a] + hi[a]))
-        head = (slice(None),) * a
-        if mode == "constant":
-            fills = [head + (slice(0, lo[a]),), head + (slice(lo[a] + kept[a], None),)]
-            steps.append((region, fills, None))
-        else:
-            src = [lo[a] + _pad_source(j - lo[a], kept[a], mode) for j in border]
-            copies = [(head + (d,), head + (s,)) for d, s in _copy_runs(border, src)]
-            steps.append((region, None, copies))
-    return crop, interior, steps
-
-
-def pad_numpy(ctx):
-    in_shape = ctx.inputs[0].shape
-    begin, end = pad_amounts(ctx.since_version, ctx.attrs, ctx.const(1),
-                             ctx.const(3) if ctx.has_input(3) else None, len(in_shape))
-    # Before v11 the fill is an attribute; later it is input 2, read at run time (0 if absent).
-    value = ctx.attrs["value"] if ctx.since_version < 11 else None
-    crop, interior, steps = pad_plan(in_shape, begin, end, ctx.attrs["mode"], ctx.error)
-
-    def run(ins, outs, ws):
-        y = outs[0]
-        np.copyto(y[interior], ins[0][crop])
-        fill = value if value is not None else ins[2] if len(ins) > 2 and ins[2] is not None \
-            else 0
-        for region, fills, copies in steps:
-            v = y[region]
-            if fills is not None:
-                for f in fills:
-                    np.copyto(v[f], fill)
-            else:
-                for d, s in copies:
-                    np.copyto(v[d], v[s])
-
-    return run
+# ---- tiling, broadcasting -------------------------------------------------------------------
 
 
 def tile_numpy(ctx):
@@ -455,7 +345,7 @@ def expand_numpy(ctx):
     return run
 
 
-# ---- block rearrangements, triangles, scans ------------------------------------------------
+# ---- block rearrangements, triangles --------------------------------------------------------
 
 
 def depth_to_space_numpy(ctx):
@@ -503,36 +393,6 @@ def trilu_numpy(ctx):
     return run
 
 
-def _cumulative(ctx, accumulate, identity):
-    """CumSum / CumProd: ``accumulate`` (np.cumsum, np.cumprod) along the axis input, the
-    exclusive form starting from ``identity``, the reverse form on reversed views."""
-    rank = len(ctx.inputs[0].shape)
-    axis = positive_axis(int(np.asarray(ctx.const(1)).reshape(-1)[0]), rank)
-    head = (slice(None),) * axis
-    order = head + (slice(None, None, -1) if ctx.attrs["reverse"] else slice(None),)
-    exclusive = bool(ctx.attrs["exclusive"])
-
-    def run(ins, outs, ws):
-        x, y = ins[0][order], outs[0][order]
-        if exclusive:
-            if y.shape[axis]:
-                y[head + (0,)] = identity
-                accumulate(x[head + (slice(None, -1),)], axis=axis,
-                           out=y[head + (slice(1, None),)])
-        else:
-            accumulate(x, axis=axis, out=y)
-
-    return run
-
-
-def cumsum_numpy(ctx):
-    return _cumulative(ctx, np.cumsum, 0)
-
-
-def cumprod_numpy(ctx):
-    return _cumulative(ctx, np.cumprod, 1)
-
-
 # ---- backward ops (domain ai.tr_onnx) -------------------------------------------------------
 # Named backward steps that no short chain of standard ops does well. Each writes a gradient
 # shaped like the forward input (``ctx.outputs[0]``) from ``gy`` (input 0).
@@ -547,67 +407,6 @@ def slice_grad_numpy(ctx):
     def run(ins, outs, ws):
         outs[0].fill(0)
         outs[0][index] = ins[0]
-
-    return run
-
-
-def cumprod_grad_numpy(ctx):
-    """CumProd's gradient (inputs gy, x, axis; attrs exclusive, reverse), exact where x has
-    zeros (no division by x): ``gx_i = P_i * sum_{j >= i+e} gy_j * prod_{i < k <= j-e} x_k``
-    with ``P_i`` the product of the elements before i and e = 1 when exclusive, on views
-    reversed when ``reverse``. O(n^2) along the axis (n numpy calls over the other axes), and
-    a few temporaries per call: a backward step, where exactness with zeros matters more."""
-    rank = len(ctx.inputs[1].shape)
-    axis = positive_axis(int(np.asarray(ctx.const(2)).reshape(-1)[0]), rank)
-    flip = slice(None, None, -1) if ctx.attrs["reverse"] else slice(None)
-    e = int(ctx.attrs["exclusive"])
-
-    def run(ins, outs, ws):
-        gy, x, gx = (np.moveaxis(a, axis, 0)[flip] for a in (ins[0], ins[1], outs[0]))
-        n = x.shape[0]
-        before = np.ones_like(x)  # P_i, the product of x_0 .. x_{i-1}
-        if n > 1:
-            np.cumprod(x[:-1], axis=0, out=before[1:])
-        for i in range(n):
-            span = n - i - e  # j = i+e .. n-1
-            if span <= 0:
-                gx[i] = 0
-                continue
-            q = np.ones_like(x[:span])
-            if span > 1:
-                np.cumprod(x[i + 1:i + span], axis=0, out=q[1:])
-            np.multiply(before[i], np.sum(gy[i + e:] * q, axis=0), out=gx[i])
-
-    return run
-
-
-def pad_grad_numpy(ctx):
-    """Pad's forward steps run backwards: every border element copied from the interior
-    adds its gradient back to its source, last axis first; what the forward cropped (negative
-    pads) gets zero. Attrs: ``mode`` and ``pads`` (begin then end, one per axis)."""
-    in_shape = ctx.outputs[0].shape
-    rank = len(in_shape)
-    pads = [int(p) for p in ctx.attrs["pads"]]
-    crop, interior, steps = pad_plan(in_shape, pads[:rank], pads[rank:], ctx.attrs["mode"],
-                                     ctx.error)
-    acc = ctx.workspace(ctx.inputs[0].shape, ctx.inputs[0].dtype)  # gy must stay untouched
-    cropped = any(s.start or s.stop != n for s, n in zip(crop, in_shape))
-
-    def run(ins, outs, ws):
-        g = ws[acc]
-        np.copyto(g, ins[0])
-        for region, _, copies in reversed(steps):
-            if copies is None:  # a constant border: its gradient goes nowhere
-                continue
-            v = g[region]
-            for d, s in reversed(copies):
-                src, dst = v[s], v[d]
-                if src.shape != dst.shape:  # one element broadcast (edge): a small temporary
-                    dst = dst.sum(axis=len(d) - 1, keepdims=True)
-                np.add(src, dst, out=src)
-        if cropped:
-            outs[0].fill(0)
-        np.copyto(outs[0][crop], g[interior])
 
     return run
 
@@ -705,30 +504,6 @@ def expand_vjp(b, node, gys, needed):
     return first_only(node, b.unbroadcast(gys[0], node.inputs[0].shape))
 
 
-def pad_vjp(b, node, gys, needed):
-    """constant: the interior of gy (Slice), zero-padded back over what negative pads cropped.
-    reflect/edge/wrap: PadGrad adds each border's gradient back to its source."""
-    x, gy = node.inputs[0], gys[0]
-    const = _const_of(node)
-    begin, end = pad_amounts(node.since_version, node.attrs, const(1), const(3), x.rank)
-    mode = node.attrs["mode"]
-    if mode != "constant":
-        return first_only(node, b.op("PadGrad", [gy], {"mode": mode, "pads": begin + end},
-                                 domain=INTERNAL, like=x))
-    crop = [(max(-p, 0), max(-q, 0)) for p, q in zip(begin, end)]
-    kept = tuple(n - lo - hi for n, (lo, hi) in zip(x.shape, crop))
-    starts = [max(p, 0) for p in begin]
-    g = gy
-    if tuple(gy.shape) != kept:
-        ends = [s + k for s, k in zip(starts, kept)]
-        g = b.op("Slice", [gy, b.ints(starts), b.ints(ends), b.ints(range(x.rank))],
-                 shapes=[(kept, gy.dtype)])
-    if kept != tuple(x.shape):
-        g = b.op("Pad", [g, b.ints([lo for lo, _ in crop] + [hi for _, hi in crop])],
-                 {"mode": "constant"}, like=x)
-    return first_only(node, g)
-
-
 def tile_vjp(b, node, gys, needed):
     """gy split into (repeats, n) per tiled axis and summed over the repeats."""
     x, gy = node.inputs[0], gys[0]
@@ -772,20 +547,6 @@ def trilu_vjp(b, node, gys, needed):
                              {"upper": int(node.attrs["upper"])}, like=node.inputs[0]))
 
 
-def cumsum_vjp(b, node, gys, needed):
-    """A cumulative sum the other way round, with the same exclusiveness."""
-    attrs = {"exclusive": int(node.attrs["exclusive"]), "reverse": 1 - int(node.attrs["reverse"])}
-    return first_only(node, b.op("CumSum", [gys[0], node.inputs[1]], attrs,
-                                 like=node.inputs[0]))
-
-
-def cumprod_vjp(b, node, gys, needed):
-    x = node.inputs[0]
-    attrs = {"exclusive": int(node.attrs["exclusive"]), "reverse": int(node.attrs["reverse"])}
-    return first_only(node, b.op("CumProdGrad", [gys[0], x, node.inputs[1]], attrs,
-                                 domain=INTERNAL, like=x))
-
-
 # ---- registration ---------------------------------------------------------------------------
 
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
@@ -823,9 +584,6 @@ def tr_onnx_op_definitions():
         OpDef("Expand", (8, 13), {"numpy": expand_numpy}, const_inputs=(1,),
               differentiable=True, gradient=expand_vjp, grad_inputs=DATA_INPUT,
               forwards_params=True),
-        OpDef("Pad", (1, 2, 11, 13, 18, 19, 21, 23, 24, 25), {"numpy": pad_numpy},
-              const_inputs=(1, 3), differentiable=True, gradient=pad_vjp,
-              grad_inputs=DATA_INPUT),
         OpDef("Tile", (1, 6, 13), {"numpy": tile_numpy}, const_inputs=(1, 2),
               differentiable=True, gradient=tile_vjp, grad_inputs=DATA_INPUT,
               forwards_params=True),
@@ -837,15 +595,7 @@ def tr_onnx_op_definitions():
         OpDef("SpaceToDepth", (1, 13, 28), {"numpy": space_to_depth_numpy},
               differentiable=True, gradient=space_to_depth_vjp),
         OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
-        OpDef("CumSum", (11, 14), {"numpy": cumsum_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=cumsum_vjp, grad_inputs=DATA_INPUT),
-        OpDef("CumProd", (26,), {"numpy": cumprod_numpy}, const_inputs=(1,),
-              differentiable=True, gradient=cumprod_vjp, grad_inputs=DATA_INPUT),
         # backward-only ops of the rules above
-        OpDef("CumProdGrad", (1,), {"numpy": cumprod_grad_numpy}, domain=INTERNAL,
-              const_inputs=(2,), doc="gradient of CumProd (inputs gy, x, axis), exact at zeros"),
         OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,
               doc="gradient of Slice: gy written into zeros at the slice"),
-        OpDef("PadGrad", (1,), {"numpy": pad_grad_numpy}, domain=INTERNAL,
-              doc="gradient of Pad (any mode): border gradients added back to their sources"),
     ]

@@ -7,7 +7,8 @@ They are one family because they share one shape (the output is the input's, ele
 element) and so one kernel factory over the ``UNARY`` table, one rule shape (``gy * f'(x)``
 from x, y and gy) and one layout rule: any strided layout in, the same layout out. The table
 entry, the attribute and scratch helpers and the node builders of the gradient rules come
-from ops/elementwise.py, the family of ops with several inputs.
+from ops/elementwise.py, the family of ops with several inputs; erf in float64 from ops/erf.py;
+the oneDNN kernels float32 Gelu, Elu, Selu and Mish run on from ops/unary_onednn.py.
 
 A body ``fn(x, y, t, a)`` reads ``x`` (a logical view, maybe channels-last and padded) and
 writes ``y`` through ``out=``; ``t`` are the scratch buffers its table entry names, reserved
@@ -20,15 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import cache, partial
 from typing import NamedTuple
 
 import numpy as np
 
-from .. import host_blas, onednn
 from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
-from ..layouts import compact_strides
 from ..opdef import OpDef
 from .elementwise import (
     INTERNAL_DOMAIN,
@@ -47,109 +45,10 @@ from .elementwise import (
     select_where,
     where,
 )
+from .erf import ERF_SCRATCH, erf_float64
+from .unary_onednn import onednn_finite_eltwise, onednn_gelu
 
 # ---- bodies that are more than one ufunc -----------------------------------------------------
-
-_ERF_SPLIT = 2.0  # series below, continued fraction above (both reach float64 precision there)
-# (series terms, continued-fraction terms) for float64 results: errors below 2e-16, measured
-# against the C library's erf
-_ERF_TERMS = (30, 40)
-# erf(z) = 2/sqrt(pi) exp(-z^2) z sum_n (2 z^2)^n / (2n+1)!!  (all terms positive: no
-# cancellation); the coefficients for Horner's scheme in u = z^2:
-_ERF_SERIES = tuple(2.0 ** n / math.prod(range(1, 2 * n + 2, 2)) for n in range(30))
-_ERF_SCRATCH = ("f8", "f8", "f8", "f8", "?", "i8")
-
-# float32 and float16 results need erf to ~1e-9, not to float64 precision: erf(z)/z on
-# [0, _ERF_TOP] in _ERF_PIECES pieces, a polynomial of degree _ERF_DEGREE in each, interpolated
-# at Chebyshev nodes. Measured against math.erf on 2e6 points of [-6, 6], 1e6 normal ones
-# (sd 2) and 1e4 from 1e-30 to 1: relative error at most 4.4e-11 for |x| <= 3.9 (the series
-# and continued fraction of 22 and 12 terms this replaces: 1.1e-9), 1.5e-8 above, where the
-# result, erf(4) at most, rounds to +-1 in float32 and float16 as erf does there. No exp, no
-# division: with chunking (ops/elementwise.py Chunked), 5x faster than those series on
-# [8,64,1024] float32 (75 -> 15 ms per call, best of 15 on a busy machine).
-_ERF_TOP = 4.0
-_ERF_PIECES = 32
-_ERF_DEGREE = 5
-
-
-def _erf_piece_columns() -> tuple[np.ndarray, ...]:
-    """The pieces' coefficients by power (lowest first), each a column over the pieces, in
-    ``s = z / width - piece`` in [0, 1]."""
-    width, rows = _ERF_TOP / _ERF_PIECES, []
-    for k in range(_ERF_PIECES):
-        fit = np.polynomial.Chebyshev.interpolate(
-            lambda s, k=k: np.array([math.erf(z) / z for z in (k + s) * width]), _ERF_DEGREE,
-            domain=[0.0, 1.0])  # first-kind nodes: interior, z is never 0
-        rows.append(fit.convert(kind=np.polynomial.Polynomial).coef)
-    return tuple(np.ascontiguousarray(c) for c in np.array(rows).T)
-
-
-_ERF_COLUMNS = _erf_piece_columns()
-_ERF_LAST = np.nextafter(float(_ERF_PIECES), 0.0)  # the top, still in the last piece
-
-
-def erf_float64(x, t, scale=1.0, exact=True):
-    """``erf(scale * x)`` into ``t[1]`` (float64), using ``t[0], t[2], t[3]`` (float64),
-    ``t[4]`` (bool) and ``t[5]`` (intp) as scratch (``_ERF_SCRATCH``). NumPy has no erf.
-    ``exact``: to a few float64 ulps, for float64 results: the series above for |z| < 2 and,
-    above, erfc's continued fraction erfc(z) = exp(-z^2)/sqrt(pi) / (z + (1/2)/(z + (2/2)/(z +
-    (3/2)/(z + ...)))). Otherwise to 4.4e-11 (``_ERF_PIECES``), for float32 and float16."""
-    if not exact:
-        _erf_pieces(x, t, scale)
-        return
-    z, r, u, p, small, _ = t
-    n_series, n_cf = _ERF_TERMS
-    np.abs(x, out=z)
-    if scale != 1.0:
-        z *= scale
-    np.less(z, _ERF_SPLIT, out=small)
-    # continued fraction on max(z, split), evaluated from the bottom up
-    np.maximum(z, _ERF_SPLIT, out=u)
-    np.copyto(p, u)
-    for n in range(n_cf, 0, -1):
-        np.divide(n / 2.0, p, out=p)
-        p += u
-    np.square(u, out=r)
-    np.negative(r, out=r)
-    np.exp(r, out=r)
-    r /= p
-    r *= -1.0 / math.sqrt(math.pi)
-    r += 1.0
-    # series on min(z, split)
-    np.minimum(z, _ERF_SPLIT, out=z)
-    np.square(z, out=u)
-    p.fill(_ERF_SERIES[n_series - 1])
-    for c in _ERF_SERIES[n_series - 2::-1]:
-        p *= u
-        p += c
-    p *= z
-    np.negative(u, out=u)
-    np.exp(u, out=u)
-    p *= u
-    p *= 2.0 / math.sqrt(math.pi)
-    np.copyto(r, p, where=small)
-    np.copysign(r, x, out=r)
-
-
-def _erf_pieces(x, t, scale):
-    """erf(scale * x) = clip(scale * x, +-top) * p_k(s), with piece k and s from |scale * x|."""
-    z, r, s, c, _, k = t
-    np.abs(x, out=z)
-    z *= scale * _ERF_PIECES / _ERF_TOP  # in pieces
-    np.fmin(z, _ERF_LAST, out=z)  # NaN and inf too: x brings them back below
-    np.floor(z, out=s)
-    np.copyto(k, s, casting="unsafe")
-    np.subtract(z, s, out=s)
-    # mode="clip": with the default "raise", take buffers ``out`` in a new array every call
-    np.take(_ERF_COLUMNS[-1], k, out=r, mode="clip")
-    for column in _ERF_COLUMNS[-2::-1]:
-        r *= s
-        np.take(column, k, out=c, mode="clip")
-        r += c
-    np.multiply(x, np.float64(scale), out=s)  # in float64 (a Python float would keep x's dtype)
-    np.clip(s, -_ERF_TOP, _ERF_TOP, out=s)
-    r *= s
-
 
 def _erf(x, y, t, a):
     erf_float64(x, t, exact=a.erf_exact)
@@ -454,7 +353,7 @@ def _gelu_tanh_grad(gy, x, gx, t, a):
 
 
 def _gelu_grad_scratch(attrs) -> tuple[str, ...]:
-    return ("x", "x") if attrs["approximate"] == "tanh" else _ERF_SCRATCH + ("x",)
+    return ("x", "x") if attrs["approximate"] == "tanh" else ERF_SCRATCH + ("x",)
 
 
 def _softplus_grad(gy, x, y, gx, t, a):  # gy * sigmoid(x)
@@ -548,8 +447,8 @@ UNARY: dict[str, Elementwise] = {
     "HardSigmoid": Elementwise((1, 6, 22), _hard_sigmoid, True, vjp=_grad_op("HardSigmoid")),
     "HardSwish": Elementwise((14, 22), _hard_swish, True, vjp=_grad_op("HardSwish")),
     "Tanh": Elementwise(_MATH, _ufunc1(np.tanh), True, vjp=_grad_op("Tanh")),
-    "Erf": Elementwise((9, 13), _erf, True, _ERF_SCRATCH, _unary(_erf_d)),
-    "Gelu": Elementwise((20,), _gelu, True, _ERF_SCRATCH, _grad_op("Gelu")),
+    "Erf": Elementwise((9, 13), _erf, True, ERF_SCRATCH, _unary(_erf_d)),
+    "Gelu": Elementwise((20,), _gelu, True, ERF_SCRATCH, _grad_op("Gelu")),
     "Softplus": Elementwise((1, 22), _softplus, True, ("y",), _grad_op("Softplus")),
     "Softsign": Elementwise((1, 22), _softsign, True, vjp=_unary(_softsign_d)),
     "Mish": Elementwise((18, 22), _mish, True, ("y",), _unary(_mish_d)),
@@ -613,137 +512,13 @@ _FILLED_OPERANDS = {"Relu": {"zero": 0}}
 
 # ---- factories -------------------------------------------------------------------------------
 
-def _onednn_gelu(ctx, infos):
-    """Gelu (``infos`` x, y) or GeluGrad (gy, x, gx) in float32 through oneDNN's gelu_erf or
-    gelu_tanh primitive (vectorised, on OpenMP threads), on the arena views as they are laid
-    out; None where oneDNN is not there, for other dtypes, operands laid out differently from
-    each other, or where oneDNN offers only its reference loop. NumPy has no erf: the pieces
-    above take ~10 ms per Erf on [8, 64, 1024] (BERT's feed-forward), oneDNN 0.34 ms forward
-    and 0.49 ms backward (2 threads, 2026-12-01). Against float64 x Phi(x) its error is that of
-    the chain of float32 nodes a Gelu is exported as (|error| < 4e-7 for |x| < 12, NaN for
-    -inf, as the chain: ``tests/test_gelu_fusion.py``)."""
-    first = infos[0]
-    strides = first.layout.view_strides(4)
-    if first.dtype != np.float32 or not 1 <= len(first.shape) <= onednn.MAX_DIMS \
-            or any(i.dtype != first.dtype or i.shape != first.shape
-                   or i.layout.view_strides(4) != strides for i in infos) \
-            or 0 in first.shape or not onednn.available():
-        return None
-    alg = (onednn.ELTWISE_GELU_TANH if ctx.attrs.get("approximate", "none") == "tanh"
-           else onednn.ELTWISE_GELU_ERF)
-    md = onednn.MemoryDesc.strided(first.shape, strides)
-    try:
-        forward = onednn.eltwise(alg, md)
-        primitive = forward if ctx.node.op_type == "Gelu" else onednn.eltwise(alg, md, forward)
-    except onednn.OneDnnError:
-        return None
-    if primitive.implementation.startswith("ref"):
-        return None
-    names = ("src", "dst") if primitive is forward else ("diff_dst", "src", "diff_src")
-    scratch = onednn.scratchpad(ctx, primitive)
-    keep_inf = primitive is forward and _gelu_loses_inf(alg)
-
-    def make(ins, outs, ws):
-        views = [*ins[:len(names) - 1], outs[0]]
-        bound = onednn.bind(primitive, [(n, md, v) for n, v in zip(names, views)], scratch, ws)
-        if keep_inf:
-            return [partial(_gelu_keeping_inf, bound, ins[0], outs[0])]
-        return [bound]
-
-    return host_blas.prepared_step(make)
-
-
-@cache
-def _gelu_loses_inf(alg: int) -> bool:
-    """Whether oneDNN's forward ``alg`` gives NaN for +inf, where x * Phi(x) (and the chain of
-    nodes exporters emit) is +inf: its AVX-512 gelu_erf does, its AVX2 gelu_erf and its
-    gelu_tanh do not (oneDNN 3.2; AMD EPYC with AVX-512, 2026-12-02). Asked of the library
-    once per process, on full vectors and a tail."""
-    x = np.full(67, np.inf, np.float32)
-    y = np.empty_like(x)
-    md = onednn.MemoryDesc.strided(x.shape, x.strides)
-    try:
-        onednn.execute_once(onednn.eltwise(alg, md), [("src", md, x), ("dst", md, y)])
-    except onednn.OneDnnError:
-        return True  # not asked: the kernel then restores +inf whatever the library does
-    return not bool(np.all(y == np.inf))
-
-
-def _gelu_keeping_inf(gelu, x: np.ndarray, y: np.ndarray) -> None:
-    """``gelu()`` (oneDNN, x -> y), then +inf where x was +inf. One max over x finds out
-    first (y may be x's own memory); only a run whose x holds +inf or NaN pays for the mask
-    (allocated then: a step with an infinite activation is rare, and its update is skipped)."""
-    top = np.maximum.reduce(x, axis=None)
-    where = x == np.inf if not top < np.inf else None
-    gelu()
-    if where is not None:
-        y[where] = np.inf
-
-
-# float32 Elu, Selu (Elu, then times gamma) and Mish through oneDNN's eltwise kernels: NumPy's
-# expm1 and log1p are scalar libm loops (~20 ns per value). Session runs on [8, 64, 32, 32]:
-# Elu 10.6 -> 1.05 ms, Selu 14.4 -> 3.6, Mish 12.8 -> 0.96 (onnxruntime 1.2, 1.7, 8.2; 2
-# threads, Zen 3, 2026-12-02); within the op tests' float32 tolerance of float64 for
-# |x| < 1e19. What they make of NaN and infinities is the ISA's
-# kernel's (AVX2 keeps them; AVX-512's gelu_erf made +inf NaN, ``_gelu_loses_inf``), so a run
-# whose input is not finite takes the NumPy body. (oneDNN's soft_relu is log(1 + e^x) as
-# written: 0.5% off at x = -8.5; Softplus stays in NumPy.)
-_ONEDNN_FINITE = {"Elu": onednn.ELTWISE_ELU, "Selu": onednn.ELTWISE_ELU,
-                  "Mish": onednn.ELTWISE_MISH}
-
-
-def _onednn_finite_eltwise(ctx, a, exact):
-    """The step for a ``_ONEDNN_FINITE`` node: oneDNN's kernel on runs whose input is finite
-    (the sum of its squares, one BLAS dot, is below inf: every |x| below ~1.8e19), ``exact``
-    (the NumPy body's run) on the others. None where oneDNN is not there, for other dtypes,
-    for x and y laid out differently or with gaps (padded channels: the dot needs the values
-    as one vector), or where oneDNN offers only its reference loop or asks for scratch."""
-    alg = _ONEDNN_FINITE.get(ctx.node.op_type)
-    x, y = ctx.inputs[0], ctx.outputs[0]
-    if alg is None or x.dtype != np.float32 or y.dtype != np.float32 or x.shape != y.shape \
-            or not 1 <= len(x.shape) <= onednn.MAX_DIMS or 0 in x.shape \
-            or not onednn.available():
-        return None
-    strides = x.layout.view_strides(4)
-    order = sorted(range(len(strides)), key=lambda i: -strides[i])  # memory order
-    if y.layout.view_strides(4) != strides or [strides[i] for i in order] != list(
-            compact_strides(tuple(x.shape[i] for i in order), 4)):
-        return None
-    md = onednn.MemoryDesc.strided(x.shape, strides)
-    alpha = a.alpha_f if ctx.node.op_type in ("Elu", "Selu") else 0.0
-    try:
-        primitive = onednn.eltwise(alg, md, alpha=alpha)
-    except onednn.OneDnnError:
-        return None
-    if primitive.implementation.startswith("ref") or primitive.md("scratchpad").nbytes:
-        return None
-    gamma = a.gamma if ctx.node.op_type == "Selu" else None
-
-    def make(ins, outs, ws):
-        bound = onednn.bind(primitive, [("src", md, ins[0]), ("dst", md, outs[0])], None, ws)
-        flat = onednn.reshaped(ins[0].transpose(order), (-1,))
-        return [partial(_finite_or_exact, flat, bound, gamma, outs[0],
-                        partial(exact, ins, outs, ws))]
-
-    return host_blas.prepared_step(make)
-
-
-def _finite_or_exact(flat, fast, gamma, y, exact) -> None:
-    if onednn.finite(flat):  # else the NumPy body
-        fast()
-        if gamma is not None:
-            np.multiply(y, gamma, out=y)
-    else:
-        exact()
-
-
 def unary_numpy(entry: Elementwise):
     """The kernel factory of a ``UNARY`` table entry."""
     fn = entry.fn
 
     def factory(ctx):
         if ctx.node.op_type == "Gelu":
-            fast = _onednn_gelu(ctx, [ctx.inputs[0], ctx.outputs[0]])
+            fast = onednn_gelu(ctx, [ctx.inputs[0], ctx.outputs[0]])
             if fast is not None:
                 return fast
         a = attrs_for(ctx, ctx.inputs[0].dtype, _DERIVED.get(ctx.node.op_type))
@@ -760,7 +535,7 @@ def unary_numpy(entry: Elementwise):
             def run(ins, outs, ws):
                 fn(ins[0], outs[0], ws, a)
 
-        return _onednn_finite_eltwise(ctx, a, run) or run
+        return onednn_finite_eltwise(ctx, a, run) or run
 
     return factory
 
@@ -771,7 +546,7 @@ def unary_grad_numpy(entry: UnaryGrad):
 
     def factory(ctx):
         if ctx.node.op_type == "GeluGrad" and ctx.has_input(1):
-            fast = _onednn_gelu(ctx, [ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]])
+            fast = onednn_gelu(ctx, [ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]])
             if fast is not None:
                 return fast
         a = attrs_for(ctx, ctx.inputs[0].dtype, entry.derived)

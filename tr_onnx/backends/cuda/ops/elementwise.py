@@ -25,7 +25,7 @@ import numpy as np
 
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ....ops.elementwise import check_inference_dropout, dropout_scale
+from ....ops.dropout import check_inference_dropout, dropout_scale
 from ..bind import (
     DT,
     TO_PADDED,
@@ -481,7 +481,7 @@ def dropout_training_factory(ctx):
 
 
 def dropout_inference_factory(ctx):
-    """Inference Dropout (``ops.elementwise.check_inference_dropout`` refuses a training-mode
+    """Inference Dropout (``ops.dropout.check_inference_dropout`` refuses a training-mode
     one): y = x, the optional mask all ones."""
     check_inference_dropout(ctx)
 

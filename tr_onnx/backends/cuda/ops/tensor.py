@@ -35,6 +35,7 @@ import numpy as np
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ....ops import tensor as ops
+from ....ops.pad import pad_amounts
 from ..bind import (
     INTERNAL,
     MAX_DIMS,
@@ -346,7 +347,7 @@ def bind_pad(b: BindContext, node) -> list:
     x, y = node.inputs[0], node.outputs[0]
     shape, out = tuple(b.t(x).shape), tuple(b.t(y).shape)
     ins = list(node.inputs) + [None] * 4
-    begin, end = ops.pad_amounts(node.since_version, node.attrs, const_ints(ins[1], "pads"),
+    begin, end = pad_amounts(node.since_version, node.attrs, const_ints(ins[1], "pads"),
                                  const_ints(ins[3], "axes"), len(shape))
     mode = _pad_mode(node, shape, begin, end)
     value = ins[2] if node.since_version >= 11 and mode == 0 else None
