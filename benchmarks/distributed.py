@@ -124,7 +124,7 @@ def worker(args) -> tuple[int, dict]:
         kw = {"distributed": world} if takes_world else {}
         sess = TrainingSession(ZOO / f"{stem}.onnx", optimizer="sgd", **kw)
         sess.train_step({"input": x}, y)
-        grad_bytes = int(sess._active.memory.regions[Region.GRAD][1])
+        grad_bytes = int(sess._state.active.memory.regions[Region.GRAD][1])
 
         def step(sess=sess, x=x, y=y):
             sess.train_step({"input": x}, y)

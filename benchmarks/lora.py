@@ -141,7 +141,7 @@ def tr_onnx_peer(path: Path, name: str, lora: bool, args):
         optimizer=tr_onnx.optim.AdamW(lr=LR), trainable=trainable, backend="numpy")
 
     def memory() -> dict:
-        plan = session._active
+        plan = session._state.active
         mem, params = plan.memory, session.parameters()
         region = {r.name: b for r, (_, b) in mem.regions.items()}
         return {"trainable": sum(params[n].size for n in plan.info.trainable),

@@ -92,7 +92,7 @@ def _timed(run, times: list):
 def per_op(session, feed, labels, steps: int) -> dict[str, tuple[float, float]]:
     """op type -> (ms per step, calls per step) over ``steps`` train steps, each bound step
     counted at its median time. The session's active plan must be the one of ``feed``."""
-    bound = session._active.executor.steps
+    bound = session._state.active.executor.steps
     runs = [s.run for s in bound]
     times: list[list[float]] = [[] for _ in bound]
     for s, t in zip(bound, times):
@@ -115,7 +115,7 @@ def per_op(session, feed, labels, steps: int) -> dict[str, tuple[float, float]]:
 def noop_kernels(session, feed, labels, repeat: int) -> tuple[float, float]:
     """(µs of the executor's loop per bound step, ms of a train_step) with every kernel a no-op:
     what is left is the Python around the kernels."""
-    executor = session._active.executor
+    executor = session._state.active.executor
     runs = [s.run for s in executor.steps]
     for s in executor.steps:
         s.run = _noop
@@ -146,7 +146,7 @@ def measure(args) -> None:
     step_ms(session, feed, labels, args.warmup)
     ms = step_ms(session, feed, labels, args.steps)
     ops = per_op(session, feed, labels, args.steps)
-    n_bound = len(session._active.executor.steps)
+    n_bound = len(session._state.active.executor.steps)
     loop_us, noop_step_ms = noop_kernels(session, feed, labels, args.noop_repeat)
     feed1, labels1 = batch_of(args.model, 1)
     step_ms(session, feed1, labels1, args.warmup)

@@ -148,7 +148,7 @@ def gradient_parity(stem: str, device=None, batch: int = 4) -> dict:
     feed, y = _batch(stem, batch, 1), _labels(batch, 1)
     ref.train_step(feed, y)
     cuda.train_step(feed, y)
-    names = list(ref._active.info.grads.values())
+    names = list(ref._state.active.info.grads.values())
     a, b = cuda.state_arrays(), ref.state_arrays()
     # relative to the largest gradient: some (a bias before a BatchNorm) cancel to ~0, where a
     # per-tensor relative error means nothing
@@ -232,7 +232,7 @@ def replay_parity(stem: str, device=None, batch: int = 4) -> dict:
     sess = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", **_cuda_kwargs(device))
     runs = [sess.run(None, feed) for _ in range(3)]
     diff = max([diff] + [float(np.abs(r[0] - runs[0][0]).max()) for r in runs])
-    graphs = list(cuda._active.executor.graphs)
+    graphs = list(cuda._state.active.executor.graphs)
     return {"replay": diff, "captured_graphs": graphs}
 
 
@@ -253,7 +253,7 @@ def nccl_parity(stem: str, device=None, steps: int = 5, batch: int = 4, **option
         worst = max(worst, abs(world.train_step(feed, y) - plain.train_step(feed, y)))
     a, b = world.parameters(), plain.parameters()
     worst = max([worst] + [float(np.abs(a[n] - b[n]).max()) for n in b])
-    ex = world._active.executor
+    ex = world._state.active.executor
     nodes = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduceWait"]
     return {"nccl": worst, "steps": world.step, "captured_graphs": list(ex.graphs),
             "ok": worst == 0.0 and world.step == steps and len(nodes) == 1
@@ -287,7 +287,7 @@ def sync_batchnorm_parity(stem: str, device=None, steps: int = 5, batch: int = 4
     for name, ref in refs.items():
         b = ref.parameters()
         vs[name]["weights"] = max(_rel(a[k], b[k]) for k in b)
-    ex = sync._active.executor
+    ex = sync._state.active.executor
     nodes = [bn for bn in ex.bound if "world" in bn.node.attrs
              and bn.node.op_type in ("BatchNormTraining", "BatchNormGrad")]
     calls = [c for bn in nodes for c in bn.calls]
@@ -499,7 +499,7 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool, precision: str = "fp3
     rows.append({"model": b.name, "runner": f"tr_onnx cuda {precision} (pipelined)",
                  "batch": b.shape[0], "images_s": None if dry else n * b.shape[0] / dt,
                  "peak_mem_mb": mem, "note": "train_step(..., wait=False)"})
-    plan = sess._active
+    plan = sess._state.active
     ex, guard = plan.executor, plan.info.step_guard
     applied = int(ex.read_scalar(guard.applied))
     t0 = time.perf_counter()

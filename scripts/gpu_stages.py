@@ -569,7 +569,7 @@ def stage_cudnn(ctx: Context) -> str:
     graph kind executed) against numpy fp32 -- loss and gradients -- then lr=0 steps captured
     and replayed, equal to the eager step bit for bit."""
     import tr_onnx
-    from tr_onnx.backends.cuda.cudnn_graphs import CUDNN_OPS
+    from tr_onnx.backends.cuda.bind import CudnnCall
     from tr_onnx.optim import SGD
 
     if not ctx.dry:
@@ -590,21 +590,18 @@ def stage_cudnn(ctx: Context) -> str:
             cuda = session({**gpu_check._cuda_kwargs(ctx.device), "precision": precision,
                             **scaling}, grad_accumulation=2)
             want, got = ref.train_step(feed, y), cuda.train_step(feed, y)
-            names = list(ref._active.info.grads.values())
+            names = list(ref._state.active.info.grads.values())
             a, b = cuda.state_arrays(), ref.state_arrays()
             scale = max(float(np.abs(b[n]).max()) for n in names) or 1.0
             grad = max(float(np.abs(a[n].astype(np.float64) - b[n]).max()) for n in names)
-            kinds = sorted({CUDNN_OPS[(nd.domain if nd.domain != "ai.onnx" else "",
-                                       nd.op_type)]
-                            for nd in cuda._active.graph.nodes
-                            if (nd.domain if nd.domain != "ai.onnx" else "", nd.op_type)
-                            in CUDNN_OPS})
+            kinds = sorted({c.desc.kind for bn in cuda._state.active.executor.bound
+                            for c in bn.calls if isinstance(c, CudnnCall)})
             rep = session({**gpu_check._cuda_kwargs(ctx.device), "precision": precision},
                           optimizer=SGD(lr=0.0))
             losses = [rep.train_step(feed, y) for _ in range(4)]
             return {"loss": abs(got - want) / max(abs(want), 1e-12), "gradient": grad / scale,
                     "kinds": kinds, "replay": max(abs(v - losses[0]) for v in losses),
-                    "captured_graphs": list(rep._active.executor.graphs)}
+                    "captured_graphs": list(rep._state.active.executor.graphs)}
         row = ctx.check(f"cudnn {precision}", one, {**tol, "replay": 0.0})
         ok += bool(row.get("ok"))
     return f"{ok}/{len(CUDNN_TOL)} dtypes: every kind vs numpy, replay == eager"

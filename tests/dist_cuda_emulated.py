@@ -82,7 +82,7 @@ def main(out: Path, lib: Path, cases: list[str]) -> None:
         for name, sess in sessions.items():
             arrays[f"{name}/losses"] = np.array(losses[name])
             arrays[f"{name}/counts"] = np.array([sess.step, sess.bad_steps])
-            stats = set(sess._active.info.running_stats)
+            stats = set(sess._state.active.info.running_stats)
             arrays.update({f"{name}/{'stat' if k in stats else 'param'}/{k}": v
                            for k, v in sess.parameters().items()})
         np.savez(out / f"{case}-rank{world.rank}.npz", **arrays)

@@ -65,7 +65,7 @@ def empty_rank_statistics(world) -> dict:
     first = sess.state_arrays()
     rows = slice(None) if world.rank == 0 else slice(0, 0)
     sess.train_step({"input": x[rows]}, y[rows])
-    stats = sess._active.info.running_stats
+    stats = sess._state.active.info.running_stats
     return {f"first/{k}": first[k] for k in stats} | {
         f"second/{k}": v for k, v in sess.state_arrays().items() if k in stats}
 

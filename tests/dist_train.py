@@ -89,10 +89,10 @@ def run_case(world, name: str, out: Path) -> None:
     # the global batch's mean loss is the mean of the ranks' (equal shards, mean reduction)
     mean = np.array(world.allreduce_scalars(list(local))) / world.size
     params = session.parameters()
-    nodes = session._active.graph.nodes
+    nodes = session._state.active.graph.nodes
     starts = [i for i, n in enumerate(nodes) if n.op_type == "GradAllReduceStart"]
     result = {"losses": mean, "local_losses": local, "steps_applied": session.step,
-              "grads_overwritten": session._active.info.grads_overwritten,
+              "grads_overwritten": session._state.active.info.grads_overwritten,
               "buckets": len(starts),  # and how much backward work runs after the first start
               "computed_after_first_start": sum(
                   n.phase == "compute" and n.domain != "ai.tr_onnx"

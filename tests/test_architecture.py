@@ -33,7 +33,8 @@ LAYERS = [  # bottom to top: (layer, module prefixes); "" is the package's __ini
     ("testing", ("testing",)),
     ("inference", ("session",)),
     ("training", ("training",)),
-    ("application", ("", "__main__", "cli", "cli_train", "cli_finetune", "onnx_backend")),
+    ("application", ("", "__main__", "cli", "cli_train", "cli_train_args", "cli_resume",
+                     "cli_finetune", "onnx_backend")),
 ]
 NOT_SIDEWAYS = {"passes": ("ops",)}  # within the stack's order, still never imported
 """Gradient rules build IR through the ``GradBuilder`` they are handed: passes never see an
@@ -55,6 +56,8 @@ FUNCTION_LEVEL = {  # module -> why its functions import tr_onnx modules (or pri
     "cli": _CLI,
     "cli_train": _CLI,
     "cli_finetune": _CLI,
+    "cli_resume": _CLI,
+    "cli_train_args": _CLI,
     "backends.cuda.device": "NVRTC and the cuDNN frontend run on a GPU only",
     "backends.cuda.deviceless": "the deviceless cuDNN check, run by `tr-onnx inspect`",
     "backends.cuda.nccl": "the MPI world, looked up only when a data-parallel plan binds",

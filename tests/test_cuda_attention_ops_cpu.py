@@ -366,7 +366,7 @@ def assert_trains_alike(model, out_shape, device, signatures, kernels):
         if name not in ("cos", "sin"):  # RotaryEmbedding's caches get no gradient
             assert not np.array_equal(b[name], model_init(model, name)), f"{name} is untrained"
         np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-6, err_msg=name)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     assert kernels <= {c.kernel.name for c in launches}
@@ -438,7 +438,7 @@ def test_a_tiny_opset_23_decoder_trains_three_sgd_steps_as_on_numpy(device, sign
     assert a.keys() == b.keys() and {"emb", "n1", "n2", "wq", "wk", "wv"} <= b.keys()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-6, err_msg=name)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     assert {"tr_attention_fwd_f32", "tr_attention_bwd_rows_f32", "tr_attention_bwd_kv_f32",
@@ -610,7 +610,7 @@ def test_sdpa_training_plan_runs_on_the_emulator_as_the_row_kernels(device, monk
             {"x": rng.standard_normal((B, S, E)).astype(np.float32)},
             rng.standard_normal((B, S, 32)).astype(np.float32))) for _ in range(3)]
         kinds = [c.desc.kind if hasattr(c, "desc") else c.kernel.name
-                 for bn in sess._active.executor.bound for c in bn.calls
+                 for bn in sess._state.active.executor.bound for c in bn.calls
                  if bn.node.op_type in ("Attention", "AttentionGrad")]
         return sess.parameters(), losses, kinds
 

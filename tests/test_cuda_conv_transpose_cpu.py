@@ -124,7 +124,7 @@ def test_three_sgd_steps_on_the_emulator_equal_numpy(form, bias, host_lib):
     assert a.keys() == b.keys() and ("bt" in a) == bias
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
-    kinds = {c.desc.kind for bn in sess._active.executor.bound for c in bn.calls
+    kinds = {c.desc.kind for bn in sess._state.active.executor.bound for c in bn.calls
              if isinstance(c, CudnnCall) and bn.node.op_type == "ConvTranspose"}
     assert kinds == {"conv_dgrad"}
 

@@ -116,6 +116,6 @@ def test_three_sgd_steps_through_compress_equal_numpy(device, signatures):
     # the dropped units' weight columns get no gradient: they stay as initialised
     w0 = numpy_helper.to_array(compress_model().graph.initializer[0])
     np.testing.assert_array_equal(a["w"][:, ~KEEP], w0[:, ~KEEP])
-    launches = launches_of(sess._active)
-    check_launch_arguments(launches, sess._active, signatures)
+    launches = launches_of(sess._state.active)
+    check_launch_arguments(launches, sess._state.active, signatures)
     assert "tr_compress_b4" in {c.kernel.name for c in launches}

@@ -139,7 +139,7 @@ def test_three_sgd_steps_through_einsums_gradient_equal_numpy(device, signatures
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() == {"w"}
     np.testing.assert_allclose(a["w"], b["w"], rtol=1e-5, atol=1e-7)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     # the forward Einsum and the weight's gradient Einsum both run the contraction kernel

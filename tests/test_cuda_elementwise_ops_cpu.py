@@ -702,14 +702,14 @@ def test_three_sgd_steps_on_cuda_equal_numpys(case, device, signatures):
     assert a.keys() == b.keys()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-6, err_msg=name)
-    check_plan(sess._active, signatures, TRAIN_KERNELS[case])
+    check_plan(sess._state.active, signatures, TRAIN_KERNELS[case])
 
 
 def test_squeeze_excite_after_a_conv_trains(device, signatures):
     ref, want = _train("squeeze_excite_after_conv", backend="numpy")
     sess, got = _train("squeeze_excite_after_conv", backend=CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    check_plan(sess._active, signatures, {"tr_bcast_binary_f32"})
+    check_plan(sess._state.active, signatures, {"tr_bcast_binary_f32"})
 
 
 # ---- Where ---------------------------------------------------------------------------------------

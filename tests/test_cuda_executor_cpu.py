@@ -64,7 +64,7 @@ def training_plan(stem):
             session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8)
             x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
             session.train_step({"input": x}, np.arange(4) % 10)
-        _PLANS[stem] = session._active
+        _PLANS[stem] = session._state.active
     return _PLANS[stem]
 
 

@@ -53,7 +53,7 @@ from tr_onnx.backends.cuda.ops import unary as cuda_unary
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.layouts import StridedLayout
 from tr_onnx.opdef import KernelContext, TensorInfo
-from tr_onnx.ops import normalization as np_norm
+from tr_onnx.ops import batch_norm as np_norm
 from tr_onnx.ops import optimizers as np_optim
 from tr_onnx.testing.host_emulator import build_host_library, host_compiler
 from tr_onnx.training.gradients import vjp
@@ -1046,7 +1046,7 @@ def test_bn_running_statistics_match_a_float64_variance(host, case, dt):
 
 
 def _numpy_batch_norm(factory, attrs, ins, out_shapes):
-    """A BatchNorm kernel of ops/normalization.py (``factory``) on plain NCHW float32 arrays,
+    """A BatchNorm kernel of ops/batch_norm.py (``factory``) on plain NCHW float32 arrays,
     one process (no ``world``): the reference a synchronised BatchNorm's ranks together equal."""
     def info(name, a):
         return TensorInfo(name, a.shape, a.dtype, StridedLayout.plain(a.shape), a.shape)

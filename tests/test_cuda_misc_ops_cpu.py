@@ -514,7 +514,7 @@ def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatur
     assert not np.array_equal(b["w"], numpy_helper.to_array(qat_model().graph.initializer[0]))
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     names = {c.kernel.name for c in launches}
@@ -657,7 +657,7 @@ def test_a_model_with_random_draws_trains_on_cuda_as_on_numpy(device, signatures
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(sess.parameters()["w"], ref.parameters()["w"], rtol=1e-5,
                                atol=1e-7)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     assert {"tr_random_uniform_f32", "tr_random_bernoulli_f32_b4"} <= {

@@ -512,4 +512,4 @@ def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     assert a.keys() == b.keys()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    assert kernels <= check_plan(sess._active, signatures)
+    assert kernels <= check_plan(sess._state.active, signatures)

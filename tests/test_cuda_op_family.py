@@ -147,7 +147,7 @@ def test_the_numpy_plan_carries_the_numpy_kernels_scratch():
     """The control: on numpy, ScaledSquare's scratch is the NumPy kernel's (x.size, 3) float64
     block, so its absence from the cuda plan below means something."""
     sess, _ = train(1, backend="numpy")
-    plan = sess._active
+    plan = sess._state.active
     index, node = node_of(plan, "ScaledSquare")
     want = nbytes_of(requests(node, "numpy"))
     assert want == [((BATCH * HIDDEN, 3), np.dtype(np.float64), BATCH * HIDDEN * 3 * 8)]
@@ -156,7 +156,7 @@ def test_the_numpy_plan_carries_the_numpy_kernels_scratch():
 
 def test_the_cuda_plan_has_the_cuda_factories_scratch_and_no_numpy_scratch(device):
     sess, _ = train(1, backend=CudaBackend(device=device))
-    plan = sess._active
+    plan = sess._state.active
     assert plan.backend == "cuda"
     for op in OPS:
         index, node = node_of(plan, op)
@@ -233,7 +233,7 @@ def test_three_sgd_steps_on_cuda_equal_numpy(device):
     for name in b:
         assert not np.array_equal(b[name], mlp_initializer(name)), name  # it trained
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
-    dev = sess._active.executor.device
+    dev = sess._state.active.executor.device
     launched = {c.args["kernel"] for c in dev.calls if c.op == "launch"}
     assert {(k.family, k.name) for k in launched if k.family == family_cuda.SOURCE.name} == {
         (family_cuda.SOURCE.name, f"tr_scaled_square_{k}_f32") for k in ("mul", "scale")}

@@ -76,7 +76,7 @@ def compiled_plan(stem, mode, align=ALIGN_CH):
                 patch.setattr(fusions, "_fast_gelu", lambda *args: False)  # as the cuda plan
                 session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=align)
                 session.train_step(_feed(stem), np.arange(4) % 10)
-            _PLANS[key] = session._active
+            _PLANS[key] = session._state.active
     return _PLANS[key]
 
 
@@ -228,7 +228,7 @@ def test_unbiased_running_statistics_run_in_the_graph():
     session = tr_onnx.TrainingSession(ZOO / "resnet.onnx", channel_align=ALIGN_CH,
                                       bn_running_var="unbiased")
     session.train_step(_feed("resnet"), np.arange(4))
-    plan = session._active
+    plan = session._state.active
     descs, _ = describe_graph(plan.graph, plan.memory)
     bns = [(n, descs[n.name]) for n in plan.graph.nodes if n.op_type == "BatchNormTraining"]
     assert bns

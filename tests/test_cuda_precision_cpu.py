@@ -74,7 +74,7 @@ def test_half_tracks_the_fp32_numpy_curve_with_fp32_master_weights(device, preci
     ref, init, want = _train(STEPS, backend="numpy")
     sess, init16, got = _train(STEPS, backend=CudaBackend(device=device), precision=precision)
     np.testing.assert_allclose(got, want, rtol=loss_rtol)
-    plan = sess._active
+    plan = sess._state.active
     mem = plan.memory
     assert mem.tensors["__params"].dtype == np.float32
     assert mem.tensors["__params"].region == Region.PARAM
@@ -112,10 +112,10 @@ def test_bf16_takes_no_loss_scaling(device):
 
 def test_loaded_parameters_refresh_the_half_copy(device):
     sess, _, _ = _train(1, backend=CudaBackend(device=device), precision="fp16")
-    name = sess._active.info.trainable[0]
+    name = sess._state.active.info.trainable[0]
     value = np.full_like(sess.parameters()[name], 0.25)
     sess.load_parameters({name: value})
-    np.testing.assert_array_equal(sess._active.executor.read_output(f"{name}.half"),
+    np.testing.assert_array_equal(sess._state.active.executor.read_output(f"{name}.half"),
                                   value.astype(np.float16))
 
 
@@ -138,7 +138,7 @@ def test_overflow_skips_exactly_that_step_and_backs_off(device):
     rng = np.random.default_rng(0)
     for _ in range(2):
         sess.train_step(*_batch(rng))
-    plan = sess._active
+    plan = sess._state.active
     mem = plan.memory
     for name, dtype in (("__loss_scale", np.float32), ("__inv_loss_scale", np.float32),
                         ("__loss_scale_growth", np.int32), ("__found_inf", np.float32)):
@@ -216,7 +216,7 @@ def test_fp16_without_loss_scaling_still_trains(device):
     rng = np.random.default_rng(3)
     sess.train_step(*_batch(rng))
     assert sess.loss_scale is None and sess.step == 1
-    assert "__loss_scale" not in sess._active.memory.tensors
+    assert "__loss_scale" not in sess._state.active.memory.tensors
 
 
 # ---- BatchNorm (fp32 parameters and statistics around fp16 feature maps), frozen parameters --
@@ -272,7 +272,7 @@ def test_resnet_half_keeps_batchnorm_fp32_and_tracks_the_fp32_curve(device, prec
                                 precision=precision)
     assert sess.step == RESNET_STEPS  # no overflow at the default scale
     np.testing.assert_allclose(got, want, rtol=loss_rtol)
-    plan = sess._active
+    plan = sess._state.active
     info, mem = plan.info, plan.memory
     trainable = info.trainable
     drift = _drift(sess, init16, ref, init, trainable)
@@ -325,7 +325,7 @@ def test_resnet_half_keeps_batchnorm_fp32_and_tracks_the_fp32_curve(device, prec
 def test_resnet_fp16_batchnorm_gradients_after_one_step(device):
     ref, init, _ = _resnet(1, backend="numpy")
     sess, init16, _ = _resnet(1, backend=CudaBackend(device=device), precision="fp16")
-    last = [n for n in sess._active.info.trainable if n.startswith(("layer2.bn2",
+    last = [n for n in sess._state.active.info.trainable if n.startswith(("layer2.bn2",
                                                                    "layer2.downsample.1"))]
     assert len(last) == 4
     drift = _drift(sess, init16, ref, init, last)
@@ -342,7 +342,7 @@ def test_resnet_fp16_overflow_skips_the_update_and_keeps_the_statistics(device):
     with pytest.warns(RuntimeWarning, match=r"step 1: fp16 gradient overflow.*skipped"):
         sess.train_step(*batch())  # 2^24 * the BN parameter gradients overflows fp16
     assert sess.step == 0 and sess.loss_scale == 2.0 ** 23
-    info = sess._active.info
+    info = sess._state.active.info
     before = sess.state_arrays()
     skipped = 0
     while sess.step == 0:
@@ -364,7 +364,7 @@ def test_resnet_fp16_overflow_skips_the_update_and_keeps_the_statistics(device):
         before = after
         assert skipped < 8
     assert skipped >= 1 and sess.loss_scale <= 2.0 ** 22
-    assert sess._active.executor.read_scalar("__found_inf") == 0.0
+    assert sess._state.active.executor.read_scalar("__found_inf") == 0.0
 
 
 def test_fp16_frozen_parameters_read_a_half_copy_or_stay_fp32_in_batchnorm(device):
@@ -373,7 +373,7 @@ def test_fp16_frozen_parameters_read_a_half_copy_or_stay_fp32_in_batchnorm(devic
     sess, init, got = _resnet(3, backend=CudaBackend(device=device), precision="fp16",
                               frozen=frozen)
     np.testing.assert_allclose(got, want, rtol=3e-3)
-    plan = sess._active
+    plan = sess._state.active
     assert plan.info.frozen_half == {"layer1.conv1.weight": "layer1.conv1.weight.half"}
     copy = plan.memory.tensors["layer1.conv1.weight.half"]
     assert copy.dtype == np.float16 and copy.region == Region.OPT_STATE
@@ -425,11 +425,11 @@ def test_transformer_half_layer_norm_reads_half_parameters_and_tracks_fp32(devic
                                      **scaling)
     assert sess.step == 10
     np.testing.assert_allclose(got, want, rtol=loss_rtol)
-    trainable = sess._active.info.trainable
+    trainable = sess._state.active.info.trainable
     drift = _drift(sess, init16, ref, init, trainable)
     baseline = _drift(rounded, rinit, ref, init, trainable)
     assert max(drift.values()) <= 2 * max(baseline.values()), (drift, baseline)
-    plan = sess._active
+    plan = sess._state.active
     norms = [n for n in plan.graph.nodes if n.op_type == "LayerNormalization"]
     assert len(norms) == 5
     for node in norms:  # scale and bias: the half copies the optimizer writes
@@ -464,7 +464,7 @@ def test_every_cudnn_graph_of_a_half_plan_reads_and_writes_the_half_type(device,
     shape = ZOO_INPUTS[stem]
     sess.train_step({"input": np.random.default_rng(0).standard_normal(shape).astype(
         np.float32)}, np.zeros(shape[0], np.int64))
-    plan = sess._active
+    plan = sess._state.active
     descs, skipped = describe_graph(plan.graph, plan.memory)
     assert descs and all("has rank 4" in why for why in skipped.values()), skipped
     for desc in {id(d): d for d in descs.values()}.values():
@@ -479,18 +479,18 @@ def test_every_cudnn_graph_of_a_half_plan_reads_and_writes_the_half_type(device,
 
 def test_a_mixed_type_conv_is_a_named_cudnn_graph_error():
     """A conv reading a float32 image with float16 weights has no cuDNN engine: named."""
-    from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError, GraphDesc, _one_data_type
+    from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError, GraphDesc, one_data_type
 
     from_plan = tr_onnx.TrainingSession(ZOO / "lenet.onnx", backend="numpy", channel_align=8)
     from_plan.train_step({"input": np.zeros((2, 1, 8, 8), np.float32)}, np.zeros(2, np.int64))
-    plan = from_plan._active
+    plan = from_plan._state.active
     descs, _ = describe_graph(plan.graph, plan.memory)
     conv = next(d for d in descs.values() if d.kind == "conv_fprop")
     mixed = GraphDesc(**{**conv.__dict__, "inputs": {
         **conv.inputs, "weight": dataclasses.replace(conv.inputs["weight"], data_type="HALF")}})
     with pytest.raises(CudnnGraphError, match=r"conv_fprop graph reads and writes one data "
                                               r"type; got image FLOAT, weight HALF"):
-        _one_data_type(mixed)
+        one_data_type(mixed)
 
 
 # ---- the loss in float32 (as under torch.autocast): every builtin loss, a user's ONNX loss --
@@ -526,7 +526,7 @@ def _check_loss_region_is_fp32(sess):
     d(output), is float32: one Cast in (the scores), one out (d(scores))."""
     from tr_onnx.training.precision import loss_region
 
-    plan = sess._active
+    plan = sess._state.active
     graph = plan.graph
     region = [n for n in graph.nodes if id(n) in loss_region(graph, plan.info.loss, "logits")]
     assert region
@@ -592,7 +592,7 @@ def test_a_float32_batch_is_rounded_to_half_on_the_device(device, stem, shape, k
     x = (3 * np.random.default_rng(0).standard_normal(shape)).astype(np.float32)
     x.reshape(-1)[:5] = [65519.0, 1e-8, -0.0, 7e4, 3.3895314e38]
     sess.train_step({"input": x}, np.arange(4) % 10)
-    ex = sess._active.executor
+    ex = sess._state.active.executor
     start = len(ex.device.calls)
     ex.write_input("input", x)
     calls = [c for c in ex.device.calls[start:] if c.op != "wait_event"]  # the pinned buffer

@@ -373,7 +373,7 @@ def test_a_classifier_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatu
     assert a.keys() == b.keys() and len(b) == 5  # W, R, B and the head's weight and bias
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     op = TRAIN[case][-1]

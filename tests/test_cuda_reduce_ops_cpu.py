@@ -642,7 +642,7 @@ def test_a_cnn_trains_on_cuda_as_on_numpy(head, device, signatures):
     a, b = cuda.parameters(), ref.parameters()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
-    plan = cuda._active
+    plan = cuda._state.active
     ls = launches_of(plan)
     check_launch_arguments(ls, plan, signatures)
     names = {c.kernel.name for c in ls}

@@ -271,7 +271,7 @@ def test_a_unet_trains_on_cuda_as_on_numpy(mode, coord, device, signatures):
     a, b = cuda.parameters(), ref.parameters()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
-    plan = cuda._active
+    plan = cuda._state.active
     grads = [n for n in plan.graph.nodes if n.op_type == "ResizeGrad"]
     assert grads and plan.memory.tensors[grads[0].outputs[0].name].layout.kind == \
         "channels_last"

@@ -556,7 +556,7 @@ def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, 
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
     initial = numpy_helper.to_array(model.graph.initializer[1])
     assert not np.array_equal(b["wl"], initial)  # the gradient reached the localisation net
-    plan = cuda._active
+    plan = cuda._state.active
     check_launch_arguments(launches(plan), plan, signatures)
     gather = GATHER
     assert {"tr_grid_sample_f32", "tr_affine_grid_f32", "tr_grid_sample_grad_grid_f32"} <= \
@@ -630,7 +630,7 @@ def test_roi_align_and_max_unpool_heads_train_on_cuda_as_on_numpy(kind, ops, ker
     a, b = cuda.parameters(), ref.parameters()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=1e-6, err_msg=name)
-    plan = cuda._active
+    plan = cuda._state.active
     check_launch_arguments(launches(plan), plan, signatures)
     assert ops <= {n.op_type for n in plan.graph.nodes}
     assert kernels <= kernels_of(plan)

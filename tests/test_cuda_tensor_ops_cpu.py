@@ -706,7 +706,7 @@ def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     assert a.keys() == b.keys()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-7, err_msg=name)
-    plan = sess._active
+    plan = sess._state.active
     launches = launches_of(plan)
     check_launch_arguments(launches, plan, signatures)
     assert TRAIN[case][3] <= {c.kernel.name for c in launches}

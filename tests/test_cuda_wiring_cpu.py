@@ -165,7 +165,7 @@ def test_training_session_on_cuda_equals_numpy(stem, device):
     x = _x(stem, 9)
     np.testing.assert_allclose(sess.run(None, {"input": x})[0], ref.run(None, {"input": x})[0],
                                rtol=1e-4, atol=1e-5)
-    ex = sess._active.executor
+    ex = sess._state.active.executor
     assert isinstance(ex, CudaExecutor)
     assert list(ex.graphs) == [ex.step_phases()] == ["compute+guard+commit+discard+apply+report"]
 
@@ -178,7 +178,7 @@ def test_a_training_step_is_one_graph_launch_and_one_wait(device, precision):
     one wait for that buffer's event."""
     sess, _ = _train("resnet", 2, backend=CudaBackend(device=device), precision=precision,
                      loss_scale={"init": 1024.0} if precision == "fp16" else None)
-    dev = sess._active.executor.device
+    dev = sess._state.active.executor.device
     start = len(dev.calls)
     sess.train_step({"input": _x("resnet", 7)}, np.arange(SHAPES["resnet"][0]) % 10)
     calls = dev.calls[start:]
@@ -188,7 +188,7 @@ def test_a_training_step_is_one_graph_launch_and_one_wait(device, precision):
     assert all(op in ("memcpy_async", "launch", "launch_graph", "record_event", "wait_event")
                for op in ops)
     back = [c for c in calls if c.op == "memcpy_async" and c.args["kind"] == "d2h"]
-    scores = sess._active.memory.tensors[sess.output_name]  # read back with its step
+    scores = sess._state.active.memory.tensors[sess.output_name]  # read back with its step
     assert [c.args["nbytes"] for c in back] == [cuda_executor.REPORT_BYTES, scores.nbytes]
     graph = ops.index("launch_graph")
     assert ops[graph + 1:] == ["memcpy_async", "memcpy_async", "record_event", "wait_event"]
@@ -217,7 +217,7 @@ def test_a_non_finite_step_is_dropped_on_the_device(device):
     for name in before:
         np.testing.assert_array_equal(after[name], before[name])
     grads = sess.state_arrays()
-    assert all(np.all(grads[g] == 0) for g in sess._active.info.grads.values())
+    assert all(np.all(grads[g] == 0) for g in sess._state.active.info.grads.values())
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
@@ -263,7 +263,7 @@ def _d2h_bytes(dev, start: int) -> int:
 
 def test_all_finite_reads_back_only_the_flag(device):
     sess, _ = _train("mlp", 1, backend=CudaBackend(device=device))
-    ex = sess._active.executor
+    ex = sess._state.active.executor
     dev, grads = ex.device, ex.memory.tensors["__grads"]
     assert grads.nbytes > 1000
     start = len(dev.calls)
@@ -273,7 +273,7 @@ def test_all_finite_reads_back_only_the_flag(device):
     assert launched == ["tr_zero_lanes_b4", "tr_unscale_check_f32"]
     assert {c.phase for c in dev.calls[start:] if c.op != "synchronize"} == {"check"}
     # a NaN written into one gradient is found; the span is not written by the check
-    name = next(iter(sess._active.info.grads.values()))
+    name = next(iter(sess._state.active.info.grads.values()))
     g = ex.read_output(name)
     g.reshape(-1)[-1] = np.nan
     ex.write_tensor(name, g)
@@ -360,7 +360,7 @@ def test_cuda_graphs_off_runs_every_step_eagerly_with_the_same_result(device):
     _, want = _train("mlp", 3, backend=CudaBackend(device=device))
     sess, got = _train("mlp", 3, backend=CudaBackend(device=device), cuda_graphs="off")
     assert got == want
-    dev = sess._active.executor.device
+    dev = sess._state.active.executor.device
     assert "begin_capture" not in [c.op for c in dev.calls] and dev.launched_graphs == 0
     with pytest.raises(ValueError, match=r"cuda_graphs='always'; valid: fallback, require, off"):
         tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device),
@@ -430,9 +430,9 @@ def test_pipelined_steps_equal_waited_ones_with_a_bad_batch(device):
     piped = _pipeline_run(device, "resnet", batches, False)
     _assert_same_run(piped, waited)
     assert len(waited[2]) == 1 and "step 3: non-finite loss" in waited[2][0]
-    ex = piped[0]._active.executor
+    ex = piped[0]._state.active.executor
     # 6 steps, one relaunch: the graph ran 7 times (the first step eagerly, no graph)
-    assert ex.device.launched_graphs == waited[0]._active.executor.device.launched_graphs + 1
+    assert ex.device.launched_graphs == waited[0]._state.active.executor.device.launched_graphs + 1
 
 
 def test_pipelined_steps_raise_training_diverged_where_waited_ones_stop(device):
@@ -505,7 +505,7 @@ def test_the_trainer_pipelines_cuda_steps_and_ends_as_when_waiting(device, tmp_p
         sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device),
                                        optimizer=SGD(lr=0.05, momentum=0.9))
         if not pipelined:
-            sess._pipelined = lambda plan: False
+            sess._steps.pipelined = lambda plan: False
         spec = sess.imported.inputs[0]
         rng = np.random.default_rng(1)
         x = rng.standard_normal((200, 64)).astype(np.float32)
@@ -534,5 +534,5 @@ def test_the_trainer_pipelines_cuda_steps_and_ends_as_when_waiting(device, tmp_p
     a, b = sess.parameters(), ref.parameters()
     for name in b:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    launched = sess._active.executor.device.launched_graphs
-    assert launched > ref._active.executor.device.launched_graphs  # the relaunches
+    launched = sess._state.active.executor.device.launched_graphs
+    assert launched > ref._state.active.executor.device.launched_graphs  # the relaunches

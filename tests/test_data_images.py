@@ -269,10 +269,11 @@ def test_the_trainer_feeds_each_epoch_its_augmentation_and_validates_on_center_c
     train_data, val_data = split(arrays, labels, 0.25, seed=0)
     session = TrainingSession(str(export_cnn(tmp_path / "cnn.onnx")), backend="numpy")
     trained, validated = [], []
-    train_step, run = session.train_step, session.run
+    train_step, run_loss = session.train_step, session.run_loss
     session.train_step = lambda feed, y, **kw: (trained.append(feed["x"].copy()),
                                                 train_step(feed, y, **kw))[1]
-    session.run = lambda names, feed: (validated.append(feed["x"].copy()), run(names, feed))[1]
+    session.run_loss = lambda feed, y: (validated.append(feed["x"].copy()),
+                                        run_loss(feed, y))[1]
     seed, batch = 5, 4
     Trainer(session, train_data, val_data, batch_size=batch, epochs=2, seed=seed,
             progress=False, log=None).fit()

@@ -91,7 +91,7 @@ def test_a_world_of_one_trains_exactly_as_no_world():
     curves = [[s.train_step({"input": x}, y) for x, y in data] for s in sessions]
     assert curves[0] == curves[1]
     assert not {"GradAllReduceStart", "GradAllReduceWait", "BroadcastStats"} & {
-        n.op_type for n in sessions[1]._active.graph.nodes}
+        n.op_type for n in sessions[1]._state.active.graph.nodes}
     for name, value in sessions[0].parameters().items():
         np.testing.assert_array_equal(value, sessions[1].parameters()[name])
 
@@ -172,7 +172,7 @@ def test_a_checkpoint_resumes_into_a_world_with_its_data_parallel_options(tmp_pa
     session.train_step({"input": x}, np.array([1, 2]))
     path = session.save_checkpoint(tmp_path / "ck.npz")
     resumed = TrainingSession.from_checkpoint(path, distributed=distributed.World())
-    assert resumed.options["grad_bucket_mb"] == 2.0 and resumed.step == 1
+    assert resumed.options.grad_bucket_mb == 2.0 and resumed.step == 1
     assert resumed.train_step({"input": x}, np.array([1, 2])) == \
         session.train_step({"input": x}, np.array([1, 2]))
 

@@ -228,7 +228,7 @@ def test_a_world_of_one_plans_the_same_state_with_and_without_the_nccl_node(devi
                                             if n.op_type == "GradAllReduceWait"]
     # the step guard decides after the reduction: the one-graph step runs reduce, then guard
     nccl_path.train_step(feed, y)
-    ex = nccl_path._active.executor
+    ex = nccl_path._state.active.executor
     order = [s.phase for s in ex.steps(ex.step_phases())]
     assert ex.step_phases() == "compute+reduce+guard+commit+discard+apply+report"
     assert order.index("reduce") < order.index("guard") and order.count("reduce") == 1
@@ -240,8 +240,8 @@ def test_the_nccl_call_is_the_grad_span_averaged_in_place_in_the_captured_step(d
     sess = _session("mlp", device, True)
     for i in range(3):  # eager, captured, replayed
         sess.train_step(*_batch("mlp", i))
-    ex = sess._active.executor
-    dev, info = ex.device, sess._active.info
+    ex = sess._state.active.executor
+    dev, info = ex.device, sess._state.active.info
     span = ex.memory.tensors[info.grads_span]
     calls = [c for c in dev.calls if c.op == "nccl_all_reduce" and c.phase == "reduce"]
     assert [c.capturing for c in calls] == [False, True]  # step 3 replays the graph
@@ -281,14 +281,14 @@ def test_a_world_of_one_through_nccl_trains_exactly_as_without(stem, kw, device,
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], err_msg=name)
-    starts = [n for n in nccl_path._active.graph.nodes if n.op_type == "GradAllReduceStart"]
+    starts = [n for n in nccl_path._state.active.graph.nodes if n.op_type == "GradAllReduceStart"]
     assert len(starts) > 1 if "grad_bucket_mb" in kw else len(starts) == 1
     reduces = [c for c in host_nccl.calls if c.get("op") == nccl.NCCL_AVG]
     assert len(reduces) == nccl_path.step  # one all-reduce per applied step
     flags = [c for c in host_nccl.calls if c.get("op") == nccl.NCCL_MAX]
     assert len(flags) == 4 and {c["count"] for c in flags} == {1}  # one per micro-batch
     broadcasts = [c for c in host_nccl.calls if c["call"] == "broadcast"]
-    stats = nccl_path._active.info.running_stats
+    stats = nccl_path._state.active.info.running_stats
     assert len(broadcasts) == 4 * len(stats)  # one per running statistic and micro-batch
 
 
@@ -298,8 +298,8 @@ def test_a_rank_with_a_non_finite_loss_sends_nan_gradients(device, host_nccl, lo
     """So every rank's average is NaN and every rank's guard drops the same step."""
     sess = _session("mlp", device, True)
     sess.train_step(*_batch("mlp", 0))
-    ex = sess._active.executor
-    dev, info = ex.device, sess._active.info
+    ex = sess._state.active.executor
+    dev, info = ex.device, sess._state.active.info
     starts = [bn for bn in ex.bound if bn.node.op_type == "GradAllReduceStart"]
     grads = ex.memory.tensors[info.grads_span].kernel_view(dev.arena)
     grads[...] = np.linspace(-1, 1, grads.size, dtype=np.float32).reshape(grads.shape)
@@ -323,8 +323,8 @@ def test_the_bad_batch_flag_is_the_ranks_maximum_in_the_guard_before_anything_re
     sess = _session("mlp", device, True, grad_accumulation=accumulation)
     for i in range(3):
         sess.train_step(*_batch("mlp", i))
-    ex = sess._active.executor
-    dev, guard = ex.device, sess._active.info.step_guard
+    ex = sess._state.active.executor
+    dev, guard = ex.device, sess._state.active.info.step_guard
     flag = ex.memory.tensors[guard.bad_batch]
     calls = [c for c in dev.calls if c.op == "nccl_all_reduce" and c.phase == "guard"]
     assert len(calls) >= 2 and any(c.capturing for c in calls)
@@ -340,7 +340,7 @@ def test_the_bad_batch_flag_is_the_ranks_maximum_in_the_guard_before_anything_re
         assert {s.phase for s in steps[:check]} <= {"compute", "reduce"}
     plain = _session("mlp", device, False, grad_accumulation=accumulation)
     plain.train_step(*_batch("mlp", 0))
-    assert not [bound for bound in plain._active.executor.bound if
+    assert not [bound for bound in plain._state.active.executor.bound if
                 bound.node.op_type == "StepCheck" and "world" in bound.node.attrs]
 
 
@@ -364,8 +364,8 @@ def test_rank_0s_running_statistics_are_broadcast_first_under_their_own_write_po
     sess = _session("resnet", device, True)
     for i in range(2):
         sess.train_step(*_batch("resnet", i))
-    ex = sess._active.executor
-    dev, stats = ex.device, sess._active.info.running_stats
+    ex = sess._state.active.executor
+    dev, stats = ex.device, sess._state.active.info.running_stats
     calls = [c for c in dev.calls if c.op == "nccl_broadcast"]
     assert len(calls) == 2 * len(stats) and [c.capturing for c in calls] == (
         [False] * len(stats) + [True] * len(stats))
@@ -444,7 +444,7 @@ def test_sync_batchnorm_all_reduces_float64_sums_between_its_kernels_in_the_capt
     sess = _session("resnet", device, True, sync_batchnorm=True)
     for i in range(3):  # eager, captured, replayed
         sess.train_step(*_batch("resnet", i))
-    ex = sess._active.executor
+    ex = sess._state.active.executor
     dev, scratch = ex.device, {t.name: t for t in ex.memory.all_tensors()}
     bound = _sync_bn_nodes(ex)
     assert len(bound) == 12 and all("world" in bn.node.attrs for bn in bound)
@@ -480,7 +480,7 @@ def test_sync_batchnorm_all_reduces_float64_sums_between_its_kernels_in_the_capt
         assert got == want
     sums = [(c["count"], c["dtype"]) for c in host_nccl.calls if c.get("op") == total]
     assert len(sums) == 3 * 18 and {d for _, d in sums} == {f64}  # eager, then two replays
-    assert not [n for n in sess._active.graph.nodes if n.op_type == "BroadcastStats"]
+    assert not [n for n in sess._state.active.graph.nodes if n.op_type == "BroadcastStats"]
     assert not [c for c in host_nccl.calls if c["call"] == "broadcast"]
 
 
@@ -506,7 +506,7 @@ def test_a_world_of_one_with_sync_batchnorm_trains_as_cudnn_and_numpy(model, dev
         loss = sync.train_step(feed, y)
         for name, ref in refs.items():
             np.testing.assert_allclose(loss, ref.train_step(feed, y), rtol=1e-5, err_msg=name)
-    assert len(_sync_bn_nodes(sync._active.executor)) == (12 if model == "resnet" else 4)
+    assert len(_sync_bn_nodes(sync._state.active.executor)) == (12 if model == "resnet" else 4)
     got = sync.state_arrays()
     for name, ref in refs.items():
         want = ref.state_arrays()

@@ -137,7 +137,7 @@ def test_a_model_with_dropout_trains_on_cuda_as_on_numpy(device):
         y = rng.integers(0, 10, 4)
         np.testing.assert_allclose(cuda.train_step({"input": x}, y),
                                    ref.train_step({"input": x}, y), rtol=1e-5)
-    assert any(n.op_type == "DropoutTraining" for n in cuda._active.graph.nodes)
+    assert any(n.op_type == "DropoutTraining" for n in cuda._state.active.graph.nodes)
     a, b = cuda.parameters(), ref.parameters()
     for name in b:
         np.testing.assert_allclose(a[name], b[name], rtol=2e-4, atol=2e-6, err_msg=name)

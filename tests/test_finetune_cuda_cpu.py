@@ -52,7 +52,7 @@ def test_head_then_everything_on_cuda_equals_numpy(lib):
             model, optimizer=tr_onnx.optim.SGD(lr=0.1, momentum=0.9), backend=backend,
             **finetune_options("head", head), **kw)
         losses = [float(session.train_step(*b)) for b in batches[:2]]
-        assert session._active.info.running_stats == []  # the frozen BatchNorm: eval mode
+        assert session._state.active.info.running_stats == []  # the frozen BatchNorm: eval mode
         session.unfreeze()
         losses += [float(session.train_step(*b)) for b in batches[2:]]
         return session, losses

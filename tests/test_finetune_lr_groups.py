@@ -80,7 +80,7 @@ def test_lr_groups_train_as_torch_parameter_groups(name):
         np.testing.assert_allclose(params[n], want, rtol=0, atol=1e-6, err_msg=n)
         moved = max(moved, float(np.abs(want - Net().state_dict()[n].numpy()).max()))
     assert moved > 1e-3  # the steps moved the weights far past the tolerance
-    updates = [n for n in session._active.graph.nodes if n.op_type == ours_opt.op]
+    updates = [n for n in session._state.active.graph.nodes if n.op_type == ours_opt.op]
     assert len(updates) == 2
 
 
@@ -176,6 +176,6 @@ def test_a_checkpoint_after_unfreezing_resumes_the_same_steps(tmp_path):
     for s in (session, resumed):
         s.train_step({"x": _batch(2)[0]}, _batch(2)[1])
     ours, theirs = session.parameters(), resumed.parameters()
-    assert resumed.options["step_offsets"]["features.0.weight"] == 1
+    assert resumed.options.step_offsets["features.0.weight"] == 1
     for n in ours:
         np.testing.assert_array_equal(ours[n], theirs[n], err_msg=n)

@@ -97,8 +97,8 @@ def test_resnet18_new_head_then_all_layers_train_as_torch(exporter, tmp_path):
                                       bn_running_var="unbiased",  # PyTorch's
                                       **finetune_options("head", choice))
     ours = [float(session.train_step({"x": x}, y)) for x, y in map(batch, range(STEPS))]
-    assert sorted(session._active.info.trainable) == sorted([choice.weight, choice.bias])
-    assert session._active.info.running_stats == []  # frozen BatchNorms: inference mode
+    assert sorted(session._state.active.info.trainable) == sorted([choice.weight, choice.bias])
+    assert session._state.active.info.running_stats == []  # frozen BatchNorms: inference mode
     reference = torch_with_head(base, new, choice)
     for p in reference.parameters():
         p.requires_grad_(False)
@@ -110,8 +110,8 @@ def test_resnet18_new_head_then_all_layers_train_as_torch(exporter, tmp_path):
     session.unfreeze()
     later = [batch(k) for k in range(STEPS, 2 * STEPS)]
     ours += [float(session.train_step({"x": x}, y)) for x, y in later]
-    assert len(session._active.info.trainable) == 62  # every conv, BatchNorm and the head
-    assert len(session._active.info.running_stats) == 40  # 20 BatchNorms train
+    assert len(session._state.active.info.trainable) == 62  # every conv, BatchNorm and the head
+    assert len(session._state.active.info.running_stats) == 40  # 20 BatchNorms train
     for p in reference.parameters():
         p.requires_grad_(True)
     theirs += torch_steps(reference, reference.parameters(), later, False)

@@ -315,7 +315,7 @@ def test_training_plans_do_not_fuse():
                                       optimizer=tr_onnx.optim.SGD(lr=0.01))
     x = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
     session.train_step({"input": x}, np.array([1, 2]))
-    ops = [s.label.split("(")[1].split(",")[0] for s in session._active.executor.steps]
+    ops = [s.label.split("(")[1].split(",")[0] for s in session._state.active.executor.steps]
     assert "Conv" in ops and "Relu" in ops and "FusedConv" not in ops
 
 

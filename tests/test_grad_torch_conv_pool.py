@@ -79,7 +79,7 @@ def test_conv2d(spec, align):
                           [x, w, b], ours[2]))
 
 
-# which kernels of ops.conv_grid / ops.conv (the BLAS ones) each case must run
+# which kernels of ops.conv_grid / ops.conv_grad (the BLAS ones) each case must run
 FAST_KERNELS = {
     "grid_pad": ("conv_grid_numpy", "conv_grad_data_grid_numpy", "_grad_filter_blas"),
     "grid_groups": ("conv_grid_numpy", "conv_grad_data_grid_numpy", "_grad_filter_blas"),
@@ -93,11 +93,11 @@ def test_conv2d_blas_kernels_are_used(spec_id, cblas, monkeypatch):
     """These windows run the per-tap GEMM kernels and the direct-output filter gradient, and
     give the same results where GEMMs go through NumPy instead of CBLAS (no symbol found)."""
     from tr_onnx import host_blas
-    from tr_onnx.ops import conv, conv_grid
+    from tr_onnx.ops import conv_grad, conv_grid
 
     used = []
     for name in FAST_KERNELS[spec_id]:
-        module = conv_grid if hasattr(conv_grid, name) else conv
+        module = conv_grid if hasattr(conv_grid, name) else conv_grad
         real = getattr(module, name)
         monkeypatch.setattr(module, name,
                             lambda *a, real=real, name=name: used.append(name) or real(*a))

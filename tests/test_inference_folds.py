@@ -83,7 +83,7 @@ def test_training_session_plans_keep_batchnorm():
                                       optimizer=tr_onnx.optim.SGD(lr=0.01))
     x = np.random.default_rng(2).standard_normal((2, 3, 16, 16), np.float32)
     session.train_step({"input": x}, np.array([1, 2]))
-    ops = [s.label for s in session._active.executor.steps]
+    ops = [s.label for s in session._state.active.executor.steps]
     assert any("BatchNorm" in label for label in ops)
 
 
@@ -102,4 +102,4 @@ def test_inference_parameters_are_constants_and_training_ones_are_not():
     training = tr_onnx.TrainingSession(path, loss="cross_entropy",
                                        optimizer=tr_onnx.optim.SGD(lr=0.01))
     training.train_step({"input": x}, np.array([1, 2]))
-    assert ir.PARAM in _kinds(training._active)
+    assert ir.PARAM in _kinds(training._state.active)

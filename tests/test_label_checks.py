@@ -25,7 +25,7 @@ from tr_onnx.cli import main
 from tr_onnx.data import split
 from tr_onnx.optim import SGD
 from tr_onnx.training.losses import LossSpec
-from tr_onnx.training.trainer import Trainer, numpy_loss
+from tr_onnx.training.trainer import Trainer
 
 N, T, D, C = 4, 3, 5, 7
 NO_IGNORE = -12345  # what torch is given for "no ignore_index" (its default -100 ignores)
@@ -161,7 +161,8 @@ def test_validation_loss_names_the_label_instead_of_an_index_error(value):
     with pytest.raises(IndexError):
         torch_loss("cross_entropy", scores, y, 1, None)
     with pytest.raises(tr_onnx.InputError, match=rf"label {value} at position \[3\].* 0\.\.6"):
-        numpy_loss(LossSpec("cross_entropy"), scores, y)
+        tr_onnx.TrainingSession(scores_model("nc"), backend="numpy").run_loss(
+            {"x": inputs("nc")}, y)
 
 
 def counting_steps(session) -> list:

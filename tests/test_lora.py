@@ -321,10 +321,10 @@ def test_adapters_refuse_another_base(exports, tmp_path):
 
 
 def _plan_numbers(session: tr_onnx.TrainingSession) -> dict:
-    mem = session._active.memory
+    mem = session._state.active.memory
     regions = {r.name: b for r, (_, b) in mem.regions.items()}
     params = session.parameters()
-    count = sum(params[n].size for n in session._active.info.trainable)
+    count = sum(params[n].size for n in session._state.active.info.trainable)
     return {"trainable": count, "arena": mem.total_bytes, "grad": regions.get("GRAD", 0),
             "opt_state": regions.get("OPT_STATE", 0)}
 

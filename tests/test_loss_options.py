@@ -15,7 +15,6 @@ import tr_onnx
 from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.cli import main
 from tr_onnx.optim import SGD
-from tr_onnx.training.trainer import numpy_loss
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -130,10 +129,10 @@ def check_against_torch(tmp_path, shape, options, **session_kw):
     for name, p in module.named_parameters():  # SGD with lr 1: the step is the gradient
         np.testing.assert_allclose(before[name] - after[name], p.grad.numpy(), rtol=1e-4,
                                    atol=1e-6, err_msg=name)
-    # the validation loss (NumPy, float64) of the same outputs
-    (out,) = tr_onnx.InferenceSession(export(module, x_shape, tmp_path / "m2.onnx")).run(
-        None, {"x": x})
-    assert numpy_loss(spec, out, y) == pytest.approx(want.item(), rel=1e-5)
+    # the validation loss (the compiled loss in eval mode) of the same weights
+    unchanged = tr_onnx.TrainingSession(export(module, x_shape, tmp_path / "m2.onnx"),
+                                        loss=spec, **session_kw)
+    assert unchanged.run_loss({"x": x}, y)[1] == pytest.approx(want.item(), rel=1e-5)
 
 
 @pytest.mark.parametrize("options, message", [

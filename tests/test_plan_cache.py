@@ -78,7 +78,7 @@ def _train(max_plans: int):
         x = rng.standard_normal((batch, 1, 8, 8)).astype(np.float32)
         y = rng.integers(0, 10, batch)
         losses.append(session.train_step({"input": x}, y))
-        refs.append(weakref.ref(session._active))
+        refs.append(weakref.ref(session._state.active))
         if step % 3 == 2:
             evals.append(session.run(None, {"input": _images(step + 1, seed=step)})[0])
     return session, losses, evals, refs
@@ -134,7 +134,7 @@ def test_forty_batch_sizes_hold_no_more_plan_bytes_than_the_budget_and_reuse_hit
     assert 1 < len(session._plans) < 8
     previous = list(session._plans.values())[-2]
     session.train_step({"input": np.zeros((3900, 64), np.float32)}, np.zeros(3900, np.int64))
-    assert session._active is previous
+    assert session._state.active is previous
 
 
 def test_the_current_plan_stays_when_it_alone_is_over_the_budget():

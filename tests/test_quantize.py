@@ -243,7 +243,7 @@ def test_the_float_weights_before_their_pairs_train_and_the_scales_do_not(qat):
     case, result = qat
     torch_params = {n for n, _ in case.build().named_parameters()}
     assert torch_params == {"conv.weight", "conv.bias", "fc.weight", "fc.bias"}
-    assert set(result.session._active.info.trainable) == torch_params
+    assert set(result.session._state.active.info.trainable) == torch_params
     roles = result.session.parameter_roles
     assert {n for n, r in roles.items() if r.trainable} == torch_params
 
@@ -263,7 +263,7 @@ def test_qat_training_with_padded_channels_equals_compact(qat):
 def test_a_qat_training_step_allocates_only_numpy_buffers(qat):
     """As tests/test_step_allocation.py holds the zoo's inference: the pairs' forward and
     backward ops take their scratch from the plan (measured peaks ~27 KB per step)."""
-    peak, left = step_allocation(qat[1].session._active.executor.run)
+    peak, left = step_allocation(qat[1].session._state.active.executor.run)
     assert peak < PEAK_BOUND
     assert left < LEFT_BOUND
 

@@ -143,7 +143,7 @@ def test_training_draws_from_the_step_counter_and_resumes_alike(tmp_path):
     rest = [float(resumed.train_step(*b)) for b in batches[2:]]
     assert rest == losses[2:]  # bitwise: the same numbers at the same steps
     np.testing.assert_array_equal(resumed.parameters()["W"], whole.parameters()["W"])
-    assert whole._active.info.converted == {"BatchNormalization": 0, "Dropout": 0,
+    assert whole._state.active.info.converted == {"BatchNormalization": 0, "Dropout": 0,
                                             "RandomNormalLike": 1, "Bernoulli": 1}
 
 

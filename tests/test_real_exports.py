@@ -134,7 +134,7 @@ def exports(tmp_path_factory) -> Exports:
 def _trainable(session: tr_onnx.TrainingSession) -> list[str]:
     """The parameters the compiled step updates (no public accessor yet: the plan's
     ``TrainInfo``, as the cuda tests read it)."""
-    return list(session._active.info.trainable)
+    return list(session._state.active.info.trainable)
 
 
 def _assert_every_step_applied(run: Trained) -> None:

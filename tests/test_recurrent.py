@@ -312,7 +312,7 @@ def test_training_graph_has_two_nodes_per_layer_and_trains_pytorchs_weights(trai
     and the exporter's W, R, B initializers (PyTorch's weights, gate-reordered) train."""
     kind, kw, result = trained
     layers = kw.get("layers", 2)
-    plan = result.session._active
+    plan = result.session._state.active
     ops = Counter(n.op_type for n in plan.graph.nodes)
     assert ops[f"{kind}Training"] == layers and ops[f"{kind}Grad"] == layers, ops
     assert len(plan.graph.nodes) < 60, ops
@@ -335,4 +335,4 @@ def test_a_run_allocates_only_numpy_buffers(op):
 
 
 def test_a_training_step_allocates_only_numpy_buffers(trained):
-    assert step_allocation(trained[2].session._active.executor.run)[0] < PEAK_BOUND
+    assert step_allocation(trained[2].session._state.active.executor.run)[0] < PEAK_BOUND

@@ -35,6 +35,6 @@ def test_training_steps_allocate_only_numpy_buffers(stem):
     batch = SHAPES[stem][0]
     x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
     sess.train_step({"input": x}, np.arange(batch) % 10)
-    peak, left = step_allocation(sess._active.executor.run, steps=3, warm=2)
+    peak, left = step_allocation(sess._state.active.executor.run, steps=3, warm=2)
     assert peak < PEAK_BOUND
     assert left < LEFT_BOUND

@@ -98,7 +98,7 @@ def test_exporter_constants_are_frozen_and_parameters_train():
         np.testing.assert_array_equal(after[name], before[name], err_msg=name)
     for name in TRAINS:
         assert not np.array_equal(after[name], before[name]), name
-    assert sorted(session._active.info.trainable) == sorted(TRAINS)
+    assert sorted(session._state.active.info.trainable) == sorted(TRAINS)
 
 
 def test_trainable_and_frozen_still_override_the_default():
@@ -107,12 +107,12 @@ def test_trainable_and_frozen_still_override_the_default():
                                          trainable=["*"], frozen=["mask", "lo", "hi", "three"])
     feed = {"x": _rand(4, 4), "tokens": np.array([1, 2, 3, 4])}
     everything.train_step(feed, np.array([0, 1, 2, 0]))
-    assert {"half", "mean"} <= set(everything._active.info.trainable)
-    assert not {"mask", "three"} & set(everything._active.info.trainable)
+    assert {"half", "mean"} <= set(everything._state.active.info.trainable)
+    assert not {"mask", "three"} & set(everything._state.active.info.trainable)
     fewer = tr_onnx.TrainingSession(model, optimizer=SGD(lr=0.1), backend="numpy",
                                     frozen=["table", "w*"])
     fewer.train_step(feed, np.array([0, 1, 2, 0]))
-    assert set(fewer._active.info.trainable) == TRAINS - {"table", "w1_t", "w2"}
+    assert set(fewer._state.active.info.trainable) == TRAINS - {"table", "w1_t", "w2"}
 
 
 def test_nothing_trainable_names_the_default():

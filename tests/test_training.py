@@ -144,7 +144,7 @@ def test_shared_initializers_train_separately_unless_tied():
     session = tr_onnx.TrainingSession(ZOO / "resnet_fresh.onnx", optimizer=SGD(lr=0.01),
                                       bn_running_var="unbiased")
     np.testing.assert_allclose(ours_curve(session, data), want, rtol=0, atol=1e-4)
-    plan = session._active
+    plan = session._state.active
     assert len(plan.info.untied) >= 12  # BN weights/biases were Identity copies of stats
     assert len(plan.info.trainable) == len(list(fresh.parameters()))
     exported = session.export_proto()
@@ -156,7 +156,7 @@ def test_shared_initializers_train_separately_unless_tied():
     tied = tr_onnx.TrainingSession(ZOO / "resnet_fresh.onnx", optimizer=SGD(lr=0.01),
                                    tie_shared_initializers=True)
     ours_curve(tied, data[:1])
-    assert len(tied._active.info.trainable) < len(plan.info.trainable)
+    assert len(tied._state.active.info.trainable) < len(plan.info.trainable)
 
 
 def test_gradient_accumulation_equals_one_big_batch():
@@ -192,7 +192,7 @@ def test_frozen_parameters_do_not_change():
     for k in before:
         same = np.array_equal(before[k], after[k])
         assert same == k.startswith("features."), k
-    assert all(not n.startswith("features.") for n in session._active.info.trainable)
+    assert all(not n.startswith("features.") for n in session._state.active.info.trainable)
 
 
 @pytest.mark.parametrize("schedule, torch_factory", [
@@ -261,7 +261,7 @@ def test_dropout_trains_in_training_mode_and_is_identity_in_eval():
     a = session.train_step({"input": x}, y)
     b = session.train_step({"input": x}, y)
     assert a != b  # a new mask each micro-batch (lr 0: nothing else changed)
-    assert session._active.info.converted == {"BatchNormalization": 11, "Dropout": 1}
+    assert session._state.active.info.converted == {"BatchNormalization": 11, "Dropout": 1}
     r1, r2 = session.run(None, {"input": x})[0], session.run(None, {"input": x})[0]
     np.testing.assert_array_equal(r1, r2)
 

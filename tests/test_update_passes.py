@@ -57,7 +57,7 @@ def test_gradients_written_into_grad_train_as_accumulated_ones(monkeypatch, tmp_
     monkeypatch.setattr(pipeline, "fold_accumulators", lambda *args: False)
     accumulating = session()
     want = train(accumulating, 4, (3, 16, 16), nan_at=2)
-    ops = [{(n.op_type, n.phase) for n in s._active.graph.nodes} for s in (folded,
+    ops = [{(n.op_type, n.phase) for n in s._state.active.graph.nodes} for s in (folded,
                                                                             accumulating)]
     assert ("Accumulate", "compute") not in ops[0] and ("ZeroFill", "apply") not in ops[0]
     assert {("Accumulate", "compute"), ("ZeroFill", "apply")} <= ops[1]
@@ -71,5 +71,5 @@ def test_gradients_written_into_grad_train_as_accumulated_ones(monkeypatch, tmp_
     path = folded.save_checkpoint(tmp_path / "ck.npz")
     with np.load(path) as saved:
         grads = [k for k in saved.files if k.endswith(".grad")]
-        assert len(grads) == len(folded._active.info.trainable)
+        assert len(grads) == len(folded._state.active.info.trainable)
         assert not any(saved[k].any() for k in grads)

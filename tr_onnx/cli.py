@@ -22,7 +22,8 @@ from .backends import backend_named
 from .cli_finetune import add_arguments as add_finetune_arguments
 from .cli_finetune import apply as apply_finetune
 from .cli_finetune import tuned as finetune_tuned
-from .cli_train import add_evaluate_parser, add_train_parser, count_type, run_evaluate, run_train
+from .cli_train import run_evaluate, run_train
+from .cli_train_args import add_evaluate_parser, add_train_parser, count_type
 from .errors import ExportAdviceWarning, InputError, TrOnnxError
 
 DESCRIPTION = ("Train exported ONNX models: ONNX in, trained ONNX out. inspect shows how a "

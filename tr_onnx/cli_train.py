@@ -1,14 +1,13 @@
 """``tr-onnx train``: check every output path, load the data, train (or resume) with a
 ``Trainer``, export the trained model, write the plot. Under ``mpiexec``/``srun`` every rank runs
 this same command: ``tr_onnx.distributed.init()`` decides the world, and only rank 0 prints and
-writes files (``cli.py`` holds the other commands and the shared error handling)."""
+writes files (``cli.py`` holds the other commands and the shared error handling,
+``cli_train_args`` the command lines of train and evaluate, ``cli_resume`` what ``--resume``
+takes from the checkpoint)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
-import hashlib
 import os
 import sys
 import tempfile
@@ -18,6 +17,8 @@ import warnings
 from pathlib import Path
 
 from . import cli_finetune
+from .cli_resume import check_resume_options, check_same_model, honoured_on_resume, option_flag
+from .cli_train_args import DEFAULT_EPOCHS
 from .errors import InputError, TrOnnxError
 
 
@@ -93,51 +94,6 @@ def _check_outputs(args, out: Path, ckpt: Path | None) -> None:
             raise InputError(f"--plot {exc}") from None
 
 
-def _graph_digest(model) -> str:
-    """SHA-256 of a model without its weights: opsets, nodes in order (op, domain, inputs,
-    outputs, attributes), graph inputs and outputs with their types, initializer names, shapes
-    and dtypes. Training changes none of them."""
-    g = model.graph
-    h = hashlib.sha256()
-
-    def put(*parts) -> None:
-        h.update(repr(parts).encode())
-
-    for opset in sorted((o.domain, o.version) for o in model.opset_import):
-        put("opset", *opset)
-    for n in g.node:
-        put("node", n.op_type, n.domain, list(n.input), list(n.output),
-            [a.SerializeToString(deterministic=True)
-             for a in sorted(n.attribute, key=lambda a: a.name)])
-    for what, values in (("input", g.input), ("output", g.output)):
-        for v in values:
-            put(what, v.name, v.type.SerializeToString(deterministic=True))
-    for i in sorted(g.initializer, key=lambda i: i.name):
-        put("initializer", i.name, list(i.dims), i.data_type)
-    return h.hexdigest()
-
-
-def _check_same_model(path: str, session, ckpt: Path, tuned=None) -> None:
-    """``--resume``: MODEL must be the model the checkpoint trains, as given to the first run or
-    as its trained export (weights and the export's inference form differ, nothing else);
-    ``tuned``: the model the fine-tuning flags make of it (a new head, LoRA branches)."""
-    from .importer import load_model
-
-    model = tuned if tuned is not None else load_model(path)[0]
-    digest = _graph_digest(model)
-    if digest in (_graph_digest(session.imported.original),
-                  _graph_digest(session.export_proto())):
-        return
-    theirs = session.imported.original.graph
-
-    def outline(g) -> str:
-        return f"{len(g.node)} nodes, inputs {[i.name for i in g.input]}"
-
-    raise InputError(f"--resume: {path} ({outline(model.graph)}) is not the model {ckpt} trains "
-                     f"({outline(theirs)}); give that model or its trained export, or train "
-                     f"{path} without --resume")
-
-
 def _write_plot(history: list[dict], plot: str, model: Path | None,
                 steps: list[dict] | None = None) -> None:
     from .training import plots
@@ -150,42 +106,6 @@ def _write_plot(history: list[dict], plot: str, model: Path | None,
         raise TrOnnxError(f"--plot {plot}: not written ({why}){kept}") from None
 
 
-# What --resume takes from the checkpoint: the training graph, the optimizer and its schedule.
-# Given with --resume, one that differs from the checkpoint's is refused (changing it mid-run is
-# a new run, not a resume; the same value, as when the first command is repeated with --resume,
-# is fine); the options of the Trainer (checkpoints, metrics, validation, logs, plot) and the
-# machine (--backend, --precision) are honoured from the resumed step on.
-RESUMED_FROM_CHECKPOINT = ("loss", "loss_options", "optimizer", "lr", "lr_schedule",
-                           "grad_accumulation", "clip_grad_norm", "weight_decay", "momentum",
-                           "frozen", "trainable", "output")
-# (--val-split is neither: it decides the training samples, which the resume checks are the
-# checkpoint's)
-HONOURED_ON_RESUME = ("checkpoint_every", "metrics_every", "val_data", "log_dir")
-DEFAULT_EPOCHS = 5
-
-
-# --loss-options KEY=VALUE,...: a builtin loss's options (LossSpec's fields), as torch's
-LOSS_OPTIONS = {"class_axis": int, "ignore_index": int, "label_smoothing": float,
-                "reduction": str, "beta": float,
-                "weights": lambda v: tuple(float(w) for w in v.split(":"))}
-
-
-def _loss_options(text: str) -> dict:
-    options = {}
-    for part in (p for p in text.split(",") if p.strip()):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in LOSS_OPTIONS:
-            near = difflib.get_close_matches(key, list(LOSS_OPTIONS), 1)
-            raise argparse.ArgumentTypeError(
-                f"{part!r}: KEY=VALUE with KEY one of {', '.join(LOSS_OPTIONS)}"
-                + (f" (did you mean {near[0]}?)" if near else ""))
-        try:
-            options[key] = LOSS_OPTIONS[key](value.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r}: {value.strip()!r} is not a valid "
-                                             f"{key}") from None
-    return options
 
 
 def _loss(args):
@@ -201,74 +121,6 @@ def _loss(args):
     return {"name": name, **options}
 
 
-def _option(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _checkpoint_value(session, key: str, given=None):
-    """The value of train option ``key`` (an ``args`` name) that a resumed ``session`` has,
-    in the form the command line gives it (``given``: the value given, for the options the
-    checkpoint holds more of than was given)."""
-    from .optim import OPTIMIZERS, SCHEDULES
-    from .training.losses import LossSpec
-
-    opt = session.optimizer
-    if key == "loss":
-        return session.loss.name if isinstance(session.loss, LossSpec) else "an ONNX loss model"
-    if key == "loss_options":  # those the command line gives, as the checkpoint has them
-        loss = session.loss
-        return {k: getattr(loss, k) for k in given} if isinstance(loss, LossSpec) else None
-    if key == "optimizer":
-        return next((n for n, cls in OPTIMIZERS.items() if type(opt) is cls), type(opt).__name__)
-    if key == "lr_schedule":
-        return next((n for n, cls in SCHEDULES.items() if type(session.schedule) is cls),
-                    type(session.schedule).__name__)
-    if key in ("lr", "weight_decay", "momentum"):
-        return getattr(opt, key, None)
-    if key == "output":
-        return session.output_name
-    return session.options[key]  # grad_accumulation, clip_grad_norm, frozen, trainable
-
-
-def _shown(value) -> str:
-    """An option's value as the command line gives it (a repeated option: its values)."""
-    if isinstance(value, list):
-        return " ".join(value) if value else "none"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return "none" if value is None else str(value)
-
-
-def _check_resume_options(args, session) -> None:
-    """``--resume``: an option given with a value other than the checkpoint's would change what
-    it trains: an error naming each, with the checkpoint's value."""
-    differ = []
-    for key in RESUMED_FROM_CHECKPOINT:
-        given = getattr(args, key)
-        if given is None:
-            continue
-        theirs = _checkpoint_value(session, key, given)
-        if isinstance(given, str) and isinstance(theirs, str):
-            same = given.lower() == theirs.lower()
-        else:
-            same = given == theirs or key == "frozen" and not given and not theirs
-        if not same:
-            differ.append(f"{_option(key)} {_shown(given)} (the checkpoint's: "
-                          f"{_shown(theirs)})")
-    if differ:
-        raise InputError(f"--resume continues the checkpoint's training, with its loss, "
-                         f"optimizer, lr, schedule, accumulation, clipping, trainable set and "
-                         f"output: {'; '.join(differ)}; drop "
-                         f"{'it' if len(differ) == 1 else 'them'}, or train afresh without "
-                         "--resume")
-
-
-def _honoured_on_resume(args) -> list[str]:
-    """The lines saying which options given with ``--resume`` apply from the resumed step on."""
-    return [f"--resume: {_option(k)} {getattr(args, k)} applies from the resumed step on"
-            for k in HONOURED_ON_RESUME if getattr(args, k) is not None]
-
-
 def _optimizer(args):
     """The optimizer ``--optimizer`` names with ``--lr``, ``--weight-decay`` and ``--momentum``;
     one it does not take is an error naming the optimizers that do."""
@@ -282,7 +134,7 @@ def _optimizer(args):
             takes = [n for n, cls in OPTIMIZERS.items()
                      if key in {f.name for f in dataclasses.fields(cls) if f.init}]
             if name not in takes:
-                raise InputError(f"{_option(key)}: optimizer {name} takes no {key}; "
+                raise InputError(f"{option_flag(key)}: optimizer {name} takes no {key}; "
                                  f"{', '.join(takes)} {'does' if len(takes) == 1 else 'do'}")
     return _user_error(make_optimizer, {"name": name, **given}, args.lr)
 
@@ -398,7 +250,7 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         raise TrOnnxError(f"--resume: no checkpoint {ckpt}")
     out = Path(args.out) if args.out else Path.cwd() / f"{Path(args.model).stem}_trained.onnx"
     _check_outputs(args, out, ckpt)
-    honoured = _honoured_on_resume(args) if args.resume else []
+    honoured = honoured_on_resume(args) if args.resume else []
     if args.val_data is not None and args.val_split is not None:
         raise InputError(f"--val-data {args.val_data} and --val-split {args.val_split}: give "
                          "one (validation from another file, or held out of --data)")
@@ -412,11 +264,11 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         if cli_finetune.tuned(args):  # the checkpoint trains the model the flags make
             tuned_model, _, _, lora = cli_finetune.apply(args, args.model)
             cli_finetune.check_resumed_lora(session, lora, ckpt)
-            _check_same_model(args.model, session, ckpt, tuned_model)
+            check_same_model(args.model, session, ckpt, tuned_model)
         else:
             cli_finetune.check_resumed_lora(session, None, ckpt)
-            _check_same_model(args.model, session, ckpt)
-        _check_resume_options(args, session)
+            check_same_model(args.model, session, ckpt)
+        check_resume_options(args, session)
         extra = session.checkpoint_extra
         seed = extra.get("seed", 0) if args.seed is None else args.seed
         # the checkpoint's global batch, split over this run's ranks
@@ -553,33 +405,6 @@ def evaluate_model(args) -> dict:
             **{k: v for k, v in result.items() if v is not None}}
 
 
-def add_evaluate_parser(sub) -> None:
-    """Add the ``evaluate`` command to the subparsers ``sub``."""
-    from .data import add_arguments as add_data_arguments
-    from .training.losses import LOSSES
-
-    e = sub.add_parser("evaluate", help="the loss and metrics of a model on data",
-                       description="Evaluate MODEL (in eval mode: dropout off, BatchNorm's "
-                       "running statistics) on DATA and print the loss and metrics.")
-    e.add_argument("model", help="the ONNX model (a trained export, or any model)")
-    e.add_argument("--data", required=True, metavar="DATA",
-                   help="the data, in any form `tr-onnx train --data` takes")
-    e.add_argument("--data-spec", metavar="FILE.toml", help="as for train")
-    add_data_arguments(e.add_argument_group("data sources (docs/data.md)"))
-    e.add_argument("--loss", default=None,
-                   help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
-                   "ONNX loss model")
-    e.add_argument("--loss-options", type=_loss_options, default=None, metavar="KEY=VALUE,...",
-                   help="as for train")
-    e.add_argument("--output", metavar="NAME",
-                   help="the model output to evaluate (needed when the model has several)")
-    e.add_argument("--batch-size", type=count_type(1), default=32,
-                   help="samples per run (default 32)")
-    e.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
-                   help="default: auto (cuda when a GPU is usable)")
-    e.add_argument("--json", action="store_true", help="the result as one JSON object")
-
-
 def run_evaluate(args) -> int:
     """``tr-onnx evaluate``: print the result (exit 0), or one error line (exit 2)."""
     import json
@@ -593,148 +418,6 @@ def run_evaluate(args) -> int:
         if key not in ("model", "data", "samples"):
             print(f"{key:<11}{value:.6g}" if isinstance(value, float) else f"{key:<11}{value}")
     return 0
-
-
-def count_type(minimum: int):
-    """An argparse ``type``: an integer of at least ``minimum`` (a usage error otherwise)."""
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") \
-                from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return count
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text}")
-    return value
-
-
-def _epochs_count(text: str) -> int:
-    value = count_type(0)(text)
-    if value == 0:  # it would export the untrained weights as the trained model
-        raise argparse.ArgumentTypeError("0 epochs would train nothing; give 1 or more")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
-    return value
-
-
-def add_train_parser(sub) -> None:
-    """Add the ``train`` command and its options to the subparsers ``sub``."""
-    from .data import add_arguments as add_data_arguments
-    from .optim import OPTIMIZERS, SCHEDULES
-    from .training.losses import LOSSES
-
-    t = sub.add_parser("train", help="train a model on an .npz or the digits data set, export it",
-                       description="Train MODEL and export the trained model. Every output path "
-                       "is checked before the first step; missing parent folders are created.")
-    t.add_argument("model", help="the ONNX model to train (with --resume: the checkpoint's "
-                   "model, or its trained export)")
-    t.add_argument("--data", required=True, metavar="DATA",
-                   help="an .npz with one array per model input (named after it, samples on "
-                   "axis 0) plus 'labels', a folder of such .npy files, a CSV or Parquet table, "
-                   "or 'digits' (scikit-learn's 8x8 digits); docs/data.md")
-    t.add_argument("--data-spec", metavar="FILE.toml",
-                   help="what --data cannot say itself: kind = ..., and a [section] per kind "
-                        "(docs/data.md)")
-    add_data_arguments(t.add_argument_group("data sources (docs/data.md)"))
-    cli_finetune.add_arguments(t.add_argument_group("fine-tuning (docs/finetune.md)"))
-    t.add_argument("--loss", default=None,
-                   help=f"a builtin loss: {', '.join(LOSSES)} (default cross_entropy), or an "
-                   "ONNX loss model (a path ending in .onnx) taking (model output, labels)")
-    t.add_argument("--loss-options", type=_loss_options, default=None, metavar="KEY=VALUE,...",
-                   help="a builtin loss's options, as torch's: class_axis (-1 for a language "
-                   "model's [N, T, V] logits), ignore_index (-100: the text source's padding), "
-                   "label_smoothing, reduction (mean|sum), weights (per class, colon-separated), "
-                   "beta (smooth_l1)")
-    t.add_argument("--optimizer", default=None,
-                   help=f"one of {', '.join(OPTIMIZERS)} (default adamw)")
-    t.add_argument("--weight-decay", type=float, default=None, metavar="X",
-                   help="the optimizer's weight decay (default: the optimizer's: adamw 0.01, "
-                   "the others 0); adamw decouples it, sgd/adam/adagrad add it to the gradient")
-    t.add_argument("--momentum", type=float, default=None, metavar="X",
-                   help="sgd's momentum (default 0); other optimizers take none")
-    defaults = ", ".join(f"{name} {cls().lr:g}" for name, cls in OPTIMIZERS.items())
-    t.add_argument("--lr", type=float, default=None,
-                   help=f"learning rate (default: the optimizer's: {defaults})")
-    t.add_argument("--epochs", type=_epochs_count, default=None,
-                   help=f"total epochs, >= 1 (default {DEFAULT_EPOCHS}; a resumed run continues "
-                   "to it, by default to the checkpoint's)")
-    t.add_argument("--batch-size", type=count_type(1), default=None,
-                   help="per rank under mpiexec (default 32; on --resume the checkpoint's "
-                   "global batch over this run's ranks)")
-    t.add_argument("--val-split", type=_fraction, default=None, metavar="F",
-                   help="hold out this fraction of the samples of --data for validation "
-                   "(default 0.2, or none with --val-data; 0: no validation)")
-    t.add_argument("--val-data", metavar="DATA",
-                   help="validate on this data (any form --data takes, read with the same "
-                   "--data-spec) instead of a part of --data")
-    t.add_argument("--output", metavar="NAME",
-                   help="the model output the loss trains (needed when the model has several)")
-    t.add_argument("--trainable", action="append", default=None, metavar="PATTERN",
-                   help="train only the initializers whose names match PATTERN (fnmatch: "
-                   "'classifier.*'; repeatable; default: the model's parameters, as `tr-onnx "
-                   "inspect` lists them)")
-    t.add_argument("--frozen", action="append", default=None, metavar="PATTERN",
-                   help="do not train the initializers whose names match PATTERN (repeatable); "
-                   "a pattern that matches no initializer is an error")
-    t.add_argument("--seed", type=int, default=None,
-                   help="data split and order, dropout (default 0; on --resume the checkpoint's)")
-    t.add_argument("--out", help="trained model (default: ./<model stem>_trained.onnx)")
-    t.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="last.ckpt.npz is written there each epoch")
-    t.add_argument("--checkpoint-every", type=count_type(1), default=None, metavar="N",
-                   help="also checkpoint every N batches")
-    t.add_argument("--resume", action="store_true",
-                   help="continue from --checkpoint-dir: the loss, optimizer, lr, schedule, "
-                   "accumulation, clipping, trainable set and output come from the checkpoint "
-                   "(one given with another value is an error); --epochs defaults to the "
-                   "checkpoint's")
-    t.add_argument("--metrics", metavar="FILE.jsonl", help="JSON lines, one per epoch")
-    t.add_argument("--metrics-every", type=count_type(1), default=None, metavar="N",
-                   help="also a metrics line every N batches")
-    t.add_argument("--plot", metavar="FILE",
-                   help="the loss and each metric per epoch (and per step with --metrics-every), "
-                   "in the format the suffix names (.png, .svg, .pdf...; no suffix: PNG); "
-                   "written after the model")
-    t.add_argument("--log-dir", metavar="DIR",
-                   help="write TensorBoard event files there (tensorboardX): the metrics per "
-                   "epoch, and per step with --metrics-every")
-    t.add_argument("--backend", choices=["auto", "numpy", "cuda"], default=None,
-                   help="default: auto (cuda when a GPU is usable); on --resume: the "
-                   "checkpoint's")
-    t.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default=None,
-                   help="fp16/bf16: mixed precision on cuda (default fp32; on --resume: the "
-                   "checkpoint's)")
-    t.add_argument("--grad-accumulation", type=count_type(1), default=None, metavar="K",
-                   help="one optimizer step every K batches, gradients averaged (default 1)")
-    t.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
-                   help="clip the global gradient norm to X (default: no clipping)")
-    t.add_argument("--lr-schedule", default=None, choices=list(SCHEDULES),
-                   help=f"one of {', '.join(SCHEDULES)} (default constant): cosine anneals to 0 "
-                   "over the run, step multiplies the lr by 0.1 after each third of it, warmup "
-                   "rises linearly over the first tenth")
-    t.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    t.add_argument("--dist-timeout", type=_seconds, default=300.0, metavar="S",
-                   help="under mpiexec/srun: a rank that waits this many seconds for the others "
-                   "in one exchange fails the run (default 300)")
 
 
 def _epochs(n: int) -> str:

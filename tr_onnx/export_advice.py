@@ -27,25 +27,30 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .importer import ImportedModel
+from .importer import ImportedModel, opdef_for
+from .opdef import (
+    BATCHNORM_FOLDS_INTO,
+    CHANNEL_NORMALIZATION,
+    CONVOLUTION,
+    LAYOUT_ONLY,
+    NORMALIZATION,
+)
+from .registry import OpRegistry, default_registry
 from .torch_metadata import exported_parameters, folded_from, module_of, rewrite_rules
 
 DOC = "docs/export.md, 'The recipes'"
-# Ops that normalise activations. Any of them in a conv net means BatchNorm was not folded
-# away (LRN too: a network with LRN, AlexNet's era, was designed without BatchNorm).
-NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormalization",
-                  "LayerNormalization", "RMSNormalization", "MeanVarianceNormalization",
-                  "LpNormalization", "LRN", "SkipLayerNormalization",
-                  "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
-# Per-channel normalisations: a bias before them is cancelled by their mean subtraction, so
-# convolutions in a network that has them are bias-less by design (pre-activation ResNets and
-# DenseNets put the BatchNorm before the conv, so "directly followed" is not enough).
-CHANNEL_NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization", "GroupNormalization"}
-CONVOLUTIONS = ("Conv", "ConvTranspose")
-# onnxscript's optimizer (the dynamo exporter's) fuses a BatchNorm into these layers
-FUSED_INTO = {"Conv", "ConvTranspose", "Gemm"}
-# Between a layer and the normalisation after it, exporters put only these.
-_PASS_THROUGH = {"Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
+# What the detectors ask of an op is in its OpDef's traits (``opdef``): NORMALIZATION (any of
+# them in a conv net means BatchNorm was not folded away; LRN too: a network with LRN, AlexNet's
+# era, was designed without BatchNorm), CHANNEL_NORMALIZATION (a bias before them is cancelled
+# by their mean subtraction, so convolutions in a network that has them are bias-less by
+# design; pre-activation ResNets and DenseNets put the BatchNorm before the conv, so "directly
+# followed" is not enough), CONVOLUTION, BATCHNORM_FOLDS_INTO (onnxscript's optimizer, the
+# dynamo exporter's, fuses a BatchNorm into these layers) and LAYOUT_ONLY (between a layer and
+# the normalisation after it, exporters put only these).
+# onnxruntime's fused normalisations (com.microsoft), which tr_onnx does not run but an
+# exporter's graph for onnxruntime may hold
+ORT_NORMALIZATIONS = {"SkipLayerNormalization", "SimplifiedLayerNormalization",
+                      "SkipSimplifiedLayerNormalization"}
 # Fewer convolutions than this without normalisation is common by design (LeNet, tutorial
 # CNNs); from ResNet on, every torchvision conv net normalises after (nearly) every conv, so
 # 4+ convs and no normalisation at all means either a pre-2015 design (AlexNet, VGG without
@@ -83,8 +88,12 @@ def _listed(names, what: str) -> str:
 class _Graph:
     """The lookups the detectors share: nodes by name, consumers, initializers."""
 
-    def __init__(self, proto: onnx.ModelProto, params: frozenset[str] | None):
+    def __init__(self, proto: onnx.ModelProto, params: frozenset[str] | None,
+                 registry: OpRegistry):
         g = proto.graph
+        self.registry = registry
+        self.opsets = {o.domain or "": o.version for o in proto.opset_import}
+        self._traits: dict[tuple[str, str], frozenset[str]] = {}
         self.nodes = list(g.node)
         self.inits = {i.name: i for i in g.initializer}
         self.params = params if params is not None else frozenset(
@@ -98,7 +107,7 @@ class _Graph:
                     self.consumers[name].append(node)
             for name in node.output:
                 self.producer[name] = node
-        self.op_types = {n.op_type for n in self.nodes}
+        self.traits_present = frozenset().union(*map(self.traits, self.nodes))
         self.exported = exported_parameters(proto)  # the dynamo exporter's record, or empty
         self.folded = folded_from(proto)
 
@@ -106,16 +115,26 @@ class _Graph:
     def label(node: onnx.NodeProto, index: int | None = None) -> str:
         return node.name or f"{node.op_type}_{index if index is not None else '?'}"
 
-    def followed_by(self, node: onnx.NodeProto, ops: set[str], depth: int = 3) -> bool:
-        """Whether ``node``'s output reaches an op in ``ops`` through layout-only ops."""
+    def traits(self, node: onnx.NodeProto) -> frozenset[str]:
+        """The node's ``OpDef.traits`` (an onnxruntime fused normalisation: NORMALIZATION)."""
+        key = (node.domain, node.op_type)
+        if key not in self._traits:
+            opdef = opdef_for(node, self.opsets, self.registry, "numpy") or \
+                opdef_for(node, self.opsets, self.registry, "cuda")
+            self._traits[key] = opdef.traits if opdef is not None else frozenset(
+                {NORMALIZATION} if node.op_type in ORT_NORMALIZATIONS else ())
+        return self._traits[key]
+
+    def followed_by(self, node: onnx.NodeProto, trait: str, depth: int = 3) -> bool:
+        """Whether ``node``'s output reaches an op with ``trait`` through layout-only ops."""
         frontier = [o for o in node.output if o]
         for _ in range(depth + 1):
             nxt = []
             for value in frontier:
                 for c in self.consumers.get(value, ()):
-                    if c.op_type in ops:
+                    if trait in self.traits(c):
                         return True
-                    if c.op_type in _PASS_THROUGH:
+                    if LAYOUT_ONLY in self.traits(c):
                         nxt.extend(o for o in c.output if o)
             frontier = nxt
         return False
@@ -128,14 +147,14 @@ def _has_bias(node: onnx.NodeProto) -> bool:
     return len(node.input) > 2 and bool(node.input[2])
 
 
-def _fused_batchnorm(node: onnx.NodeProto) -> str | None:
+def _fused_batchnorm(g: _Graph, node: onnx.NodeProto) -> str | None:
     """The BatchNorm that onnxscript's optimizer fused into ``node`` (its module, where the
     export recorded it), or None. The dynamo exporter's optimizer folds every BatchNorm that
     directly follows a Conv, ConvTranspose or Gemm of an eval-mode export, and keeps the
     others (a DenseNet's BatchNorm after each concatenation): the rewritten node records the
     rule in its metadata, and a layer that had no bias gets one named after its weight."""
     if "FuseBatchNormInto" not in rewrite_rules(node):
-        if node.op_type not in FUSED_INTO or len(node.input) < 3 or \
+        if BATCHNORM_FOLDS_INTO not in g.traits(node) or len(node.input) < 3 or \
                 node.input[2] != node.input[1] + "_bias":
             return None
     return module_of(node) or "a BatchNorm"
@@ -145,7 +164,7 @@ def fused_batchnorm(g: _Graph) -> list[ExportAdvice]:
     """Layers into which the dynamo exporter's optimizer fused a BatchNorm (whether or not
     other BatchNorm layers remain)."""
     fused = [(g.label(n, i), bn) for i, n in enumerate(g.nodes)
-             if (bn := _fused_batchnorm(n)) is not None]
+             if (bn := _fused_batchnorm(g, n)) is not None]
     if not fused:
         return []
     names = [f"{label}: {bn}" for label, bn in fused]
@@ -165,8 +184,8 @@ def folded_batchnorm(g: _Graph) -> list[ExportAdvice]:
     dynamo exporter dropped the all-zero folded biases of a fresh model, on none)."""
     if fused := fused_batchnorm(g):
         return fused
-    convs = [(i, n) for i, n in enumerate(g.nodes) if n.op_type in CONVOLUTIONS]
-    if len(convs) < MIN_CONVS_FOLDED or g.op_types & NORMALIZATIONS:
+    convs = [(i, n) for i, n in enumerate(g.nodes) if CONVOLUTION in g.traits(n)]
+    if len(convs) < MIN_CONVS_FOLDED or NORMALIZATION in g.traits_present:
         return []
     biased = sum(_has_bias(n) for _, n in convs)
     if 0 < biased < len(convs):
@@ -225,13 +244,13 @@ def dropped_biases(g: _Graph, folded: bool) -> list[ExportAdvice]:
     on 3-D input keeps its zero bias; measured), and a MatMul without one is a bias-less
     layer by design (GPT-2's and LLaMA's heads, LLaMA's projections)."""
     families = {"Gemm": [(i, n) for i, n in enumerate(g.nodes) if n.op_type == "Gemm"]}
-    if not folded and not g.op_types & CHANNEL_NORMALIZATIONS:
+    if not folded and CHANNEL_NORMALIZATION not in g.traits_present:
         # with the convs folded-batchnorm reports, their missing biases are already said
         families["convolution"] = [(i, n) for i, n in enumerate(g.nodes)
-                                   if n.op_type in CONVOLUTIONS]
+                                   if CONVOLUTION in g.traits(n)]
     out = []
     for family, layers in families.items():
-        layers = [(i, n) for i, n in layers if not g.followed_by(n, NORMALIZATIONS)]
+        layers = [(i, n) for i, n in layers if not g.followed_by(n, NORMALIZATION)]
         if len(layers) < MIN_BIASLESS or any(_has_bias(n) for _, n in layers):
             continue
         names = [g.label(n, i) for i, n in layers]
@@ -345,19 +364,21 @@ def merged_initializers(g: _Graph, split: Collection[str] = ()) -> list[ExportAd
 
 
 def export_advice(model: ImportedModel | onnx.ModelProto, tied: Collection[str] = (),
-                  split: Collection[str] = ()) -> list[ExportAdvice]:
+                  split: Collection[str] = (),
+                  registry: OpRegistry | None = None) -> list[ExportAdvice]:
     """Signs that the exporter changed the model, one ``ExportAdvice`` each (empty: none).
 
     ``model``: an ``ImportedModel`` (its folded graph and parameter names are read) or a
     ``ModelProto`` (its float initializers are taken as the parameters). ``tied``: copies
     that training ties back to their source (``TrainingSession.sharing.tie``: equal values of
     >= 256 elements); an untied weight among them is no advice; ``split``: merged
-    initializers training splits back (``TrainingSession.sharing.split``). Cheap: initializer
-    values are read only for the candidates of a tie or a merge."""
+    initializers training splits back (``TrainingSession.sharing.split``). ``registry``:
+    where the ops' traits are read (default: the ImportedModel's, else ``default_registry()``).
+    Cheap: initializer values are read only for the candidates of a tie or a merge."""
     if isinstance(model, ImportedModel):
-        g = _Graph(model.proto, model.param_names)
+        g = _Graph(model.proto, model.param_names, registry or model.registry)
     else:
-        g = _Graph(model, None)
+        g = _Graph(model, None, registry or default_registry())
     folded = folded_batchnorm(g)
     untied = [a for a in untied_weights(g) if a.names[0] not in tied]
     dropped = removed_biases(g) or dropped_biases(g, bool(folded))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import ir
 from .layouts import Layout
 
 RunFn = Callable[[list, list, list], None]
@@ -97,6 +98,9 @@ class OpDef:
     ``param_min_size``: a constant at a ``param_inputs`` input is a parameter only with at
     least this many elements (Add/Mul: 2 -- a bias or layer scale is a tensor, a scalar there
     is an exporter's multiplier or epsilon).
+    ``constant_operands``: differentiable inputs that hold an exporter's constant or a buffer,
+    never a learned parameter, with the reason ``tr-onnx inspect`` gives (Sub's subtrahend and
+    Div's divisor: an input's mean and std; Pow's exponent).
     ``forwards_params``: input 0 reaches the outputs unchanged in value (Reshape, Transpose,
     Cast...): an initializer there is a parameter where those outputs go.
     ``straight_through``: the op's non-float outputs carry a gradient, a float tensor shaped
@@ -104,6 +108,36 @@ class OpDef:
     autodiff passes it to their consumers' rules instead of stopping at integer values.
     ``updates_inputs``: inputs the kernel writes in place (optimizer and assignment ops); such
     nodes run after everything that reads the old values.
+
+    What the op means beyond its forward kernel, for the passes that rewrite a graph (each
+    optional; the passes ask the node's OpDef, never its op_type):
+
+    ``training``: ``training(node, ctx) -> bool``, the op's training-mode form: the rule
+    rewrites ``node`` in ``ctx.graph`` (BatchNormalization into BatchNormTraining with batch
+    statistics, Dropout into a mask drawn per step, a random op into a draw driven by the
+    step counter) through the ``TrainingContext`` the train pass hands it, and returns
+    whether it did (a Dropout of ratio 0 stays). ``training.train_pass.to_training_mode``.
+    ``inference``: ``inference(node, graph) -> bool``, its eval form, for a model exported in
+    training mode: the rule edits ``node`` in place (BatchNormalization reads its running
+    statistics, Dropout passes x through) and returns whether it changed anything.
+    ``training.train_pass.to_inference_mode``.
+    ``inference_fold``: ``fold(node, graph) -> bool``, for inference plans only (parameters
+    constant): the rule merges ``node`` into its neighbours where that keeps the results
+    (an inference BatchNormalization into the Conv before it) and returns whether it did.
+    ``passes.inference_folds.apply_inference_folds``.
+    ``export``: ``export(node, graph, used) -> None``, the same for the exported ModelProto:
+    ``node`` is the op's ``onnx.NodeProto`` in ``graph`` (an ``onnx.GraphProto``), ``used``
+    the names some node or graph output reads. ``training.export.inference_form``.
+    ``fp32_inputs`` / ``fp32_outputs``: ports that stay float32 in a half-precision training
+    graph (cuDNN's BatchNorm takes its per-channel tensors in float32); ``"all"``: every
+    input. ``training.precision``.
+    ``value_bounds``: ``rule(node, bound, stats) -> float | None``, a number M with |y| <= M
+    for every element of output 0 given ``bound(v)`` (the bound proven for input ``v``, or
+    None) and ``stats`` (``passes.value_bounds.ConstantStats``: the constants' numbers); None
+    where it proves nothing. ``bounded_like_input`` and ``unit_bounded`` below are the common
+    rules. ``passes.value_bounds``.
+    ``traits``: facts the graph analyses ask of an op instead of listing op types (the
+    constants below: ``training.parameters``, ``export_advice``).
     """
 
     op_type: str
@@ -120,13 +154,89 @@ class OpDef:
     grad_inputs: tuple[int, ...] | None = None
     param_inputs: tuple[int, ...] | str | None = None
     param_min_size: int = 1
+    constant_operands: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
     forwards_params: bool = False
     straight_through: bool = False
     updates_inputs: tuple[int, ...] = ()
+    training: Callable | None = None
+    inference: Callable | None = None
+    inference_fold: Callable | None = None
+    export: Callable | None = None
+    fp32_inputs: tuple[int, ...] | str = ()
+    fp32_outputs: tuple[int, ...] = ()
+    value_bounds: Callable | None = None
+    traits: frozenset[str] = frozenset()
     overrides: bool = False  # replace an op already registered (e.g. a builtin) on purpose
     # Defaults of attributes for ops without an ONNX schema (custom domains), filled into
     # node.attrs at dispatch, so kernels, rules and backends read ctx.attrs[name] directly.
     attr_defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+# OpDef.traits
+NORMALIZATION = "normalization"  # normalises activations: a net with one kept its BatchNorms
+CHANNEL_NORMALIZATION = "channel_normalization"  # per channel: cancels a bias added before it
+CONVOLUTION = "convolution"  # a sliding-window layer (weight, optional bias)
+BATCHNORM_FOLDS_INTO = "batchnorm_folds_into"  # exporters fold a following BatchNorm into it
+LINEAR = "linear"  # x @ W: its weight names the layer of the bias added after it
+SOFTMAX = "softmax"  # normalises scores: an additive mask before it is a constant
+MASK_PATH = "mask_path"  # may lie between an additive attention mask and its Softmax
+BROADCASTS = "broadcasts"  # forwards a value into a larger one: a scalar there is a fill
+LAYOUT_ONLY = "layout_only"  # moves values: exporters put it between a layer and its norm
+
+
+def bounded_like_input(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of an op whose output is bounded by input 0's: a selection, a max
+    or a mean of its values, or the values themselves moved (Relu, MaxPool, Reshape...)."""
+    return bound(node.inputs[0])
+
+
+def unit_bounded(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of an op with values in [-1, 1] for any finite input (Sigmoid,
+    Tanh, Softmax...)."""
+    return 1.0 if bound(node.inputs[0]) is not None else None
+
+
+@dataclass
+class TrainingContext:
+    """What an ``OpDef.training`` rule is handed by the train pass
+    (``training.train_pass.to_training_mode``), for one node.
+
+    ``graph``: the graph being rewritten (``ir.Graph``). ``seed``: this node's random key (the
+    session's seed and the node's position). ``step_counter``: the per-step count of
+    micro-batches seen, the input that moves a random stream on each step.
+    ``make_node(op_type, name, inputs, outputs, attrs, domain="ai.tr_onnx", since_version=1)``:
+    a dispatched ``ir.Node`` for the plan's backend (an error where none is registered).
+    ``trains(value)``: whether ``value`` is a parameter the session trains.
+    ``sample_offset(x)``: data parallelism's per-step row offset of this rank's share of the
+    batch for a tensor ``x`` whose axis 0 is the batch, else None.
+    ``unbiased_running_var``, ``frozen_batchnorm_eval``, ``sync_world`` (the world id whose
+    ranks share batch statistics, or None): the session's BatchNorm options.
+    ``commits``: (state value, its new value) pairs (``commit``), which the step's commit
+    phase assigns after a step with finite loss and gradients (running statistics).
+    """
+
+    graph: Any
+    seed: int
+    step_counter: Any
+    make_node: Callable
+    trains: Callable
+    sample_offset: Callable
+    unbiased_running_var: bool = False
+    frozen_batchnorm_eval: bool = False
+    sync_world: int | None = None
+    commits: list = field(default_factory=list)
+
+    def new_value(self, base: str, shape, dtype) -> ir.Value:
+        """A new activation of the graph, named uniquely after ``base``."""
+        v = ir.Value(self.graph.unique_name(base), tuple(shape), np.dtype(dtype))
+        self.graph.values[v.name] = v
+        return v
+
+    def commit(self, state: ir.Value, new: ir.Value) -> None:
+        """``state`` takes ``new``'s value after each step with finite loss and gradients,
+        where it is a stored parameter (a running statistic); a computed one keeps none."""
+        if state.kind == ir.PARAM:
+            self.commits.append((state, new))
 
 
 @dataclass(frozen=True)

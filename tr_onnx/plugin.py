@@ -22,6 +22,9 @@ Layout rules:
     ``STRIDED_TO_PLAIN``, or a ``LayoutRule(...)``.
 Shape rules (for ops ONNX shape inference does not know):
     ``def shape(node, input_shapes, input_dtypes) -> [(shape, dtype) per output]``.
+Training, eval and export forms, float32 ports, value bounds:
+    ``OpDef(training=..., inference=..., export=..., fp32_inputs=..., value_bounds=...)``; a
+    training form is handed a ``TrainingContext`` (``tr_onnx.opdef.OpDef`` explains each).
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ from .opdef import (
                     LayoutRule,
                     OpDef,
                     TensorInfo,
+                    TrainingContext,
+                    bounded_like_input,
+                    unit_bounded,
 )
 from .passes.autodiff import GradBuilder
 
@@ -53,4 +59,5 @@ __all__ = [
     "hookimpl", "OpDef", "GradientDef", "KernelDef", "CudaKernel", "KernelContext", "TensorInfo",
     "GradBuilder", "LayoutRule", "ELEMENTWISE", "SPATIAL", "PLAIN_ONLY", "STRIDED_TO_PLAIN",
     "MATMUL", "STRIDED", "PLAIN", "CHANNELS_LAST", "FOLLOW", "CONV_WEIGHT", "CHANNEL_VECTOR",
+    "TrainingContext", "bounded_like_input", "unit_bounded",
 ]

@@ -29,8 +29,8 @@ from .importer import (
 )
 from .passes.control_flow import output_reader
 from .passes.inference_folds import (
+    apply_inference_folds,
     finite_rewrites,
-    fold_batchnorm,
     freeze_parameters,
     fuse_matmul_bias,
 )
@@ -59,7 +59,7 @@ def _inference_folds(graph, registry, backend: str, fuse: bool = True) -> float 
     """What an inference plan may rewrite because its parameters never change and nothing
     reads its intermediate values afterwards. Returns the limit on the float inputs' values its
     fused activations need (``finite_rewrites``), or None."""
-    fold_batchnorm(graph)
+    apply_inference_folds(graph)
     freeze_parameters(graph)
     limit = finite_rewrites(graph, registry, backend) if fuse else None
     fuse_matmul_bias(graph, registry, backend)  # exact: in the unfused plan too

@@ -35,7 +35,7 @@ import numpy as np
 from onnx import helper
 
 from ..hookspecs import hookimpl
-from ..opdef import PLAIN_ONLY, OpDef
+from ..opdef import NORMALIZATION, PLAIN_ONLY, OpDef
 from .elementwise import const_like
 from .normalization import _stash_dtype
 from .tensor import INTERNAL, _split_axes, positive_axis, zeros_like
@@ -615,7 +615,8 @@ def tr_onnx_op_definitions():
                   "modes 0-3, windows (v25). Gradients for Q, K, V, past key/value and a "
                   "float mask, from every output"),
         OpDef("RMSNormalization", (23,), {"numpy": rms_norm_numpy}, layout=PLAIN_ONLY,
-              differentiable=True, gradient=rms_norm_vjp, grad_inputs=(0, 1), param_inputs=(1,)),
+              differentiable=True, gradient=rms_norm_vjp, grad_inputs=(0, 1), param_inputs=(1,),
+              traits=frozenset({NORMALIZATION})),
         OpDef("RotaryEmbedding", (23,), {"numpy": rotary_numpy}, layout=PLAIN_ONLY,
               differentiable=True, gradient=rotary_vjp, grad_inputs=(0,),
               doc="rotary position embedding; gradient for the input (caches frozen)"),

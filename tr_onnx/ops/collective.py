@@ -83,13 +83,17 @@ def broadcast_stats_numpy(ctx):
 def tr_onnx_op_definitions():
     internal = dict(domain=INTERNAL, layout=IN_PLACE, differentiable=False)
     return [
+        # half precision: a bucket of the half GRAD, the float32 loss that decides whether
+        # it is poisoned, the float32 reduce flag
         OpDef("GradAllReduceStart", (1,), {"numpy": grad_all_reduce_start_numpy},
-              updates_inputs=(0,), doc="(bucket, loss, reduce) -> (): when reduce, start the "
-              "bucket's sum over the ranks in place (NaN where this rank's loss is not "
-              "finite)", **internal),
+              updates_inputs=(0,), fp32_inputs=(1, 2), doc="(bucket, loss, reduce) -> (): "
+              "when reduce, start the bucket's sum over the ranks in place (NaN where this "
+              "rank's loss is not finite)", **internal),
         OpDef("GradAllReduceWait", (1,), {"numpy": grad_all_reduce_wait_numpy},
               updates_inputs=(0,), doc="(grads) -> (): complete the started sums, then "
               "grads /= world size", **internal),
+        # rank 0's running statistics, float32 in PARAM (half precision too)
         OpDef("BroadcastStats", (1,), {"numpy": broadcast_stats_numpy}, updates_inputs=(0,),
+              fp32_inputs="all",
               doc="(stat...) -> (): every input overwritten with rank 0's", **internal),
     ]

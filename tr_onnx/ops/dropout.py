@@ -2,6 +2,8 @@
 node: a fixed mask, as onnx.reference draws it) and the training session's
 ``ai.tr_onnx.DropoutTraining``, whose counter-based mask a resumed run redraws bitwise. Both
 gradient rules mask gy with the forward's mask; the node builders are ops/elementwise.py's.
+Dropout's OpDef carries its training form (a DropoutTraining per node with a ratio), its eval
+form and its export rule (training_mode off).
 """
 
 from __future__ import annotations
@@ -9,9 +11,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from onnx import numpy_helper
 
+from .. import ir
+from ..dtypes import onnx_elem_type
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..ir import Value
+from ..opdef import OpDef, TrainingContext
 from .elementwise import INTERNAL_DOMAIN, _identity_vjp, masked, scaled
 
 
@@ -162,12 +168,75 @@ def _dropout_training_vjp(b, node, gys, needed):
     return [masked(b, mask, scaled(b, gy, dropout_scale(float(node.attrs["ratio"])))), *rest]
 
 
+# ----------------------------------------------- training form, eval form, export
+
+
+def dropout_training_form(node, ctx: TrainingContext) -> bool:
+    """A Dropout with a ratio draws its mask each step (``ai.tr_onnx.DropoutTraining``, keyed
+    by ``ctx.seed`` and counted by the step counter)."""
+    graph = ctx.graph
+    ratio = node.attrs.get("ratio", 0.5) if node.since_version < 12 else (
+        float(np.asarray(node.inputs[1].data)) if len(node.inputs) > 1
+        and node.inputs[1] is not None else 0.5)
+    if ratio == 0.0:
+        return False
+    y = node.outputs[0]
+    old_mask = node.outputs[1] if len(node.outputs) > 1 else None
+    mask = old_mask if old_mask is not None and old_mask.dtype == np.bool_ else None
+    if mask is None:
+        mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
+        graph.values[mask.name] = mask
+    offset = ctx.sample_offset(node.inputs[0])
+    inputs = [node.inputs[0], ctx.step_counter] + ([offset] if offset is not None else [])
+    new = ctx.make_node("DropoutTraining", node.name, inputs, [y, mask],
+                        {"ratio": float(ratio), "seed": ctx.seed})
+    graph.replace_node(node, new)
+    if old_mask is not None and old_mask is not mask:
+        _legacy_mask(ctx, new, old_mask)
+    return True
+
+
+def _legacy_mask(ctx: TrainingContext, dropout, old_mask) -> None:
+    """Opset 7-9 Dropout gave its mask in x's type: where something reads it, a Cast of the
+    training mask makes it; otherwise it goes."""
+    graph = ctx.graph
+    if not old_mask.consumers and old_mask not in graph.outputs:
+        del graph.values[old_mask.name]
+        old_mask.producer = None
+        return
+    cast = ctx.make_node("Cast", graph.unique_name(f"{dropout.name}/mask_cast"),
+                         [dropout.outputs[1]], [old_mask], {"to": onnx_elem_type(old_mask.dtype)},
+                         domain="", since_version=13)
+    graph.insert(graph.nodes.index(dropout) + 1, cast)
+
+
+def dropout_inference_form(node, graph) -> bool:
+    """A training_mode input (opset 12+) becomes a constant False."""
+    if node.since_version < 12 or len(node.inputs) <= 2 or node.inputs[2] is None:
+        return False
+    off = Value(graph.unique_name(f"{node.name}/eval"), (), np.dtype(np.bool_), ir.CONST,
+                data=np.array(False))
+    graph.values[off.name] = off
+    graph.replace_input(node, 2, off)
+    return True
+
+
+def dropout_export(node, g, used) -> None:
+    """A training_mode input (opset 12+) becomes a constant False initializer."""
+    if len(node.input) > 2 and node.input[2]:
+        name = f"{node.name or node.output[0]}/eval_mode"
+        g.initializer.append(numpy_helper.from_array(np.array(False), name))
+        node.input[2] = name
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
         OpDef("Dropout", (1, 6, 7, 10, 12, 13, 22), {"numpy": dropout_numpy},
               const_inputs=(1, 2), differentiable=True, gradient=_dropout_vjp,
-              grad_inputs=(0,), forwards_params=True, shape=_dropout_shape),
+              grad_inputs=(0,), forwards_params=True, shape=_dropout_shape,
+              training=dropout_training_form, inference=dropout_inference_form,
+              export=dropout_export),
         OpDef("DropoutTraining", (1,), {"numpy": dropout_training_numpy},
               domain=INTERNAL_DOMAIN,
               shape=_dropout_training_shape, differentiable=True,

@@ -16,6 +16,7 @@ The tables' ``vjp`` column holds each op's gradient rule: it builds IR nodes (se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..dtypes import cast_into, cast_scratch, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import LAYOUT_ONLY, MASK_PATH, OpDef, bounded_like_input
 
 INTERNAL_DOMAIN = "ai.tr_onnx"
 
@@ -244,7 +245,15 @@ _ARITH = (1, 6, 7, 13, 14)  # Add, Sub, Mul, Div
 # multiplier. Sub's and Div's constants are buffers (an input's mean and std), not parameters.
 _PARAM_PORTS = {"Add": {"param_inputs": (0, 1), "param_min_size": 2},
                 "Mul": {"param_inputs": (0, 1), "param_min_size": 2},
-                "PRelu": {"param_inputs": (1,)}}
+                "PRelu": {"param_inputs": (1,)},
+                # normalising by an input's mean and std (torchvision-style buffers), and a
+                # Pow exponent (its gradient is not even finite for a negative base)
+                "Sub": {"constant_operands": {
+                    1: "a subtracted constant: a buffer, such as an input's mean"}},
+                "Div": {"constant_operands": {
+                    1: "a divisor constant: a buffer, such as an input's std"}},
+                "Pow": {"constant_operands": {
+                    1: "an exponent: a constant the exporter materialised"}}}
 
 BINARY: dict[str, Elementwise] = {
     "Add": Elementwise(_ARITH, _ufunc2(np.add), True, vjp=_binary(
@@ -592,6 +601,31 @@ def copy_numpy(ctx):
 _CAST_LIKE = (15, 19, 21, 23, 24, 25)
 _CAST = (1, 6, 9, 13, 19, 21, 23, 24, 25, 28)
 _IDENTITY = (1, 13, 14, 16, 19, 21, 23, 24, 25)
+def sum_of_input_bounds(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of a sum or difference: |x1 +- x2| <= |x1| + |x2|."""
+    parts = [bound(v) for v in node.inputs]
+    return None if any(p is None for p in parts) else math.fsum(parts)
+
+
+def product_of_input_bounds(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of a product: |x1 * x2| <= |x1| * |x2|."""
+    parts = [bound(v) for v in node.inputs]
+    return None if any(p is None for p in parts) else math.prod(parts)
+
+
+def largest_input_bound(node, bound, stats) -> float | None:
+    """``OpDef.value_bounds`` of an op whose values are some input's (Max, Min, Concat)."""
+    parts = [bound(v) for v in node.inputs if v is not None]
+    return None if not parts or any(p is None for p in parts) else max(parts)
+
+
+_TRAITS = {"Add": frozenset({MASK_PATH})}  # ``OpDef.traits``
+# what bounds each op's values (``OpDef.value_bounds``)
+_VALUE_BOUNDS = {"Add": sum_of_input_bounds, "Sub": sum_of_input_bounds,
+                 "Sum": sum_of_input_bounds, "Mul": product_of_input_bounds,
+                 "Max": largest_input_bound, "Min": largest_input_bound}
+
+
 _VARIADIC = {  # op: (versions, ufunc, gradient rule)
     "Sum": ((1, 6, 8, 13), np.add, _sum_vjp),
     "Mean": ((1, 6, 8, 13), np.add, _mean_vjp),
@@ -603,13 +637,15 @@ _VARIADIC = {  # op: (versions, ufunc, gradient rule)
 @hookimpl
 def tr_onnx_op_definitions():
     defs = [OpDef(op, e.versions, {"numpy": binary_numpy(e)}, differentiable=e.differentiable,
-                  gradient=e.vjp, **_PARAM_PORTS.get(op, {})) for op, e in BINARY.items()]
+                  gradient=e.vjp, value_bounds=_VALUE_BOUNDS.get(op),
+                  traits=_TRAITS.get(op, frozenset()), **_PARAM_PORTS.get(op, {}))
+            for op, e in BINARY.items()]
     defs += [OpDef(op, versions, {"numpy": variadic_numpy(ufunc, mean=op == "Mean")},
-                   differentiable=True, gradient=vjp)
+                   differentiable=True, gradient=vjp, value_bounds=_VALUE_BOUNDS.get(op))
              for op, (versions, ufunc, vjp) in _VARIADIC.items()]
     defs += [
         OpDef("Where", (9, 16), {"numpy": where_numpy}, differentiable=True,
-              gradient=_where_vjp, grad_inputs=(1, 2)),
+              gradient=_where_vjp, grad_inputs=(1, 2), traits=frozenset({MASK_PATH})),
         OpDef("Cast", _CAST, {"numpy": cast_numpy}, differentiable=True, gradient=_cast_vjp,
               forwards_params=True),
         OpDef("CastLike", _CAST_LIKE, {"numpy": cast_numpy}, differentiable=True,
@@ -619,6 +655,7 @@ def tr_onnx_op_definitions():
         OpDef("Binarizer", (1,), {"numpy": binarizer_numpy}, domain="ai.onnx.ml",
               differentiable=False),
         OpDef("Identity", _IDENTITY, {"numpy": copy_numpy}, alias_output=True,
-              differentiable=True, gradient=_identity_vjp, forwards_params=True),
+              differentiable=True, gradient=_identity_vjp, forwards_params=True,
+              value_bounds=bounded_like_input, traits=frozenset({LAYOUT_ONLY})),
     ]
     return defs

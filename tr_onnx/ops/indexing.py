@@ -23,7 +23,7 @@ import numpy as np
 from .. import host_blas
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
-from ..opdef import PLAIN_ONLY, OpDef
+from ..opdef import PLAIN_ONLY, OpDef, bounded_like_input
 from .conv import merged_view
 from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis, zeros_like
 
@@ -457,7 +457,8 @@ def tr_onnx_op_definitions():
               domain="ai.onnx.ml", layout=PLAIN_ONLY, differentiable=False),
         OpDef("TensorScatter", (24,), {"numpy": tensor_scatter_numpy}, differentiable=False),
         OpDef("Gather", (1, 11, 13), {"numpy": gather_numpy}, differentiable=True,
-              gradient=gather_vjp, grad_inputs=DATA_INPUT, param_inputs=DATA_INPUT),
+              gradient=gather_vjp, grad_inputs=DATA_INPUT, param_inputs=DATA_INPUT,
+              value_bounds=bounded_like_input),
         OpDef("GatherElements", (11, 13), {"numpy": gather_elements_numpy}, differentiable=True,
               gradient=gather_elements_vjp, grad_inputs=DATA_INPUT),
         OpDef("GatherND", (11, 12, 13), {"numpy": gather_nd_numpy}, differentiable=True,

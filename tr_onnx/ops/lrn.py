@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hookspecs import hookimpl
-from ..opdef import SPATIAL, OpDef
+from ..opdef import NORMALIZATION, SPATIAL, OpDef
 from .normalization import (
     INTERNAL_DOMAIN,
     _acc_dtype,
@@ -113,7 +113,8 @@ def lrn_vjp(b, node, gys, needed):
 
 @hookimpl
 def tr_onnx_op_definitions():
+    # a net with LRN (AlexNet's era) was designed without BatchNorm
     return [OpDef("LRN", (1, 13), {"numpy": lrn_numpy}, layout=SPATIAL, differentiable=True,
-                  gradient=lrn_vjp),
+                  gradient=lrn_vjp, traits=frozenset({NORMALIZATION})),
             OpDef("LRNGrad", (1,), {"numpy": lrn_grad_numpy}, domain=INTERNAL_DOMAIN,
                   layout=SPATIAL, doc="(gy, x) -> gx")]

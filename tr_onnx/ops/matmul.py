@@ -26,7 +26,7 @@ import numpy as np
 from .. import host_blas, onednn
 from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
-from ..opdef import MATMUL, OpDef
+from ..opdef import BATCHNORM_FOLDS_INTO, LINEAR, MATMUL, OpDef
 from .conv import INTERNAL_DOMAIN
 from .tensor import reshape_to
 
@@ -375,14 +375,42 @@ def det_numpy(ctx):
     return run
 
 
+def gemm_value_bound(node, bound, stats) -> float | None:
+    """A constant 2-D B: |y| <= |a| * |alpha| * max_j sum_k |B_kj| + |beta| * |c|."""
+    a, w = bound(node.inputs[0]), node.inputs[1]
+    data = stats.data(w)
+    if a is None or data is None or data.ndim != 2 or int(node.attrs.get("transA", 0)):
+        return None
+    # the sums over the input axis, per output column: axis 1 of B^T, axis 0 of B
+    sums = stats.largest_sum(w, 1 if int(node.attrs.get("transB", 0)) else 0)
+    alpha, beta = abs(float(node.attrs.get("alpha", 1.0))), abs(float(node.attrs.get("beta", 1.0)))
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    c_bound = 0.0 if c is None else bound(c)
+    if c_bound is None:
+        return None
+    return a * (alpha * sums) + beta * c_bound
+
+
+def matmul_value_bound(node, bound, stats) -> float | None:
+    """A constant 2-D B: |y| <= |a| * max_j sum_k |B_kj|."""
+    a, w = bound(node.inputs[0]), node.inputs[1]
+    data = stats.data(w)
+    if a is None or data is None or data.ndim != 2:
+        return None
+    return a * stats.largest_sum(w, 0)
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     return [
         OpDef("Det", (11, 22), {"numpy": det_numpy}, differentiable=False),
         OpDef("Gemm", (1, 6, 7, 9, 11, 13), {"numpy": compute_wide(gemm_numpy)}, layout=MATMUL,
-              differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2)),
+              differentiable=True, gradient=gemm_vjp, param_inputs=(0, 1, 2),
+              value_bounds=gemm_value_bound,
+              traits=frozenset({LINEAR, BATCHNORM_FOLDS_INTO})),
         OpDef("MatMul", (1, 9, 13), {"numpy": compute_wide(matmul_numpy)}, layout=MATMUL,
-              differentiable=True, gradient=matmul_vjp, param_inputs=(0, 1)),
+              differentiable=True, gradient=matmul_vjp, param_inputs=(0, 1),
+              value_bounds=matmul_value_bound, traits=frozenset({LINEAR})),
         OpDef("MatMulBias", (1,), {"numpy": matmul_bias_numpy}, domain=INTERNAL_DOMAIN,
               layout=MATMUL, doc="MatMul by a 2-D constant, then Add of a per-column bias "
               "(inference plans)"),

@@ -1,10 +1,9 @@
-"""Normalisations: BatchNormalization, InstanceNormalization and GroupNormalization (spatial:
-they compute on the channels-last view of their input; LRN, also spatial, is ops/lrn.py),
-LayerNormalization, MeanVarianceNormalization and LpNormalization (elementwise-layout
-reductions), with their gradient rules and the internal ops (domain ai.tr_onnx) they use:
-BatchNormTraining (what the training pass turns a trained model's BatchNormalization into),
-BatchNormGrad, GroupNormGrad (Instance/Group) and LayerNormGrad. MVN and LpNormalization
-differentiate through standard ops.
+"""Normalisations: InstanceNormalization and GroupNormalization (spatial: they compute on the
+channels-last view of their input; BatchNormalization is ops/batch_norm.py and LRN
+ops/lrn.py, both spatial too, sharing this module's view helpers), LayerNormalization,
+MeanVarianceNormalization and LpNormalization (elementwise-layout reductions), with their
+gradient rules and the internal ops (domain ai.tr_onnx) they use: GroupNormGrad
+(Instance/Group) and LayerNormGrad. MVN and LpNormalization differentiate through standard ops.
 
 Spatial kernels take ``x_nhwc = np.moveaxis(x, c, -1)`` with ``c`` the rule's channel axis: a
 near-contiguous view over the physical channels-last buffer, in which a per-channel vector
@@ -19,22 +18,25 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..distributed import lookup
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout, channels_last_view
-from ..opdef import CHANNEL_VECTOR, ELEMENTWISE, SPATIAL, OpDef
-from . import batch_norm_onednn
+from ..opdef import (
+    CHANNEL_NORMALIZATION,
+    CHANNEL_VECTOR,
+    ELEMENTWISE,
+    NORMALIZATION,
+    SPATIAL,
+    OpDef,
+)
 from .layer_norm_onednn import layer_norm_grad_onednn, layer_norm_onednn
 from .reduce import reduce_kept
 
 INTERNAL_DOMAIN = "ai.tr_onnx"
 
-# SPATIAL, with the per-channel parameters stored as (padded) channel vectors
-BATCH_NORM = replace(SPATIAL, weights={i: CHANNEL_VECTOR for i in (1, 2, 3, 4)})
+# SPATIAL, with the per-channel scale and bias stored as (padded) channel vectors
 SCALE_BIAS_NORM = replace(SPATIAL, weights={1: CHANNEL_VECTOR, 2: CHANNEL_VECTOR})
-# backward ops reading (gy, x, per-channel vectors...): gy is the channels-last map of input 0
-BATCH_NORM_GRAD = replace(SPATIAL, weights={i: CHANNEL_VECTOR for i in (2, 3, 4)})
+# GroupNormGrad reads (gy, x, scale): gy is the channels-last map of input 0
 SCALE_NORM_GRAD = replace(SPATIAL, weights={2: CHANNEL_VECTOR})
 
 
@@ -66,374 +68,6 @@ def _check_rank(ctx, minimum: int) -> int:
     if rank < minimum:
         raise ctx.error(f"{ctx.node.op_type} needs an input of rank >= {minimum}, got {rank}")
     return rank
-
-
-# --------------------------------------------------------------------------- BatchNormalization
-
-
-def _batch_norm_training(ctx) -> bool:
-    """Whether the node normalises with batch statistics (by the rules of its version)."""
-    if ctx.since_version >= 14:
-        return bool(ctx.attrs["training_mode"])
-    if ctx.since_version < 7:
-        return not ctx.attrs["is_test"]
-    # v7/v9: the training outputs' presence selects the mode ("Output case #1").
-    return any(ctx.has_output(i) for i in range(1, 5))
-
-
-def _sync_world(ctx):
-    """The world a synchronised BatchNorm (``sync_batchnorm``) reduces its per-channel sums
-    over (its ``world`` attribute), or None: this rank's batch alone."""
-    key = ctx.attrs.get("world")
-    if key is None:
-        return None
-    world = lookup(int(key))
-    return world if world.size > 1 else None
-
-
-def _write_batch_statistics(ins, outs, slots, mean, var, scratch, momentum: float,
-                           correction: float, eps: float) -> None:
-    """The running/saved outputs ``slots`` names, from the batch's mean and biased var (the
-    unbiased one is ``var * correction``); leaves 1 / sqrt(var + eps) in ``scratch[0]``."""
-    a, b = scratch
-    for kind, stat, given, factor in (("running_mean", mean, ins[3], 1.0),
-                                      ("running_var", var, ins[4], correction)):
-        if kind in slots:
-            np.multiply(given, momentum, out=b)
-            np.multiply(stat, (1.0 - momentum) * factor, out=a)
-            np.add(b, a, out=b)
-            np.copyto(outs[slots[kind]], b, casting="same_kind")
-    for kind, stat in (("saved_mean", mean), ("saved_var", var)):
-        if kind in slots:
-            np.copyto(outs[slots[kind]], stat, casting="same_kind")
-    np.add(var, eps, out=a)
-    np.sqrt(a, out=a)
-    np.reciprocal(a, out=a)
-    if "saved_inv_std" in slots:
-        np.copyto(outs[slots["saved_inv_std"]], a, casting="same_kind")
-
-
-def _batch_norm_training_run(ctx, eps: float, momentum: float, unbiased: bool, slots: dict):
-    """The training-mode kernel: normalise with the batch's statistics and write the outputs
-    ``slots`` names (kind -> output index): ``running_mean``/``running_var`` (momentum update
-    from inputs 3/4, with the unbiased batch variance when ``unbiased``), ``saved_mean``,
-    ``saved_var`` (biased) and ``saved_inv_std`` (1 / sqrt(var + eps)). y always uses the
-    biased batch variance.
-
-    Two passes for the statistics (the mean, then the centred sum of squares: no cancellation);
-    the centred map lives in y itself, which is then scaled in place, so no map-sized scratch
-    exists unless y's type is narrower than the statistics' (float16).
-
-    Synchronised (a ``world`` attribute, ``sync_batchnorm``): the batch is every rank's; the
-    per-channel sums (with the row count) and then the sums of squared deviations from that
-    mean are all-reduced, the same two passes one process makes over the whole batch."""
-    c_axis = BATCH_NORM.channel_axis
-    _check_rank(ctx, c_axis + 1)
-    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
-    acc = _acc_dtype(dtype)
-    c = x_info.shape[c_axis]
-    world = _sync_world(ctx)
-    slots = {k: i for k, i in slots.items() if ctx.has_output(i)}
-    a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-    # the positions per channel: this rank's part of a synchronised count (0 on a rank with
-    # no rows), at least 1 as a count of its own
-    positions = int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1)
-    local = max(positions, 1)
-    fast = batch_norm_onednn.training(ctx, eps) if world is None else None
-    if fast is not None:
-        normalise, fast_mean, fast_var = fast
-        correction = local / max(local - 1, 1) if unbiased else 1.0
-
-        def run_onednn(ins, outs, ws):
-            normalise(ins, outs, ws)
-            _write_batch_statistics(ins, outs, slots, ws[fast_mean], ws[fast_var],
-                                    (ws[a_ws], ws[b_ws]), momentum, correction, eps)
-
-        return run_onednn
-    # the sums and, last, the row count travel in one message when synchronised
-    mean_ws, var_ws = ctx.workspace((c + 1,), acc), ctx.workspace((c,), acc)
-    direct = acc == np.dtype(dtype)  # the centred map can live in y
-    d_ws = None if direct else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
-    channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc, vectors=2)
-
-    def run(ins, outs, ws):
-        scale, bias = ins[1], ins[2]
-        a, b, sums, var = ws[a_ws], ws[b_ws], ws[mean_ws], ws[var_ws]
-        mean = sums[:c]
-        x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        d = y_nhwc if direct else ws[d_ws]
-        if not direct:
-            np.copyto(d, x_nhwc)
-        src = x_nhwc if direct else d
-        rows = channel.rows(src, d)
-        if rows:
-            src, d = rows
-        channel.sum(ws, mean, src, rows=bool(rows))
-        count = local
-        if world is not None:
-            sums[c] = positions
-            world.allreduce_sum_(sums)
-            count = int(sums[c])
-        np.divide(mean, count, out=mean)
-        np.subtract(src, channel.tiled(ws, 0, mean) if rows else mean, out=d)
-        channel.sum(ws, var, d, d, rows=bool(rows))
-        if world is not None:
-            world.allreduce_sum_(var)
-        np.divide(var, count, out=var)
-        correction = count / max(count - 1, 1) if unbiased else 1.0
-        _write_batch_statistics(ins, outs, slots, mean, var, (a, b), momentum, correction, eps)
-        np.multiply(scale, a, out=a)
-        np.multiply(d, channel.tiled(ws, 0, a) if rows else a, out=d)
-        np.add(d, channel.tiled(ws, 1, bias) if rows else bias, out=d)
-        if not direct:
-            d = ws[d_ws]
-            np.copyto(y_nhwc, d, casting="same_kind")
-
-    return run
-
-
-class _ChannelSums:
-    """Per-channel sums of a channels-last map [..., C], or of the product of two, and the
-    map seen so that per-channel vectors broadcast along long rows.
-
-    A dense map is also [M/k, k*C]: rows of k whole pixels (k the largest divisor of the M
-    pixels with k*C <= ``ROW``), against which a per-channel vector tiled k times broadcasts
-    with NumPy's inner loop k*C long instead of C (x - mean on [32,16,16,16]: 86 -> 33 µs;
-    its sum 76 -> 20 µs, with float32 error ~(M/k + k) ulps). Other maps (padded channel
-    lanes) take single-threaded einsum passes with per-sample partial sums (error ~(H*W + N)
-    ulps): a ones-vector BLAS product is as fast alone, but OpenBLAS threads it from ~0.5M
-    elements, and a thread waiting for a busy core stalls it for milliseconds."""
-
-    ROW = 2048
-
-    def __init__(self, ctx, shape: tuple[int, ...], dtype: np.dtype, vectors: int = 0):
-        lead = "abcdefghijklmnopqrstuvwxy"[:len(shape) - 1]
-        kept = "a" if len(shape) > 2 else ""
-        self.sum_spec, self.dot_spec = f"{lead}z->{kept}z", f"{lead}z,{lead}z->{kept}z"
-        self.partial = ctx.workspace((shape[0], shape[-1]), dtype) if kept else None
-        c = shape[-1]
-        pixels = int(np.prod(shape[:-1], dtype=np.int64))
-        self.k = max((k for k in range(1, max(self.ROW // max(c, 1), 1) + 1)
-                      if pixels % k == 0), default=1)
-        self.c = c
-        self.row_sum = ctx.workspace((self.k * c,), dtype) if self.k > 1 else None
-        self.tiles = [ctx.workspace((self.k * c,), dtype) for _ in range(vectors)] \
-            if self.k > 1 else []
-
-    def rows(self, *maps) -> list | None:
-        """The maps as [M/k, k*C] views, or None (not all dense, or k = 1)."""
-        if self.row_sum is None or not all(m.flags.c_contiguous for m in maps):
-            return None
-        return [m.reshape(-1, self.k * self.c) for m in maps]
-
-    def tiled(self, ws, i: int, v: np.ndarray) -> np.ndarray:
-        """Per-channel ``v`` repeated k times (in tile workspace ``i``), for ``rows`` views."""
-        t = ws[self.tiles[i]]
-        np.copyto(t.reshape(self.k, self.c), v)
-        return t
-
-    def sum(self, ws, out, *maps, rows=False) -> None:
-        """out[c] = sum of maps[0] (one map) or of maps[0] * maps[1] (two) over all but c;
-        ``rows``: the maps are ``rows`` views."""
-        if rows:
-            acc = ws[self.row_sum]
-            if len(maps) == 1:
-                np.add.reduce(maps[0], axis=0, out=acc)
-            else:
-                np.einsum("rk,rk->k", *maps, out=acc)
-            np.add.reduce(acc.reshape(self.k, self.c), axis=0, out=out)
-            return
-        spec = self.sum_spec if len(maps) == 1 else self.dot_spec
-        if self.partial is None:
-            np.einsum(spec, *maps, out=out)
-            return
-        partial = ws[self.partial]
-        np.einsum(spec, *maps, out=partial)
-        np.add.reduce(partial, axis=0, out=out)
-
-
-def batch_norm_numpy(ctx):
-    """y = x * a + b per channel, a = scale / sqrt(var + eps), b = bias - mean * a.
-
-    In training mode mean/var are the batch's (biased variance over N and the spatial axes),
-    and the running statistics are updated: running = momentum * running + (1 - momentum) *
-    batch. Before v14 the outputs are (Y, running_mean, running_var, saved_mean, saved_var)
-    with the saved ones the batch statistics; from v14 (Y, running_mean, running_var).
-    """
-    c_axis = BATCH_NORM.channel_axis
-    rank = _check_rank(ctx, c_axis + 1)
-    x_info, dtype = ctx.inputs[0], ctx.outputs[0].dtype
-    if ctx.attrs.get("spatial", 1) == 0 and rank > 2:  # attribute only before v9
-        raise ctx.error("BatchNormalization with spatial=0 (per-element statistics, "
-                        "deprecated since opset 9) is not supported; flatten the input to "
-                        "(N, C*D1*...) instead, as the ONNX spec suggests")
-    eps = float(ctx.attrs["epsilon"])
-    momentum = float(ctx.attrs["momentum"])
-    if _batch_norm_training(ctx):
-        slots = {"running_mean": 1, "running_var": 2}
-        if ctx.since_version < 14:
-            slots.update(saved_mean=3, saved_var=4)
-        return _batch_norm_training_run(ctx, eps, momentum, False, slots)
-    acc = _acc_dtype(dtype)
-    c = x_info.shape[c_axis]
-    a_ws, b_ws = ctx.workspace((c,), acc), ctx.workspace((c,), acc)
-
-    def run_inference(ins, outs, ws):
-        scale, bias, mean, var = ins[1], ins[2], ins[3], ins[4]
-        a, b = ws[a_ws], ws[b_ws]
-        np.add(var, eps, out=a)
-        np.sqrt(a, out=a)
-        np.divide(scale, a, out=a)
-        np.multiply(mean, a, out=b)
-        np.subtract(bias, b, out=b)
-        x_nhwc, y_nhwc = _channels_last(ins[0], c_axis), _channels_last(outs[0], c_axis)
-        np.multiply(x_nhwc, a, out=y_nhwc, casting="same_kind")
-        np.add(y_nhwc, b, out=y_nhwc, casting="same_kind")
-
-    return run_inference
-
-
-def batch_norm_training_numpy(ctx):
-    """ai.tr_onnx BatchNormTraining: (y, saved_mean, saved_inv_std, new_running_mean,
-    new_running_var); ``unbiased_running_var`` follows PyTorch's running-variance update."""
-    return _batch_norm_training_run(
-        ctx, float(ctx.attrs["epsilon"]), float(ctx.attrs["momentum"]),
-        bool(ctx.attrs.get("unbiased_running_var", 0)),
-        {"saved_mean": 1, "saved_inv_std": 2, "running_mean": 3, "running_var": 4})
-
-
-def batch_norm_training_shape(node, shapes, dtypes):
-    """y like x; the four statistics like running_mean (one value per channel)."""
-    c = (shapes[0][BATCH_NORM.channel_axis],)
-    stat = dtypes[3] if dtypes[3] is not None else dtypes[0]
-    return [(shapes[0], dtypes[0])] + [(c, stat)] * 4
-
-
-def batch_norm_grad_numpy(ctx):
-    """ai.tr_onnx BatchNormGrad(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias).
-
-    xhat = (x - mean) * inv_std; gbias = sum(gy), gscale = sum(gy * xhat) over every axis but
-    the channels. ``training=1`` (mean/inv_std are x's batch statistics):
-    gx = scale * inv_std * (gy - (gbias + xhat * gscale) / M); ``training=0`` (fixed running
-    statistics): gx = scale * inv_std * gy.
-
-    gscale is inv_std * sum(gy * (x - mean)), so xhat is never formed: the centred map is
-    built once, in gx itself (a workspace only when gx is absent or narrower than float32),
-    and turned into gx in place.
-
-    Synchronised (a ``world`` attribute): gx's two sums and M span every rank's batch (one
-    all-reduce), while gscale and gbias stay this rank's -- the gradient all-reduce averages
-    them with the other parameters' (``torch.nn.SyncBatchNorm``'s split).
-    """
-    c_axis = BATCH_NORM.channel_axis
-    _check_rank(ctx, c_axis + 1)
-    x_info, dtype = ctx.inputs[1], ctx.outputs[0].dtype
-    acc = _acc_dtype(dtype)
-    c = x_info.shape[c_axis]
-    training = bool(ctx.attrs["training"])
-    world = _sync_world(ctx) if training else None
-    fast = batch_norm_onednn.grad(ctx) if training and world is None else None
-    if fast is not None:
-        return fast
-    in_gx = ctx.has_output(0) and acc == np.dtype(dtype)  # the centred map can live in gx
-    t_ws = None if in_gx else ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc)
-    sums_ws, a_ws = ctx.workspace((2 * c + 1,), acc), ctx.workspace((c,), acc)
-    k_ws = ctx.workspace((c,), acc)
-    # the positions per channel: this rank's part of a synchronised count (0 on a rank with
-    # no rows), at least 1 as a count of its own
-    positions = int(np.prod(x_info.shape, dtype=np.int64)) // max(c, 1)
-    local = max(positions, 1)
-    channel = _ChannelSums(ctx, _channels_last_shape(x_info.shape, c_axis), acc, vectors=2)
-    has_gscale, has_gbias = ctx.has_output(1), ctx.has_output(2)
-    # float16 gy: a float32 copy to sum and combine
-    g_ws = ctx.workspace(_channels_last_shape(x_info.shape, c_axis), acc) \
-        if acc != np.dtype(ctx.inputs[0].dtype) else None
-
-    def run(ins, outs, ws):
-        gy_nhwc, x_nhwc = _channels_last(ins[0], c_axis), _channels_last(ins[1], c_axis)
-        scale, mean, inv = ins[2], ins[3], ins[4]
-        sums, a, k = ws[sums_ws], ws[a_ws], ws[k_ws]
-        gs, gb = sums[:c], sums[c:2 * c]  # [gscale | gbias | rows]: one message synchronised
-        gx_nhwc = _channels_last(outs[0], c_axis) if outs[0] is not None else None
-        t = gx_nhwc if in_gx else ws[t_ws]
-        if g_ws is not None:
-            np.copyto(ws[g_ws], gy_nhwc)
-            gy_nhwc = ws[g_ws]
-        rows = channel.rows(gy_nhwc, x_nhwc, t)
-        gy_m, x_m, t_m = rows if rows else (gy_nhwc, x_nhwc, t)
-        channel.sum(ws, gb, gy_m, rows=bool(rows))
-        np.subtract(x_m, channel.tiled(ws, 0, mean) if rows else mean, out=t_m)
-        channel.sum(ws, gs, gy_m, t_m, rows=bool(rows))
-        np.multiply(gs, inv, out=gs)
-        if has_gscale:
-            np.copyto(outs[1], gs, casting="same_kind")
-        if has_gbias:
-            np.copyto(outs[2], gb, casting="same_kind")
-        if gx_nhwc is None:
-            return
-        np.multiply(scale, inv, out=a)
-        if not training:
-            np.multiply(gy_nhwc, a, out=gx_nhwc, casting="same_kind")
-            return
-        count = local
-        if world is not None:
-            sums[2 * c] = positions
-            world.allreduce_sum_(sums)
-            count = int(sums[2 * c])
-        # gx = a * (gy - gb / M - (x - mean) * inv * gs / M), the centred map t in place
-        np.multiply(gs, inv, out=k)
-        np.divide(k, count, out=k)
-        np.divide(gb, count, out=gb)
-        np.multiply(t_m, channel.tiled(ws, 0, k) if rows else k, out=t_m)
-        np.add(t_m, channel.tiled(ws, 1, gb) if rows else gb, out=t_m)
-        np.subtract(gy_m, t_m, out=t_m)
-        np.multiply(t_m, channel.tiled(ws, 0, a) if rows else a, out=t_m)
-        if not in_gx:
-            np.copyto(gx_nhwc, t, casting="same_kind")
-
-    return run
-
-
-def _bn_grad(b, x, gy, scale, bias, mean, inv_std, training: int, needed, world=None):
-    attrs = {"training": training} if world is None else {"training": training, "world": world}
-    gx, gscale, gbias = b.op("BatchNormGrad", [gy, x, scale, mean, inv_std], attrs,
-                             domain=INTERNAL_DOMAIN, like=[x, scale, bias])
-    return [gx if needed[0] else None, gscale if needed[1] else None,
-            gbias if needed[2] else None]
-
-
-def batch_norm_training_vjp(b, node, gys, needed):
-    """Through y only: the saved and running statistics are not differentiated."""
-    x, scale, bias = node.inputs[:3]
-    if gys[0] is None:
-        return [None] * len(node.inputs)
-    return _bn_grad(b, x, gys[0], scale, bias, node.outputs[1], node.outputs[2], 1,
-                    needed, node.attrs.get("world")) + [None, None]
-
-
-def batch_norm_vjp(b, node, gys, needed):
-    """Inference mode: y = a * x + b with the running statistics (fixed); training mode: the
-    batch statistics, recomputed by a BatchNormTraining node (v14+ does not output them)."""
-    x, scale, bias, mean, var = node.inputs[:5]
-    if gys[0] is None:
-        return [None] * len(node.inputs)
-    eps = float(node.attrs["epsilon"])
-    if node.since_version >= 14:
-        training = bool(node.attrs["training_mode"])
-    elif node.since_version < 7:
-        training = not node.attrs["is_test"]
-    else:
-        training = any(o is not None for o in node.outputs[1:5])
-    if not training:
-        inv_std = b.op("Reciprocal", [b.op("Sqrt", [b.add(var, b.scalar_like(eps, var))])])
-    else:
-        stats = b.op("BatchNormTraining", [x, scale, bias, mean, var],
-                     {"epsilon": eps, "momentum": float(node.attrs["momentum"]),
-                      "unbiased_running_var": 0},
-                     domain=INTERNAL_DOMAIN, like=[x, mean, mean, mean, mean])
-        mean, inv_std = stats[1], stats[2]
-    return _bn_grad(b, x, gys[0], scale, bias, mean, inv_std, int(training),
-                    needed) + [None, None]
 
 
 # ------------------------------------------------------------- Instance / Group normalization
@@ -858,28 +492,18 @@ def tr_onnx_op_definitions():
                      **kw)
 
     return [
-        OpDef("BatchNormalization", (1, 6, 7, 9, 14, 15), {"numpy": batch_norm_numpy},
-              layout=BATCH_NORM, differentiable=True, gradient=batch_norm_vjp,
-              grad_inputs=(0, 1, 2), param_inputs=(1, 2)),
         OpDef("InstanceNormalization", (1, 6, 22), {"numpy": instance_norm_numpy},
               layout=SCALE_BIAS_NORM, differentiable=True, gradient=instance_norm_vjp,
-              param_inputs=(1, 2)),
+              param_inputs=(1, 2), traits=frozenset({NORMALIZATION, CHANNEL_NORMALIZATION})),
         OpDef("GroupNormalization", (18, 21), {"numpy": group_norm_numpy},
               layout=SCALE_BIAS_NORM, differentiable=True, gradient=group_norm_vjp,
-              param_inputs=(1, 2)),
+              param_inputs=(1, 2), traits=frozenset({NORMALIZATION, CHANNEL_NORMALIZATION})),
         OpDef("LayerNormalization", (17,), {"numpy": layer_norm_numpy}, differentiable=True,
-              gradient=layer_norm_vjp, param_inputs=(1, 2)),
+              gradient=layer_norm_vjp, param_inputs=(1, 2), traits=frozenset({NORMALIZATION})),
         OpDef("MeanVarianceNormalization", (9, 13), {"numpy": mvn_numpy}, differentiable=True,
-              gradient=mvn_vjp),
+              gradient=mvn_vjp, traits=frozenset({NORMALIZATION})),
         OpDef("LpNormalization", (1, 22), {"numpy": lp_norm_numpy}, differentiable=True,
-              gradient=lp_norm_vjp),
-        internal("BatchNormTraining", batch_norm_training_numpy, BATCH_NORM,
-                 shape=batch_norm_training_shape, differentiable=True,
-                 gradient=batch_norm_training_vjp, grad_inputs=(0, 1, 2),
-                 doc="training-mode BatchNormalization: (y, saved_mean, saved_inv_std, "
-                     "new_running_mean, new_running_var)"),
-        internal("BatchNormGrad", batch_norm_grad_numpy, BATCH_NORM_GRAD,
-                 doc="(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias)"),
+              gradient=lp_norm_vjp, traits=frozenset({NORMALIZATION})),
         internal("GroupNormGrad", group_norm_grad_numpy, SCALE_NORM_GRAD,
                  doc="(gy, x, scale) -> (gx, gscale, gbias) of Instance/GroupNormalization"),
         internal("LayerNormGrad", layer_norm_grad_numpy, ELEMENTWISE,

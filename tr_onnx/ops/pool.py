@@ -21,7 +21,7 @@ from .. import host_blas, onednn
 from ..dtypes import accumulator_dtype, is_float
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
-from ..opdef import SPATIAL, OpDef
+from ..opdef import SPATIAL, OpDef, bounded_like_input
 from .conv import Window, merged_view, pad_nhwc, padding_slabs_nhwc
 
 
@@ -548,15 +548,17 @@ def global_lp_pool_vjp(b, node, gys, needed):
 def tr_onnx_op_definitions():
     return [
         OpDef("MaxPool", (1, 8, 10, 11, 12, 22), {"numpy": max_pool_numpy}, layout=SPATIAL,
-              differentiable=True, gradient=max_pool_vjp),
+              differentiable=True, gradient=max_pool_vjp, value_bounds=bounded_like_input),
         OpDef("AveragePool", (1, 7, 10, 11, 19, 22), {"numpy": average_pool_numpy},
-              layout=SPATIAL, differentiable=True, gradient=average_pool_vjp),
+              layout=SPATIAL, differentiable=True, gradient=average_pool_vjp,
+              value_bounds=bounded_like_input),
         OpDef("LpPool", (1, 2, 11, 18, 22), {"numpy": lp_pool_numpy}, layout=SPATIAL,
               differentiable=True, gradient=lp_pool_vjp),
         OpDef("GlobalAveragePool", (1, 22), {"numpy": global_average_pool_numpy},
-              layout=SPATIAL, differentiable=True, gradient=global_average_pool_vjp),
+              layout=SPATIAL, differentiable=True, gradient=global_average_pool_vjp,
+              value_bounds=bounded_like_input),
         OpDef("GlobalMaxPool", (1, 22), {"numpy": global_max_pool_numpy}, layout=SPATIAL,
-              differentiable=True, gradient=global_max_pool_vjp),
+              differentiable=True, gradient=global_max_pool_vjp, value_bounds=bounded_like_input),
         OpDef("GlobalLpPool", (1, 2, 22), {"numpy": global_lp_pool_numpy}, layout=SPATIAL,
               differentiable=True, gradient=global_lp_pool_vjp),
         OpDef("MaxPoolGrad", (1,), {"numpy": max_pool_grad_numpy}, domain=INTERNAL_DOMAIN,

@@ -23,7 +23,7 @@ import zlib
 import numpy as np
 
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import OpDef, TrainingContext
 from .tensor import INTERNAL
 
 RANDOM_OPS = ("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
@@ -110,20 +110,25 @@ def random_draw_numpy(ctx):
     return run
 
 
-def training_draw(node, key: int, counter) -> tuple[list, dict]:
-    """(inputs, attributes) of the RandomDraw that replaces ``node`` in a training graph:
-    its own ``seed`` keys it when it has one, else ``key`` (session seed and position)."""
+def random_training_form(node, ctx: TrainingContext) -> bool:
+    """In a training graph ``node`` becomes a RandomDraw counted by the step counter, so each
+    step draws anew and a resumed run redraws the same numbers: its own ``seed`` keys it when
+    it has one, else ``ctx.seed`` (session seed and position)."""
     attrs = {k: v for k, v in node.attrs.items() if k != "seed"}
     attrs["op"] = node.op_type
     seed = node.attrs.get("seed")
-    attrs["key"] = seed_key(seed) if seed is not None else key
+    attrs["key"] = seed_key(seed) if seed is not None else ctx.seed
     inputs = [node.inputs[0]] if node.op_type in _WITH_INPUT else []
-    return inputs + [counter], attrs
+    new = ctx.make_node("RandomDraw", node.name, inputs + [ctx.step_counter],
+                        list(node.outputs), attrs)
+    ctx.graph.replace_node(node, new)
+    return True
 
 
 @hookimpl
 def tr_onnx_op_definitions():
     defs = [OpDef(op, _VERSIONS[op], {"numpy": random_numpy(op)}, differentiable=False,
+                  training=random_training_form,
                   doc="counter-based Philox draws (see ops/random.py); in training the step "
                       "counter drives them, so a resumed run redraws the same numbers")
             for op in RANDOM_OPS]

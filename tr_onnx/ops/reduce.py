@@ -21,7 +21,7 @@ from .. import host_blas
 from ..dtypes import finfo, is_float, onnx_elem_type
 from ..errors import InternalError
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import SOFTMAX, OpDef, bounded_like_input, unit_bounded
 from . import softmax_onednn
 
 # The schema version from which each Reduce op takes ``axes`` as input 1 instead of an attribute.
@@ -427,6 +427,8 @@ def softmax_vjp(b, node, gys, needed):
     return [b.sub(gy, b.mul(b.op("Exp", [y]), reduce_kept(b, "ReduceSum", gy, axes)))]
 
 
+# a max, a min or a mean of x's values: within x's range (``OpDef.value_bounds``)
+_WITHIN_INPUT_RANGE = ("ReduceMax", "ReduceMin", "ReduceMean")
 _REDUCE_VERSIONS = {
     "ReduceMean": (1, 11, 13, 18),
     "ReduceSum": (1, 11, 13),
@@ -444,13 +446,14 @@ _REDUCE_VERSIONS = {
 @hookimpl
 def tr_onnx_op_definitions():
     reduces = [OpDef(op, versions, {"numpy": reduce_numpy}, const_inputs=(1,),
-                     differentiable=True, gradient=reduce_vjp, grad_inputs=(0,))
+                     differentiable=True, gradient=reduce_vjp, grad_inputs=(0,),
+                     value_bounds=bounded_like_input if op in _WITHIN_INPUT_RANGE else None)
                for op, versions in _REDUCE_VERSIONS.items()]
     return reduces + [
         OpDef("Softmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True,
-              gradient=softmax_vjp),
+              gradient=softmax_vjp, value_bounds=unit_bounded, traits=frozenset({SOFTMAX})),
         OpDef("LogSoftmax", (1, 11, 13), {"numpy": softmax_numpy}, differentiable=True,
-              gradient=softmax_vjp),
+              gradient=softmax_vjp, traits=frozenset({SOFTMAX})),
         # piecewise constant (one-hot of the maximum) / integer outputs: no gradient
         OpDef("Hardmax", (1, 11, 13), {"numpy": hardmax_numpy}, differentiable=False),
         OpDef("ArgMax", (1, 11, 12, 13), {"numpy": argmax_numpy}, differentiable=False),

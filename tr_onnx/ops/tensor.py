@@ -25,7 +25,15 @@ from onnx import numpy_helper
 from .. import onednn
 from ..dtypes import is_float
 from ..hookspecs import hookimpl
-from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
+from ..opdef import (
+    BROADCASTS,
+    LAYOUT_ONLY,
+    PLAIN_ONLY,
+    STRIDED_TO_PLAIN,
+    OpDef,
+    bounded_like_input,
+)
+from .elementwise import largest_input_bound
 
 INTERNAL = "ai.tr_onnx"
 DATA_INPUT = (0,)  # the data input: shapes, indices, axes and pads never receive a gradient
@@ -550,7 +558,8 @@ def trilu_vjp(b, node, gys, needed):
 # ---- registration ---------------------------------------------------------------------------
 
 _ALIAS = {"layout": PLAIN_ONLY, "alias_output": True, "differentiable": True,
-          "gradient": regroup_vjp, "grad_inputs": (0,), "forwards_params": True}
+          "gradient": regroup_vjp, "grad_inputs": (0,), "forwards_params": True,
+          "value_bounds": bounded_like_input, "traits": frozenset({LAYOUT_ONLY})}
 _NONE = {"differentiable": False}
 
 
@@ -566,15 +575,17 @@ def tr_onnx_op_definitions():
               const_inputs=(1,), **_ALIAS),
         OpDef("Transpose", (1, 13, 21, 23, 24, 25), {"numpy": transpose_numpy},
               layout=STRIDED_TO_PLAIN, differentiable=True, gradient=transpose_vjp,
-              forwards_params=True),
+              forwards_params=True, value_bounds=bounded_like_input,
+              traits=frozenset({LAYOUT_ONLY})),
         OpDef("Concat", (1, 4, 11, 13), {"numpy": concat_numpy}, differentiable=True,
-              gradient=concat_vjp, param_inputs="all", param_min_size=2),
+              gradient=concat_vjp, param_inputs="all", param_min_size=2,
+              value_bounds=largest_input_bound),
         OpDef("Split", (1, 2, 11, 13, 18), {"numpy": split_numpy}, const_inputs=(1,),
               differentiable=True, gradient=split_vjp, grad_inputs=DATA_INPUT,
               forwards_params=True),
         OpDef("Slice", (1, 10, 11, 13), {"numpy": slice_numpy}, const_inputs=(1, 2, 3, 4),
               differentiable=True, gradient=slice_vjp, grad_inputs=DATA_INPUT,
-              forwards_params=True),
+              forwards_params=True, value_bounds=bounded_like_input),
         OpDef("Constant", (1, 9, 11, 12, 13, 19, 21, 23, 24, 25), {"numpy": constant_numpy},
               **_NONE),
         OpDef("ConstantOfShape", (9, 20, 21, 23, 24, 25), {"numpy": constant_of_shape_numpy},
@@ -583,17 +594,19 @@ def tr_onnx_op_definitions():
         OpDef("Size", (1, 13, 19, 21, 23, 24, 25), {"numpy": size_numpy}, **_NONE),
         OpDef("Expand", (8, 13), {"numpy": expand_numpy}, const_inputs=(1,),
               differentiable=True, gradient=expand_vjp, grad_inputs=DATA_INPUT,
-              forwards_params=True),
+              forwards_params=True, value_bounds=bounded_like_input,
+              traits=frozenset({BROADCASTS})),
         OpDef("Tile", (1, 6, 13), {"numpy": tile_numpy}, const_inputs=(1, 2),
               differentiable=True, gradient=tile_vjp, grad_inputs=DATA_INPUT,
-              forwards_params=True),
+              forwards_params=True, value_bounds=bounded_like_input,
+              traits=frozenset({BROADCASTS})),
         OpDef("Range", (11, 27), {"numpy": range_numpy}, const_inputs=(0, 1, 2), **_NONE),
         OpDef("Trilu", (14,), {"numpy": trilu_numpy}, const_inputs=(1,), differentiable=True,
               gradient=trilu_vjp, grad_inputs=DATA_INPUT),
         OpDef("DepthToSpace", (1, 11, 13, 28), {"numpy": depth_to_space_numpy},
-              differentiable=True, gradient=depth_to_space_vjp),
+              differentiable=True, gradient=depth_to_space_vjp, value_bounds=bounded_like_input),
         OpDef("SpaceToDepth", (1, 13, 28), {"numpy": space_to_depth_numpy},
-              differentiable=True, gradient=space_to_depth_vjp),
+              differentiable=True, gradient=space_to_depth_vjp, value_bounds=bounded_like_input),
         OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
         # backward-only ops of the rules above
         OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,

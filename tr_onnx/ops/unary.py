@@ -27,7 +27,7 @@ import numpy as np
 
 from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
-from ..opdef import OpDef
+from ..opdef import OpDef, bounded_like_input, unit_bounded
 from .elementwise import (
     INTERNAL_DOMAIN,
     Chunked,
@@ -618,12 +618,41 @@ def clip_numpy(ctx):
     return run
 
 
+def clip_value_bound(node, bound, stats) -> float | None:
+    """Both limits finite constants: the clip of a finite x lies between them."""
+    x = bound(node.inputs[0])
+    if node.since_version < 11:
+        limits = [node.attrs.get(k) for k in ("min", "max")]
+        limits = [None if v is None else np.float64(v) for v in limits]
+    else:
+        limits = []
+        for i in (1, 2):
+            v = node.inputs[i] if len(node.inputs) > i else None
+            data = stats.data(v)
+            if v is not None and (data is None or data.size != 1):
+                return None  # a runtime or non-finite limit
+            limits.append(None if data is None else data.reshape(()))
+    if x is None or any(v is not None and not np.isfinite(v) for v in limits):
+        return None
+    if all(v is not None for v in limits):
+        return float(max(abs(v) for v in limits))
+    return max(x, *(abs(float(v)) for v in limits if v is not None))
+
+
+# what bounds each op's values (``OpDef.value_bounds``): its input's bound (Relu, Neg, Abs),
+# or [-1, 1] for any finite input
+_VALUE_BOUNDS = {**dict.fromkeys(("Relu", "Neg", "Abs"), bounded_like_input),
+                 **dict.fromkeys(("Sigmoid", "Tanh", "HardSigmoid", "Softsign", "Sin", "Cos"),
+                                 unit_bounded)}
+
+
 @hookimpl
 def tr_onnx_op_definitions():
     defs = [OpDef(op, e.versions, {"numpy": unary_numpy(e)}, differentiable=e.differentiable,
-                  gradient=e.vjp) for op, e in UNARY.items()]
+                  gradient=e.vjp, value_bounds=_VALUE_BOUNDS.get(op)) for op, e in UNARY.items()]
     defs.append(OpDef("Clip", (1, 6, 11, 12, 13), {"numpy": clip_numpy}, differentiable=True,
-                      gradient=_grad_op("Clip"), grad_inputs=(0,)))
+                      gradient=_grad_op("Clip"), grad_inputs=(0,),
+                      value_bounds=clip_value_bound))
     defs += [OpDef(f"{op}Grad", (1,), {"numpy": unary_grad_numpy(g)}, domain=INTERNAL_DOMAIN,
                    doc=f"gx of {op}: {_grad_signature(g.reads)}, the forward's attributes")
              for op, g in UNARY_GRADS.items()]

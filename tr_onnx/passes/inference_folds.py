@@ -1,11 +1,10 @@
 """Inference-only rewrites of a dispatched graph whose parameters never change (an
 ``InferenceSession``; never a training session's plans, whose weights train).
 
-``fold_batchnorm``: a Conv whose only consumer is an inference BatchNormalization with constant
-statistics becomes one Conv with per-output-channel scaled weights and a bias, as onnxruntime
-and PyTorch's ``fuse_conv_bn_eval`` fold it: ``w' = w * s``, ``b' = (b - mean) * s + beta``
-with ``s = gamma / sqrt(var + eps)``, computed in float64 and rounded once to the weights'
-dtype. One kernel and one pass over the feature map fewer per pair.
+``apply_inference_folds``: each op's inference fold (``OpDef.inference_fold``): a Conv whose
+only consumer is an inference BatchNormalization with constant statistics becomes one Conv
+with per-output-channel scaled weights and a bias (``ops/batch_norm.py``). One kernel and one
+pass over the feature map fewer per pair.
 
 ``freeze_parameters``: every parameter becomes a constant, so a kernel may prepare it once at
 plan time (``KernelContext.const``): conv_onednn reorders Conv weights into oneDNN's blocked
@@ -13,7 +12,7 @@ layout once instead of on every run.
 
 ``finite_rewrites``: Conv -> Add (of a same-shaped tensor) -> Relu or Clip, Conv -> Add,
 or Conv -> Relu/Clip, each intermediate read by nothing else, becomes one FusedConv
-(ops/fused_conv.py), as onnxruntime fuses them: after ``fold_batchnorm``, a ResNet block's
+(ops/fused_conv.py), as onnxruntime fuses them: after ``apply_inference_folds``, a ResNet block's
 Conv -> BatchNormalization -> Add -> Relu is one oneDNN call. oneDNN's clip maps NaN to its low
 limit where ONNX's Relu and Clip keep NaN, so a chain fuses only where ``value_bounds`` proves
 its values finite for every run whose float inputs are finite and within +-``input_limit``;
@@ -42,55 +41,15 @@ def _constant(v: ir.Value | None) -> bool:
     return v is not None and v.is_constant and v.data is not None
 
 
-def fold_batchnorm(graph: ir.Graph) -> int:
-    """Fold every eligible Conv -> BatchNormalization pair; returns how many were folded."""
+def apply_inference_folds(graph: ir.Graph) -> int:
+    """Fold every node whose OpDef has an inference fold (``OpDef.inference_fold``: an
+    inference BatchNormalization into the Conv before it) where it applies; returns how many
+    were folded."""
     folded = 0
-    for bn in list(graph.nodes):
-        if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx") \
-                or int(bn.attrs.get("training_mode", 0)) \
-                or any(o is not None and o.consumers for o in bn.outputs[1:]) \
-                or any(o in graph.outputs for o in bn.outputs[1:]):
-            continue
-        y = bn.inputs[0]
-        conv = y.producer
-        if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
-                or y.consumers != [bn] or y in graph.outputs:
-            continue
-        w = conv.inputs[1]
-        b = conv.inputs[2] if len(conv.inputs) > 2 else None
-        stats = bn.inputs[1:5]
-        if not all(_constant(v) for v in (w, *stats)) or (b is not None and not _constant(b)) \
-                or not np.issubdtype(w.dtype, np.floating) or w.rank < 3:
-            continue
-        per_channel = (w.shape[0],)
-        if any(np.shape(v.data) != per_channel for v in stats) \
-                or (b is not None and np.shape(b.data) != per_channel) \
-                or len(y.shape) < 2 or y.shape[1] != w.shape[0]:
-            continue  # a malformed model: the kernels' shape checks name what is wrong
-        gamma, beta, mean, var = (np.asarray(v.data, np.float64) for v in stats)
-        s = gamma / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-        w_data = np.asarray(w.data, np.float64) * s.reshape(-1, *([1] * (w.rank - 1)))
-        b_data = (0.0 if b is None else np.asarray(b.data, np.float64)) - mean
-        new_w = ir.Value(graph.unique_name(f"{w.name}.bn_folded"), w.shape, w.dtype, ir.CONST,
-                         data=w_data.astype(w.dtype))
-        graph.values[new_w.name] = new_w
-        new_b = ir.Value(graph.unique_name(f"{conv.name}.bias.bn_folded"), (w.shape[0],),
-                         w.dtype, ir.CONST, data=(b_data * s + beta).astype(w.dtype))
-        graph.values[new_b.name] = new_b
-        graph.replace_input(conv, 1, new_w)
-        if b is None:
-            conv.inputs.append(None)
-        graph.replace_input(conv, 2, new_b)
-        out = bn.outputs[0]
-        graph.remove_node(bn)
-        conv.outputs[0] = out
-        out.producer = conv
-        del graph.values[y.name]
-        for v in (w, b, *stats):  # parameters nothing reads any more hold no arena memory
-            if v is not None and not v.consumers and v not in graph.outputs \
-                    and v not in graph.inputs and graph.values.get(v.name) is v:
-                del graph.values[v.name]
-        folded += 1
+    for node in list(graph.nodes):
+        rule = node.opdef.inference_fold if node.opdef is not None else None
+        if rule is not None and rule(node, graph):
+            folded += 1
     return folded
 
 

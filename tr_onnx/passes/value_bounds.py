@@ -4,17 +4,17 @@ activations need that proof).
 
 ``magnitude_bounds(graph, input_limit)`` maps a value's name to a number M with |v| <= M for
 every element, for every run whose float inputs are finite and within +-``input_limit``, or
-leaves the value out where no rule applies (an op below without a rule, a weight that is not a
-constant, a non-finite constant). A bound of at most ``SAFE`` (float32's largest value / 34)
-proves the value finite in float32: a sum of up to 5e8 products rounds to at most (1 + 5e8 *
-2^-24) ~ 31 times its exact bound. The bounds are loose (triangle inequality through every
-layer) but cheap: each weight is read once.
+leaves the value out where no rule applies (an op whose OpDef declares no ``value_bounds``, a
+weight that is not a constant, a non-finite constant). Each op's rule is beside it
+(``ops/conv.py``'s for Conv, ``ops/unary.py``'s for Clip...); this module runs them. A bound of
+at most ``SAFE`` (float32's largest value / 34) proves the value finite in float32: a sum of up
+to 5e8 products rounds to at most (1 + 5e8 * 2^-24) ~ 31 times its exact bound. The bounds are
+loose (triangle inequality through every layer) but cheap: each weight is read once.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
@@ -22,16 +22,8 @@ from .. import ir
 
 SAFE = float(np.finfo(np.float32).max) / 34
 
-# ops whose output is bounded by their first input's bound (a selection, a max or a mean of its
-# values, or the values themselves moved)
-_SAME = frozenset({
-    "Relu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Identity",
-    "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Gather",
-    "Neg", "Abs", "ReduceMax", "ReduceMin", "ReduceMean", "SpaceToDepth", "DepthToSpace",
-    "Expand", "Tile"})
 # the dtypes bounds are given for: a bound below SAFE keeps them finite
 BOUNDED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_UNIT = frozenset({"Sigmoid", "Tanh", "Softmax", "HardSigmoid", "Softsign", "Sin", "Cos"})
 
 
 class ConstantStats:
@@ -84,100 +76,6 @@ def _max_abs(data: np.ndarray) -> float:
     return float(np.max(np.abs(data))) if data.size else 0.0
 
 
-def _linear(x_bound: float, row_sums: float, bias: float) -> float:
-    """|sum_k w_k x_k + b| <= max_o sum_k |w_ok| * max|x| + max|b|."""
-    return x_bound * row_sums + bias
-
-
-def _conv(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    w, x = node.inputs[1], bound(node.inputs[0])
-    has_b = len(node.inputs) > 2 and node.inputs[2] is not None
-    b = stats.max_abs(node.inputs[2]) if has_b else 0.0
-    data = stats.data(w)
-    if data is None or b is None or x is None or data.ndim < 2:
-        return None
-    return _linear(x, stats.largest_sum(w, 1), b)  # per output channel
-
-
-def _gemm(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    a, w = bound(node.inputs[0]), node.inputs[1]
-    data = stats.data(w)
-    if a is None or data is None or data.ndim != 2 or int(node.attrs.get("transA", 0)):
-        return None
-    # the sums over the input axis, per output column: axis 1 of B^T, axis 0 of B
-    sums = stats.largest_sum(w, 1 if int(node.attrs.get("transB", 0)) else 0)
-    alpha, beta = abs(float(node.attrs.get("alpha", 1.0))), abs(float(node.attrs.get("beta", 1.0)))
-    c = node.inputs[2] if len(node.inputs) > 2 else None
-    c_bound = 0.0 if c is None else bound(c)
-    if c_bound is None:
-        return None
-    return _linear(a, alpha * sums, beta * c_bound)
-
-
-def _matmul(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    a, w = bound(node.inputs[0]), node.inputs[1]
-    data = stats.data(w)
-    if a is None or data is None or data.ndim != 2:
-        return None
-    return _linear(a, stats.largest_sum(w, 0), 0.0)
-
-
-def _clip(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    """Both limits finite constants: the clip of a finite x lies between them."""
-    x = bound(node.inputs[0])
-    if node.since_version < 11:
-        limits = [node.attrs.get(k) for k in ("min", "max")]
-        limits = [None if v is None else np.float64(v) for v in limits]
-    else:
-        limits = []
-        for i in (1, 2):
-            v = node.inputs[i] if len(node.inputs) > i else None
-            data = stats.data(v)
-            if v is not None and (data is None or data.size != 1):
-                return None  # a runtime or non-finite limit
-            limits.append(None if data is None else data.reshape(()))
-    if x is None or any(v is not None and not np.isfinite(v) for v in limits):
-        return None
-    if all(v is not None for v in limits):
-        return float(max(abs(v) for v in limits))
-    return max(x, *(abs(float(v)) for v in limits if v is not None))
-
-
-def _batchnorm(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    x = bound(node.inputs[0])
-    values = [stats.data(v) for v in node.inputs[1:5]]
-    if x is None or any(v is None for v in values) or int(node.attrs.get("training_mode", 0)):
-        return None
-    gamma, beta, mean, var = values
-    scale = np.abs(gamma) / np.sqrt(var + float(node.attrs.get("epsilon", 1e-5)))
-    return float(np.max(scale)) * (x + _max_abs(mean)) + _max_abs(beta)
-
-
-def _sum(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    parts = [bound(v) for v in node.inputs]
-    return None if any(p is None for p in parts) else math.fsum(parts)
-
-
-def _product(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    parts = [bound(v) for v in node.inputs]
-    return None if any(p is None for p in parts) else math.prod(parts)
-
-
-def _largest(node: ir.Node, bound, stats: ConstantStats) -> float | None:
-    parts = [bound(v) for v in node.inputs if v is not None]
-    return None if not parts or any(p is None for p in parts) else max(parts)
-
-
-_RULES: dict[str, Callable] = {
-    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul, "Clip": _clip,
-    "BatchNormalization": _batchnorm, "Add": _sum, "Sub": _sum, "Sum": _sum, "Mul": _product,
-    "Concat": _largest, "Max": _largest, "Min": _largest,
-    **{op: lambda node, bound, stats: bound(node.inputs[0]) for op in _SAME},
-    **{op: lambda node, bound, stats: 1.0 if bound(node.inputs[0]) is not None else None
-       for op in _UNIT},
-}
-
-
 def magnitude_bounds(graph: ir.Graph, input_limit: float,
                      stats: ConstantStats | None = None) -> dict[str, float]:
     """Value name -> a bound of at most ``SAFE`` on |v|, where the rules prove one (see the
@@ -196,7 +94,7 @@ def magnitude_bounds(graph: ir.Graph, input_limit: float,
         return None if v is None else bounds.get(v.name)
 
     for node in graph.nodes:
-        rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rule = node.opdef.value_bounds if node.opdef is not None else None
         out = node.outputs[0] if node.outputs else None
         if rule is None or out is None or out.dtype not in BOUNDED_DTYPES or out.name in bounds:
             continue

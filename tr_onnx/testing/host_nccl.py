@@ -113,7 +113,7 @@ def with_nccl_path(session, world=None):
 
     world = distributed.World() if world is None else world
     session.world = world
-    session._world_id = distributed.register(world)
+    session._state.world_id = distributed.register(world)
     return session
 
 

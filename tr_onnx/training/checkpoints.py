@@ -12,6 +12,9 @@ frozen base weights, nearly all of the bytes, are the base model's. Resuming tak
 
 from __future__ import annotations
 
+import inspect
+import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +23,75 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from ..dtypes import np_dtype
-from ..errors import CheckpointError, ModelLoadError, OptionError
+from ..errors import CheckpointError, ModelLoadError, OptionError, TrOnnxError
 from ..optim import make_optimizer, make_schedule
 from .losses import LossSpec
-from .storage import checkpoint_model
+from .storage import (
+    CHECKPOINT_FORMAT,
+    atomic_write,
+    checkpoint_model,
+    read_checkpoint,
+    shared_checkpoint,
+)
+
+
+def save(session, path: str | Path, extra: dict | None) -> Path:
+    """``TrainingSession.save_checkpoint``: the session's state, counters and configuration
+    in one .npz written atomically (no step in flight)."""
+    state = session._state
+    meta = {"format": CHECKPOINT_FORMAT, "config": session.config(), "step": state.step,
+            "micro_step": state.micro_step, "rng_counter": state.rng_counter,
+            "bad_steps": state.bad_steps, "extra": extra or {}}
+    arrays_of_state, arrays = state.arrays(), {}
+    if session.lora is not None:  # the trained tensors alone: the base gives the rest
+        meta["lora"], arrays_of_state = lora_state(session, arrays_of_state)
+    else:
+        arrays["__model__"] = np.frombuffer(session.imported.original.SerializeToString(),
+                                            np.uint8)
+    arrays |= {f"state/{k}": v for k, v in arrays_of_state.items()}
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write(path, buf.getvalue())
+    return Path(path)
+
+
+def resume(cls, path: str | Path, plugins, base, overrides: dict):
+    """``TrainingSession.from_checkpoint``: a session of class ``cls`` made from the
+    checkpoint at ``path`` (its docstring says what fails how)."""
+    path = Path(path)
+    world = overrides.get("distributed")
+    shared = shared_checkpoint(path, world) if world is not None and world.size > 1 else None
+    meta, model, arrays = read_checkpoint(path, shared)
+    lora = None
+    if "lora" in meta:
+        model, lora = lora_model(path, meta["lora"], arrays, base)
+    cfg, loss, optimizer, schedule = session_arguments(path, meta["config"])
+    options = set(inspect.signature(cls).parameters) - {
+        "model", "loss", "optimizer", "lr_schedule", "plugins", "lora"}  # passed below
+    unknown = sorted(set(cfg) - options)
+    if unknown:
+        raise CheckpointError(f"{path}: its configuration has unknown option(s) {unknown}; "
+                              "the file is damaged or written by another version")
+    cfg.update(overrides)
+    try:
+        session = cls(model, loss=loss, optimizer=optimizer, lr_schedule=schedule,
+                      plugins=plugins, lora=lora, **cfg)
+    except ModelLoadError as exc:
+        raise CheckpointError(f"{path}: its model does not load: {exc}") from None
+    except TrOnnxError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot resume with its configuration"
+                              f"{' and the overrides' if overrides else ''}: {exc}") from None
+    check_parameters(path, session.imported, arrays)
+    state = session._state
+    state.step, state.micro_step = meta["step"], meta["micro_step"]
+    state.rng_counter, state.bad_steps = meta["rng_counter"], meta["bad_steps"]
+    state.pending = dict(arrays)
+    state.checkpoint = (path, arrays)
+    session.checkpoint_extra = meta.get("extra", {})
+    return session
 
 
 def check_lora(lora, initializers: set[str]):

@@ -19,9 +19,9 @@ hands ``export_model`` three things:
    initializer's own dtype;
 2. makes each untied copy an initializer of its own and drops the Identity node that made it;
    makes each split parameter an initializer of its own, read by its node;
-3. puts the graph back in inference form (``inference_form``): a model exported in training
-   mode gets BatchNormalization ``training_mode=0`` (it then reads the trained running
-   statistics) and Dropout off;
+3. puts the graph back in inference form (``inference_form``, each op's ``OpDef.export``
+   rule): a model exported in training mode gets BatchNormalization ``training_mode=0`` (it
+   then reads the trained running statistics) and Dropout off;
 4. runs ``onnx.checker``.
 
 Any ONNX runtime runs the result; the tests compare onnxruntime's outputs with the session's.
@@ -35,13 +35,18 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..importer import opdef_for
+from ..registry import OpRegistry, default_registry
+
 
 def export_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray],
                  untied: Mapping[str, str],
-                 split: Mapping[str, Mapping[str, str]] | None = None) -> onnx.ModelProto:
+                 split: Mapping[str, Mapping[str, str]] | None = None,
+                 registry: OpRegistry | None = None) -> onnx.ModelProto:
     """``original`` with the trained ``params`` (logical NCHW host arrays by initializer name)
     written into it; ``untied``: Identity outputs that trained as parameters of their own ->
     the initializer they copied (their values are in ``params``). ``original`` is not changed.
+    ``registry``: where the ops' export rules are (default: ``default_registry()``).
     Raises ``onnx.checker.ValidationError`` if the result is not a valid model."""
     model = onnx.ModelProto()
     model.CopyFrom(original)
@@ -63,23 +68,19 @@ def export_model(original: onnx.ModelProto, params: Mapping[str, np.ndarray],
         dtype = next(numpy_helper.to_array(i).dtype for i in g.initializer if i.name == source)
         g.initializer.extend(numpy_helper.from_array(params[name].astype(dtype, copy=False), name)
                              for name in readers.values())
-    inference_form(g)
+    inference_form(model, registry or default_registry())
     onnx.checker.check_model(model)
     return model
 
 
-def inference_form(g: onnx.GraphProto) -> None:
-    """A training-mode export goes back in inference form: BatchNormalization with its running
-    statistics (training_mode=0, one output), Dropout off."""
+def inference_form(model: onnx.ModelProto, registry: OpRegistry) -> None:
+    """A training-mode export goes back in inference form: each node whose OpDef has an
+    export rule (``OpDef.export``: BatchNormalization with its running statistics,
+    training_mode=0 and one output; Dropout off) rewrites itself."""
+    g = model.graph
+    opsets = {o.domain or "": o.version for o in model.opset_import}
     used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
     for node in g.node:
-        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "training_mode" and attr.i:
-                    attr.i = 0
-                    if not any(o in used for o in node.output[1:]):
-                        del node.output[1:]
-        elif node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            name = f"{node.name or node.output[0]}/eval_mode"
-            g.initializer.append(numpy_helper.from_array(np.array(False), name))
-            node.input[2] = name
+        opdef = opdef_for(node, opsets, registry, "numpy")
+        if opdef is not None and opdef.export is not None:
+            opdef.export(node, g, used)

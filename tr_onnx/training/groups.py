@@ -17,6 +17,7 @@ from ..errors import OptionError
 from ..ir import Value
 
 if TYPE_CHECKING:
+    from .options import TrainOptions
     from .train_pass import TrainConfig
 
 def check_frozen_batchnorm(mode: str) -> str:
@@ -46,12 +47,12 @@ def check_lr_groups(groups: dict | None, backend: str, precision: str) -> dict |
     return {k: float(m) for k, m in groups.items()}
 
 
-def unfreeze_due(options: dict, epoch: int) -> bool:
+def unfreeze_due(options: TrainOptions, epoch: int) -> bool:
     """Whether epoch ``epoch`` (0-based) comes after the session's ``unfreeze_after`` epochs
     with something still frozen: then everything trains (``TrainingSession.unfreeze``)."""
-    after = options["unfreeze_after"]
+    after = options.unfreeze_after
     return after is not None and epoch >= after and (
-        options["trainable"] is not None or bool(options["frozen"]))
+        options.trainable is not None or bool(options.frozen))
 
 
 def lr_group_of(name: str, lr_groups: dict[str, float]) -> tuple[int, float]:
@@ -86,12 +87,12 @@ def update_runs(trainable: list[Value], cfg: TrainConfig) -> list[tuple[float, i
     return runs
 
 
-def unfrozen_offsets(plan, step: int, backend: str, options: dict) -> dict[str, int]:
+def unfrozen_offsets(plan, step: int, backend: str, options: TrainOptions) -> dict[str, int]:
     """The step offsets of parameters that ``plan`` (a CompiledPlan) does not train, for a
     re-plan that trains them from optimizer step ``step`` on: one update per offset, on the
     numpy backend in fp32 (elsewhere none: their updates count the run's steps)."""
-    if not step or backend != "numpy" or options["precision"] != "fp32":
+    if not step or backend != "numpy" or options.precision != "fp32":
         return {}
-    before, known = set(plan.info.trainable), options["step_offsets"]
+    before, known = set(plan.info.trainable), options.step_offsets
     return {v.name: step for v in plan.graph.values.values()
             if v.kind == ir.PARAM and v.name not in before and v.name not in known}

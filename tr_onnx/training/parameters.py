@@ -26,7 +26,7 @@ default trainable set is the parameters, decided per initializer (``parameter_ro
    ReLU6 bounds) -- a scalar the graph still transforms on its own trains (exporters fold
    constant-only expressions, so that is a parameter: CLIP's ``logit_scale.exp()``); inputs that
    carry no gradient (Clip bounds, BatchNorm's running statistics, shapes, indices); the
-   non-value inputs of forwarding ops (a shape, a quantization scale); ``_CONSTANT_OPERANDS``
+   non-value inputs of forwarding ops (a shape, a quantization scale); ``OpDef.constant_operands``
    (Sub/Div buffers, Pow exponents). A tensor added to the scores of a
    Softmax whose values are all 0 or <= -100 is an attention mask (a causal mask, Swin's
    shifted-window mask), not a parameter; other values there are a bias the exporter folded from
@@ -63,24 +63,14 @@ from onnx import numpy_helper
 
 from .. import ir
 from ..const_feeds import opdef_for
+from ..opdef import BROADCASTS, LINEAR, MASK_PATH, SOFTMAX
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
 from ..torch_metadata import exported_parameters, folded_from, input_kinds, module_of
 
 TIE_MIN_SIZE = 256
 _ONNX_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview.training")
-_SOFTMAX = {"Softmax", "LogSoftmax"}
-_BROADCASTS = {"Expand", "Tile"}  # forward a value into a larger one
-_MASK_PATH = {"Add", "Where"}  # what may lie between an added mask and the Softmax
-MASKED = -100.0
-# Differentiable operands that hold an exporter's constant or a buffer, not a parameter:
-# normalising by an input's mean and std (torchvision-style buffers), and a Pow exponent (its
-# gradient is not even finite for a negative base).
-_CONSTANT_OPERANDS = {
-    "Sub": {1: "a subtracted constant: a buffer, such as an input's mean"},
-    "Div": {1: "a divisor constant: a buffer, such as an input's std"},
-    "Pow": {1: "an exponent: a constant the exporter materialised"},
-}  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
+MASKED = -100.0  # an additive attention mask's masked entries are at most this (-inf, -1e4...)
 
 
 @dataclass(frozen=True)
@@ -307,6 +297,15 @@ def _merged_by_exporter(imported, arrays) -> dict[str, dict[str, str]]:
     return split
 
 
+def _opdef(node: onnx.NodeProto, opsets: dict, registry):
+    return opdef_for(node, opsets, registry, "numpy") or opdef_for(node, opsets, registry, "cuda")
+
+
+def _traits(node: onnx.NodeProto, opsets: dict, registry) -> frozenset[str]:
+    opdef = _opdef(node, opsets, registry)
+    return opdef.traits if opdef is not None else frozenset()
+
+
 class _ReaderModule:
     """The module a node reads a parameter for: the layer whose weight the node's input was
     multiplied by (a bias Add after a MatMul or Gemm whose weight is ``<layer>.weight``, by
@@ -314,18 +313,19 @@ class _ReaderModule:
     scope alone names the module that called the function: ``F.linear(x, self.proj.weight,
     self.proj.bias)`` in an attention module's forward is scoped to the attention module."""
 
-    _LINEAR = {"MatMul", "Gemm"}
-
     def __init__(self, imported):
         g = imported.proto.graph
         self.producer = {o: n for n in g.node for o in n.output if o}
         self.folded = folded_from(imported.original)
+        self.registry = imported.registry
+        self.opsets = {o.domain or "": o.version for o in imported.proto.opset_import}
 
     def __call__(self, node: onnx.NodeProto) -> str | None:
         if node.op_type == "Add":
             for value in node.input:
                 layer = self.producer.get(value)
-                if layer is not None and layer.op_type in self._LINEAR and len(layer.input) > 1:
+                if layer is not None and LINEAR in _traits(layer, self.opsets, self.registry) \
+                        and len(layer.input) > 1:
                     weight = layer.input[1]
                     for source in [weight, *self.folded.get(weight, ())]:
                         if source.endswith(".weight"):
@@ -374,7 +374,7 @@ class _PortWalk:
         transformed through the differentiable inputs of others (weight norm's ReduceL2 and
         Div, a LayerNorm of an embedding table, Exp), until a parameter input or the model's
         output; never through an input that carries no gradient or holds a constant
-        (``_CONSTANT_OPERANDS``). A scalar trains only at a parameter input that takes one
+        (``OpDef.constant_operands``). A scalar trains only at a parameter input that takes one
         (PRelu's slope) or transformed on its own (exporters fold constant-only expressions,
         so a scalar the graph still transforms alone is a parameter: CLIP's logit_scale.exp())."""
         source = self.copied.get(name, name)
@@ -405,7 +405,7 @@ class _PortWalk:
                 elif opdef is not None and opdef.forwards_params:
                     if index != 0:  # a shape, axes, a quantization scale: not the value
                         frozen.append(f"{where} is not the value {node.op_type} forwards")
-                    elif size == 1 and node.op_type in _BROADCASTS:
+                    elif size == 1 and BROADCASTS in opdef.traits:
                         frozen.append(f"a scalar broadcast by {node.op_type} (node "
                                       f"{node.name!r}): a constant fill, such as a zero "
                                       "initial state")
@@ -413,8 +413,8 @@ class _PortWalk:
                         pending.extend((o, via) for o in outputs)
                 elif not self._differentiable(opdef, index):
                     frozen.append(f"{where} carries no gradient")
-                elif index in _CONSTANT_OPERANDS.get(node.op_type, {}):
-                    frozen.append(f"{where}: {_CONSTANT_OPERANDS[node.op_type][index]}")
+                elif index in opdef.constant_operands:
+                    frozen.append(f"{where}: {opdef.constant_operands[index]}")
                 elif size is not None and size <= 1:
                     if sum(1 for i in node.input if i) == 1:
                         return ParamRole(True, f"a scalar transformed on its own at {where}: "
@@ -433,8 +433,7 @@ class _PortWalk:
         return opdef.grad_inputs is None or index in opdef.grad_inputs
 
     def _opdef(self, node):
-        return opdef_for(node, self.opsets, self.registry, "numpy") or \
-            opdef_for(node, self.opsets, self.registry, "cuda")
+        return _opdef(node, self.opsets, self.registry)
 
     @staticmethod
     def _ports(node, opdef) -> tuple[int, ...] | range:
@@ -462,11 +461,12 @@ class _PortWalk:
     def _feeds_softmax(self, node, depth: int = 4) -> bool:
         for out in node.output:
             for consumer, _ in self.consumers.get(out, ()):
-                if consumer.op_type in _SOFTMAX:
-                    return True
                 opdef = self._opdef(consumer)
+                traits = opdef.traits if opdef is not None else frozenset()
+                if SOFTMAX in traits:
+                    return True
                 forwards = opdef is not None and opdef.forwards_params
-                if depth and (forwards or consumer.op_type in _MASK_PATH) \
+                if depth and (forwards or MASK_PATH in traits) \
                         and self._feeds_softmax(consumer, depth - 1):
                     return True
         return False

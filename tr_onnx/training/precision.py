@@ -17,15 +17,15 @@ optimizer stay precision-agnostic and the change is one retyping, visible in the
   declared ``weight_copy`` input is the ``__params_half`` span over them;
   ``TrainInfo.weight_copy``);
 * the GRAD accumulators (and the ``__grads`` span) are half, as the gradients feeding them;
-* float32 islands (``FP32_PORTS``), as cuDNN's BatchNorm takes them (half x/y/dy/dx, fp32
-  per-channel tensors): BatchNormTraining reads scale, bias and the running statistics in
-  float32 (the trainable masters themselves, not their half copies) and writes float32
-  saved/running statistics (the running ones stay float32 in PARAM through the commit
-  phase); BatchNormGrad reads scale, mean and inv_std in float32 and writes float32
+* float32 islands (``OpDef.fp32_inputs`` / ``fp32_outputs``), as cuDNN's BatchNorm takes them
+  (half x/y/dy/dx, fp32 per-channel tensors): BatchNormTraining reads scale, bias and the
+  running statistics in float32 (the trainable masters themselves, not their half copies) and
+  writes float32 saved/running statistics (the running ones stay float32 in PARAM through the
+  commit phase); BatchNormGrad reads scale, mean and inv_std in float32 and writes float32
   dscale/dbias, which one Cast (ai.onnx Cast, ``tr_convert`` on the cuda backend) rounds to
   half on their way to the accumulators -- in fp16 an overflow there is an inf that the loss
-  scaler's check catches like any other fp16 gradient. A value of another kind on such a
-  port (a computed scale) is a named error;
+  scaler's check catches like any other fp16 gradient. A value of another kind on such a port
+  (a computed scale) is a named error;
 * the loss in float32, as under torch.autocast (``loss_region``): the nodes between the
   model's output and the loss -- a builtin loss's or a user's ONNX loss model's -- and the
   backward nodes their gradient rules emitted read and write float32 (parameters as their
@@ -67,7 +67,6 @@ from ..dtypes import BFLOAT16, onnx_elem_type
 from ..errors import UnsupportedModelError
 from ..ir import Graph, Node, Value
 from .train_pass import (
-    INTERNAL,
     LOSS_SCALE,
     LossScaling,
     TrainInfo,
@@ -156,22 +155,13 @@ def check_precision(precision: str, backend: str) -> str:
     return precision
 
 
-# Ports that stay float32 in a half graph, as cuDNN's BatchNorm takes them (fp16 x/y/dy/dx,
-# fp32 per-channel scale, bias, statistics and their gradients): op -> (inputs, outputs).
-FP32_PORTS = {"BatchNormTraining": ({1, 2, 3, 4}, {1, 2, 3, 4}),
-              "BatchNormGrad": ({2, 3, 4}, {1, 2}),
-              # data parallel: a bucket of the half GRAD, the float32 loss that decides
-              # whether it is poisoned, the float32 reduce flag
-              "GradAllReduceStart": ({1, 2}, set())}
-ALL_FP32_INPUTS = ("BroadcastStats",)  # rank 0's running statistics, float32 in PARAM
-
-
 def _fp32_ports(node) -> tuple[set, set]:
-    if node.domain == INTERNAL:
-        if node.op_type in ALL_FP32_INPUTS:
-            return set(range(len(node.inputs))), set()
-        return FP32_PORTS.get(node.op_type, (set(), set()))
-    return set(), set()
+    """The ports of ``node`` that stay float32 (``OpDef.fp32_inputs`` / ``fp32_outputs``)."""
+    opdef = node.opdef
+    if opdef is None:
+        return set(), set()
+    inputs = range(len(node.inputs)) if opdef.fp32_inputs == "all" else opdef.fp32_inputs
+    return set(inputs), set(opdef.fp32_outputs)
 
 
 def loss_region(graph: Graph, loss: str, output: str) -> set[int]:

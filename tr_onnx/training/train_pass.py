@@ -4,9 +4,10 @@ function here, so that order reads in one place:
 
 1. untie parameters that exporters shared through Identity nodes (unless asked to keep ties);
 2. the per-step scalars the host writes (learning rate, step, 1/k, RNG counter);
-3. training semantics: every BatchNormalization uses batch statistics and updates its running
-   statistics (``ai.tr_onnx.BatchNormTraining``), every Dropout with a ratio draws a mask
-   (``ai.tr_onnx.DropoutTraining``), whatever mode the model was exported in;
+3. training semantics, whatever mode the model was exported in: each op's training form
+   (``OpDef.training``): every BatchNormalization uses batch statistics and updates its
+   running statistics (``ai.tr_onnx.BatchNormTraining``), every Dropout with a ratio draws a
+   mask (``ai.tr_onnx.DropoutTraining``), random ops draw from the step counter;
 4. the labels input and the loss nodes (a builtin loss, or a user's ONNX loss model spliced
    in);
 5. the trainable parameters, and the backward pass of the loss w.r.t. them
@@ -31,11 +32,10 @@ from typing import Any
 import numpy as np
 
 from .. import ir
-from ..dtypes import onnx_elem_type
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
-from ..ops.random import RANDOM_OPS, training_draw
+from ..opdef import TrainingContext
 from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
@@ -63,6 +63,8 @@ HAS_ROWS = "__has_rows"  # data parallelism: whether this rank has rows in this 
 # the step guard's OPT_STATE tensors (``add_step_guard``)
 BAD_BATCH, REJECT, APPLIED, STEP_REPORT = "__bad_batch", "__reject", "__applied", "__step_report"
 INTERNAL = "ai.tr_onnx"
+# ops ``TrainInfo.converted`` counts even where a model has none
+REPORTED_TRAINING_FORMS = ("BatchNormalization", "Dropout")
 
 
 @dataclass
@@ -186,80 +188,33 @@ def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str
 
 def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: TrainConfig,
                      counter: Value) -> tuple[list[tuple[Value, Value]], dict[str, int]]:
-    """Rewrite BatchNormalization, Dropout and the random ops to their training forms (random
-    draws driven by the step counter: ``ops/random.py``).
+    """Rewrite every node whose OpDef has a training form (``OpDef.training``: BatchNorm's
+    batch statistics, Dropout's mask, the random ops' draws driven by the step counter).
 
-    Returns the (running-statistic parameter, its new value) pairs to commit, and counts.
+    Returns the (running-statistic parameter, its new value) pairs to commit, and how many
+    nodes of each op type changed (``REPORTED_TRAINING_FORMS`` listed even at 0).
     """
-    commits, counts = [], {"BatchNormalization": 0, "Dropout": 0}
+    commits: list[tuple[Value, Value]] = []
+    counts = dict.fromkeys(REPORTED_TRAINING_FORMS, 0)
+
+    def make_node(op_type, name, inputs, outputs, attrs, domain=INTERNAL, since_version=1):
+        if domain == INTERNAL and since_version == 1:
+            return internal_node(graph, registry, backend, op_type, name, inputs, outputs, attrs)
+        return Node(name, op_type, domain, since_version, inputs, outputs, attrs,
+                    registry.lookup(domain, op_type, since_version, backend))
+
     for index, node in enumerate(list(graph.nodes)):
-        if node.domain not in ("", "ai.onnx"):
+        rule = _training_form(node)
+        if rule is None:
             continue
-        if node.op_type == "BatchNormalization":
-            if node.attrs.get("spatial", 1) != 1 and node.inputs[0].rank > 2:
-                raise UnsupportedModelError(f"{node.label}: spatial=0 BatchNormalization cannot "
-                                            "be trained", [])
-            x, scale, bias, mean, var = node.inputs[:5]
-            if cfg.frozen_batchnorm_eval and not any(
-                    v is not None and v.kind == ir.PARAM and is_chosen(v.name, cfg)
-                    for v in (scale, bias)):
-                continue  # frozen layer: inference mode
-            stats = (scale, bias, mean, var)
-            if x.rank < 2 or any(v is None or v.shape != (x.shape[1],) for v in stats):
-                raise UnsupportedModelError(
-                    f"{node.label}: training needs scale, bias, mean and var of one value per "
-                    f"channel of x {list(x.shape)}; they are "
-                    f"{[list(v.shape) if v is not None else None for v in stats]}", [])
-            c = (scale.shape[0],)
-            outs = list(node.outputs) + [None] * (5 - len(node.outputs))
-            y = outs[0]
-            saved = [Value(graph.unique_name(f"{node.name}/saved_{k}"), c, x.dtype)
-                     for k in ("mean", "inv_std")]
-            for v in saved:
-                graph.values[v.name] = v
-            new_stats = []
-            for k, old in enumerate(outs[1:3]):
-                if old is None or old.shape != c:  # opset < 9 had other optional outputs
-                    old = Value(graph.unique_name(f"{node.name}/new_running_{k}"), c, x.dtype)
-                    graph.values[old.name] = old
-                new_stats.append(old)
-            attrs = {"epsilon": float(node.attrs.get("epsilon", 1e-5)),
-                     "momentum": float(node.attrs.get("momentum", 0.9)),
-                     "unbiased_running_var": int(cfg.bn_unbiased_running_var)}
-            if cfg.sync_batchnorm and cfg.world is not None:  # statistics over every rank
-                attrs["world"] = cfg.world
-            new = internal_node(graph, registry, backend, "BatchNormTraining", node.name,
-                            [x, scale, bias, mean, var], [y, *saved, *new_stats], attrs)
-            graph.replace_node(node, new)
-            commits += [(stat, v) for stat, v in zip((mean, var), new_stats)
-                        if stat.kind == ir.PARAM]
-            counts["BatchNormalization"] += 1
-        elif node.op_type == "Dropout":
-            ratio = node.attrs.get("ratio", 0.5) if node.since_version < 12 else (
-                float(np.asarray(node.inputs[1].data)) if len(node.inputs) > 1
-                and node.inputs[1] is not None else 0.5)
-            if ratio == 0.0:
-                continue
-            y = node.outputs[0]
-            old_mask = node.outputs[1] if len(node.outputs) > 1 else None
-            mask = old_mask if old_mask is not None and old_mask.dtype == np.bool_ else None
-            if mask is None:
-                mask = Value(graph.unique_name(f"{node.name}/mask"), y.shape, np.dtype(np.bool_))
-                graph.values[mask.name] = mask
-            offset = sample_offset(graph, cfg, node.inputs[0])
-            inputs = [node.inputs[0], counter] + ([offset] if offset is not None else [])
-            new = internal_node(graph, registry, backend, "DropoutTraining", node.name,
-                                inputs, [y, mask],
-                                {"ratio": float(ratio), "seed": int(cfg.seed) * 1_000_003 + index})
-            graph.replace_node(node, new)
-            if old_mask is not None and old_mask is not mask:
-                _legacy_mask(graph, registry, backend, new, old_mask)
-            counts["Dropout"] += 1
-        elif node.op_type in RANDOM_OPS:
-            inputs, attrs = training_draw(node, int(cfg.seed) * 1_000_003 + index, counter)
-            new = internal_node(graph, registry, backend, "RandomDraw", node.name, inputs,
-                                list(node.outputs), attrs)
-            graph.replace_node(node, new)
+        ctx = TrainingContext(
+            graph, int(cfg.seed) * 1_000_003 + index, counter, make_node,
+            trains=lambda v: is_chosen(v.name, cfg),
+            sample_offset=lambda x: sample_offset(graph, cfg, x),
+            unbiased_running_var=cfg.bn_unbiased_running_var,
+            frozen_batchnorm_eval=cfg.frozen_batchnorm_eval,
+            sync_world=cfg.world if cfg.sync_batchnorm else None, commits=commits)
+        if rule(node, ctx):
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return commits, counts
 
@@ -284,42 +239,24 @@ def sample_offset(graph: Graph, cfg: TrainConfig, x: Value) -> Value | None:
     return offset
 
 
-def _legacy_mask(graph: Graph, registry: OpRegistry, backend: str, dropout: Node,
-                 old_mask: Value) -> None:
-    """Opset 7-9 Dropout gave its mask in x's type: where something reads it, a Cast of the
-    training mask makes it; otherwise it goes."""
-    if not old_mask.consumers and old_mask not in graph.outputs:
-        del graph.values[old_mask.name]
-        old_mask.producer = None
-        return
-    cast = Node(graph.unique_name(f"{dropout.name}/mask_cast"), "Cast", "", 13,
-                [dropout.outputs[1]], [old_mask], {"to": onnx_elem_type(old_mask.dtype)},
-                registry.lookup("", "Cast", 13, backend))
-    graph.insert(graph.nodes.index(dropout) + 1, cast)
+def _training_form(node: Node):
+    return node.opdef.training if node.opdef is not None else None
 
 
 def to_inference_mode(graph: Graph) -> int:
-    """Eval semantics for a model exported in training mode: BatchNormalization uses its
-    running statistics, Dropout passes its input through. Returns how many nodes changed."""
+    """Eval semantics for a model exported in training mode (``OpDef.inference``:
+    BatchNormalization uses its running statistics, Dropout passes its input through).
+    Returns how many nodes changed."""
     changed = 0
-    for node in graph.nodes:
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type == "BatchNormalization" and node.attrs.get("training_mode", 0):
-            node.attrs["training_mode"] = 0
-            for k in range(1, len(node.outputs)):
-                out = node.outputs[k]
-                if out is not None and not out.consumers and out not in graph.outputs:
-                    node.outputs[k] = None
-            changed += 1
-        elif node.op_type == "Dropout" and node.since_version >= 12 and len(node.inputs) > 2 \
-                and node.inputs[2] is not None:
-            off = Value(graph.unique_name(f"{node.name}/eval"), (), np.dtype(np.bool_), ir.CONST,
-                        data=np.array(False))
-            graph.values[off.name] = off
-            graph.replace_input(node, 2, off)
+    for node in list(graph.nodes):
+        rule = _inference_form(node)
+        if rule is not None and rule(node, graph):
             changed += 1
     return changed
+
+
+def _inference_form(node: Node):
+    return node.opdef.inference if node.opdef is not None else None
 
 
 def contributes_to(graph: Graph, target: Value) -> set[Value]:

@@ -21,12 +21,10 @@ records the global batch size, so a run of another world size resumes it at the 
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +35,25 @@ from ..distributed import World
 from ..errors import (
     CheckpointError,
     InputError,
-    InternalError,
     NoStepApplied,
     TrainingDiverged,
     TrOnnxError,
 )
-from ..feeds import check_class_indices
 from .batches import Batches, prepare
-from .losses import INTEGER_LABELS, LOSSES, LossSpec, make_loss_spec
+from .losses import INTEGER_LABELS, LossSpec
 from .metrics import default_metrics, make_metrics, metric_values
 from .plots import plot_format, plot_history
 from .progress import ProgressBar
+from .records import (
+    EpochTotals,
+    MetricsFile,
+    accuracy_kind,
+    count_correct,
+    finite,
+    status_text,
+    summary,
+)
 from .session import TrainingSession
-from .storage import write_all, write_error
 
 CHECKPOINT_NAME = "last.ckpt.npz"
 REGRESSION = frozenset({"mse", "l1", "smooth_l1"})  # the losses whose runs get MSE and MAE
@@ -65,115 +69,6 @@ def label_kind(session: TrainingSession) -> tuple[str, np.dtype]:
         return "dense", np.dtype(out.dtype)
     dtype = np.dtype(session.loss.inputs[1].dtype)
     return ("index" if dtype.kind in "iu" else "dense"), dtype
-
-
-# ---- losses and accuracy in numpy (validation) ------------------------------------------------
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    z = x - x.max(axis=1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-
-def numpy_loss(spec: LossSpec, x: np.ndarray, y: np.ndarray) -> float:
-    """The builtin loss ``spec`` of output ``x`` and labels ``y``, in float64, with the same
-    semantics as the training graph (ONNX SoftmaxCrossEntropyLoss for cross_entropy)."""
-    spec = make_loss_spec(spec)  # an unknown name or reduction is the caller's error
-    x = x.astype(np.float64)
-    if spec.name == "cross_entropy":
-        axis = spec.class_axis_of(x.ndim)
-        check_class_indices(y, "labels", x.shape[axis], spec.ignore_index,
-                            f"the output (class axis {spec.class_axis})")
-        x = np.moveaxis(x, axis, 1)
-        keep = np.ones(y.shape, bool) if spec.ignore_index is None else y != spec.ignore_index
-        yi = np.where(keep, y, 0)
-        logp = _log_softmax(x)
-        nll = -np.take_along_axis(logp, np.expand_dims(yi, 1), axis=1)[:, 0]
-        class_w = (np.asarray(spec.weights, np.float64) if spec.weights
-                   else np.ones(x.shape[1]))
-        w = class_w[yi] * keep
-        total = float((w * nll).sum())
-        if spec.label_smoothing:  # torch's: the uniform part weighs every class's log p
-            eps, shape = spec.label_smoothing, [-1] + [1] * (x.ndim - 2)
-            smooth = float((-(logp * class_w.reshape(shape)).sum(axis=1) * keep).sum())
-            total = (1 - eps) * total + eps / x.shape[1] * smooth
-        return total / float(w.sum()) if spec.reduction == "mean" else total
-    d = x - y.astype(np.float64)
-    if spec.name == "mse":
-        per = d * d
-    elif spec.name == "l1":
-        per = np.abs(d)
-    elif spec.name == "bce_with_logits":
-        per = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
-    elif spec.name == "smooth_l1":
-        a = np.abs(d)
-        per = np.where(a < spec.beta, 0.5 * a * a / spec.beta, a - 0.5 * spec.beta)
-    else:
-        raise InternalError(f"numpy_loss has no evaluation of the builtin loss {spec.name!r}; "
-                            f"every loss in training.losses.LOSSES ({', '.join(LOSSES)}) "
-                            "needs one")
-    return float(per.mean() if spec.reduction == "mean" else per.sum())
-
-
-def accuracy_kind(labels: np.ndarray) -> str | None:
-    """``"index"`` (class indices), ``"one_hot"`` (rows with a single 1) or None (no accuracy:
-    regression targets)."""
-    if labels.dtype.kind in "iu":
-        return "index"
-    if labels.ndim == 2 and np.all((labels == 0) | (labels == 1)) and np.all(labels.sum(1) == 1):
-        return "one_hot"
-    return None
-
-
-def count_correct(kind: str | None, x: np.ndarray, y: np.ndarray,
-                  ignore_index: int | None = None, class_axis: int = 1) -> tuple[int, int]:
-    """(correct, counted) predictions: argmax over the class axis of the output (every token
-    of a [N, T, V] output counts)."""
-    if kind is None or x.ndim < 2:
-        return 0, 0
-    pred = x.argmax(axis=class_axis)
-    if kind == "one_hot":
-        return int((pred == y.argmax(axis=1)).sum()), len(y)
-    keep = np.ones(y.shape, bool) if ignore_index is None else y != ignore_index
-    return int(((pred == y) & keep).sum()), int(keep.sum())
-
-
-# ---- metrics ---------------------------------------------------------------------------------
-
-def _finite(v):
-    """JSON-safe metric: non-finite floats become None (strict JSON has no NaN)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
-@dataclass
-class EpochTotals:
-    """Running sums of the epoch in progress (saved in mid-epoch checkpoints)."""
-
-    loss_sum: float = 0.0
-    samples: int = 0  # samples of applied (finite) batches
-    seen: int = 0  # samples of every batch (throughput)
-    correct: int = 0
-    counted: int = 0
-    skipped: int = 0  # batches with a non-finite loss or gradient (not applied)
-    train_seconds: float = 0.0
-    metric_sums: list = field(default_factory=list)  # per metric (training.metrics), as lists
-
-    def add_metric_sums(self, sums: Sequence[np.ndarray]) -> None:
-        if not self.metric_sums:
-            self.metric_sums = [[0.0] * len(v) for v in sums]
-        self.metric_sums = [np.add(t, v).tolist() for t, v in zip(self.metric_sums, sums)]
-
-    @property
-    def loss(self) -> float | None:
-        return self.loss_sum / self.samples if self.samples else None
-
-    @property
-    def acc(self) -> float | None:
-        return self.correct / self.counted if self.counted else None
-
-    def samples_per_s(self) -> float | None:
-        return self.seen / self.train_seconds if self.train_seconds > 0 else None
 
 
 def session_world(session: TrainingSession) -> World:
@@ -208,7 +103,7 @@ class Trainer:
     ``tr_onnx.data.load_dataset`` returns, or anything ``training.batches.prepare`` takes (a
     path, whole arrays, an iterable of batches: ``tr_onnx.fit``'s data). Per epoch: shuffle (a
     function of ``seed`` and the epoch; batches from an iterable come in its order),
-    ``session.train_step`` per batch, validation with ``session.run`` in batches of
+    ``session.train_step`` per batch, validation with ``session.run_loss`` in batches of
     ``val_batch_size`` (default ``batch_size``), a metrics line, a checkpoint, then the
     ``callbacks``' ``on_epoch_end(trainer, record)`` (a plain function is called as that);
     ``on_step(trainer, record)`` after every batch, with the epoch's running record;
@@ -314,9 +209,7 @@ class Trainer:
         self.totals = EpochTotals()
         self.status = "new"  # "running", "done", "diverged" or "no step"
         self._run_batches = self._run_skipped = 0  # batches this fit() trained, skipped
-        self._metrics_lines = 0  # lines of metrics_path that belong to this run
-        self._metrics = None
-        self._loss_model = None
+        self._metrics_file = MetricsFile(self.metrics_path)
         self._data_crc: int | None = None
         self._stream_batches = 0  # batches from an iterable trained so far (metrics_every)
 
@@ -402,7 +295,7 @@ class Trainer:
             if not path.exists():
                 raise TrOnnxError(f"{path}: no checkpoint to resume from")
             session = TrainingSession.from_checkpoint(path, plugins=plugins)
-        extra = getattr(session, "checkpoint_extra", {})
+        extra = session.checkpoint_extra
         missing = [k for k in ("epoch", "batch", "seed", "batch_size", "history", "n_train")
                    if k not in extra]
         if missing:
@@ -427,7 +320,7 @@ class Trainer:
             raise InputError(f"resume: the training data ({trainer.n_train} samples) is not the "
                              f"data {path} was trained on ({extra['n_train']} samples)")
         trainer.epoch, trainer.batch, trainer.history, trainer.totals, \
-            trainer._metrics_lines = position
+            trainer._metrics_file.lines = position
         trainer.log(f"resuming from {path}: epoch {trainer.epoch + 1}, batch "
                     f"{trainer.batch + 1} of {trainer.batches_per_epoch}, step {session.step}")
         return trainer
@@ -474,7 +367,7 @@ class Trainer:
             self.log(f"{self.epoch} epochs done already (epochs={self.epochs}): nothing to train")
         try:
             self.stop_training = False
-            with self._metrics_file():
+            with self._metrics_file.open():
                 while self.epoch < self.epochs and not self.stop_training:
                     if (note := self.session.begin_epoch(self.epoch)) is not None:
                         self.log(note)  # unfrozen (fine-tuning's unfreeze_after)
@@ -505,9 +398,9 @@ class Trainer:
         why = (f"all {n} batches had a non-finite loss or gradient and were skipped"
                if skipped == n else f"{skipped} of {n} batches were skipped as non-finite and "
                f"the others completed no step (grad_accumulation="
-               f"{self.session.options['grad_accumulation']}, or fp16 gradient overflows)")
+               f"{self.session.options.grad_accumulation}, or fp16 gradient overflows)")
         return (f"no optimizer step was applied: {why} (fewer than max_bad_steps="
-                f"{self.session.options['max_bad_steps']} in a row, so not reported as "
+                f"{self.session.options.max_bad_steps} in a row, so not reported as "
                 "diverged); the weights are those the run started from: check the data for NaN "
                 "or infinity, or lower the learning rate")
 
@@ -690,48 +583,18 @@ class Trainer:
                   "seconds": seconds}
         if kind == "step":
             record["batch"] = self.batch
-        return {k: _finite(v) for k, v in record.items()}
+        return {k: finite(v) for k, v in record.items()}
 
     def _metric_keys(self) -> list[str]:
         """The record keys of the metrics beyond loss and accuracy, without their prefix."""
         return list(metric_values(self.metrics, None, ""))
 
-    def _printed_metrics(self, record: dict, prefix: str) -> str:
-        """`` acc 0.9123 f1 0.9001``: the accuracy where the labels are classes, then each
-        metric (per-class lists are left to the metrics file)."""
-        def fmt(v):
-            return "-" if v is None else format(v, ".4f")
-        text = f" acc {fmt(record[prefix + 'acc'])}" if self.accuracy_kind is not None else ""
-        for key in self._metric_keys():
-            if not key.endswith("_per_class"):
-                text += f" {key} {fmt(record[prefix + key])}"
-        return text
-
     def _status_text(self, totals: EpochTotals) -> str:
-        parts = []
-        if totals.loss is not None:
-            parts.append(f"loss {totals.loss:.4f}")
-        if totals.acc is not None:
-            parts.append(f"acc {totals.acc:.3f}")
-        if totals.samples_per_s() is not None:
-            parts.append(f"{totals.samples_per_s():.0f} samples/s")
-        if self.world.size > 1:
-            parts.append(f"{self.world.size} ranks")
-        return "  ".join(parts)
+        return status_text(totals, self.world.size)
 
-    def _summary(self, r: dict) -> str:
-        def fmt(v, spec):
-            return "-" if v is None else format(v, spec)
-        text = (f"epoch {r['epoch']}/{self.epochs}: train loss {fmt(r['train_loss'], '.4f')}"
-                f"{self._printed_metrics(r, 'train_')}")
-        if self.val_data:
-            text += f", val loss {fmt(r['val_loss'], '.4f')}{self._printed_metrics(r, 'val_')}"
-        ranks = f" on {self.world.size} ranks" if self.world.size > 1 else ""
-        text += (f", {fmt(r['samples_per_s'], '.0f')} samples/s{ranks}, {r['seconds']:.2f} s, "
-                 f"step {r['step']}")
-        if r["skipped_batches"]:
-            text += f", {r['skipped_batches']} non-finite batches skipped"
-        return text
+    def _summary(self, record: dict) -> str:
+        return summary(record, self.epochs, self._metric_keys(), self.accuracy_kind is not None,
+                       bool(self.val_data), self.world.size)
 
     # ---- evaluation --------------------------------------------------------------------------
 
@@ -749,9 +612,8 @@ class Trainer:
         bar = ProgressBar(self._eval_batch_count(data), shown or "",
                           enabled=bool(shown) and self.progress)
         for done, (feed, y) in enumerate(self._eval_batches(data), 1):
-            (x,) = self.session.run([output], feed)
+            x, loss = self.session.run_loss(feed, y)
             bar.update(done, "")
-            loss = self._batch_loss(x, y)
             loss_sum += loss * len(y)
             c, k = count_correct(self.accuracy_kind, x, y, self.ignore_index, self.class_axis)
             correct, counted, n = correct + c, counted + k, n + len(y)
@@ -764,7 +626,7 @@ class Trainer:
             sums = [np.zeros(m.size(x.shape)) for m in self.metrics]
         (loss_sum, correct, counted, n), sums = self._allreduce([loss_sum, correct, counted, n],
                                                                sums)
-        return {"loss": _finite(loss_sum / n) if n else None,
+        return {"loss": finite(loss_sum / n) if n else None,
                 "acc": correct / counted if counted else None,
                 **metric_values(self.metrics, sums, "")}
 
@@ -788,16 +650,6 @@ class Trainer:
             stop = min(start + bs, end)
             yield {k: v[start:stop] for k, v in arrays.items()}, labels[start:stop]
 
-    def _batch_loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        loss = self.session.loss
-        if isinstance(loss, LossSpec):
-            return numpy_loss(loss, x, y)
-        if self._loss_model is None:  # an ONNX loss model: run it forward
-            from ..session import InferenceSession
-            self._loss_model = InferenceSession(loss.original)
-        names = [i.name for i in loss.inputs]
-        return float(np.asarray(self._loss_model.run(None, {names[0]: x, names[1]: y})[0]))
-
     # ---- files -------------------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
@@ -811,66 +663,15 @@ class Trainer:
                  "history": self.history,
                  "totals": asdict(self.totals), "n_train": self.n_train,
                  "data_crc": self.data_crc,
-                 "metrics_lines": self._metrics_lines}
+                 "metrics_lines": self._metrics_file.lines}
         self.session.save_checkpoint(self.checkpoint_path, extra=extra)
-
-    @contextlib.contextmanager
-    def _metrics_file(self):
-        """The metrics file, open while training: new for a fresh run; for a resumed one, cut
-        (in place: cutting needs no disk space) to the lines the checkpoint had seen (a run
-        that stopped after them wrote lines that the resume repeats). Failing to open or cut
-        it is a ``WriteError``."""
-        if self.metrics_path is None:
-            yield
-            return
-        path, keep = self.metrics_path, 0
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if self._metrics_lines and path.exists():
-                kept = path.read_bytes().splitlines(keepends=True)[:self._metrics_lines]
-                self._metrics_lines, keep = len(kept), sum(map(len, kept))
-            else:
-                self._metrics_lines = 0
-            f = open(path, "r+b" if keep else "wb", buffering=0)  # unbuffered: see write_all
-        except OSError as exc:
-            raise write_error(path, exc, "opening the metrics file") from None
-        with f:
-            if keep:
-                try:
-                    f.truncate(keep)
-                    f.seek(keep)
-                except OSError as exc:
-                    raise write_error(path, exc, "cutting it to the checkpoint's lines") \
-                        from None
-            self._metrics = f
-            try:
-                yield
-            finally:
-                self._metrics = None
 
     def _write_metrics(self, record: dict) -> None:
         """Append one JSON line, then hand the record to the callbacks' ``on_record``."""
-        self._write_metrics_line(record)
+        self._metrics_file.write(record)
         for callback in self.callbacks:
             if hasattr(callback, "on_record"):
                 callback.on_record(self, record)
-
-    def _write_metrics_line(self, record: dict) -> None:
-        """Append one JSON line. Failing (disk full) is a ``WriteError``; the file is cut back
-        to the lines written before it (never half a line)."""
-        if self._metrics is None:
-            return
-        f = self._metrics
-        start = f.tell()
-        try:
-            write_all(f.fileno(), (json.dumps(record) + "\n").encode())
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                f.truncate(start)
-                f.seek(start)
-            raise write_error(self.metrics_path, exc,
-                              f"metrics line {self._metrics_lines + 1}") from None
-        self._metrics_lines += 1
 
     def _plot(self) -> None:
         if self.plot_path is None or not self.history:

@@ -36,7 +36,7 @@ from ...memory import DTensor, MemoryPlan
 from ...opdef import CudaKernel, KernelContext
 from . import sources
 from .capture import DeviceBuffer
-from .cudnn_graphs import CudnnGraphError, describe_node
+from .cudnn_graphs import CudnnGraph, CudnnGraphError, Describe, describe_node
 from .device import BLOCK, KernelRef, launch_dims
 
 INTERNAL = "ai.tr_onnx"
@@ -197,11 +197,6 @@ def i32(x) -> np.int32:
 # The bind context
 # --------------------------------------------------------------------------------------------
 
-Describe = Callable[[ir.Node, MemoryPlan, tuple[int, int]], Any]
-"""A family's description of a node's cuDNN graph: ``(node, memory plan, (workspace offset,
-bytes)) -> cudnn_graphs.GraphDesc``, raising ``CudnnGraphError`` for a form it cannot take."""
-
-
 class BindContext:
     """What a binding may use when its node is bound: arena pointers of the plan's tensors,
     the node's own scratch (``ws``), kernel references and launches, cuDNN graphs.
@@ -281,8 +276,8 @@ class BindContext:
               describe: Describe | None = None) -> list:
         """The node's cuDNN graph over its scratch buffer ``workspace`` (the limit its plans
         are deselected above); ``activation``: a Relu to fuse into a conv's epilogue.
-        ``describe``: the family's description of the node's graph (``Describe``) where
-        ``cudnn_graphs.describe_node`` has none (an op set's own cuDNN graph)."""
+        ``describe``: a description of the node's graph (``cudnn_graphs.Describe``) other than
+        the one its op's ``CudnnGraph`` declares (``cudnn_graphs.describe_node``)."""
         ws = self.workspaces[workspace]
         try:
             desc = (describe_node(node, self.memory, activation, (ws.offset, ws.nbytes))
@@ -346,9 +341,12 @@ def cudnn_binding(workspace_bytes: Callable[[KernelContext], int] | None = None,
 
 def kernel_factory(kernel) -> Callable[[KernelContext], Bind]:
     """The cuda factory of an OpDef's ``kernels["cuda"]``: a binding factory as it is, a
-    plugin's ``CudaKernel`` through ``plugin_binding``."""
+    plugin's ``CudaKernel`` through ``plugin_binding``, a ``CudnnGraph`` through its own
+    binding or, where it declares none, ``cudnn_binding`` of the graph alone."""
     if isinstance(kernel, CudaKernel):
         return binding(plugin_binding(kernel))
+    if isinstance(kernel, CudnnGraph):
+        return kernel.binding or cudnn_binding(kernel.workspace_bytes)
     return kernel
 
 

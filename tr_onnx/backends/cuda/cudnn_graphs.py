@@ -1,12 +1,16 @@
-"""cuDNN frontend graphs of the cuda backend, described from the MemoryPlan alone.
+"""cuDNN frontend graphs of the cuda backend, described from the MemoryPlan alone: the generic
+machinery. Which op has which graph is declared beside its cuda binding: an op's
+``kernels["cuda"]`` is a ``CudnnGraph`` (``backends/cuda/ops/conv.py``, ``normalization.py``,
+``matmul.py``; a plugin's OpDef or KernelDef the same way), as a ``CudaKernel`` declares CUDA C++.
 
 Two halves, so that everything but the last call can be checked without a GPU:
 
 * ``describe_node(node, plan) -> GraphDesc``: a pure description of the graph one IR node
-  needs -- tensors (NCHW-ordered dims, element strides of the padded channels-last buffer,
-  data type, byte offset in the arena), the op's window (from ``ops.conv.Window``, the same
-  arithmetic the numpy kernels use) and its scalars. It reads only DTensors and node
-  attributes, and raises ``CudnnGraphError`` naming the node for what cuDNN cannot do.
+  needs, by the ``describe`` of the node's ``CudnnGraph`` -- tensors (NCHW-ordered dims, element
+  strides of the padded channels-last buffer, data type, byte offset in the arena: ``PlanIndex``,
+  ``feature_map``, ``channel_vector``), the op's parameters and scalars, and ``build``, the
+  frontend calls that make it. It reads only DTensors and node attributes, and raises
+  ``CudnnGraphError`` naming the node for what cuDNN cannot do.
 * ``build_pygraph(desc, cudnn, handle) -> BuiltGraph``: issues the ``cudnn.pygraph`` calls
   (nvidia-cudnn-frontend, module ``cudnn``), builds the plan and asks for its workspace size.
   ``declare_pygraph`` stops before ``validate()``, which is the first call that needs the
@@ -28,17 +32,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ...errors import TrOnnxError
-from ...layouts import GatherRowsLayout, StridedLayout, compact_strides
+from ...layouts import GatherRowsLayout, StridedLayout
 from ...memory import ALIGN, DTensor, MemoryPlan, Region
-from ...ops.conv import Window
-
-INTERNAL_DOMAIN = "ai.tr_onnx"
+from ...registry import default_registry
 
 # numpy dtype name -> cudnn.data_type member
 CUDNN_DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT"}
@@ -47,17 +49,6 @@ HEURISTICS = ("A", "FALLBACK")
 DETERMINISTIC_ENV = "TR_ONNX_CUDNN_DETERMINISTIC"
 """Set to 1: plans leave out cuDNN's non-deterministic engines (bitwise-repeatable steps, as
 ``torch.backends.cudnn.deterministic``); read when a plan is made."""
-
-# (domain, op_type) -> GraphDesc.kind
-CUDNN_OPS = {
-    ("", "Conv"): "conv_fprop",
-    (INTERNAL_DOMAIN, "ConvGradData"): "conv_dgrad",
-    (INTERNAL_DOMAIN, "ConvGradFilter"): "conv_wgrad",
-    (INTERNAL_DOMAIN, "BatchNormTraining"): "batchnorm",
-    (INTERNAL_DOMAIN, "BatchNormGrad"): "batchnorm_backward",
-    ("", "Gemm"): "matmul",
-    ("", "MatMul"): "matmul",
-}
 
 
 class CudnnGraphError(TrOnnxError):
@@ -118,18 +109,20 @@ class ScalarDesc:
 class GraphDesc:
     """The cuDNN graph of one node.
 
-    ``kind`` is the frontend op (``conv_fprop``, ``conv_dgrad``, ``conv_wgrad``, ``batchnorm``,
-    ``batchnorm_backward``, ``matmul``); ``inputs``/``outputs`` map the op's port names to
-    tensors (outputs are what ``set_output(True)`` marks); ``params`` are the op's keyword
-    attributes (``pre_padding``, ``post_padding``, ``stride``, ``dilation``); ``epilogue``
-    the fused pointwise ops after it (``bias``, ``relu``) with ``relu_clip`` (lower, upper)
-    for a clipped ReLU; ``workspace`` the arena range (offset, bytes) the plan reserves for
-    per-node scratch, which the graph's workspace must fit. ``node_inputs``: which of the
-    node's inputs the graph computes with, where it leaves some to a kernel of its own (a
+    ``kind`` names the graph (the frontend op: ``conv_fprop``, ``conv_dgrad``, ``conv_wgrad``,
+    ``batchnorm``, ``batchnorm_backward``, ``matmul``, ``sdpa``...); ``inputs``/``outputs`` map
+    the op's port names to tensors (outputs are what ``set_output(True)`` marks); ``params`` are
+    the op's keyword attributes (``pre_padding``, ``post_padding``, ``stride``, ``dilation``);
+    ``epilogue`` the fused pointwise ops after it (``bias``, ``relu``) with ``relu_clip``
+    (lower, upper) for a clipped ReLU; ``workspace`` the arena range (offset, bytes) the plan
+    reserves for per-node scratch, which the graph's workspace must fit. ``node_inputs``: which
+    of the node's inputs the graph computes with, where it leaves some to a kernel of its own (a
     ConvTranspose's bias); None: all of them (what the host emulator runs as the node's numpy
-    kernel). ``build``: the frontend calls of a graph a family describes in its own module
-    (``(g, desc, ins, scalars) -> {output port: tensor}``, as the builders here); None: this
-    module's builder of ``kind``.
+    kernel). ``build``: the frontend calls of the graph, from the family that describes it:
+    ``(g, desc, ins, scalars) -> {output port: frontend tensor}``, ``ins`` the declared input
+    tensors and ``scalars`` the runtime scalars by name. ``builds_without_device``: cuDNN's
+    deviceless mode can run ``build_plans()`` for it (convolutions; matmul and normalization
+    engines load kernels through the driver at plan build).
     """
 
     kind: str
@@ -149,6 +142,7 @@ class GraphDesc:
     compute_data_type: str = "FLOAT"
     node_inputs: tuple[int, ...] | None = None
     build: Callable[..., dict] | None = None
+    builds_without_device: bool = False
 
     def tensors(self) -> dict[str, TensorDesc]:
         return {**self.inputs, **self.outputs}
@@ -213,8 +207,8 @@ def strided_dims(t: DTensor, padded: bool) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _vector(index: PlanIndex, t: DTensor, port: str, rank: int, channels: int,
-            label: str) -> TensorDesc:
+def channel_vector(index: PlanIndex, t: DTensor, port: str, rank: int, channels: int,
+                   label: str) -> TensorDesc:
     """A per-channel vector (``[C]`` or ``[Cp]`` in memory) as ``[1, channels, 1, ...]``."""
     if len(t.shape) != 1:
         raise CudnnGraphError(f"{label}: {port} {t.name!r} has shape {list(t.shape)}; a "
@@ -224,8 +218,10 @@ def _vector(index: PlanIndex, t: DTensor, port: str, rank: int, channels: int,
     return index.tensor(t, port, dims, strides, label)
 
 
-def _feature_map(index: PlanIndex, t: DTensor, port: str, padded: bool,
-                 label: str) -> TensorDesc:
+def feature_map(index: PlanIndex, t: DTensor, port: str, padded: bool,
+                label: str) -> TensorDesc:
+    """A strided feature map of rank >= 3 as NCHW-ordered dims over its buffer's strides
+    (``padded``: the channel dim at its padded count)."""
     layout = t.layout
     if not isinstance(layout, StridedLayout) or len(t.shape) < 3:
         raise CudnnGraphError(f"{label}: {port} {t.name!r} must be a strided feature map of "
@@ -233,96 +229,7 @@ def _feature_map(index: PlanIndex, t: DTensor, port: str, padded: bool,
     return index.tensor(t, port, strided_dims(t, padded), element_strides(t), label)
 
 
-# --------------------------------------------------------------------------------------------
-# Convolutions
-# --------------------------------------------------------------------------------------------
-
-def _window(node, x_spatial, kernel, y_spatial, attrs=None) -> Window:
-    try:
-        win = Window.resolve(node.attrs if attrs is None else attrs, x_spatial, kernel)
-    except ValueError as e:
-        raise CudnnGraphError(f"{node.label}: {e}") from None
-    if tuple(win.out_shape) != tuple(y_spatial):
-        raise CudnnGraphError(f"{node.label}: window arithmetic gives spatial output "
-                              f"{list(win.out_shape)} but the plan has {list(y_spatial)}")
-    return win
-
-
-def _conv_params(win: Window) -> dict[str, list[int]]:
-    return {"pre_padding": list(win.pads_begin), "post_padding": list(win.pads_end),
-            "stride": list(win.strides), "dilation": list(win.dilations)}
-
-
-def _padded_groups(x: DTensor, w: DTensor, y: DTensor, group: int) -> tuple[bool, str]:
-    """Whether the padded dims still describe the logical conv (see the module docstring).
-
-    cuDNN infers the group count from the dims: G = C_x / C_w. With padded dims G' = Xc / Wi
-    groups of Wo / G' outputs; the first ``group`` of them must be the logical groups and the
-    rest read and write only padded (zero) lanes.
-    """
-    xc, yc = strided_dims(x, True)[1], strided_dims(y, True)[1]
-    wo, wi = strided_dims(w, True)[:2]
-    o, cg = w.shape[:2]
-    og = o // group
-    if wi == 0 or xc % wi or wo % (xc // wi) or yc != wo:
-        return False, (f"padded channels do not line up (x {xc}, w [{wo}, {wi}], y {yc}): "
-                       "logical channel dims over padded strides")
-    g_padded = xc // wi
-    if (group == 1 and g_padded != 1) or (group > 1 and (wi != cg or wo // g_padded != og)):
-        return False, (f"group={group} does not survive padding (x {xc} channels, w [{wo}, "
-                       f"{wi}]): logical channel dims over padded strides")
-    return True, ""
-
-
-def conv_desc(node, plan: MemoryPlan, kind: str, x: DTensor, w: DTensor, y: DTensor,
-              inputs: dict[str, str], outputs: dict[str, str], bias: DTensor | None = None,
-              epilogue_out: DTensor | None = None, relu_clip=None,
-              attrs: dict | None = None) -> GraphDesc:
-    """The ``kind`` graph (conv_fprop, conv_dgrad, conv_wgrad) of the convolution x -> y with
-    weight w; ``inputs``/``outputs`` map ports to the roles 'x', 'w', 'y'. ``attrs``: the
-    convolution's attributes when they are not the node's own (ConvTranspose runs as the data
-    gradient of its adjoint Conv, ``backends/cuda/ops/conv.py``). ``bias`` is added to the
-    graph's output in its epilogue."""
-    attrs = node.attrs if attrs is None else attrs
-    index = PlanIndex(plan)
-    group = int(attrs.get("group", 1))
-    kernel = tuple(int(k) for k in (attrs.get("kernel_shape") or w.shape[2:]))
-    if tuple(w.shape[2:]) != kernel or w.shape[1] * group != x.shape[1] or w.shape[0] % group:
-        raise CudnnGraphError(f"{node.label}: weight {list(w.shape)} does not fit input "
-                              f"{list(x.shape)} with group={group}, kernel_shape={list(kernel)}")
-    win = _window(node, x.shape[2:], kernel, y.shape[2:], attrs)
-    padded, note = _padded_groups(x, w, y, group)
-    roles = {"x": x, "w": w, "y": y}
-
-    def desc(role: str, port: str) -> TensorDesc:
-        t = roles[role]
-        if role == "w":
-            return index.tensor(t, port, strided_dims(t, padded), element_strides(t), node.label)
-        return _feature_map(index, t, port, padded, node.label)
-
-    ins = {port: desc(role, port) for port, role in inputs.items()}
-    outs = {port: desc(role, port) for port, role in outputs.items()}
-    epilogue: tuple[str, ...] = ()
-    if bias is not None:
-        channels = next(iter(outs.values())).dims[1]
-        ins["bias"] = _vector(index, bias, "bias", len(y.shape), channels, node.label)
-        epilogue += ("bias",)
-    if epilogue_out is not None:
-        out = _feature_map(index, epilogue_out, "Y", padded, node.label)
-        if out.dims != outs["Y"].dims:
-            raise CudnnGraphError(f"{node.label}: fused activation output {epilogue_out.name!r} "
-                                  f"has dims {list(out.dims)}, the conv {list(outs['Y'].dims)}")
-        outs["Y"] = out
-        epilogue += ("relu",)
-    x_desc = ins.get("image") or outs.get("DX")
-    w_desc = ins.get("weight") or ins.get("filter") or outs.get("DW")
-    return _one_data_type(GraphDesc(
-        kind, node.label, x_desc.data_type, ins, outs, params=_conv_params(win),
-        epilogue=epilogue, relu_clip=relu_clip, channels="padded" if padded else "logical",
-        groups=x_desc.dims[1] // w_desc.dims[1], notes=(note,) if note else ()))
-
-
-def _one_data_type(desc: GraphDesc) -> GraphDesc:
+def one_data_type(desc: GraphDesc) -> GraphDesc:
     """``desc``, checked to read and write one data type, as our conv and matmul graphs
     declare them (one ``io_data_type``, fp32 compute): a half-precision plan that left one
     operand float32 would otherwise reach cuDNN as a mixed-type graph no engine takes."""
@@ -333,219 +240,69 @@ def _one_data_type(desc: GraphDesc) -> GraphDesc:
     return desc
 
 
-def fusable_activation(node, graph) -> tuple[Any, tuple[float | None, float | None]] | None:
-    """The Relu (or Clip(0, max) -- ReLU6) a Conv's output feeds alone, for a fused epilogue.
+# --------------------------------------------------------------------------------------------
+# Which node has a graph: the op's declaration
+# --------------------------------------------------------------------------------------------
 
-    Returns ``(activation node, (lower, upper clip))`` or None. Only when the conv output has
-    no other reader and is not a graph output: a training graph's conv output is saved for
-    backward, so it does not fuse there.
+Describe = Callable[..., GraphDesc]
+"""``describe(node, plan, workspace, activation=None) -> GraphDesc``: the graph of one node
+from the MemoryPlan; ``workspace`` the arena range (offset, bytes) reserved for its scratch."""
+
+
+@dataclass(frozen=True)
+class CudnnGraph:
+    """An op's cuda kernel that is a cuDNN frontend graph: ``kernels["cuda"]`` of an OpDef, or
+    the kernel of a ``KernelDef(op, "cuda", ...)`` (the builtin families'), the way a
+    ``CudaKernel`` declares CUDA C++.
+
+    ``describe(node, plan, workspace) -> GraphDesc`` (``Describe``) describes a node's graph,
+    with its ``build``; it raises ``CudnnGraphError`` for a form the graph cannot take.
+    ``workspace_bytes(ctx)``: the scratch the graph may use where more than the default
+    (``bind.CUDNN_WORKSPACE``). ``activation(node, graph)``: the activation after the node
+    that the graph takes in as its epilogue (Conv's Relu), handed to ``describe`` as
+    ``activation=``; None: nothing fuses. ``binding``: the kernel factory where the node's
+    calls are more than the graph (kernels after it, a fallback kernel, a fused activation);
+    None: ``bind.cudnn_binding`` of the graph alone.
     """
-    y = node.outputs[0]
-    if y is None or y in graph.outputs or len(y.consumers) != 1:
-        return None
-    act = y.consumers[0]
-    if act.domain not in ("", "ai.onnx"):
-        return None
-    if act.op_type == "Relu":
-        return act, (None, None)
-    if act.op_type == "Clip":
-        bounds = []
-        for i, key in ((1, "min"), (2, "max")):
-            v = act.inputs[i] if i < len(act.inputs) else None
-            if v is not None and v.data is None:
-                return None
-            bounds.append(float(np.asarray(v.data).reshape(())) if v is not None
-                          else act.attrs.get(key))
-        lower, upper = bounds
-        if lower is None or lower != 0.0:
-            return None
-        return act, (None, None if upper is None else float(upper))
-    return None
+
+    describe: Describe
+    workspace_bytes: Callable | None = None
+    activation: Callable | None = None
+    binding: Callable | None = None
 
 
-# --------------------------------------------------------------------------------------------
-# BatchNorm
-# --------------------------------------------------------------------------------------------
-
-def _batchnorm_desc(node, plan: MemoryPlan) -> GraphDesc:
-    """BatchNormTraining(x, scale, bias, running_mean, running_var) -> (y, saved_mean,
-    saved_inv_std, new_running_mean, new_running_var).
-
-    cuDNN's running update is ``next = (1 - m) * prev + m * batch`` with the unbiased batch
-    variance; ONNX's momentum is the weight of the old value (so m = 1 - momentum) and its
-    variance is the biased one. The graph always declares the running statistics (the
-    frontend requires them); where the node asks for ONNX's biased variance the backend then
-    rewrites the next running statistics from x, saved_mean and the old values with its own
-    kernel (``notes`` says so); PyTorch's unbiased convention is cuDNN's own.
-    """
-    index = PlanIndex(plan)
-    t = plan.tensors
-    x, scale, bias = (t[v.name] for v in node.inputs[:3])
-    y = t[node.outputs[0].name]
-    rank = len(x.shape)
-    xd = _feature_map(index, x, "input", True, node.label)
-    c = xd.dims[1]
-    ins = {"input": xd,
-           "scale": _vector(index, scale, "scale", rank, c, node.label),
-           "bias": _vector(index, bias, "bias", rank, c, node.label)}
-    outs = {"Y": _feature_map(index, y, "Y", True, node.label)}
-    for port, i in (("mean", 1), ("inv_var", 2)):
-        if node.outputs[i] is not None:
-            outs[port] = _vector(index, t[node.outputs[i].name], port, rank, c, node.label)
-    momentum = float(node.attrs.get("momentum", 0.9))
-    unbiased = bool(node.attrs.get("unbiased_running_var", 0))
-    scalars = {"epsilon": ScalarDesc("epsilon", float(node.attrs.get("epsilon", 1e-5))),
-               "momentum": ScalarDesc("momentum", 1.0 - momentum)}
-    # frontend 1.32's batchnorm() requires the running statistics (omitting them is a
-    # TypeError at validate()); its update uses the unbiased batch variance
-    for port, i in (("in_running_mean", 3), ("in_running_var", 4)):
-        ins[port] = _vector(index, t[node.inputs[i].name], port, rank, c, node.label)
-    for port, i in (("next_running_mean", 3), ("next_running_var", 4)):
-        if node.outputs[i] is not None:
-            outs[port] = _vector(index, t[node.outputs[i].name], port, rank, c, node.label)
-    notes = []
-    if not unbiased:
-        notes.append("running statistics use the biased batch variance (ONNX): the backend "
-                     "rewrites cuDNN's (unbiased) update from saved_mean and the old values")
-    if xd.dims != outs["Y"].dims:
-        raise CudnnGraphError(f"{node.label}: x dims {list(xd.dims)} and y dims "
-                              f"{list(outs['Y'].dims)} differ")
-    return GraphDesc("batchnorm", node.label, xd.data_type, ins, outs, scalars=scalars,
-                     notes=tuple(notes))
+def graph_of(node) -> CudnnGraph | None:
+    """The ``CudnnGraph`` that ``node``'s op declares as its cuda kernel, or None."""
+    kernel = node.opdef.kernels.get("cuda") if node.opdef is not None else None
+    return kernel if isinstance(kernel, CudnnGraph) else None
 
 
-def _batchnorm_backward_desc(node, plan: MemoryPlan) -> GraphDesc:
-    """BatchNormGrad(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias), training=1 only:
-    with fixed running statistics (training=0) gx is a per-channel scale, an elementwise kernel."""
-    if not int(node.attrs.get("training", 1)):
-        raise CudnnGraphError(f"{node.label}: training=0 (fixed statistics) is a per-channel "
-                              "scale of gy; it has no cuDNN batchnorm_backward graph")
-    index = PlanIndex(plan)
-    t = plan.tensors
-    gy, x, scale, mean, inv_std = (t[v.name] for v in node.inputs[:5])
-    rank = len(x.shape)
-    xd = _feature_map(index, x, "input", True, node.label)
-    c = xd.dims[1]
-    ins = {"grad": _feature_map(index, gy, "grad", True, node.label), "input": xd,
-           "scale": _vector(index, scale, "scale", rank, c, node.label),
-           "mean": _vector(index, mean, "mean", rank, c, node.label),
-           "inv_variance": _vector(index, inv_std, "inv_variance", rank, c, node.label)}
-    outs = {}
-    for port, i in (("DX", 0), ("DScale", 1), ("DBias", 2)):
-        v = node.outputs[i] if i < len(node.outputs) else None
-        if v is None:
-            continue
-        outs[port] = (_feature_map(index, t[v.name], port, True, node.label) if i == 0
-                      else _vector(index, t[v.name], port, rank, c, node.label))
-    if ins["grad"].dims != xd.dims or ("DX" in outs and outs["DX"].dims != xd.dims):
-        raise CudnnGraphError(f"{node.label}: gy, x and gx dims differ")
-    return GraphDesc("batchnorm_backward", node.label, xd.data_type, ins, outs)
+def graph_ops(registry=None) -> list[str]:
+    """The op types whose cuda kernel is a cuDNN graph in ``registry`` (the default one)."""
+    registry = registry or default_registry()
+    return sorted({k.op_type for k in registry.keys() if k.backend == "cuda" and isinstance(
+        registry.lookup(*k).kernels.get("cuda"), CudnnGraph)})
 
-
-# --------------------------------------------------------------------------------------------
-# MatMul / Gemm
-# --------------------------------------------------------------------------------------------
-
-def _matrix(index: PlanIndex, t: DTensor, port: str, trans: bool, label: str) -> TensorDesc:
-    """A rank-2 or rank-3 tensor as cuDNN's ``[batch, rows, cols]`` (transposed by strides)."""
-    dims, strides = list(strided_dims(t, True)), list(element_strides(t))
-    if len(dims) == 2:
-        dims, strides = [1] + dims, [dims[0] * strides[0]] + strides
-    if len(dims) != 3:
-        raise CudnnGraphError(f"{label}: {port} {t.name!r} has rank {len(t.shape)}; cuDNN "
-                              "matmul graphs here take rank 2 or 3")
-    if trans:
-        dims[1], dims[2], strides[1], strides[2] = dims[2], dims[1], strides[2], strides[1]
-    return index.tensor(t, port, dims, strides, label)
-
-
-def _matmul_desc(node, plan: MemoryPlan) -> GraphDesc:
-    """Gemm (alpha = 1, beta = 1 or no C) and MatMul of rank 2/3: ``Y = A @ B (+ C)``."""
-    index = PlanIndex(plan)
-    t = plan.tensors
-    a, b = t[node.inputs[0].name], t[node.inputs[1].name]
-    y = t[node.outputs[0].name]
-    trans_a = trans_b = False
-    c = None
-    if node.op_type == "Gemm":
-        trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
-        has_c = len(node.inputs) > 2 and node.inputs[2] is not None
-        if float(node.attrs.get("alpha", 1.0)) != 1.0 or (
-                has_c and float(node.attrs.get("beta", 1.0)) != 1.0):
-            raise CudnnGraphError(f"{node.label}: alpha != 1 or beta != 1 has no fused cuDNN "
-                                  "matmul graph here (scale the inputs with a kernel)")
-        c = t[node.inputs[2].name] if has_c else None
-    ad = _matrix(index, a, "A", trans_a, node.label)
-    bd = _matrix(index, b, "B", trans_b, node.label)
-    yd = _matrix(index, y, "Y", False, node.label)
-    if bd.dims[0] == 1 and ad.dims[0] > 1:
-        # a B shared by every batch: declared with a batch stride of 0 (some engines reject an
-        # implicitly broadcast batch dimension)
-        bd = replace(bd, dims=(ad.dims[0], *bd.dims[1:]), strides=(0, *bd.strides[1:]))
-    if ad.dims[2] != bd.dims[1] or (ad.dims[1], bd.dims[2]) != yd.dims[1:] or \
-            bd.dims[0] != ad.dims[0] or yd.dims[0] != ad.dims[0]:
-        raise CudnnGraphError(f"{node.label}: A {list(ad.dims)} @ B {list(bd.dims)} does not "
-                              f"give Y {list(yd.dims)}")
-    ins = {"A": ad, "B": bd}
-    epilogue: tuple[str, ...] = ()
-    if c is not None:
-        if not c.layout.is_plain or len(c.shape) > 2:
-            raise CudnnGraphError(f"{node.label}: C {c.name!r} must be a compact vector or "
-                                  f"matrix, got {c.layout.describe()} {list(c.shape)}")
-        dims = (1,) * (3 - len(c.shape)) + tuple(c.shape)
-        strides = tuple(s // c.dtype.itemsize for s in compact_strides(dims, c.dtype.itemsize))
-        ins["bias"] = index.tensor(c, "bias", dims, strides, node.label)
-        epilogue = ("bias",)
-    return _one_data_type(GraphDesc("matmul", node.label, ad.data_type, ins, {"Y": yd},
-                                    epilogue=epilogue))
-
-
-# --------------------------------------------------------------------------------------------
-# Entry points
-# --------------------------------------------------------------------------------------------
 
 def describe_node(node, plan: MemoryPlan, activation=None,
                   workspace: tuple[int, int] | None = None) -> GraphDesc:
-    """The cuDNN graph of ``node`` from ``plan``'s DTensors and the node's attributes.
+    """The cuDNN graph of ``node`` from ``plan``'s DTensors and the node's attributes, by its
+    op's ``CudnnGraph``.
 
-    ``activation``: what ``fusable_activation(node, graph)`` returned, to fuse a Relu/ReLU6
-    into a Conv's epilogue (the activation's output becomes the graph's Y). ``workspace``:
+    ``activation``: what the graph's ``activation(node, graph)`` returned, to fuse it into the
+    graph's epilogue (a Conv's Relu/ReLU6: its output becomes the graph's Y). ``workspace``:
     the arena range (offset, bytes) the node's binding reserved for the graph (default: the
-    whole WORKSPACE region). Raises
-    ``CudnnGraphError`` for ops with no cuDNN graph (listing those that have one) and for
-    layouts that do not fit.
+    whole WORKSPACE region). Raises ``CudnnGraphError`` for ops with no cuDNN graph (listing
+    those that have one) and for layouts that do not fit.
     """
-    key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
-    kind = CUDNN_OPS.get(key)
-    if kind is None:
-        known = ", ".join(sorted(op for _, op in CUDNN_OPS))
-        raise CudnnGraphError(f"{node.label}: no cuDNN graph for this op (cuDNN graphs: {known})")
-    t = plan.tensors
-    if kind == "conv_fprop":
-        x, w, y = t[node.inputs[0].name], t[node.inputs[1].name], t[node.outputs[0].name]
-        bias = (t[node.inputs[2].name] if len(node.inputs) > 2 and node.inputs[2] is not None
-                else None)
-        act_out, clip = None, None
-        if activation is not None:
-            act, clip = activation
-            act_out = t[act.outputs[0].name]
-        desc = conv_desc(node, plan, kind, x, w, y, {"image": "x", "weight": "w"},
-                          {"Y": "y"}, bias=bias, epilogue_out=act_out, relu_clip=clip)
-    elif kind == "conv_dgrad":
-        gy, w, gx = t[node.inputs[0].name], t[node.inputs[1].name], t[node.outputs[0].name]
-        desc = conv_desc(node, plan, kind, gx, w, gy, {"loss": "y", "filter": "w"},
-                          {"DX": "x"})
-    elif kind == "conv_wgrad":
-        x, gy, gw = t[node.inputs[0].name], t[node.inputs[1].name], t[node.outputs[0].name]
-        desc = conv_desc(node, plan, kind, x, gw, gy, {"image": "x", "loss": "y"},
-                          {"DW": "w"})
-    elif kind == "batchnorm":
-        desc = _batchnorm_desc(node, plan)
-    elif kind == "batchnorm_backward":
-        desc = _batchnorm_backward_desc(node, plan)
-    else:
-        desc = _matmul_desc(node, plan)
-    desc.workspace = plan.regions[Region.WORKSPACE] if workspace is None else workspace
+    graph = graph_of(node)
+    if graph is None:
+        raise CudnnGraphError(f"{node.label}: no cuDNN graph for this op (cuDNN graphs: "
+                              f"{', '.join(graph_ops())})")
+    workspace = plan.regions[Region.WORKSPACE] if workspace is None else workspace
+    extra = {} if activation is None else {"activation": activation}
+    desc = graph.describe(node, plan, workspace, **extra)
+    desc.workspace = workspace
     return desc
 
 
@@ -554,16 +311,17 @@ def describe_graph(graph, plan: MemoryPlan, fuse: bool = True
     """Descriptors for the nodes of ``graph`` that cuDNN runs, keyed by node name, and the
     nodes of those op types it does not (name -> reason: a kernel of the backend runs them).
 
-    With ``fuse``, a Conv followed only by a Relu/ReLU6 takes it as its epilogue; the
-    activation node is then listed under its own name with the same (shared) descriptor.
+    With ``fuse``, a node whose graph takes in the activation after it (a Conv followed only
+    by a Relu/ReLU6) does; the activation node is then listed under its own name with the same
+    (shared) descriptor.
     """
     descs: dict[str, GraphDesc] = {}
     skipped: dict[str, str] = {}
     for node in graph.nodes:
-        key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
-        if key not in CUDNN_OPS or node.name in descs:
+        declared = graph_of(node)
+        if declared is None or node.name in descs:
             continue
-        activation = fusable_activation(node, graph) if fuse and key == ("", "Conv") else None
+        activation = declared.activation(node, graph) if fuse and declared.activation else None
         try:
             descs[node.name] = describe_node(node, plan, activation)
         except CudnnGraphError as e:
@@ -619,55 +377,6 @@ def _mark(out, cudnn, t: TensorDesc):
     return out
 
 
-def _op_conv(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
-    p = desc.params
-    kw = {k: p[k] for k in ("pre_padding", "post_padding", "stride", "dilation")}
-    if desc.kind == "conv_dgrad":
-        port = "DX"
-        y = g.conv_dgrad(loss=ins["loss"], filter=ins["filter"], name="dgrad", **kw)
-    elif desc.kind == "conv_wgrad":
-        port = "DW"
-        y = g.conv_wgrad(image=ins["image"], loss=ins["loss"], name="wgrad", **kw)
-    else:
-        port = "Y"
-        y = g.conv_fprop(image=ins["image"], weight=ins["weight"], name="fprop", **kw)
-    if "bias" in desc.epilogue:
-        y = g.bias(input=y, bias=ins["bias"], name="bias")
-    if "relu" in desc.epilogue:
-        lower, upper = desc.relu_clip or (None, None)
-        clips = {k: v for k, v in (("lower_clip", lower), ("upper_clip", upper)) if v is not None}
-        y = g.relu(input=y, name="relu", **clips)
-    return {port: y}
-
-
-def _op_batchnorm(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
-    running = {k: ins[k] for k in ("in_running_mean", "in_running_var") if k in ins}
-    y, mean, inv_var, next_mean, next_var = g.batchnorm(
-        input=ins["input"], scale=ins["scale"], bias=ins["bias"], epsilon=scalars["epsilon"],
-        momentum=scalars["momentum"], peer_stats=[], name="bn", **running)
-    return {"Y": y, "mean": mean, "inv_var": inv_var, "next_running_mean": next_mean,
-            "next_running_var": next_var}
-
-
-def _op_batchnorm_backward(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
-    dx, dscale, dbias = g.batchnorm_backward(
-        grad=ins["grad"], input=ins["input"], scale=ins["scale"], mean=ins["mean"],
-        inv_variance=ins["inv_variance"], peer_stats=[], name="dbn")
-    return {"DX": dx, "DScale": dscale, "DBias": dbias}
-
-
-def _op_matmul(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
-    y = g.matmul(ins["A"], ins["B"], name="matmul")
-    if "bias" in desc.epilogue:
-        y = g.bias(input=y, bias=ins["bias"], name="bias")
-    return {"Y": y}
-
-
-_BUILDERS = {"conv_fprop": _op_conv, "conv_dgrad": _op_conv, "conv_wgrad": _op_conv,
-             "batchnorm": _op_batchnorm, "batchnorm_backward": _op_batchnorm_backward,
-             "matmul": _op_matmul}
-
-
 def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None,
                     kernel_cache=None) -> BuiltGraph:
     """Create the ``cudnn.pygraph`` for ``desc``: tensors, op, epilogue, marked outputs.
@@ -689,7 +398,10 @@ def declare_pygraph(desc: GraphDesc, cudnn, handle=None, device_property=None,
     ins = {port: _declare_tensor(g, cudnn, port, t) for port, t in desc.inputs.items()}
     scalars = {name: g.tensor_scalar(s.value, cudnn.scalar_type.RUNTIME_PARAM, name=name)
                for name, s in desc.scalars.items()}
-    produced = (desc.build or _BUILDERS[desc.kind])(g, desc, ins, scalars)
+    if desc.build is None:
+        raise CudnnGraphError(f"{desc.node}: the {desc.kind} graph has no build (the frontend "
+                              "calls its describe gives)")
+    produced = desc.build(g, desc, ins, scalars)
     outs = {}
     for port, t in desc.outputs.items():
         if produced.get(port) is None:
@@ -753,6 +465,6 @@ def build_pygraph(desc: GraphDesc, cudnn, handle, kernel_cache=None) -> BuiltGra
     return built
 
 
-__all__ = ["CUDNN_OPS", "BuiltGraph", "CudnnGraphError", "GraphDesc", "ScalarDesc", "TensorDesc",
-           "build_pygraph", "conv_desc", "declare_pygraph", "describe_graph", "describe_node",
-           "fusable_activation"]
+__all__ = ["BuiltGraph", "CudnnGraph", "CudnnGraphError", "GraphDesc", "PlanIndex", "ScalarDesc",
+           "TensorDesc", "build_pygraph", "channel_vector", "declare_pygraph", "describe_graph",
+           "describe_node", "feature_map", "graph_of", "graph_ops", "one_data_type"]

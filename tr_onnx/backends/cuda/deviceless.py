@@ -35,9 +35,6 @@ from .cudnn_graphs import CudnnGraphError, GraphDesc, declare_pygraph, named_err
 DATA = Path(__file__).with_name("data")
 H200_PROPERTIES = DATA / "h200_device_properties.json"
 STUB_SOURCE = DATA / "libcuda_stub.c"
-BUILDS_WITHOUT_DEVICE = ("conv_fprop", "conv_dgrad", "conv_wgrad")
-"""Graph kinds whose ``build_plans()`` deviceless mode can run (matmul and normalization engines
-load kernels through the driver at plan build)."""
 
 
 class DevicelessError(TrOnnxError):
@@ -129,7 +126,8 @@ class GraphCheck:
 
 def check_graph(desc: GraphDesc, cudnn, target) -> GraphCheck:
     """Declare ``desc`` for the ``target`` GPU, validate, lower, plan, cut by its workspace and,
-    for convolutions, build the plans."""
+    where deviceless mode can (``GraphDesc.builds_without_device``: convolutions), build the
+    plans."""
     x = next(iter(desc.inputs.values()))
     check = GraphCheck(desc.node, desc.kind, f"{desc.io_data_type}/{desc.compute_data_type}",
                        x.dims, desc.workspace[1])
@@ -140,7 +138,7 @@ def check_graph(desc: GraphDesc, cudnn, target) -> GraphCheck:
             check.within = int(g.get_execution_plan_count())
             if check.within:
                 check.plan = str(g.get_plan_name_at_index(0))
-            if desc.kind in BUILDS_WITHOUT_DEVICE and check.within:
+            if desc.builds_without_device and check.within:
                 g.build_plans()
                 check.workspace = int(g.get_workspace_size())
     except CudnnGraphError as e:

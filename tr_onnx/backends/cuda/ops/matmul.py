@@ -1,15 +1,19 @@
-"""cuda bindings of ``ops/matmul.py``: Gemm and MatMul as cuDNN matmul graphs (bias fused as
-the epilogue), MatMul that no graph describes (rank > 3, batch dims broadcast) on the
-batched kernel of ``kernels/matmul.cu``, and Einsum (forward, and the Einsums its gradient
-emits) on that file's strided contraction kernel. MatMulBias (an inference plan's MatMul +
-Add fold) is Gemm's graph with the bias epilogue, or the batched kernel and a broadcast add."""
+"""cuda bindings of ``ops/matmul.py``: Gemm and MatMul as cuDNN matmul graphs (bias fused as the
+epilogue; ``describe_matmul``), MatMul that no graph describes (rank > 3, batch dims broadcast)
+on the batched kernel of ``kernels/matmul.cu``, and Einsum (forward, and the Einsums its
+gradient emits) on that file's strided contraction kernel. MatMulBias (an inference plan's
+MatMul + Add fold) is Gemm's graph with the bias epilogue, or the batched kernel and a broadcast
+add."""
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 
 from ....hookspecs import hookimpl
+from ....layouts import compact_strides
+from ....memory import DTensor, MemoryPlan
 from ....opdef import KernelContext, KernelDef
 from ....ops.matmul import einsum_terms
 from ..bind import (
@@ -18,7 +22,6 @@ from ..bind import (
     Unbound,
     binding,
     collapse,
-    cudnn_binding,
     cudnn_workspace,
     f32,
     float_dt,
@@ -27,7 +30,16 @@ from ..bind import (
     logical_strides,
     need_compact,
 )
-from ..cudnn_graphs import GraphDesc, describe_node
+from ..cudnn_graphs import (
+    CudnnGraph,
+    CudnnGraphError,
+    GraphDesc,
+    PlanIndex,
+    TensorDesc,
+    element_strides,
+    one_data_type,
+    strided_dims,
+)
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 from .elementwise import BCAST_FLOAT
 
@@ -41,6 +53,70 @@ def matmul_source() -> KernelSource:
 
 
 KERNELS = matmul_source()
+
+
+# ---- cuDNN graphs: matmul ----------------------------------------------------------------------
+
+def _matrix(index: PlanIndex, t: DTensor, port: str, trans: bool, label: str) -> TensorDesc:
+    """A rank-2 or rank-3 tensor as cuDNN's ``[batch, rows, cols]`` (transposed by strides)."""
+    dims, strides = list(strided_dims(t, True)), list(element_strides(t))
+    if len(dims) == 2:
+        dims, strides = [1] + dims, [dims[0] * strides[0]] + strides
+    if len(dims) != 3:
+        raise CudnnGraphError(f"{label}: {port} {t.name!r} has rank {len(t.shape)}; cuDNN "
+                              "matmul graphs here take rank 2 or 3")
+    if trans:
+        dims[1], dims[2], strides[1], strides[2] = dims[2], dims[1], strides[2], strides[1]
+    return index.tensor(t, port, dims, strides, label)
+
+
+def describe_matmul(node, plan: MemoryPlan, workspace: tuple[int, int]) -> GraphDesc:
+    """Gemm (alpha = 1, beta = 1 or no C) and MatMul of rank 2/3: ``Y = A @ B (+ C)``."""
+    index = PlanIndex(plan)
+    t = plan.tensors
+    a, b = t[node.inputs[0].name], t[node.inputs[1].name]
+    y = t[node.outputs[0].name]
+    trans_a = trans_b = False
+    c = None
+    if node.op_type == "Gemm":
+        trans_a, trans_b = bool(node.attrs.get("transA", 0)), bool(node.attrs.get("transB", 0))
+        has_c = len(node.inputs) > 2 and node.inputs[2] is not None
+        if float(node.attrs.get("alpha", 1.0)) != 1.0 or (
+                has_c and float(node.attrs.get("beta", 1.0)) != 1.0):
+            raise CudnnGraphError(f"{node.label}: alpha != 1 or beta != 1 has no fused cuDNN "
+                                  "matmul graph here (scale the inputs with a kernel)")
+        c = t[node.inputs[2].name] if has_c else None
+    ad = _matrix(index, a, "A", trans_a, node.label)
+    bd = _matrix(index, b, "B", trans_b, node.label)
+    yd = _matrix(index, y, "Y", False, node.label)
+    if bd.dims[0] == 1 and ad.dims[0] > 1:
+        # a B shared by every batch: declared with a batch stride of 0 (some engines reject an
+        # implicitly broadcast batch dimension)
+        bd = replace(bd, dims=(ad.dims[0], *bd.dims[1:]), strides=(0, *bd.strides[1:]))
+    if ad.dims[2] != bd.dims[1] or (ad.dims[1], bd.dims[2]) != yd.dims[1:] or \
+            bd.dims[0] != ad.dims[0] or yd.dims[0] != ad.dims[0]:
+        raise CudnnGraphError(f"{node.label}: A {list(ad.dims)} @ B {list(bd.dims)} does not "
+                              f"give Y {list(yd.dims)}")
+    ins = {"A": ad, "B": bd}
+    epilogue: tuple[str, ...] = ()
+    if c is not None:
+        if not c.layout.is_plain or len(c.shape) > 2:
+            raise CudnnGraphError(f"{node.label}: C {c.name!r} must be a compact vector or "
+                                  f"matrix, got {c.layout.describe()} {list(c.shape)}")
+        dims = (1,) * (3 - len(c.shape)) + tuple(c.shape)
+        strides = tuple(s // c.dtype.itemsize for s in compact_strides(dims, c.dtype.itemsize))
+        ins["bias"] = index.tensor(c, "bias", dims, strides, node.label)
+        epilogue = ("bias",)
+    return one_data_type(GraphDesc("matmul", node.label, ad.data_type, ins, {"Y": yd},
+                                   epilogue=epilogue, build=build_matmul))
+
+
+def build_matmul(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
+    """The frontend calls of the ``matmul`` graph (the bias epilogue after it)."""
+    y = g.matmul(ins["A"], ins["B"], name="matmul")
+    if "bias" in desc.epilogue:
+        y = g.bias(input=y, bias=ins["bias"], name="bias")
+    return {"Y": y}
 
 
 def batched_matmul(b: BindContext, node, why: str) -> list:
@@ -132,7 +208,7 @@ def describe_matmul_bias(node, plan, workspace: tuple[int, int]) -> GraphDesc:
     Gemm's matmul graph with the bias epilogue (a of rank 2 or 3, w shared by the batch)."""
     gemm = copy.copy(node)
     gemm.domain, gemm.op_type, gemm.attrs = "", "Gemm", {}
-    return describe_node(gemm, plan, workspace=workspace)
+    return describe_matmul(gemm, plan, workspace)
 
 
 def matmul_bias_factory(ctx: KernelContext):
@@ -142,7 +218,7 @@ def matmul_bias_factory(ctx: KernelContext):
 
     def bind(b: BindContext, node) -> list:
         try:
-            return b.cudnn(node, k, describe=describe_matmul_bias)
+            return b.cudnn(node, k)
         except Unbound as e:
             calls = batched_matmul(b, node, str(e))
         y, bias = node.outputs[0], node.inputs[2]
@@ -159,7 +235,9 @@ def matmul_bias_factory(ctx: KernelContext):
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef("Gemm", "cuda", cudnn_binding()),
-            KernelDef("MatMul", "cuda", matmul_factory),
+    return [KernelDef("Gemm", "cuda", CudnnGraph(describe_matmul)),
+            KernelDef("MatMul", "cuda", CudnnGraph(describe_matmul, binding=matmul_factory)),
             KernelDef("Einsum", "cuda", binding(bind_einsum)),
-            KernelDef("MatMulBias", "cuda", matmul_bias_factory, domain=INTERNAL)]
+            KernelDef("MatMulBias", "cuda", CudnnGraph(describe_matmul_bias,
+                                                       binding=matmul_bias_factory),
+                      domain=INTERNAL)]

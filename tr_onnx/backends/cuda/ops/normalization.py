@@ -1,7 +1,8 @@
 """cuda bindings of ``ops/normalization.py``: BatchNormalization with fixed statistics (a
-kernel), the training pass's BatchNormTraining / BatchNormGrad (cuDNN graphs; ONNX's running
-statistics with the biased variance are a kernel after the graph), LayerNormalization and its
-backward LayerNormGrad, Instance/GroupNormalization and their backward GroupNormGrad,
+kernel), the training pass's BatchNormTraining / BatchNormGrad (cuDNN graphs, described here:
+``describe_batchnorm``, ``describe_batchnorm_backward``; ONNX's running statistics with the
+biased variance are a kernel after the graph), LayerNormalization and its backward
+LayerNormGrad, Instance/GroupNormalization and their backward GroupNormGrad,
 MeanVarianceNormalization and LpNormalization (``kernels/normalization.cu``; MVN and
 LpNormalization differentiate through standard ops, the reduce and elementwise families').
 
@@ -28,6 +29,7 @@ import math
 import numpy as np
 
 from ....hookspecs import hookimpl
+from ....memory import ALIGN, MemoryPlan
 from ....opdef import KernelContext, KernelDef
 from ..bind import (
     INTERNAL,
@@ -50,7 +52,16 @@ from ..bind import (
     row_split,
     same_layout,
 )
-from ..cudnn_graphs import ALIGN, describe_node
+from ..cudnn_graphs import (
+    CudnnGraph,
+    CudnnGraphError,
+    GraphDesc,
+    PlanIndex,
+    ScalarDesc,
+    channel_vector,
+    describe_node,
+    feature_map,
+)
 from ..device import BLOCK
 from ..nccl import NCCL_SUM, nccl_dtype, node_all_reduce
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
@@ -78,6 +89,103 @@ def normalization_source() -> KernelSource:
 
 
 KERNELS = normalization_source()
+
+
+# ---- cuDNN graphs: batchnorm, batchnorm_backward ----------------------------------------------
+
+def describe_batchnorm(node, plan: MemoryPlan, workspace: tuple[int, int]) -> GraphDesc:
+    """BatchNormTraining(x, scale, bias, running_mean, running_var) -> (y, saved_mean,
+    saved_inv_std, new_running_mean, new_running_var).
+
+    cuDNN's running update is ``next = (1 - m) * prev + m * batch`` with the unbiased batch
+    variance; ONNX's momentum is the weight of the old value (so m = 1 - momentum) and its
+    variance is the biased one. The graph always declares the running statistics (the
+    frontend requires them); where the node asks for ONNX's biased variance the backend then
+    rewrites the next running statistics from x, saved_mean and the old values with its own
+    kernel (``notes`` says so); PyTorch's unbiased convention is cuDNN's own.
+    """
+    index = PlanIndex(plan)
+    t = plan.tensors
+    x, scale, bias = (t[v.name] for v in node.inputs[:3])
+    y = t[node.outputs[0].name]
+    rank = len(x.shape)
+    xd = feature_map(index, x, "input", True, node.label)
+    c = xd.dims[1]
+    ins = {"input": xd,
+           "scale": channel_vector(index, scale, "scale", rank, c, node.label),
+           "bias": channel_vector(index, bias, "bias", rank, c, node.label)}
+    outs = {"Y": feature_map(index, y, "Y", True, node.label)}
+    for port, i in (("mean", 1), ("inv_var", 2)):
+        if node.outputs[i] is not None:
+            outs[port] = channel_vector(index, t[node.outputs[i].name], port, rank, c, node.label)
+    momentum = float(node.attrs.get("momentum", 0.9))
+    unbiased = bool(node.attrs.get("unbiased_running_var", 0))
+    scalars = {"epsilon": ScalarDesc("epsilon", float(node.attrs.get("epsilon", 1e-5))),
+               "momentum": ScalarDesc("momentum", 1.0 - momentum)}
+    # frontend 1.32's batchnorm() requires the running statistics (omitting them is a
+    # TypeError at validate()); its update uses the unbiased batch variance
+    for port, i in (("in_running_mean", 3), ("in_running_var", 4)):
+        ins[port] = channel_vector(index, t[node.inputs[i].name], port, rank, c, node.label)
+    for port, i in (("next_running_mean", 3), ("next_running_var", 4)):
+        if node.outputs[i] is not None:
+            outs[port] = channel_vector(index, t[node.outputs[i].name], port, rank, c, node.label)
+    notes = []
+    if not unbiased:
+        notes.append("running statistics use the biased batch variance (ONNX): the backend "
+                     "rewrites cuDNN's (unbiased) update from saved_mean and the old values")
+    if xd.dims != outs["Y"].dims:
+        raise CudnnGraphError(f"{node.label}: x dims {list(xd.dims)} and y dims "
+                              f"{list(outs['Y'].dims)} differ")
+    return GraphDesc("batchnorm", node.label, xd.data_type, ins, outs, scalars=scalars,
+                     notes=tuple(notes), build=build_batchnorm)
+
+
+def describe_batchnorm_backward(node, plan: MemoryPlan,
+                                workspace: tuple[int, int]) -> GraphDesc:
+    """BatchNormGrad(gy, x, scale, mean, inv_std) -> (gx, gscale, gbias), training=1 only:
+    with fixed running statistics (training=0) gx is a per-channel scale, an elementwise kernel."""
+    if not int(node.attrs.get("training", 1)):
+        raise CudnnGraphError(f"{node.label}: training=0 (fixed statistics) is a per-channel "
+                              "scale of gy; it has no cuDNN batchnorm_backward graph")
+    index = PlanIndex(plan)
+    t = plan.tensors
+    gy, x, scale, mean, inv_std = (t[v.name] for v in node.inputs[:5])
+    rank = len(x.shape)
+    xd = feature_map(index, x, "input", True, node.label)
+    c = xd.dims[1]
+    ins = {"grad": feature_map(index, gy, "grad", True, node.label), "input": xd,
+           "scale": channel_vector(index, scale, "scale", rank, c, node.label),
+           "mean": channel_vector(index, mean, "mean", rank, c, node.label),
+           "inv_variance": channel_vector(index, inv_std, "inv_variance", rank, c, node.label)}
+    outs = {}
+    for port, i in (("DX", 0), ("DScale", 1), ("DBias", 2)):
+        v = node.outputs[i] if i < len(node.outputs) else None
+        if v is None:
+            continue
+        outs[port] = (feature_map(index, t[v.name], port, True, node.label) if i == 0
+                      else channel_vector(index, t[v.name], port, rank, c, node.label))
+    if ins["grad"].dims != xd.dims or ("DX" in outs and outs["DX"].dims != xd.dims):
+        raise CudnnGraphError(f"{node.label}: gy, x and gx dims differ")
+    return GraphDesc("batchnorm_backward", node.label, xd.data_type, ins, outs,
+                     build=build_batchnorm_backward)
+
+
+def build_batchnorm(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
+    """The frontend calls of the ``batchnorm`` graph."""
+    running = {k: ins[k] for k in ("in_running_mean", "in_running_var") if k in ins}
+    y, mean, inv_var, next_mean, next_var = g.batchnorm(
+        input=ins["input"], scale=ins["scale"], bias=ins["bias"], epsilon=scalars["epsilon"],
+        momentum=scalars["momentum"], peer_stats=[], name="bn", **running)
+    return {"Y": y, "mean": mean, "inv_var": inv_var, "next_running_mean": next_mean,
+            "next_running_var": next_var}
+
+
+def build_batchnorm_backward(g, desc: GraphDesc, ins: dict, scalars: dict) -> dict:
+    """The frontend calls of the ``batchnorm_backward`` graph."""
+    dx, dscale, dbias = g.batchnorm_backward(
+        grad=ins["grad"], input=ins["input"], scale=ins["scale"], mean=ins["mean"],
+        inv_variance=ins["inv_variance"], peer_stats=[], name="dbn")
+    return {"DX": dx, "DScale": dscale, "DBias": dbias}
 
 
 def bind_batch_norm_inference(b: BindContext, node) -> list:
@@ -534,8 +642,10 @@ def bind_lp_norm(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("BatchNormalization", "cuda", binding(bind_batch_norm_inference)),
-            KernelDef("BatchNormTraining", "cuda", bn_training_factory, domain=INTERNAL),
-            KernelDef("BatchNormGrad", "cuda", bn_grad_factory, domain=INTERNAL),
+            KernelDef("BatchNormTraining", "cuda", CudnnGraph(
+                describe_batchnorm, binding=bn_training_factory), domain=INTERNAL),
+            KernelDef("BatchNormGrad", "cuda", CudnnGraph(
+                describe_batchnorm_backward, binding=bn_grad_factory), domain=INTERNAL),
             KernelDef("LayerNormalization", "cuda", binding(bind_layer_norm)),
             KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL),
             KernelDef("InstanceNormalization", "cuda", binding(bind_group_norm)),
