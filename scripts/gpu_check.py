@@ -110,7 +110,11 @@ def host_emulator_module():
 
 
 def _cuda_kwargs(device) -> dict:
-    return {"backend": "cuda", "device": device}
+    """The sessions' cuda backend: the GPU's, or the same backend over ``device`` (the dry
+    run's host emulator)."""
+    from tr_onnx.backends.cuda.backend import CudaBackend
+
+    return {"backend": "cuda" if device is None else CudaBackend(device=device)}
 
 
 def forward_parity(stem: str, device=None, batch: int = 4) -> dict:
@@ -732,7 +736,7 @@ def main(argv=None) -> int:
     if dry:
         device = host_emulator_module().host_emulator()
     else:
-        from tr_onnx.backends import cuda_unavailable_reason
+        from tr_onnx.backends.cuda.backend import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:

@@ -135,7 +135,7 @@ PYEOF
         echo "!! no CUDA headers and no .whl/nvidia_cuda_runtime-*.whl"
     fi
 fi
-$PY -c "import tr_onnx, cupy, cudnn, onnx; from tr_onnx.backends import cuda_unavailable_reason as r
+$PY -c "import tr_onnx, cupy, cudnn, onnx; from tr_onnx.backends.cuda.backend import cuda_unavailable_reason as r
 print('tr_onnx', tr_onnx.__file__, '| cupy', cupy.__version__, '| cudnn frontend',
       cudnn.__version__, '| onnx', onnx.__version__, '| cuda:', r() or 'usable')"
 

@@ -257,7 +257,7 @@ def cache_cubins_on_disk() -> None:
 def need_gpu(ctx: Context) -> None:
     if ctx.dry:
         raise Skip("no GPU")
-    from tr_onnx.backends import cuda_unavailable_reason
+    from tr_onnx.backends.cuda.backend import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason is not None:
@@ -297,8 +297,8 @@ def stage_versions(ctx: Context) -> str:
         get("compute_capability", lambda: cupy.cuda.Device(0).compute_capability)
         get("free_mib", lambda: rt.memGetInfo()[0] // 2**20)
         get("total_mib", lambda: rt.memGetInfo()[1] // 2**20)
-    get("cuda", lambda: __import__("tr_onnx.backends", fromlist=["x"]).cuda_unavailable_reason()
-        or "usable")
+    get("cuda", lambda: __import__("tr_onnx.backends.cuda.backend",
+                                   fromlist=["x"]).cuda_unavailable_reason() or "usable")
     ctx.result(name="versions", **v)
     keys = ("gpu", "driver", "cudnn", "nvrtc", "cupy", "free_mib")
     return ", ".join(f"{k} {v[k]}" for k in keys if k in v)

@@ -21,7 +21,7 @@ import tr_onnx
 from tr_onnx import distributed
 from tr_onnx.backends.cuda import nccl
 from tr_onnx.optim import SGD
-from tr_onnx.testing.host_emulator import host_emulator
+from tr_onnx.testing.host_emulator import emulated_cuda
 from tr_onnx.testing.host_nccl import HostNccl
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
@@ -56,7 +56,7 @@ def main(out: Path, lib: Path, cases: list[str]) -> None:
     world = distributed.init(timeout_s=120)
     host = HostNccl(world)
     nccl.nccl_module = lambda: host
-    device = host_emulator(ctypes.CDLL(str(lib)))
+    cuda = emulated_cuda(ctypes.CDLL(str(lib)))
     warnings.simplefilter("ignore", RuntimeWarning)  # the inf step's warning, on both sides
     for case in cases:
         model, steps, batch, opts, bad = CASES[case]
@@ -64,7 +64,7 @@ def main(out: Path, lib: Path, cases: list[str]) -> None:
         sessions = {name: tr_onnx.TrainingSession(
             ZOO / f"{model}.onnx", optimizer=SGD(lr=0.05, momentum=0.9), channel_align=8,
             distributed=world, **kw, **opts) for name, kw in (
-                ("cuda", {"backend": "cuda", "device": device, **CUDA_ONLY.get(case, {})}),
+                ("cuda", {"backend": cuda, **CUDA_ONLY.get(case, {})}),
                 ("numpy", {"backend": "numpy"}))}
         losses = {name: [] for name in sessions}
         for step in range(steps):

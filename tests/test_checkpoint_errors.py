@@ -28,6 +28,7 @@ import pytest
 from paths import unwritable_folder
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.cli import main
 from tr_onnx.optim import AdamW
 from tr_onnx.training.storage import STALE_TEMP_SECONDS
@@ -407,13 +408,13 @@ def test_bf16_gradients_in_a_checkpoint_resume_bitwise(tmp_path):
 
     device = host_emulator(build_host_library(tmp_path / "kernels"))
     session = tr_onnx.TrainingSession(MLP, optimizer=SGD(lr=0.05, momentum=0.9),
-                                      backend="cuda", device=device, precision="bf16",
+                                      backend=CudaBackend(device=device), precision="bf16",
                                       grad_accumulation=2)
     for i in range(3):  # mid-accumulation: the half gradients hold one micro-batch
         session.train_step(*batch(i))
     path = session.save_checkpoint(tmp_path / "ck.npz")
     assert arrays_of(path)["state/0.weight.grad"].dtype.kind == "V"
-    resumed = tr_onnx.TrainingSession.from_checkpoint(path, device=device)
+    resumed = tr_onnx.TrainingSession.from_checkpoint(path, backend=CudaBackend(device=device))
     assert resumed.train_step(*batch(3)) == session.train_step(*batch(3))
     a, b = session.state_arrays(), resumed.state_arrays()
     assert a.keys() == b.keys()

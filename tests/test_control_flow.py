@@ -13,6 +13,7 @@ from oracles import ort_run
 from torch_parity import ParityCase, assert_parity, run_case
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
 from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.passes import control_flow
@@ -166,9 +167,9 @@ def test_loop_whose_condition_depends_on_data_is_a_named_error(backend):
                   inits=[helper.make_tensor("zero", F, [], [0.0])])
     feed = {"m": np.array(3, np.int64), "c": np.array(True),
             "y0": np.zeros(2, np.float32), "x": np.ones(2, np.float32)}
-    device = {"device": recorder} if backend == "cuda" else {}
+    target = CudaBackend(device=recorder) if backend == "cuda" else backend
     with pytest.raises(UnsupportedModelError, match="condition .* depends on data"):
-        tr_onnx.InferenceSession(model, backend=backend, **device).run(None, feed)
+        tr_onnx.InferenceSession(model, backend=target).run(None, feed)
 
 
 def test_unrolling_past_the_node_limit_is_a_named_error(monkeypatch):

@@ -41,6 +41,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
@@ -80,7 +81,7 @@ def run_both(model, feeds, device, signatures):
     """(numpy's outputs, cuda's outputs, the cuda plan's kernel names); the launches'
     arguments checked against the kernels' C signatures."""
     want = tr_onnx.InferenceSession(model).run(None, feeds)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     got = sess.run(None, feeds)
     plan = sess.plan_for(feeds)
     launches = launches_of(plan)
@@ -357,7 +358,7 @@ def train(model, out_shape, backend, **kw):
 
 def assert_trains_alike(model, out_shape, device, signatures, kernels):
     ref, want = train(model, out_shape, "numpy")
-    sess, got = train(model, out_shape, "cuda", device=device)
+    sess, got = train(model, out_shape, CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=2e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys()
@@ -431,7 +432,7 @@ def test_a_tiny_opset_23_decoder_trains_three_sgd_steps_as_on_numpy(device, sign
                       for _ in range(3)]
 
     ref, want = run("numpy")
-    sess, got = run("cuda", device=device)
+    sess, got = run(CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=2e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and {"emb", "n1", "n2", "wq", "wk", "wv"} <= b.keys()
@@ -466,7 +467,7 @@ def test_matmul_bias_equals_numpy_by_graph_or_kernels(device, signatures, shape,
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     want = tr_onnx.InferenceSession(model).run(None, {"x": x})
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     got = sess.run(None, {"x": x})
     assert_close(got, want, rtol=1e-6, atol=1e-7)
     plan = sess.plan_for({"x": x})
@@ -500,7 +501,7 @@ def test_sdpa_is_chosen_per_node_where_asked_for_and_the_form_fits(device, signa
     monkeypatch.setenv(SDPA_ENV, "1")
     feeds, attrs, order, outputs = attention_case(form, "bf16")
     model = single_node("Attention", feeds, {}, attrs, outputs, opset=23, order=order)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     got = sess.run(None, feeds)
     assert_close(got, tr_onnx.InferenceSession(model).run(None, feeds), **CLOSE["bf16"])
     plan = sess.plan_for(feeds)
@@ -530,8 +531,8 @@ def test_deviceless_cudnn_validates_the_sdpa_graph_and_declines_to_plan_it(form,
     monkeypatch.setenv(SDPA_ENV, "1")
     feeds, attrs, order, outputs = attention_case(form, "bf16")
     model = single_node("Attention", feeds, {}, attrs, outputs, opset=23, order=order)
-    plan = tr_onnx.InferenceSession(model, backend="cuda", device=lambda p: FakeRecorder(
-        p.memory, policy=EXECUTOR_POLICY)).plan_for(feeds)
+    plan = tr_onnx.InferenceSession(model, backend=CudaBackend(device=lambda p: FakeRecorder(
+        p.memory, policy=EXECUTOR_POLICY))).plan_for(feeds)
     (desc,) = [c.desc for bn in plan.executor.bound for c in bn.calls
                if isinstance(c, CudnnCall)]
     cudnn = load_cudnn()
@@ -550,7 +551,7 @@ AttentionGrad (bfloat16, head size 8)."""
 
 def sdpa_training_plan(form: str, device_factory):
     sess = tr_onnx.TrainingSession(attention_model(form), loss="mse", optimizer=SGD(lr=0.5),
-                                   backend="cuda", device=device_factory, precision="bf16",
+                                   backend=CudaBackend(device=device_factory), precision="bf16",
                                    trainable=["wq", "wk", "wv"])
     return sess._train_plan({"x": np.zeros((B, S, E), np.float32)})
 
@@ -602,7 +603,7 @@ def test_sdpa_training_plan_runs_on_the_emulator_as_the_row_kernels(device, monk
     def run(sdpa: bool):
         monkeypatch.setenv(SDPA_ENV, str(int(sdpa)))
         sess = tr_onnx.TrainingSession(model, loss="mse", optimizer=SGD(lr=0.5),
-                                       backend="cuda", device=device, precision="bf16",
+                                       backend=CudaBackend(device=device), precision="bf16",
                                        trainable=["wq", "wk", "wv"])
         rng = np.random.default_rng(13)
         losses = [float(sess.train_step(

@@ -22,11 +22,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import CudaUnsupported, CudnnCall, Launch
 from tr_onnx.backends.cuda.deviceless import check_plan
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
 from tr_onnx.optim import SGD
-from tr_onnx.testing.host_emulator import build_host_library, host_emulator
+from tr_onnx.testing.host_emulator import build_host_library, emulated_cuda
 from tr_onnx.testing.recorder import FakeRecorder
 
 N, C, H = 2, 3, 6
@@ -93,7 +94,7 @@ def host_lib(tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("form", list(FORMS))
 def test_the_conv_transpose_graph_plans_on_an_h200(form, precision):
-    session = tr_onnx.TrainingSession(decoder(form), backend="cuda", device=recorder,
+    session = tr_onnx.TrainingSession(decoder(form), backend=CudaBackend(device=recorder),
                                       precision=precision, channel_align=8)
     plan = session._train_plan(batch(0)[0])
     (call, bias, *zero) = [c for bn in plan.executor.bound if bn.node.op_type == "ConvTranspose"
@@ -117,7 +118,7 @@ def test_three_sgd_steps_on_the_emulator_equal_numpy(form, bias, host_lib):
         return s, [float(s.train_step(*batch(k))) for k in range(3)]
 
     ref, want = train(backend="numpy")
-    sess, got = train(backend="cuda", device=host_emulator(host_lib))
+    sess, got = train(backend=emulated_cuda(host_lib))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and ("bt" in a) == bias
@@ -138,6 +139,6 @@ def test_a_conv_transpose_past_its_full_result_is_named_unbound():
     (w3,) = [t for t in model.graph.initializer if t.name == "w3"]
     w3.CopyFrom(numpy_helper.from_array(np.zeros((2 * 14 * 14, 5), np.float32), "w3"))
     del model.graph.value_info[:]
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=recorder)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=recorder))
     with pytest.raises(CudaUnsupported, match="ConvTranspose(.|\n)*extends past its full"):
         sess.run(None, batch(0)[0])

@@ -19,6 +19,7 @@ from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 from test_cuda_indexing_ops_cpu import assert_bits_equal, run_both, single_node
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.optim import SGD
@@ -76,7 +77,7 @@ def test_a_condition_from_the_data_is_left_to_the_numpy_backend(device):
     np.testing.assert_array_equal(tr_onnx.InferenceSession(model).run(None, {"x": x})[0],
                                   [1, 2])
     with pytest.raises(UnsupportedModelError, match=r"no kernel for backend 'cuda':\s+- NonZero"):
-        tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, {"x": x})
+        tr_onnx.InferenceSession(model, backend=CudaBackend(device=device)).run(None, {"x": x})
 
 
 # ---- training through Compress's gradient ----------------------------------------------------
@@ -107,7 +108,7 @@ def train(backend, **kw):
 
 def test_three_sgd_steps_through_compress_equal_numpy(device, signatures):
     ref, want = train("numpy")
-    sess, got = train("cuda", device=device)
+    sess, got = train(CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() == {"w"}

@@ -24,6 +24,7 @@ from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 from test_cuda_indexing_ops_cpu import run_both, single_node
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.ops.matmul import einsum_terms
 from tr_onnx.optim import SGD
@@ -96,7 +97,7 @@ def test_five_operands_are_refused_with_the_reason(device):
     feeds = {f"x{k}": np.ones((2,), np.float32) for k in range(5)}
     model = single_node("Einsum", feeds, {}, {"equation": "i,i,i,i,i->i"}, ["y"], opset=12)
     with pytest.raises(tr_onnx.backends.cuda.bind.CudaUnsupported, match="5 operands"):
-        tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, feeds)
+        tr_onnx.InferenceSession(model, backend=CudaBackend(device=device)).run(None, feeds)
 
 
 # ---- training: Einsum's gradient rule on cuda (emulated) against numpy ------------------------
@@ -133,7 +134,7 @@ def train(case, backend, **kw):
 @pytest.mark.parametrize("case", list(TRAIN))
 def test_three_sgd_steps_through_einsums_gradient_equal_numpy(device, signatures, case):
     ref, want = train(case, "numpy")
-    sess, got = train(case, "cuda", device=device)
+    sess, got = train(case, CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() == {"w"}

@@ -1,8 +1,8 @@
 """The cuda bindings of the elementwise family (backends/cuda/ops/elementwise.py, unary.py),
 run on the CPU through the kernels' host build (``host_emulator``) against the numpy backend.
 
-Every case is a small ONNX model run by ``InferenceSession(backend="cuda",
-device=<emulator>)`` and by the numpy backend (``channel_align=8`` on both, so a Conv before
+Every case is a small ONNX model run by ``InferenceSession(backend=CudaBackend(
+device=<emulator>))`` and by the numpy backend (``channel_align=8`` on both, so a Conv before
 the op gives the padded channels-last layout the GPU plan has). The emulated arena is poisoned
 where this family's nodes write (``PoisoningEmulator``: every byte 0xFF before the node first
 runs), so a lane a kernel forgets to write, or a pad it fails to zero, shows. Each case
@@ -43,6 +43,7 @@ from onnx import helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.backends.cuda.ops import elementwise as cuda_ew
 from tr_onnx.backends.cuda.ops import unary as cuda_unary
@@ -122,7 +123,7 @@ def make_model(nodes, inputs: dict, outputs: dict, inits: dict | None = None, op
 def run_both(model, feed, device):
     """(cuda outputs, numpy outputs, the cuda plan); the cuda run twice (eager, captured)."""
     want = tr_onnx.InferenceSession(model, channel_align=8).run(None, feed)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     sess.run(None, feed)
     got = sess.run(None, feed)
     return got, want, sess.plan_for(feed)
@@ -285,7 +286,7 @@ def test_binary_op_in_half_storage_is_the_rounded_fp32_result(op, dt, device, si
     shapes = {"a": (dtype, a.shape), "b": (dtype, b.shape)}
     model = make_model([helper.make_node(op, ["a", "b"], ["y"])], shapes,
                        {"y": (dtype, a.shape)})
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     (got,) = sess.run(None, {"a": a, "b": b})
     ref = make_model([helper.make_node(op, ["a", "b"], ["y"])],
                      {k: (np.float32, v[1]) for k, v in shapes.items()},
@@ -557,8 +558,8 @@ def test_unary_op_in_half_storage_is_the_rounded_fp32_result(case, dt, device, s
     dtype = LOW[dt]
     _, ulps, domain = UNARY_CASES[case]
     x = _unary_input(domain, (N, C, W), np.random.default_rng(1)).astype(dtype)
-    sess = tr_onnx.InferenceSession(_unary_model(case, dtype, conv=False), backend="cuda",
-                                    device=device)
+    sess = tr_onnx.InferenceSession(_unary_model(case, dtype, conv=False),
+                                    backend=CudaBackend(device=device))
     (got,) = sess.run(None, {"c": x})
     (want,) = tr_onnx.InferenceSession(_unary_model(case, np.float32, conv=False)).run(
         None, {"c": x.astype(np.float32)})
@@ -695,7 +696,7 @@ def _train(case, steps=3, **kw):
 @pytest.mark.parametrize("case", list(TRAIN_CASES))
 def test_three_sgd_steps_on_cuda_equal_numpys(case, device, signatures):
     ref, want = _train(case, backend="numpy")
-    sess, got = _train(case, backend="cuda", device=device)
+    sess, got = _train(case, backend=CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.state_arrays(), ref.state_arrays()
     assert a.keys() == b.keys()
@@ -706,7 +707,7 @@ def test_three_sgd_steps_on_cuda_equal_numpys(case, device, signatures):
 
 def test_squeeze_excite_after_a_conv_trains(device, signatures):
     ref, want = _train("squeeze_excite_after_conv", backend="numpy")
-    sess, got = _train("squeeze_excite_after_conv", backend="cuda", device=device)
+    sess, got = _train("squeeze_excite_after_conv", backend=CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     check_plan(sess._state.active, signatures, {"tr_bcast_binary_f32"})
 
@@ -784,7 +785,7 @@ def test_forms_without_a_kernel_are_refused_with_the_reason(case, device):
     names = [f"x{k}" for k in range(len(dtypes))]
     model = make_model([helper.make_node(op, names, ["y"], **attrs)],
                        {n: (d, (2, 3)) for n, d in zip(names, dtypes)}, {"y": (out, (2, 3))})
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     feed = {n: np.ones((2, 3), d) for n, d in zip(names, dtypes)}
     with pytest.raises(tr_onnx.backends.cuda.bind.CudaUnsupported) as info:
         sess.run(None, feed)

@@ -31,6 +31,7 @@ import pytest
 
 import tr_onnx
 from tr_onnx.backends.cuda import sources
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import CudnnCall, Launch
 from tr_onnx.backends.cuda.capture import CaptureError, DeviceBuffer
 from tr_onnx.backends.cuda.device import BLOCK, CupyDevice, KernelRef, cuda_available, launch_dims
@@ -76,7 +77,7 @@ def cuda_plan(stem):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(pipeline, "add_step_guard", lambda *args, **kwargs: None)
             session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
-                                              backend="cuda", device=FakeDevice)
+                                              backend=CudaBackend(device=FakeDevice))
             x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
             plan = session._train_plan({"input": x})
         ref = training_plan(stem)
@@ -431,8 +432,8 @@ def test_emulated_inference_plan_equals_the_numpy_backend(stem, host_lib):
     x = np.random.default_rng(2).standard_normal(SHAPES[stem]).astype(np.float32)
     plan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).plan_for(
         {"input": x})
-    cplan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8, backend="cuda",
-                                     device=FakeDevice).plan_for({"input": x})
+    cplan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8,
+                                     backend=CudaBackend(device=FakeDevice)).plan_for({"input": x})
     device = emulating_device(host_lib, cplan)  # a fresh device arena: zeros; the executor
     ex = CudaExecutor(cplan, device)            # uploads the initial contents
     ex.load_constants()
@@ -573,8 +574,8 @@ def test_emulated_data_movement_and_pool_ops_equal_the_numpy_backend(host_lib):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
     plan = tr_onnx.InferenceSession(model, channel_align=8).plan_for({"input": x})
-    cplan = tr_onnx.InferenceSession(model, channel_align=8, backend="cuda",
-                                     device=FakeDevice).plan_for({"input": x})
+    cplan = tr_onnx.InferenceSession(model, channel_align=8,
+                                     backend=CudaBackend(device=FakeDevice)).plan_for({"input": x})
     device = emulating_device(host_lib, cplan)
     ex = CudaExecutor(cplan, device)
     ex.load_constants()

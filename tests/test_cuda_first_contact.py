@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import tr_onnx
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import sources
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import CudnnCall, Launch
 from tr_onnx.backends.cuda.capture import CaptureError
 from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError
@@ -66,8 +67,8 @@ def test_a_matmul_graph_the_device_cannot_build_runs_on_its_own_kernel(host_lib)
     x = np.random.default_rng(1).standard_normal((6, 3, 4)).astype(np.float32)
     want = tr_onnx.InferenceSession(model).run(None, {"x": x})[0]
     device = _refusing(HostEmulator, {"matmul"})
-    sess = tr_onnx.InferenceSession(model, backend="cuda",
-                                    device=lambda plan: device(plan, host_lib))
+    sess = tr_onnx.InferenceSession(
+        model, backend=CudaBackend(device=lambda plan: device(plan, host_lib)))
     got = sess.run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     plan = sess.plan_for({"x": x})
@@ -78,8 +79,8 @@ def test_a_matmul_graph_the_device_cannot_build_runs_on_its_own_kernel(host_lib)
 
 def test_a_gemm_graph_the_device_cannot_build_is_listed_not_a_crash():
     device = _refusing(FakeRecorder, {"matmul"})
-    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda",
-                                    device=lambda plan: device(plan.memory))
+    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx",
+                                    backend=CudaBackend(device=lambda plan: device(plan.memory)))
     with pytest.raises(CudaUnsupported, match=r"Gemm(.|\n)*the device refuses it") as info:
         sess.run(None, {"input": np.zeros((4, 64), np.float32)})
     gemms = [n for d, op, v, names in info.value.missing if op == "Gemm" for n in names]
@@ -96,9 +97,9 @@ class _EndFails(FakeRecorder):
 
 
 def _mlp_session(device_cls, cuda_graphs):
-    return tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", cuda_graphs=cuda_graphs,
-                                    device=lambda plan: device_cls(plan.memory,
-                                                                   policy=EXECUTOR_POLICY))
+    return tr_onnx.InferenceSession(ZOO / "mlp.onnx", cuda_graphs=cuda_graphs,
+                                    backend=CudaBackend(device=lambda plan: device_cls(
+                                        plan.memory, policy=EXECUTOR_POLICY)))
 
 
 def test_a_capture_that_fails_at_its_end_falls_back_to_eager_with_a_warning():
@@ -183,8 +184,8 @@ def test_cudnn_graphs_get_the_workspace_their_bindings_reserve(stem):
     from tr_onnx.memory import Region
 
     shape = {"mlp": (4, 64), "resnet": (4, 3, 16, 16)}[stem]
-    plan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", backend="cuda", device=lambda p:
-                                    FakeRecorder(p.memory)).plan_for(
+    plan = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", backend=CudaBackend(device=lambda p:
+                                    FakeRecorder(p.memory))).plan_for(
         {"input": np.zeros(shape, np.float32)})
     assert plan.memory.regions[Region.WORKSPACE][1] >= CUDNN_WORKSPACE
     index = {id(node): i for i, node, _ in plan.bindings}

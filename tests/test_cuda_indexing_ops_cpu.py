@@ -31,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
@@ -80,7 +81,7 @@ def run_both(model, feeds, device, signatures):
 
 def run_cuda(model, feeds, device, signatures):
     """(the cuda session's outputs, its plan's kernel names), the launches checked."""
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     got = sess.run(None, feeds)
     plan = sess.plan_for(feeds)
     launches = launches_of(plan)
@@ -428,7 +429,7 @@ def train(case, backend, **kw):
 @pytest.mark.parametrize("case", list(TRAIN))
 def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     ref, want = train(case, "numpy")
-    sess, got = train(case, "cuda", device=device)
+    sess, got = train(case, CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and "w" in b

@@ -39,6 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
@@ -86,7 +87,7 @@ def single_node(op: str, feeds: dict, consts: dict, attrs: dict, outputs, opset:
 def run_cuda(model, feeds, device, signatures, runs: int = 1):
     """(the cuda session's outputs of its last run, its plan's kernel names), the launches
     checked against the kernels' C signatures."""
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     for _ in range(runs):
         got = sess.run(None, feeds)
     plan = sess.plan_for(feeds)
@@ -506,7 +507,7 @@ def train_qat(backend, per_channel, **kw):
 def test_a_qat_model_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatures,
                                                                 per_channel):
     ref, want = train_qat("numpy", per_channel)
-    sess, got = train_qat("cuda", per_channel, device=device)
+    sess, got = train_qat(CudaBackend(device=device), per_channel)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and {"w", "fc"} <= b.keys()
@@ -652,7 +653,7 @@ def train_noisy(backend, **kw):
 def test_a_model_with_random_draws_trains_on_cuda_as_on_numpy(device, signatures):
     """The draws are NumPy's bit for bit, so the steps agree as a model without them would."""
     ref, want = train_noisy("numpy")
-    sess, got = train_noisy("cuda", device=device)
+    sess, got = train_noisy(CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(sess.parameters()["w"], ref.parameters()["w"], rtol=1e-5,
                                atol=1e-7)
@@ -669,7 +670,7 @@ def test_the_public_random_ops_refuse_inference_on_cuda_naming_why(device):
     x = np.zeros((2, 3), np.float32)
     model = single_node("RandomUniformLike", {"x": x}, {}, {"seed": 1.0}, ["y"])
     with pytest.raises(UnsupportedModelError, match="host state"):
-        tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, {"x": x})
+        tr_onnx.InferenceSession(model, backend=CudaBackend(device=device)).run(None, {"x": x})
 
 
 @pytest.mark.parametrize("op", ["QuantizeLinearGrad", "DequantizeLinearGrad"])
@@ -684,4 +685,4 @@ def test_a_scale_gradient_from_half_gradients_is_refused_naming_why(device, op):
         attrs["to"] = TensorProto.INT8
     model, feeds = grad_node(op, gy, x, np.full((9,), 0.1, np.float16), None, attrs, True)
     with pytest.raises(UnsupportedModelError, match="half-precision gradients"):
-        tr_onnx.InferenceSession(model, backend="cuda", device=device).run(None, feeds)
+        tr_onnx.InferenceSession(model, backend=CudaBackend(device=device)).run(None, feeds)

@@ -45,6 +45,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.optim import SGD
@@ -160,7 +161,7 @@ def with_source(op_node, x: np.ndarray, source: str, inits: dict):
 def run_both(model, x, device):
     """(numpy's y, cuda's y, the cuda plan); the cuda plan runs twice (eager, then captured)."""
     want = tr_onnx.InferenceSession(model).run(None, {"x": x})[0]
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     sess.run(None, {"x": x})
     got = sess.run(None, {"x": x})[0]
     return want, got, sess.plan_for({"x": x})
@@ -505,7 +506,7 @@ def train(model, backend, **kw):
 def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     make, kernels = TRAIN[case]
     ref, want = train(make(), "numpy")
-    sess, got = train(make(), "cuda", device=device)
+    sess, got = train(make(), CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys()

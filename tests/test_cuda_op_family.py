@@ -32,6 +32,7 @@ from scaled_square_family import cuda as family_cuda
 from scaled_square_family import ops as family_ops
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import kernel_factory
 from tr_onnx.backends.cuda.device import KernelRef, compile_text_nvrtc
 from tr_onnx.backends.cuda.sources import compile_options, nvrtc_compile
@@ -52,7 +53,8 @@ ALPHA = 0.75
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory):
-    """The sessions' ``device=``: the host emulator over tr_onnx's kernels built for the CPU."""
+    """The device of the sessions' ``CudaBackend``: the host emulator over tr_onnx's kernels
+    built for the CPU."""
     return emulator.host_emulator(build_host_library(tmp_path_factory.mktemp("host_kernels")))
 
 
@@ -153,7 +155,7 @@ def test_the_numpy_plan_carries_the_numpy_kernels_scratch():
 
 
 def test_the_cuda_plan_has_the_cuda_factories_scratch_and_no_numpy_scratch(device):
-    sess, _ = train(1, backend="cuda", device=device)
+    sess, _ = train(1, backend=CudaBackend(device=device))
     plan = sess._state.active
     assert plan.backend == "cuda"
     for op in OPS:
@@ -200,7 +202,7 @@ class OrderSpy:
 
 def test_a_binding_gets_its_scratch_buffers_in_the_order_it_asked_for_them(device):
     spy = OrderSpy()
-    sess = tr_onnx.InferenceSession(mlp(), backend="cuda", device=device,
+    sess = tr_onnx.InferenceSession(mlp(), backend=CudaBackend(device=device),
                                     plugins=[*FAMILY, spy])
     feed, _ = batch(0)
     plan = sess.plan_for(feed)
@@ -224,7 +226,7 @@ def test_three_sgd_steps_on_cuda_equal_numpy(device):
     float64, the kernels round x * x and then the product in float32); everything else is the
     same arithmetic, so rtol 1e-5 holds for losses and parameters."""
     ref, want = train(3, backend="numpy")
-    sess, got = train(3, backend="cuda", device=device)
+    sess, got = train(3, backend=CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() == {"w1", "b1", "w2", "b2"}
@@ -278,9 +280,9 @@ def test_a_family_source_is_compiled_once_per_process(device, monkeypatch):
     monkeypatch.setattr(emulator, "compile_host", counting)
     feed, _ = batch(0)
     for _ in range(2):  # two sessions, two plans (forward, and training with the backward)
-        tr_onnx.InferenceSession(mlp(), backend="cuda", device=device, plugins=FAMILY).run(
+        tr_onnx.InferenceSession(mlp(), backend=CudaBackend(device=device), plugins=FAMILY).run(
             None, feed)
-        train(1, backend="cuda", device=device)
+        train(1, backend=CudaBackend(device=device))
     assert built == [family_cuda.SOURCE.text]
 
 
@@ -289,7 +291,7 @@ def test_a_source_that_is_not_host_cxx_is_an_error_naming_its_family(device):
     ``__expf``): no host build, and the message says whose source it is, with the compiler's
     log."""
     from tr_onnx_example_ops import swish  # installed by the test command
-    sess = tr_onnx.InferenceSession(mlp(), backend="cuda", device=device, plugins=FAMILY)
+    sess = tr_onnx.InferenceSession(mlp(), backend=CudaBackend(device=device), plugins=FAMILY)
     dev = sess.plan_for(batch(0)[0]).executor.device
     family = "plugin:com.example/Swish"
     ref = KernelRef(family, "swish_f32", swish.SWISH_CUDA.source)

@@ -26,6 +26,7 @@ import pytest
 from oracles import mse_loss_model
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.cudnn_graphs import declare_pygraph, describe_graph, describe_node
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import Region
@@ -71,7 +72,7 @@ HALF = {"fp16": (np.dtype(np.float16), 1e-3, 0.10), "bf16": (BFLOAT16, 5e-3, 0.2
 def test_half_tracks_the_fp32_numpy_curve_with_fp32_master_weights(device, precision):
     half, loss_rtol, max_drift = HALF[precision]
     ref, init, want = _train(STEPS, backend="numpy")
-    sess, init16, got = _train(STEPS, backend="cuda", device=device, precision=precision)
+    sess, init16, got = _train(STEPS, backend=CudaBackend(device=device), precision=precision)
     np.testing.assert_allclose(got, want, rtol=loss_rtol)
     plan = sess._state.active
     mem = plan.memory
@@ -102,15 +103,15 @@ def test_half_tracks_the_fp32_numpy_curve_with_fp32_master_weights(device, preci
 
 def test_bf16_takes_no_loss_scaling(device):
     with pytest.raises(ValueError, match=r"loss_scale is for precision='fp16', not 'bf16'"):
-        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="cuda", device=device,
+        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device),
                                 precision="bf16", loss_scale=True)
-    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="cuda", device=device,
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device),
                                    precision="bf16")
     assert sess.loss_scale is None and sess.config()["loss_scale"] is None
 
 
 def test_loaded_parameters_refresh_the_half_copy(device):
-    sess, _, _ = _train(1, backend="cuda", device=device, precision="fp16")
+    sess, _, _ = _train(1, backend=CudaBackend(device=device), precision="fp16")
     name = sess._state.active.info.trainable[0]
     value = np.full_like(sess.parameters()[name], 0.25)
     sess.load_parameters({name: value})
@@ -122,7 +123,7 @@ def test_loaded_parameters_refresh_the_half_copy(device):
 
 def _fp16(device, **kw):
     return tr_onnx.TrainingSession(ZOO / "mlp.onnx", optimizer=SGD(lr=0.05, momentum=0.9),
-                                   channel_align=8, backend="cuda", device=device,
+                                   channel_align=8, backend=CudaBackend(device=device),
                                    precision="fp16", **kw)
 
 
@@ -192,7 +193,7 @@ def test_loss_scale_survives_a_checkpoint(device, tmp_path):
         sess.train_step(*_batch(rng, 30.0))
     sess.train_step(*_batch(rng))
     path = sess.save_checkpoint(tmp_path / "ck.npz")
-    back = tr_onnx.TrainingSession.from_checkpoint(path, device=device)
+    back = tr_onnx.TrainingSession.from_checkpoint(path, backend=CudaBackend(device=device))
     assert back.loss_scale == sess.loss_scale == 32768.0
     batch = _batch(rng)
     sess.train_step(*batch)
@@ -204,7 +205,7 @@ def test_loss_scale_options():
     with pytest.raises(ValueError, match="loss_scale is for precision='fp16'"):
         tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="numpy", loss_scale=dict(init=8))
     with pytest.raises(ValueError, match=r"loss_scale keys \['inital'\]"):
-        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="cuda", device=lambda p: None,
+        tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend=CudaBackend(device=lambda p: None),
                                 precision="fp16", loss_scale=dict(inital=8))
     sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="numpy")
     assert sess.loss_scale is None and sess.config()["loss_scale"] is None
@@ -267,7 +268,7 @@ def test_resnet_half_keeps_batchnorm_fp32_and_tracks_the_fp32_curve(device, prec
     half, (loss_rtol, max_drift) = HALF[precision][0], RESNET_TOLERANCE[precision]
     ref, init, want = _resnet(RESNET_STEPS, backend="numpy")
     rounded, rinit, _ = _resnet(RESNET_STEPS, round_to=half, backend="numpy")
-    sess, init16, got = _resnet(RESNET_STEPS, backend="cuda", device=device,
+    sess, init16, got = _resnet(RESNET_STEPS, backend=CudaBackend(device=device),
                                 precision=precision)
     assert sess.step == RESNET_STEPS  # no overflow at the default scale
     np.testing.assert_allclose(got, want, rtol=loss_rtol)
@@ -323,7 +324,7 @@ def test_resnet_half_keeps_batchnorm_fp32_and_tracks_the_fp32_curve(device, prec
 
 def test_resnet_fp16_batchnorm_gradients_after_one_step(device):
     ref, init, _ = _resnet(1, backend="numpy")
-    sess, init16, _ = _resnet(1, backend="cuda", device=device, precision="fp16")
+    sess, init16, _ = _resnet(1, backend=CudaBackend(device=device), precision="fp16")
     last = [n for n in sess._state.active.info.trainable if n.startswith(("layer2.bn2",
                                                                    "layer2.downsample.1"))]
     assert len(last) == 4
@@ -333,7 +334,7 @@ def test_resnet_fp16_batchnorm_gradients_after_one_step(device):
 
 def test_resnet_fp16_overflow_skips_the_update_and_keeps_the_statistics(device):
     sess = tr_onnx.TrainingSession(ZOO / "resnet.onnx", optimizer=SGD(lr=0.05, momentum=0.9),
-                                   channel_align=8, backend="cuda", device=device,
+                                   channel_align=8, backend=CudaBackend(device=device),
                                    precision="fp16", loss_scale=dict(init=2.0 ** 24))
     rng = np.random.default_rng(0)
     batch = lambda: ({"input": rng.standard_normal((4, 3, 16, 16)).astype(np.float32)},  # noqa: E731
@@ -369,7 +370,8 @@ def test_resnet_fp16_overflow_skips_the_update_and_keeps_the_statistics(device):
 def test_fp16_frozen_parameters_read_a_half_copy_or_stay_fp32_in_batchnorm(device):
     frozen = ["layer1.conv1.weight", "stem.1.weight"]
     ref, _, want = _resnet(3, backend="numpy", frozen=frozen)
-    sess, init, got = _resnet(3, backend="cuda", device=device, precision="fp16", frozen=frozen)
+    sess, init, got = _resnet(3, backend=CudaBackend(device=device), precision="fp16",
+                              frozen=frozen)
     np.testing.assert_allclose(got, want, rtol=3e-3)
     plan = sess._state.active
     assert plan.info.frozen_half == {"layer1.conv1.weight": "layer1.conv1.weight.half"}
@@ -419,7 +421,7 @@ def test_transformer_half_layer_norm_reads_half_parameters_and_tracks_fp32(devic
     scaling = {"loss_scale": {"init": 1024.0}} if precision == "fp16" else {}
     ref, init, want = _transformer(10, backend="numpy")
     rounded, rinit, _ = _transformer(10, round_to=half, backend="numpy")
-    sess, init16, got = _transformer(10, backend="cuda", device=device, precision=precision,
+    sess, init16, got = _transformer(10, backend=CudaBackend(device=device), precision=precision,
                                      **scaling)
     assert sess.step == 10
     np.testing.assert_allclose(got, want, rtol=loss_rtol)
@@ -457,7 +459,7 @@ def test_every_cudnn_graph_of_a_half_plan_reads_and_writes_the_half_type(device,
 
     scaling = {"loss_scale": {"init": 1024.0}} if precision == "fp16" else {}
     sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", optimizer=SGD(lr=0.01),
-                                   channel_align=8, backend="cuda", device=device,
+                                   channel_align=8, backend=CudaBackend(device=device),
                                    precision=precision, **scaling)
     shape = ZOO_INPUTS[stem]
     sess.train_step({"input": np.random.default_rng(0).standard_normal(shape).astype(
@@ -508,7 +510,7 @@ LOSS_RTOL = {"fp32": 1e-5, **{p: rtol for p, (_, rtol, _) in HALF.items()}}
 def _loss_curves(device, loss, precision, steps=5):
     rng = np.random.default_rng(0)
     ref = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=loss, backend="numpy")
-    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=loss, backend="cuda", device=device,
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=loss, backend=CudaBackend(device=device),
                                    precision=precision)
     got, want = [], []
     for _ in range(steps):
@@ -563,8 +565,8 @@ def test_an_onnx_loss_model_trains_in_half_as_the_builtin_it_spells(device, prec
 
 
 def test_an_onnx_loss_model_overflow_skips_the_step(device):
-    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=mse_loss_model(), backend="cuda",
-                                   device=device, precision="fp16",
+    sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=mse_loss_model(),
+                                   backend=CudaBackend(device=device), precision="fp16",
                                    loss_scale={"init": 2.0 ** 24})
     rng = np.random.default_rng(0)
     before = sess.parameters()
@@ -585,7 +587,7 @@ def test_a_float32_batch_is_rounded_to_half_on_the_device(device, stem, shape, k
     takes ~30 ms on one core); one kernel rounds it into the half input, to nearest even as
     NumPy (fp16) and ml_dtypes (bf16) do: overflow to inf, subnormals, -0 included."""
     half = HALF[precision][0]
-    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", backend="cuda", device=device,
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", backend=CudaBackend(device=device),
                                    precision=precision, channel_align=8)
     x = (3 * np.random.default_rng(0).standard_normal(shape)).astype(np.float32)
     x.reshape(-1)[:5] = [65519.0, 1e-8, -0.0, 7e4, 3.3895314e38]

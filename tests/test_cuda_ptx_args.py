@@ -17,6 +17,7 @@ from paths import ZOO
 
 import tr_onnx
 from tr_onnx.backends.cuda import bind, sources
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.capture import DeviceBuffer
 from tr_onnx.backends.cuda.device import KernelRef
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
@@ -28,7 +29,8 @@ SHAPES = {"mlp": (4, 64), "lenet": (4, 1, 8, 8), "resnet": (4, 3, 16, 16),
 
 
 def recorder(plan) -> FakeRecorder:
-    """The sessions' ``device=``: a recording device with the executor's phases."""
+    """The device of the sessions' ``CudaBackend``: a recording device with the executor's
+    phases."""
     return FakeRecorder(plan.memory, policy=EXECUTOR_POLICY)
 
 
@@ -92,8 +94,7 @@ def test_a_binding_passing_a_wrong_width_fails_its_plan(monkeypatch):
 
     monkeypatch.setattr(cuda_reduce, "i32", bind.i64)
     x = np.random.default_rng(0).standard_normal(SHAPES["transformer"]).astype(np.float32)
-    sess = tr_onnx.InferenceSession(ZOO / "transformer.onnx", backend="cuda",
-                                    device=recorder)
+    sess = tr_onnx.InferenceSession(ZOO / "transformer.onnx", backend=CudaBackend(device=recorder))
     with pytest.raises(ptx.LaunchSignatureError, match=r"tr_softmax_f32: argument 5 is int64"):
         sess.run(None, {"input": x})
 
@@ -111,7 +112,7 @@ def test_the_zoo_training_plans_launch_only_what_their_kernels_ptx_takes(stem, m
 
     monkeypatch.setattr(ptx, "check_launch", counting)
     x = np.random.default_rng(0).standard_normal(SHAPES[stem]).astype(np.float32)
-    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8, backend="cuda",
-                                   device=recorder)
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
+                                   backend=CudaBackend(device=recorder))
     sess.train_step({"input": x}, np.arange(4) % 10)
     assert len(checked) > 20 and len(set(checked)) > 5, (stem, sorted(set(checked)))

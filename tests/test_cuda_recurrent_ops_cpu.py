@@ -34,6 +34,7 @@ from oracles import ort_run
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.ops.recurrent import ACTIVATION_CODES
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.ops.recurrent import _ACTIVATIONS, _spec
@@ -143,7 +144,7 @@ def run_both(model, feed, device, signatures):
     """(numpy's outputs, cuda's outputs, the cuda plan's kernel names); the launches'
     arguments checked against the kernels' C signatures."""
     want = tr_onnx.InferenceSession(model).run(None, feed)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     got = sess.run(None, feed)
     plan = sess.plan_for(feed)
     launches = launches_of(plan)
@@ -243,7 +244,7 @@ def test_lstm_with_one_hidden_unit_and_several_rows_equals_onnxruntime(device, s
     names, feed = layer_inputs("LSTM", "bidirectional", init=True, peep=True, hidden=1,
                                lens=[5, 2, 4])
     model = forward_model("LSTM", "bidirectional", {}, names, feed)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     got = sess.run(None, feed)
     check_launch_arguments(launches_of(sess.plan_for(feed)), sess.plan_for(feed), signatures)
     assert_close(got, ort_run(model, feed), ["Y", "Y_h", "Y_c"])
@@ -366,7 +367,7 @@ def train(case: str, backend: str, **kw):
 @pytest.mark.parametrize("case", list(TRAIN))
 def test_a_classifier_trains_three_sgd_steps_on_cuda_as_on_numpy(device, signatures, case):
     ref, want = train(case, "numpy")
-    sess, got = train(case, "cuda", device=device)
+    sess, got = train(case, CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() and len(b) == 5  # W, R, B and the head's weight and bias

@@ -52,6 +52,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.ops.conv import Window
@@ -126,7 +127,7 @@ def reduce_model(op: str, axes, attrs: dict, dtype, conv: bool, opset: int = 18,
 def run_cuda(model, x, device, signatures):
     """(the cuda session's y, its plan), launches checked against the kernels' signatures
     and y's padded lanes zero."""
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, channel_align=8)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device), channel_align=8)
     (y,) = sess.run(None, {"x": x})
     plan = sess.plan_for({"x": x})
     check_launch_arguments(launches_of(plan), plan, signatures)
@@ -410,7 +411,7 @@ def test_arg_max_of_a_channels_last_map_equals_numpy(axis, keepdims, device, sig
     out = model.graph.output[0]
     out.name = "z"
     out.type.tensor_type.elem_type = TensorProto.FLOAT
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, channel_align=8)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device), channel_align=8)
     got = sess.run(None, {"x": x})[0]
     np.testing.assert_array_equal(got, run_numpy(model, x))
     plan = sess.plan_for({"x": x})
@@ -450,7 +451,7 @@ def pool_model(op: str, attrs: dict, dtype, out_shape, domain: str = "", inputs=
 
 def run_pool(model, feeds, device, signatures):
     """(cuda's y, numpy's y, the cuda plan), y's padded lanes checked zero."""
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, channel_align=8)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device), channel_align=8)
     (got,) = sess.run(None, feeds)
     plan = sess.plan_for(feeds)
     check_launch_arguments(launches_of(plan), plan, signatures)
@@ -630,7 +631,7 @@ def cnn(head: str) -> onnx.ModelProto:
                                   "sum-square-then-log-sum", "log-sum-exp"])
 def test_a_cnn_trains_on_cuda_as_on_numpy(head, device, signatures):
     kw = dict(optimizer=SGD(lr=0.05), channel_align=8)
-    cuda = tr_onnx.TrainingSession(cnn(head), backend="cuda", device=device, **kw)
+    cuda = tr_onnx.TrainingSession(cnn(head), backend=CudaBackend(device=device), **kw)
     ref = tr_onnx.TrainingSession(cnn(head), backend="numpy", **kw)
     rng = np.random.default_rng(1)
     for _ in range(3):

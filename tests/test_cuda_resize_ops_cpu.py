@@ -31,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
@@ -102,7 +103,7 @@ def resize_model(attrs: dict, scales=None, sizes=None, roi=None, conv: bool = Fa
 def run_both(model, x, device):
     """(numpy's y, the emulated cuda backend's y, the cuda session's plan)."""
     ref = tr_onnx.InferenceSession(model, backend="numpy", channel_align=8).run(None, {"x": x})
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, channel_align=8)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device), channel_align=8)
     got = sess.run(None, {"x": x})
     (plan,) = sess._plans.values()
     return ref[0], got[0], plan
@@ -259,7 +260,7 @@ def unet(mode: str, coord: str):
                                              ("cubic", "align_corners")])
 def test_a_unet_trains_on_cuda_as_on_numpy(mode, coord, device, signatures):
     kw = dict(optimizer=SGD(lr=0.01), channel_align=8)
-    cuda = tr_onnx.TrainingSession(unet(mode, coord), backend="cuda", device=device, **kw)
+    cuda = tr_onnx.TrainingSession(unet(mode, coord), backend=CudaBackend(device=device), **kw)
     ref = tr_onnx.TrainingSession(unet(mode, coord), backend="numpy", **kw)
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -301,7 +302,7 @@ def test_resize_grad_is_the_transpose_of_the_forward_map(device):
                                                     helper.make_opsetid("ai.tr_onnx", 1)])
     rng = np.random.default_rng(5)
     gy = rng.standard_normal(out).astype(np.float32)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     (gx,) = sess.run(None, {"gy": gy})
     (gx_ref,) = tr_onnx.InferenceSession(model, backend="numpy").run(None, {"gy": gy})
     assert_bits_equal(gx, gx_ref)

@@ -42,6 +42,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cuda_executor_cpu import check_launch_arguments, kernel_signatures
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.optim import SGD
@@ -88,7 +89,7 @@ def node_model(op: str, feeds: dict, outputs: dict, attrs: dict | None = None,
 def run_both(model, feeds, device, **kw):
     """(numpy's outputs, the emulated cuda backend's outputs, the cuda session's plan)."""
     ref = tr_onnx.InferenceSession(model, backend="numpy", **kw).run(None, feeds)
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, **kw)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device), **kw)
     got = sess.run(None, feeds)
     (plan,) = sess._plans.values()
     return ref, got, plan
@@ -542,7 +543,7 @@ def test_a_spatial_transformer_trains_on_cuda_as_on_numpy(mode, padding, align, 
     gather is not launched."""
     kw = dict(optimizer=SGD(lr=0.01), channel_align=8)
     model = spatial_transformer(mode, padding, align, source)
-    cuda = tr_onnx.TrainingSession(model, backend="cuda", device=device, **kw)
+    cuda = tr_onnx.TrainingSession(model, backend=CudaBackend(device=device), **kw)
     ref = tr_onnx.TrainingSession(model, backend="numpy", **kw)
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -615,7 +616,7 @@ def roi_head(kind: str) -> onnx.ModelProto:
 def test_roi_align_and_max_unpool_heads_train_on_cuda_as_on_numpy(kind, ops, kernels, device,
                                                                   signatures):
     kw = dict(optimizer=SGD(lr=0.01), channel_align=8)
-    cuda = tr_onnx.TrainingSession(roi_head(kind), backend="cuda", device=device, **kw)
+    cuda = tr_onnx.TrainingSession(roi_head(kind), backend=CudaBackend(device=device), **kw)
     ref = tr_onnx.TrainingSession(roi_head(kind), backend="numpy", **kw)
     rng = np.random.default_rng(0)
     for _ in range(3):

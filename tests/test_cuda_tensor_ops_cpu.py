@@ -50,6 +50,7 @@ from test_cuda_indexing_ops_cpu import (
 )
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.optim import SGD
@@ -108,7 +109,7 @@ def check_channels_last(model, device, signatures, outputs, shape=(2, 3, 6, 5),
     channels-last with zero padded lanes; returns the cuda plan's kernel names."""
     x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
     want = tr_onnx.InferenceSession(model, channel_align=8).run(None, {"x": x})
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device, channel_align=8)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device), channel_align=8)
     got = sess.run(None, {"x": x})
     assert_bits_equal(got, want)
     plan = sess.plan_for({"x": x})
@@ -290,7 +291,7 @@ def test_pad_grad_is_the_transpose_of_pad(device, case):
     node = helper.make_node("PadGrad", ["gy"], ["gx"], domain="ai.tr_onnx", mode=mode,
                             pads=pads)
     grad = internal_model(node, {"gy": gy}, {"gx": (gy.dtype, shape)})
-    (gx,) = tr_onnx.InferenceSession(grad, backend="cuda", device=device).run(None, {"gy": gy})
+    (gx,) = tr_onnx.InferenceSession(grad, backend=CudaBackend(device=device)).run(None, {"gy": gy})
     np.testing.assert_allclose(np.vdot(y.astype(np.float64), gy),
                                np.vdot(x.astype(np.float64), gx), rtol=1e-5)
 
@@ -368,7 +369,7 @@ def test_forms_without_a_kernel_are_refused_with_the_reason(device, op, feeds, c
     from tr_onnx.backends.cuda.bind import CudaUnsupported
 
     model = single_node(op, feeds, consts, attrs, ["y"])
-    sess = tr_onnx.InferenceSession(model, backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(model, backend=CudaBackend(device=device))
     with pytest.raises(CudaUnsupported) as info:
         sess.run(None, feeds)
     assert why in str(info.value), str(info.value)
@@ -699,7 +700,7 @@ def train(case, backend, **kw):
 @pytest.mark.parametrize("case", list(TRAIN))
 def test_three_sgd_steps_on_cuda_equal_numpy(device, signatures, case):
     ref, want = train(case, "numpy")
-    sess, got = train(case, "cuda", device=device)
+    sess, got = train(case, CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys()

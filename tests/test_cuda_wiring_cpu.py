@@ -5,8 +5,8 @@
 * ``InferenceSession`` and ``TrainingSession`` with ``backend="cuda"`` drive a ``CudaExecutor``
   through ``ExecutorAPI`` only; the device is tr_onnx.testing.host_emulator
   (``FakeRecorder``'s capture checks + the kernels' host build + numpy kernels for the cuDNN
-  nodes), injected with the sessions' ``device=`` hook. Outputs, losses and state equal the
-  numpy backend's.
+  nodes), the device of the ``CudaBackend`` the sessions are given. Outputs, losses and state
+  equal the numpy backend's.
 * ``scripts/gpu_check.py --dry-run``: the whole GPU check (parity and benchmark plumbing) on
   the CPU.
 """
@@ -25,13 +25,13 @@ from script_modules import ROOT, gpu_check
 import tr_onnx
 from tr_onnx.backends import (
     BACKENDS,
-    DEFAULT_CHANNEL_ALIGN,
     ExecutorAPI,
-    cuda_unavailable_reason,
+    backend_named,
     resolve_backend,
 )
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import executor as cuda_executor
+from tr_onnx.backends.cuda.backend import CudaBackend, cuda_unavailable_reason
 from tr_onnx.backends.cuda.executor import CudaExecutor, CudaUnsupported
 from tr_onnx.backends.numpy_backend import NumpyExecutor
 from tr_onnx.errors import TrOnnxError, UnsupportedModelError
@@ -96,7 +96,7 @@ def test_auto_picks_cuda_when_a_gpu_is_usable(monkeypatch):
 
 
 def test_unknown_backends_list_the_valid_ones():
-    assert BACKENDS == ("numpy", "cuda") and DEFAULT_CHANNEL_ALIGN["cuda"] == 8
+    assert BACKENDS == ("numpy", "cuda") and backend_named("cuda").channel_align == 8
     with pytest.raises(TrOnnxError, match=r"available: numpy, cuda \(or 'auto'\)"):
         resolve_backend("tpu")
 
@@ -113,7 +113,7 @@ def test_this_machine_has_no_gpu_so_auto_stays_numpy():
 # --------------------------------------------------------------------------------------------
 
 def test_both_executors_implement_the_executor_api(device):
-    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device))
     plan = sess.plan_for({"input": _x("mlp")})
     assert isinstance(plan.executor, CudaExecutor) and isinstance(plan.executor, ExecutorAPI)
     assert not hasattr(plan.executor, "arena")  # nothing for a session to index
@@ -131,7 +131,7 @@ def test_both_executors_implement_the_executor_api(device):
 def test_inference_session_on_cuda_equals_numpy(stem, device):
     x = _x(stem)
     want = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", channel_align=8).run(None, {"input": x})
-    sess = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", backend=CudaBackend(device=device))
     assert sess.channel_align == 8 and sess.get_providers() == ["tr_onnx:cuda"]
     for _ in range(3):  # eager, captured + launched, replayed
         (got,) = sess.run(None, {"input": x})
@@ -151,7 +151,7 @@ def _train(stem, steps, **kw):
 @pytest.mark.parametrize("stem", ["mlp", "resnet"])
 def test_training_session_on_cuda_equals_numpy(stem, device):
     ref, want = _train(stem, 3, backend="numpy")
-    sess, got = _train(stem, 3, backend="cuda", device=device)
+    sess, got = _train(stem, 3, backend=CudaBackend(device=device))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert sess.last_grad_norm == pytest.approx(ref.last_grad_norm, rel=1e-4)
     a, b = sess.state_arrays(), ref.state_arrays()
@@ -176,7 +176,7 @@ def test_a_training_step_is_one_graph_launch_and_one_wait(device, precision):
     asynchronously through one pinned buffer (waiting first for that buffer's previous use,
     two steps back), one graph launch, the report copied behind it into the same buffer, and
     one wait for that buffer's event."""
-    sess, _ = _train("resnet", 2, backend="cuda", device=device, precision=precision,
+    sess, _ = _train("resnet", 2, backend=CudaBackend(device=device), precision=precision,
                      loss_scale={"init": 1024.0} if precision == "fp16" else None)
     dev = sess._state.active.executor.device
     start = len(dev.calls)
@@ -198,16 +198,16 @@ def test_a_training_step_is_one_graph_launch_and_one_wait(device, precision):
 
 
 def test_checkpoint_round_trip_through_the_device(device, tmp_path):
-    sess, _ = _train("mlp", 2, backend="cuda", device=device)
+    sess, _ = _train("mlp", 2, backend=CudaBackend(device=device))
     path = sess.save_checkpoint(tmp_path / "ck.npz")
-    back = tr_onnx.TrainingSession.from_checkpoint(path, backend="cuda", device=device)
+    back = tr_onnx.TrainingSession.from_checkpoint(path, backend=CudaBackend(device=device))
     x, y = _x("mlp", 5), np.arange(4) % 10
     assert back.train_step({"input": x}, y) == pytest.approx(sess.train_step({"input": x}, y),
                                                              rel=1e-6)
 
 
 def test_a_non_finite_step_is_dropped_on_the_device(device):
-    sess, _ = _train("mlp", 1, backend="cuda", device=device)
+    sess, _ = _train("mlp", 1, backend=CudaBackend(device=device))
     before = sess.parameters()
     x = _x("mlp")
     x[0, 0] = np.inf
@@ -247,7 +247,7 @@ def test_the_device_step_guard_decides_as_the_host_does(device, accumulation):
         return sess, caught
 
     ref, ref_warnings = run(backend="numpy")
-    sess, got_warnings = run(backend="cuda", device=device)
+    sess, got_warnings = run(backend=CudaBackend(device=device))
     assert got_warnings == ref_warnings and len(ref_warnings) == 1
     assert (sess.step, sess.micro_step, sess.bad_steps) == (ref.step, ref.micro_step,
                                                             ref.bad_steps)
@@ -262,7 +262,7 @@ def _d2h_bytes(dev, start: int) -> int:
 
 
 def test_all_finite_reads_back_only_the_flag(device):
-    sess, _ = _train("mlp", 1, backend="cuda", device=device)
+    sess, _ = _train("mlp", 1, backend=CudaBackend(device=device))
     ex = sess._state.active.executor
     dev, grads = ex.device, ex.memory.tensors["__grads"]
     assert grads.nbytes > 1000
@@ -297,7 +297,7 @@ def test_ops_without_a_cuda_binding_are_listed_not_run_on_numpy(device, monkeypa
     monkeypatch.setattr(tr_onnx.registry, "_default", registry)
     with pytest.raises(UnsupportedModelError, match=r"Relu \(domain 'ai\.onnx', "
                        r"since_version 14\)(.|\n)*backend='numpy'") as info:
-        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device))
     assert {op for _, op, _, _ in info.value.missing} == {"Relu"}
 
 
@@ -311,17 +311,11 @@ def test_a_binding_that_refuses_the_plan_names_the_node_and_why(device, monkeypa
 
     monkeypatch.setattr(unary, "bind_unary", refuse)
     monkeypatch.setattr(tr_onnx.registry, "_default", build_registry())
-    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device)
+    sess = tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device))
     with pytest.raises(CudaUnsupported, match=r"Relu \(domain 'ai\.onnx', since_version "
                        r"14\)(.|\n)*test: no kernel for this layout") as info:
         sess.run(None, {"input": _x("mlp")})
     assert {op for _, op, _, _ in info.value.missing} == {"Relu"}
-
-
-def test_device_hook_is_for_the_cuda_backend_only(device):
-    with pytest.raises(ValueError, match="device= is for the cuda backend"):
-        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="numpy", device=device).run(
-            None, {"input": _x("mlp")})
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,13 +357,13 @@ def test_gpu_check_dry_run_runs_the_whole_script(tmp_path):
 
 
 def test_cuda_graphs_off_runs_every_step_eagerly_with_the_same_result(device):
-    _, want = _train("mlp", 3, backend="cuda", device=device)
-    sess, got = _train("mlp", 3, backend="cuda", device=device, cuda_graphs="off")
+    _, want = _train("mlp", 3, backend=CudaBackend(device=device))
+    sess, got = _train("mlp", 3, backend=CudaBackend(device=device), cuda_graphs="off")
     assert got == want
     dev = sess._state.active.executor.device
     assert "begin_capture" not in [c.op for c in dev.calls] and dev.launched_graphs == 0
     with pytest.raises(ValueError, match=r"cuda_graphs='always'; valid: fallback, require, off"):
-        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend="cuda", device=device,
+        tr_onnx.InferenceSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device),
                                  cuda_graphs="always")
 
 
@@ -390,8 +384,9 @@ def test_gpu_check_table_gives_ratios_to_torch_amp():
 def _pipeline_run(device, stem, batches, wait, **kw):
     """Train on ``batches`` ((x, y) pairs) with ``train_step(..., wait=wait)``: the losses,
     the warnings (text, in order), the raised error's text, the final counters and state."""
-    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8, backend="cuda",
-                                   device=device, **{"optimizer": SGD(lr=0.05, momentum=0.9),
+    sess = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", channel_align=8,
+                                   backend=CudaBackend(device=device), **{"optimizer": SGD(lr=0.05,
+                                                                                           momentum=0.9),
                                                      **kw})
     losses, error = [], None
     with warnings.catch_warnings(record=True) as caught:
@@ -472,13 +467,14 @@ def test_pipelined_fp16_overflow_and_lr_schedule_match_waited_steps(device):
 
 def test_pending_steps_are_waited_for_before_state_is_read(device, tmp_path):
     batches = _resnet_batches(3)
-    sess = tr_onnx.TrainingSession(ZOO / "resnet.onnx", channel_align=8, backend="cuda",
-                                   device=device, optimizer=SGD(lr=0.05, momentum=0.9))
+    sess = tr_onnx.TrainingSession(ZOO / "resnet.onnx", channel_align=8,
+                                   backend=CudaBackend(device=device), optimizer=SGD(lr=0.05,
+                                                                                     momentum=0.9))
     pending = [sess.train_step({"input": x}, y, wait=False) for x, y in batches]
     assert not pending[-1].done and pending[0].done
     path = sess.save_checkpoint(tmp_path / "ck.npz")  # waits
     assert pending[-1].done and sess.step == 3
-    back = tr_onnx.TrainingSession.from_checkpoint(path, backend="cuda", device=device)
+    back = tr_onnx.TrainingSession.from_checkpoint(path, backend=CudaBackend(device=device))
     x, y = _resnet_batches(4)[-1]
     assert back.train_step({"input": x}, y) == sess.train_step({"input": x}, y)
     p = sess.train_step({"input": x}, y, wait=False)
@@ -490,7 +486,7 @@ def test_wait_false_is_a_waited_step_where_steps_cannot_overlap(device):
     """numpy, and gradient accumulation (the micro-step count depends on the previous one):
     the step is read back before train_step returns."""
     x, y = _x("mlp"), np.arange(4) % 10
-    for kw in ({"backend": "numpy"}, {"backend": "cuda", "device": device,
+    for kw in ({"backend": "numpy"}, {"backend": CudaBackend(device=device),
                                       "grad_accumulation": 2}):
         sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", **kw)
         p = sess.train_step({"input": x}, y, wait=False)
@@ -506,7 +502,7 @@ def test_the_trainer_pipelines_cuda_steps_and_ends_as_when_waiting(device, tmp_p
     from tr_onnx.training.trainer import Trainer
 
     def fit(pipelined: bool, out):
-        sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend="cuda", device=device,
+        sess = tr_onnx.TrainingSession(ZOO / "mlp.onnx", backend=CudaBackend(device=device),
                                        optimizer=SGD(lr=0.05, momentum=0.9))
         if not pipelined:
             sess._steps.pipelined = lambda plan: False

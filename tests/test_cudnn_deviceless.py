@@ -22,6 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.deviceless import (
     H200_PROPERTIES,
     check_graph,
@@ -47,10 +48,10 @@ def recording_device(plan):
 def cuda_plan(stem: str, mode: str):
     feed = {"input": np.zeros(SHAPES[stem], np.float32)}
     if mode == "inference":
-        return tr_onnx.InferenceSession(ZOO / f"{stem}.onnx", backend="cuda",
-                                        device=recording_device).plan_for(feed)
-    session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx", backend="cuda",
-                                      device=recording_device, precision=mode)
+        return tr_onnx.InferenceSession(ZOO / f"{stem}.onnx",
+                                        backend=CudaBackend(device=recording_device)).plan_for(feed)
+    session = tr_onnx.TrainingSession(ZOO / f"{stem}.onnx",
+                                      backend=CudaBackend(device=recording_device), precision=mode)
     return session._train_plan(feed)
 
 
@@ -112,7 +113,7 @@ def test_a_broadcast_matmul_operand_is_declared_with_batch_stride_0():
         "x", TensorProto.FLOAT, [6, 3, 4])], [helper.make_tensor_value_info(
             "y", TensorProto.FLOAT, [6, 3, 5])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    plan = tr_onnx.InferenceSession(model, backend="cuda", device=recording_device).plan_for(
+    plan = tr_onnx.InferenceSession(model, backend=CudaBackend(device=recording_device)).plan_for(
         {"x": np.zeros((6, 3, 4), np.float32)})
     from tr_onnx.backends.cuda.bind import CudnnCall
 

@@ -29,10 +29,10 @@ import tr_onnx
 from tr_onnx import distributed
 from tr_onnx.backends.cuda import device as cuda_device
 from tr_onnx.backends.cuda import nccl
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import Launch
 from tr_onnx.backends.cuda.capture import DeviceBuffer
 from tr_onnx.backends.cuda.device import CupyDevice
-from tr_onnx.compiler import cuda_executor
 from tr_onnx.errors import DistributedError
 from tr_onnx.memory import Region
 from tr_onnx.optim import SGD
@@ -187,8 +187,8 @@ def _batch(stem: str, i: int):
 
 def _session(stem, device, world: bool, **kw):
     sess = tr_onnx.TrainingSession(ROOT / "model_zoo" / f"{stem}.onnx", channel_align=8,
-                                   optimizer=SGD(lr=0.05, momentum=0.9), backend="cuda",
-                                   device=device, **kw)
+                                   optimizer=SGD(lr=0.05, momentum=0.9),
+                                   backend=CudaBackend(device=device), **kw)
     if world:
         with_nccl_path(sess)
     return sess
@@ -391,7 +391,7 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(device, host_nccl, monkeypatc
     monkeypatch.setattr(cuda_device, "CupyDevice", cupy_device)
     monkeypatch.setattr(plan.info, "world", distributed.World(0, 1, local_rank=3))
     with pytest.raises(RuntimeError, match="no GPU here"):
-        cuda_executor(plan)
+        CudaBackend().executor(plan)
     assert opened == [3]
 
 
@@ -496,9 +496,9 @@ def test_a_world_of_one_with_sync_batchnorm_trains_as_cudnn_and_numpy(model, dev
     shape = SHAPES["resnet"] if model == "resnet" else (4, 3, 8, 8)
     kw = {"channel_align": 8, "optimizer": SGD(lr=0.05, momentum=0.9)}
     sync = with_nccl_path(tr_onnx.TrainingSession(
-        SYNC_MODELS[model](), backend="cuda", device=device, sync_batchnorm=True, **kw))
-    refs = {"cudnn": tr_onnx.TrainingSession(SYNC_MODELS[model](), backend="cuda",
-                                             device=device, **kw),
+        SYNC_MODELS[model](), backend=CudaBackend(device=device), sync_batchnorm=True, **kw))
+    refs = {"cudnn": tr_onnx.TrainingSession(SYNC_MODELS[model](),
+                                             backend=CudaBackend(device=device), **kw),
             "numpy": tr_onnx.TrainingSession(SYNC_MODELS[model](), backend="numpy", **kw)}
     for i in range(4):
         feed = {"input": np.random.default_rng(i).standard_normal(shape).astype(np.float32)}

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.errors import TrOnnxError
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
@@ -46,7 +47,7 @@ def dropout_training(shape, ratio: float, seed: int, dtype=np.float32, rows_befo
 def both(model, feed, device):
     """(numpy's outputs, the emulated cuda backend's) of ``model`` on ``feed``."""
     return [tr_onnx.InferenceSession(model, **kw).run(None, feed) for kw in (
-        {"backend": "numpy"}, {"backend": "cuda", "device": device})]
+        {"backend": "numpy"}, {"backend": CudaBackend(device=device)})]
 
 
 @pytest.mark.parametrize(("shape", "ratio", "seed", "step"), [
@@ -112,22 +113,22 @@ def inference_dropout(training: bool | None, ratio: float = 0.3):
 
 def test_inference_dropout_copies_and_refuses_training_mode_as_numpy_does(device):
     x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
-    y, mask = tr_onnx.InferenceSession(inference_dropout(False), backend="cuda",
-                                       device=device).run(None, {"x": x})
+    y, mask = tr_onnx.InferenceSession(inference_dropout(False),
+                                       backend=CudaBackend(device=device)).run(None, {"x": x})
     np.testing.assert_array_equal(y, x)
     assert mask.dtype == np.bool_ and mask.all()
     for backend in ("numpy", "cuda"):
-        kw = {"device": device} if backend == "cuda" else {}
+        target = CudaBackend(device=device) if backend == "cuda" else backend
         with pytest.raises(TrOnnxError, match="'drop'.*training-mode Dropout needs the "
                                               "training session"):
-            tr_onnx.InferenceSession(inference_dropout(True), backend=backend, **kw).run(
+            tr_onnx.InferenceSession(inference_dropout(True), backend=target).run(
                 None, {"x": x})
 
 
 def test_a_model_with_dropout_trains_on_cuda_as_on_numpy(device):
     """The zoo's MobileNet exported in training mode: Dropout(0.2) before the classifier."""
     kw = dict(optimizer=SGD(lr=0.05, momentum=0.9), channel_align=8)
-    cuda = tr_onnx.TrainingSession(ZOO / "mobilenet_train.onnx", backend="cuda", device=device,
+    cuda = tr_onnx.TrainingSession(ZOO / "mobilenet_train.onnx", backend=CudaBackend(device=device),
                                    **kw)
     ref = tr_onnx.TrainingSession(ZOO / "mobilenet_train.onnx", backend="numpy", **kw)
     rng = np.random.default_rng(0)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.finetune import finetune_options, replace_head
 from tr_onnx.testing.host_emulator import HostEmulator, build_host_library
 
@@ -57,7 +58,7 @@ def test_head_then_everything_on_cuda_equals_numpy(lib):
         return session, losses
 
     ref, want = run("numpy")
-    got_session, got = run("cuda", device=lambda plan: HostEmulator(plan, lib))
+    got_session, got = run(CudaBackend(device=lambda plan: HostEmulator(plan, lib)))
     np.testing.assert_allclose(got, want, rtol=1e-6)
     ours, theirs = got_session.parameters(), ref.parameters()
     assert not np.array_equal(theirs["bn.running_mean"], Net().bn.running_mean.numpy())

@@ -30,6 +30,7 @@ from onnx import numpy_helper
 from oracles import ort_run
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.finetune.lora import (
     LoraError,
     adapter_model,
@@ -462,8 +463,8 @@ def test_lora_llama_in_bf16_plans_on_cuda_without_a_device(exports):
     lora, info = add_lora(onnx.load(exports(case.id)), rank=RANK, alpha=ALPHA,
                           targets=case.targets, base_dtype="bfloat16", dropout=0.05)
     session = tr_onnx.TrainingSession(
-        lora, loss=tr_onnx.LossSpec("cross_entropy", class_axis=-1), backend="cuda",
-        device=lambda plan: FakeRecorder(plan.memory), precision="bf16",
+        lora, loss=tr_onnx.LossSpec("cross_entropy", class_axis=-1),
+        backend=CudaBackend(device=lambda plan: FakeRecorder(plan.memory)), precision="bf16",
         trainable=info.trainable)
     plan = session._train_plan(case.batch(0)[0])
     assert all(".cuda." in source for _, source in plan.kernels), sorted(

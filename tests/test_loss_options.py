@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.cli import main
 from tr_onnx.optim import SGD
 
@@ -94,7 +95,7 @@ def test_label_smoothing_on_the_cuda_backend_equals_torch(tmp_path, tmp_path_fac
     device = host_emulator(build_host_library(tmp_path_factory.mktemp("host_kernels")))
     check_against_torch(tmp_path, "per-position", {"label_smoothing": 0.1, "weights": WEIGHTS,
                                                    "ignore_index": -100},
-                        backend="cuda", device=device)
+                        backend=CudaBackend(device=device))
 
 
 def check_against_torch(tmp_path, shape, options, **session_kw):

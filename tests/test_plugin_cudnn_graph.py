@@ -25,12 +25,13 @@ from onnx.reference import ReferenceEvaluator
 from tr_onnx_example_ops import matmul_bias_relu
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import CudnnCall
 from tr_onnx.backends.cuda.cudnn_graphs import CudnnGraphError, describe_node, graph_ops
 from tr_onnx.backends.cuda.deviceless import check_plan
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
 from tr_onnx.optim import SGD
-from tr_onnx.testing.host_emulator import build_host_library, host_emulator
+from tr_onnx.testing.host_emulator import build_host_library, emulated_cuda
 from tr_onnx.testing.recorder import FakeRecorder
 
 N, K, M, CLASSES = 4, 6, 8, 5
@@ -104,10 +105,10 @@ def _graph_calls(plan) -> list:
 @pytest.mark.parametrize("precision", ["inference", "fp32", "fp16", "bf16"])
 def test_the_cuda_plan_binds_the_op_to_its_own_graph_which_cudnn_validates(precision):
     if precision == "inference":
-        plan = tr_onnx.InferenceSession(model(), backend="cuda", device=recorder).plan_for(
+        plan = tr_onnx.InferenceSession(model(), backend=CudaBackend(device=recorder)).plan_for(
             batch(0)[0])
     else:
-        session = tr_onnx.TrainingSession(model(), backend="cuda", device=recorder,
+        session = tr_onnx.TrainingSession(model(), backend=CudaBackend(device=recorder),
                                           precision=precision)
         plan = session._train_plan(batch(0)[0])
     (call,) = _graph_calls(plan)
@@ -122,7 +123,7 @@ def test_the_cuda_plan_binds_the_op_to_its_own_graph_which_cudnn_validates(preci
 
 
 def test_an_op_without_a_graph_is_named_with_the_list_that_has_the_plugin_op():
-    session = tr_onnx.TrainingSession(model(), backend="cuda", device=recorder)
+    session = tr_onnx.TrainingSession(model(), backend=CudaBackend(device=recorder))
     plan = session._train_plan(batch(0)[0])
     sign = next(n for n in plan.graph.nodes if n.op_type == "Sign")  # from the gradient rule
     with pytest.raises(CudnnGraphError, match=r"Sign.*no cuDNN graph.*MatMulBiasRelu"):
@@ -136,7 +137,7 @@ def test_three_sgd_steps_on_the_emulator_equal_numpy(host_lib):
         return s, [float(s.train_step(*batch(k))) for k in range(3)]
 
     ref, want = train(backend="numpy")
-    sess, got = train(backend="cuda", device=host_emulator(host_lib))
+    sess, got = train(backend=emulated_cuda(host_lib))
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a, b = sess.parameters(), ref.parameters()
     assert a.keys() == b.keys() >= {"w", "b"}

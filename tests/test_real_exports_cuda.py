@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 from real_export_sets import CATALOGUE, RealExport
 
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.backends.cuda.bind import CudaUnsupported
 from tr_onnx.backends.cuda.deviceless import check_plan
 from tr_onnx.backends.cuda.executor import EXECUTOR_POLICY
-from tr_onnx.testing.host_emulator import build_host_library, host_emulator
+from tr_onnx.testing.host_emulator import build_host_library, emulated_cuda
 from tr_onnx.testing.recorder import FakeRecorder
 
 CASES = list(CATALOGUE)
@@ -79,7 +80,7 @@ def test_each_real_export_plans_for_cuda_training_and_cudnn_takes_every_graph(fi
                                                                                precision):
     export, path = files[case]
     feed, _ = export.batches(0)
-    session = export.session(path, backend="cuda", device=recorder, precision=precision)
+    session = export.session(path, backend=CudaBackend(device=recorder), precision=precision)
     try:
         plan = session._train_plan(feed)
     except CudaUnsupported as e:
@@ -92,7 +93,7 @@ def test_each_real_export_plans_for_cuda_training_and_cudnn_takes_every_graph(fi
 def test_three_sgd_steps_on_the_host_emulator_equal_the_numpy_backends(files, host_lib, case):
     export, path = files[case]
     numpy_session = export.session(path, backend="numpy")
-    cuda_session = export.session(path, backend="cuda", device=host_emulator(host_lib))
+    cuda_session = export.session(path, backend=emulated_cuda(host_lib))
     for k in range(STEPS):
         feed, labels = export.batches(k)
         want = float(numpy_session.train_step(feed, labels))
@@ -129,7 +130,7 @@ def test_a_compact_x_beside_a_channels_last_dx_reaches_cudnn_as_a_channels_last_
             seen.append((np.array(got[:, :x.shape[1]]), np.array(x)))
 
     monkeypatch.setattr(HostEmulator, "cudnn_execute", cudnn_execute)
-    cuda_session = export.session(path, backend="cuda", device=host_emulator(host_lib))
+    cuda_session = export.session(path, backend=emulated_cuda(host_lib))
     cuda_session.train_step(*export.batches(0))
     assert seen
     for got, want in seen:

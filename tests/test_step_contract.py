@@ -7,7 +7,7 @@ One guarded training graph with dynamic loss scaling (``build_training_step`` wi
 for both backends; both run the same sequence of steps phase by phase -- good steps, a NaN
 batch, a step launched with a wrong step number (rejected), a loss scale that grows -- and every
 tensor of the contract and every parameter agrees after each step. The host-decided step
-(``HostTransfers.run_step``) is the independent oracle of the decisions: bad, rejected and
+(``training.step.host_step``) is the independent oracle of the decisions: bad, rejected and
 applied steps are the ones it would make.
 """
 
@@ -21,6 +21,7 @@ import pytest
 
 from tr_onnx import distributed
 from tr_onnx.backends.cuda import nccl
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.compiler import compile_plan
 from tr_onnx.importer import import_model
 from tr_onnx.ops.optimizers import REPORT_FIELDS
@@ -57,10 +58,11 @@ def guarded_plan(backend: str, device=None, world: int | None = None):
     cfg = TrainConfig(make_loss_spec("cross_entropy"), SGD(lr=0.1, momentum=0.9), "logits",
                       "labels", clip_grad_norm=5.0, loss_scale=dict(LOSS_SCALE),
                       step_guard=True, data_inputs=("input",), world=world)
-    return compile_plan(imported, {"input": (4, 64)}, {}, backend, 8,
+    target = CudaBackend(device=device) if device is not None else backend
+    return compile_plan(imported, {"input": (4, 64)}, {}, target, 8,
                         transform=partial(build_training_step, registry=registry,
                                           backend=backend, cfg=cfg),
-                        absorb_flatten=False, device=device)
+                        absorb_flatten=False)
 
 
 def contract_names(info) -> list[str]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import tr_onnx
+from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 from tr_onnx.training.losses import LossSpec
@@ -123,8 +124,8 @@ def test_token_level_cross_entropy_on_the_cuda_backend_equals_numpy(exported, tm
     spec = LossSpec("cross_entropy", class_axis=-1, ignore_index=-100)
     device = host_emulator(build_host_library(tmp_path))
     ref = tr_onnx.TrainingSession(proto, loss=spec, optimizer=SGD(lr=0.5))
-    cuda = tr_onnx.TrainingSession(proto, loss=spec, optimizer=SGD(lr=0.5), backend="cuda",
-                                   device=device)
+    cuda = tr_onnx.TrainingSession(proto, loss=spec, optimizer=SGD(lr=0.5),
+                                   backend=CudaBackend(device=device))
     for tokens, labels in _batches(3, pad=True):
         np.testing.assert_allclose(cuda.train_step({"tokens": tokens}, labels),
                                    ref.train_step({"tokens": tokens}, labels), rtol=1e-5)

@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
+from .backends import backend_named
 from .cli_finetune import add_arguments as add_finetune_arguments
 from .cli_finetune import apply as apply_finetune
 from .cli_finetune import tuned as finetune_tuned
@@ -101,27 +102,23 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
     from .export_advice import export_advice
     from .importer import default_opset
     from .session import InferenceSession
+    from .testing.recorder import FakeRecorder
 
-    device = None
-    if backend == "cuda":
-        from .testing.recorder import FakeRecorder
-
-        def device(plan):  # binds the plan to arena addresses; runs nothing
-            return FakeRecorder(plan.memory)
+    # plans for the backend's device without one: a recorder binds the plan, runs nothing
+    target = backend_named(backend).on_device(lambda plan: FakeRecorder(plan.memory))
     if train or finetune:
         from .training.session import TrainingSession
 
         def training_session(model, **kwargs):
             with warnings.catch_warnings():  # inspect prints the advice in its own section
                 warnings.simplefilter("ignore", ExportAdviceWarning)
-                return TrainingSession(model, backend=backend, device=device,
-                                       precision=precision, channel_align=channel_align,
-                                       **kwargs)
+                return TrainingSession(model, backend=target, precision=precision,
+                                       channel_align=channel_align, **kwargs)
         sess = training_session(*finetune[:1], **finetune[1]) if finetune else \
             training_session(path)
     else:
-        sess = InferenceSession(path, backend=backend, channel_align=channel_align,
-                                reuse_memory=reuse, device=device)
+        sess = InferenceSession(path, backend=target, channel_align=channel_align,
+                                reuse_memory=reuse)
     imported = sess.imported
     _check_declared_dims(imported)
     feed = _concrete_feed(imported, batch, shapes or {})
@@ -137,22 +134,14 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
         full = training_session(path if finetune[3] is not None else finetune[0])
         cost = {**plan_cost(sess, plan), "notes": finetune[2],
                 "full": plan_cost(full, full._train_plan(feed))}
-    graphs = None
-    if backend == "cuda":
-        from dataclasses import asdict
-
-        from .backends.cuda.deviceless import H200_PROPERTIES, check_plan
-
-        graphs = {"target": str(gpu_properties or H200_PROPERTIES),
-                  "graphs": [asdict(c) | {"ok": c.ok} for c in check_plan(plan,
-                                                                            gpu_properties)]}
+    report = target.plan_report(plan, gpu_properties)
     ops = Counter()
     sources = {}
     for node, source in plan.kernels:
         key = (node.domain or "ai.onnx", node.op_type, node.since_version)
         ops[key] += 1
         sources[key] = source
-    paths = _cuda_paths(plan) if backend == "cuda" else {}
+    paths = report.get("paths", {})
     aliased = Counter(n.op_type for n in plan.graph.nodes
                       if n.outputs and n.outputs[0] is not None and n.outputs[0].alias_of)
     mem = plan.memory
@@ -188,35 +177,9 @@ def inspect_model(path: str, batch: int = 1, channel_align: int | None = None,
             "naive_bytes": mem.naive_bytes,
             "regions": {r.name: {"offset": o, "bytes": b} for r, (o, b) in mem.regions.items()},
         },
-        **({"cudnn_graphs": graphs} if graphs is not None else {}),
+        **({"cudnn_graphs": report["cudnn_graphs"]} if "cudnn_graphs" in report else {}),
         **({"finetune_cost": cost} if cost is not None else {}),
     }
-
-
-def _cuda_paths(plan) -> dict:
-    """(domain, op, version) -> {path: nodes}: per node, the cuDNN graphs its binding chose
-    (``cuDNN <kind>``) or tr_onnx's own kernels, or the node whose graph computes it (a Relu
-    in a convolution's epilogue); where an op's family could take another path, the reason it
-    did not (``PATH_NOTES`` of its bindings' module, e.g. attention's SDPA opt-in)."""
-    import importlib
-
-    from .backends.cuda.bind import CudnnCall
-
-    sources = {id(node): source for node, source in plan.kernels}
-    paths: dict = {}
-    for bn in plan.executor.bound:
-        node = bn.node
-        kinds = sorted({c.desc.kind for c in bn.calls if isinstance(c, CudnnCall)})
-        path = (f"cuDNN {' + '.join(kinds)}" if kinds else
-                "fused into a cuDNN graph" if bn.fused_into else "tr_onnx kernels")
-        source = sources.get(id(node)) or ""
-        note = (getattr(importlib.import_module(source), "PATH_NOTES", {}).get(node.op_type)
-                if source.startswith("tr_onnx.") and not kinds else None)
-        if note:
-            path += f" ({note})"
-        key = (node.domain or "ai.onnx", node.op_type, node.since_version)
-        paths.setdefault(key, Counter())[path] += 1
-    return {k: dict(v) for k, v in paths.items()}
 
 
 def _parameters_info(imported) -> dict:

@@ -1,17 +1,16 @@
 """Make a runnable plan for concrete input shapes: specialise -> dispatch -> layout -> kernels
 -> MemoryPlan -> bound executor. Everything that is looked up or decided happens here, once.
 
-A plan is made for one backend from that backend's kernels only: dispatch looks every node up
-under the backend's registry key, and each node's kernel factory (``opdef.kernels[backend]``)
-runs here and sizes its own scratch (``KernelContext.workspace``). A numpy factory returns the
-function the step calls (``NumpyExecutor`` replays them over a NumPy arena); a cuda factory
-returns the binding that ``CudaExecutor`` turns into device calls once the arena exists
-(``backends.cuda.bind``), over a ``CupyDevice`` by default. The cuda package is imported only
-here, only for ``cuda``."""
+A plan is made for one backend (a ``backends.Backend``) from that backend's kernels only:
+dispatch looks every node up under the backend's registry key, and each node's kernel factory
+(``backend.kernel_factory(opdef.kernels[backend.name])``) runs here and sizes its own scratch
+(``KernelContext.workspace``). What a factory returns, the backend's executor runs
+(``backend.executor(plan)``: the numpy backend replays the functions over a NumPy arena, the
+cuda backend binds them to device calls once the arena exists). Nothing here names a backend:
+what differs between them is the ``Backend``'s to say."""
 
 from __future__ import annotations
 
-import os
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from . import ir
-from .backends import ExecutorAPI, numpy_backend
+from . import ir, subplan
+from .backends import HOST_BACKEND, Backend, ExecutorAPI, backend_named
 from .errors import ArenaSizeError, InputError
 from .importer import ImportedModel
 from .layouts import GatherRowsLayout, StridedLayout
@@ -42,11 +41,11 @@ class CompiledPlan:
     memory: MemoryPlan
     executor: ExecutorAPI  # NumpyExecutor or CudaExecutor
     kernels: list[tuple[ir.Node, str]]  # executed nodes and the op set that provided the kernel
-    backend: str
+    backend: str  # the name of the Backend it was made for
     info: Any = None  # what the graph transform returned (training: parameters, phases...)
     bindings: list = field(default_factory=list, repr=False)
-    """cuda: ``(schedule index, node, bind)`` of every node that runs, ``bind`` what the node's
-    cuda kernel factory returned; ``CudaExecutor`` binds them to a device."""
+    """``(schedule index, node, run)`` of every node that runs, ``run`` what the node's kernel
+    factory returned, for the backend's executor (``Backend.executor``)."""
 
 
 DEFAULT_MAX_PLANS = 8
@@ -64,16 +63,16 @@ def plan_key(feed: dict[str, np.ndarray], const_feed_names) -> tuple[tuple, dict
 
 
 def plan_bytes(plan: CompiledPlan) -> int:
-    """The array memory ``plan`` keeps alive: its arena (host or device) and, on numpy, the
-    arrays its bound kernels made for themselves at plan time (constant fills, index tables: a
-    fifth more than the arena for the zoo MLP's training step; not the constant-fill buffers
-    all plans share, ``elementwise.shared_fills``), found by walking each kernel's
-    closure, ``functools.partial`` arguments and instance attributes. A view counts as its base,
-    once. Python objects (a few hundred kB per plan) are bounded by ``max_plans`` instead."""
+    """The array memory ``plan`` keeps alive: its arena (host or device) and, where kernels run
+    on the host (``Backend.host_arrays``), the arrays its bound kernels made for themselves at
+    plan time (constant fills, index tables: a fifth more than the arena for the zoo MLP's
+    training step; not the constant-fill buffers all plans share,
+    ``elementwise.shared_fills``), found by walking each kernel's closure,
+    ``functools.partial`` arguments and instance attributes. A view counts as its base, once.
+    Python objects (a few hundred kB per plan) are bounded by ``max_plans`` instead."""
     bases: dict[int, int] = {}
     seen: set[int] = set()
-    host = isinstance(plan.executor, numpy_backend.NumpyExecutor)
-    todo: list = [step.run for step in plan.executor.steps] if host else []
+    todo: list = backend_named(plan.backend).host_arrays(plan)
     while todo:
         obj = todo.pop()
         if id(obj) in seen or isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
@@ -195,39 +194,43 @@ def kernel_context(node: ir.Node, backend: str) -> KernelContext:
                          consts, backend)
 
 
-DeviceFactory = Callable[["CompiledPlan"], Any]
-
-
 @ir.collector_paused()
 def compile_plan(imported: ImportedModel, shapes: dict[str, tuple],
-                 const_values: dict[str, np.ndarray], backend: str, align: int,
+                 const_values: dict[str, np.ndarray], backend: Backend | str, align: int,
                  reuse: bool = True, transform: Callable[[ir.Graph], Any] | None = None,
-                 absorb_flatten: bool = True, device: DeviceFactory | None = None,
-                 cuda_graphs: str = "fallback", max_arena_bytes: int | None = None
-                 ) -> CompiledPlan:
-    """Specialise ``imported`` to ``shapes`` and compile it. ``transform(graph)`` runs after
-    dispatch and the pattern fusions (``passes.fusions``): the training pass (train-mode ops,
-    loss, backward, optimizer); what it returns is kept as ``plan.info``. ``device`` (cuda
-    only): ``device(plan) -> DeviceAPI`` instead of a ``CupyDevice`` -- the test hook that runs
-    the cuda executor over a fake device on a CPU; ``cuda_graphs``: ``CudaExecutor``'s capture
-    mode (``"fallback"``, ``"require"``, ``"off"``);
+                 absorb_flatten: bool = True, cuda_graphs: str = "fallback",
+                 max_arena_bytes: int | None = None) -> CompiledPlan:
+    """Specialise ``imported`` to ``shapes`` and compile it for ``backend`` (a ``Backend``, or
+    a registered backend's name). ``transform(graph)`` runs after dispatch and the pattern
+    fusions (``passes.fusions``): the training pass (train-mode ops, loss, backward,
+    optimizer); what it returns is kept as ``plan.info``. ``cuda_graphs``: the capture mode of
+    a backend that captures its steps (``"fallback"``, ``"require"``, ``"off"``);
     ``max_arena_bytes``: see ``check_arena_size``."""
+    backend = backend_named(backend) if isinstance(backend, str) else backend
     registry = imported.registry
-    graph = imported.specialize(shapes, const_values, control_flow.resolve)
-    dispatch(graph, registry, backend)
-    fuse_erf_gelu(graph, registry, backend)
+    graph = imported.specialize(shapes, const_values, control_flow.resolve,
+                                subplan.Regions(registry, compile_region))
+    dispatch(graph, registry, backend.name)
+    fuse_erf_gelu(graph, registry, backend.name)
     info = transform(graph) if transform is not None else None
-    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info, device,
+    return compile_graph(graph, registry, backend, align, reuse, absorb_flatten, info,
                          cuda_graphs, max_arena_bytes)
 
 
-def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bool = True,
-                  absorb_flatten: bool = True, info: Any = None,
-                  device: DeviceFactory | None = None, cuda_graphs: str = "fallback",
+def compile_region(imported: ImportedModel, shapes: dict[str, tuple],
+                   const_values: dict[str, np.ndarray], transform=None) -> CompiledPlan:
+    """A data-dependent region's sub-plan (``subplan.Regions.compile``): on the host backend
+    whatever the outer plan's (its kernel runs the sub-plan on the host), compact channels, no
+    Flatten folded into a weight (a region's weights are the outer graph's values)."""
+    return compile_plan(imported, shapes, const_values, HOST_BACKEND, 1, transform=transform,
+                        absorb_flatten=False)
+
+
+def compile_graph(graph: ir.Graph, registry, backend: Backend, align: int, reuse: bool = True,
+                  absorb_flatten: bool = True, info: Any = None, cuda_graphs: str = "fallback",
                   max_arena_bytes: int | None = None) -> CompiledPlan:
     """Layout -> kernels -> MemoryPlan -> bound executor for a dispatched graph."""
-    report = assign_layouts(graph, registry, backend, align, absorb_flatten=absorb_flatten)
-    factory_of = _factory_of(backend)
+    report = assign_layouts(graph, registry, backend.name, align, absorb_flatten=absorb_flatten)
     widen = mirror_widening(graph)
     for v in graph.values.values():
         if v.span_of is not None:
@@ -238,57 +241,34 @@ def compile_graph(graph: ir.Graph, registry, backend: str, align: int, reuse: bo
     for index, node in enumerate(schedule):
         if node.outputs and node.outputs[0] is not None and node.outputs[0].alias_of is not None:
             continue  # a zero-copy view: nothing to run
-        ctx = kernel_context(node, backend)
-        run = factory_of(node.opdef.kernels[backend])(ctx)
+        ctx = kernel_context(node, backend.name)
+        run = backend.kernel_factory(node.opdef.kernels[backend.name])(ctx)
         if ctx.workspace_requests:
             workspace[index] = ctx.workspace_requests
         factories.append((index, node, run))
-    kernels = [(node, registry.source_of_node(node, backend)) for _, node, _ in factories]
-    if backend == "cuda":
-        from .backends.cuda.transfers import staging_bytes
-
-        memory = plan_memory(graph, schedule, workspace, reuse=reuse,
-                             min_workspace=staging_bytes(graph))
-        check_arena_size(graph, memory, backend, max_arena_bytes)
-        plan = CompiledPlan(graph, report, memory, None, kernels, backend, info, factories)
-        plan.executor = cuda_executor(plan, device, cuda_graphs)
-        return plan
-    if device is not None:
-        raise ValueError(f"device= is for the cuda backend, not {backend!r}")
-    memory = plan_memory(graph, schedule, workspace, reuse=reuse)
+    kernels = [(node, registry.source_of_node(node, backend.name)) for _, node, _ in factories]
+    memory = plan_memory(graph, schedule, workspace, reuse=reuse,
+                         min_workspace=backend.min_workspace_bytes(graph))
     check_arena_size(graph, memory, backend, max_arena_bytes)
-    steps = [(node.label, run, [v.name if v is not None else None for v in node.inputs],
-              [v.name if v is not None else None for v in node.outputs],
-              memory.workspaces.get(index, []), node.phase) for index, node, run in factories]
-    plan = CompiledPlan(graph, report, memory, None, kernels, backend, info)
-    plan.executor = numpy_backend.NumpyExecutor(memory, steps)
-    plan.executor.load_constants({v.name: v.data for v in graph.values.values()
-                                  if v.data is not None and v.span_of is None})
+    plan = CompiledPlan(graph, report, memory, None, kernels, backend.name, info, factories)
+    plan.executor = backend.executor(plan, cuda_graphs)
     return plan
-
-
-def physical_memory_bytes() -> int | None:
-    """This machine's RAM, where the OS says (None elsewhere)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def check_arena_size(graph: ir.Graph, memory: MemoryPlan, backend: str,
+def check_arena_size(graph: ir.Graph, memory: MemoryPlan, backend: Backend,
                      max_arena_bytes: int | None) -> None:
     """An ``ArenaSizeError`` before anything is allocated when the plan's arena is larger than
-    ``max_arena_bytes`` (None: for numpy, the machine's physical memory; for cuda, no check
-    here, the device says). It names the inputs, the largest values and the nodes making them."""
+    ``max_arena_bytes`` (None: the backend's ``arena_limit``, for numpy the machine's physical
+    memory; for cuda, no check here, the device says). It names the inputs, the largest values
+    and the nodes making them."""
     limit, what = max_arena_bytes, f"max_arena_bytes={max_arena_bytes}"
-    if limit is None and backend == "numpy":
-        limit = physical_memory_bytes()
-        what = (f"this machine's physical memory ({_size(limit or 0)}; max_arena_bytes= sets "
-                "another limit)")
+    if limit is None:
+        limit, name = backend.arena_limit()
+        what = f"{name} ({_size(limit or 0)}; max_arena_bytes= sets another limit)"
     if limit is None or memory.total_bytes <= limit:
         return
     owners = sorted((t for t in memory.tensors.values() if t.alias_of is None and not t.span),
@@ -303,39 +283,10 @@ def check_arena_size(graph: ir.Graph, memory: MemoryPlan, backend: str,
                         f"{made_by(t.name)}" for t in owners)
     inputs = {v.name: list(v.shape) for v in graph.inputs}
     raise ArenaSizeError(
-        f"the {backend} plan for inputs {inputs} needs an arena of {_size(memory.total_bytes)} "
-        f"({memory.total_bytes} bytes), more than {what}; its largest values: {largest}. Feed "
-        "smaller inputs, or raise max_arena_bytes= if the machine has the memory")
-
-
-def _factory_of(backend: str) -> Callable:
-    """How a registry kernel of ``backend`` becomes a factory (a plugin's ``CudaKernel`` is a
-    source, made a binding by the cuda package)."""
-    if backend == "cuda":
-        from .backends.cuda.bind import kernel_factory
-
-        return kernel_factory
-    return lambda factory: factory
-
-
-def cuda_executor(plan: CompiledPlan, device: DeviceFactory | None = None,
-                  cuda_graphs: str = "fallback"):
-    """A ``CudaExecutor`` bound to ``device(plan)`` (default: a ``CupyDevice`` holding the
-    plan's arena), with the plan's initial contents uploaded. Raises ``CudaUnsupported``
-    listing every op the cuda backend cannot run; nothing falls back to NumPy."""
-    from .backends.cuda.executor import CudaExecutor
-
-    if device is None:
-        from .backends.cuda.device import CupyDevice
-
-        # data parallel: one GPU per rank of a machine (NCCL refuses two ranks on one device)
-        world = getattr(plan.info, "world", None)
-        dev = CupyDevice(plan.memory, world.local_rank if world is not None else 0)
-    else:
-        dev = device(plan)
-    executor = CudaExecutor(plan, dev, cuda_graphs)
-    executor.load_constants()
-    return executor
+        f"the {backend.name} plan for inputs {inputs} needs an arena of "
+        f"{_size(memory.total_bytes)} ({memory.total_bytes} bytes), more than {what}; its "
+        f"largest values: {largest}. Feed smaller inputs, or raise max_arena_bytes= if the "
+        "machine has the memory")
 
 
 def imported_error(node: ir.Node, index: int) -> Exception:

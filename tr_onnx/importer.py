@@ -7,7 +7,6 @@ folding what those make constant. Symbolic batch dimensions stay symbolic until 
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,9 +17,18 @@ import onnx
 import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 
-from . import ir, subplan
+from . import ir
+from .const_feeds import const_feed_inputs, opdef_for
+from .constant_folding import (
+    DEFAULT_FOLD_LIMIT_BYTES,
+    SHAPE_OPS,
+    data_independent_values,
+    fold_to_fixpoint,
+    infer_node,
+    infer_shapes,
+    static_shape,
+)
 from .dtypes import elem_type_name, is_supported, np_dtype, onnx_elem_type
 from .errors import (
     InputError,
@@ -30,18 +38,11 @@ from .errors import (
     unsupported_message,
 )
 from .legacy_opsets import prepare_for_conversion
-from .registry import ONNX_DOMAINS, OpRegistry, canonical_domain, default_registry, schema_for
+from .registry import OpRegistry, canonical_domain, default_registry, schema_for
 from .shape_checks import check_node_shapes
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
 MAX_OPSET = onnx.defs.onnx_opset_version()
-# Ops whose result is not a function of their inputs' values: never folded.
-_NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                     "Multinomial", "Bernoulli", "Dropout"}
-_SHAPE_OPS = {"Shape", "Size"}
-# Constant folding makes no value larger than this (bytes; ``fold_limit_bytes=``): a larger one
-# stays a node and is computed into the plan's arena when the model runs
-DEFAULT_FOLD_LIMIT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ class ImportedModel:
     fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES  # specialize folds with it too
 
     def specialize(self, shapes: dict[str, tuple], const_values: dict[str, np.ndarray],
-                   resolve=None) -> ir.Graph:
-        return specialize(self, shapes, const_values, resolve)
+                   resolve=None, regions=None) -> ir.Graph:
+        return specialize(self, shapes, const_values, resolve, regions)
 
 
 def load_model(src: str | Path | onnx.ModelProto | bytes,
@@ -285,7 +286,7 @@ def _inline_subgraph_ops(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
               and any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)]
     if not picked:
         return model
-    g = _infer(model, name).graph
+    g = infer_shapes(model, name).graph
     types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
     types.update({t.name: onnx.helper.make_tensor_type_proto(t.data_type, t.dims)
                   for t in g.initializer})
@@ -315,29 +316,6 @@ def _inline_subgraph_ops(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
     return out
 
 
-def _infer(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
-    try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                 data_prop=True)
-    except onnx.shape_inference.InferenceError as exc:
-        raise ShapeError(f"{name}: shape inference failed: {exc}") from None
-
-
-def _static_shape(vi: onnx.ValueInfoProto | None) -> tuple[int, ...] | None:
-    return None if vi is None else _type_shape(vi.type)
-
-
-def _type_shape(tp: onnx.TypeProto) -> tuple[int, ...] | None:
-    if not tp.tensor_type.HasField("shape"):
-        return None
-    dims = []
-    for d in tp.tensor_type.shape.dim:
-        if not d.HasField("dim_value"):
-            return None
-        dims.append(d.dim_value)
-    return tuple(dims)
-
-
 def check_byte_limit(option: str, value) -> int | None:
     """``value`` of the byte-count option ``option`` (``fold_limit_bytes``,
     ``max_arena_bytes``) if it is an int >= 0 or None (no limit); else an ``InputError``."""
@@ -348,179 +326,11 @@ def check_byte_limit(option: str, value) -> int | None:
     return value
 
 
-def fold_constants(model: onnx.ModelProto, param_names: frozenset[str],
-                   limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES) -> onnx.ModelProto:
-    """Evaluate nodes whose inputs are all constant (not parameters), and Shape/Size of values
-    with static shapes; their outputs become initializers.
-
-    Float initializers of the original model are parameters: a node reading one is kept, so a
-    trainable weight never disappears into a folded constant. A node whose outputs would hold
-    more than ``limit_bytes`` is kept too, and runs as a node: its outputs' size is known
-    before it is evaluated (``_fold_bytes``), so nothing that large is ever allocated here.
-    """
-    g = model.graph
-    opsets = list(model.opset_import)
-    consts = {i.name: i for i in g.initializer if i.name not in param_names}
-    infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
-    # a folded value has no value_info: its dims are its shape
-    dims = {i.name: tuple(i.dims) for i in g.initializer}
-
-    def static_shape(name: str) -> tuple[int, ...] | None:
-        return dims[name] if name in dims else _static_shape(infos.get(name))
-
-    graph_outputs = {o.name for o in g.output}
-    kept, folded = [], []
-    for node in g.node:
-        shape_op = node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx")
-        # the cheapest test first: most nodes read a value computed at run time
-        foldable = static_shape(node.input[0]) is not None if shape_op else all(
-            n in consts for n in node.input if n)
-        foldable = foldable and node.op_type not in _NONDETERMINISTIC and not any(
-            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for a in node.attribute) and not any(o in graph_outputs for o in node.output)
-        if foldable and not shape_op and limit_bytes is not None:
-            foldable = _fold_bytes(node, opsets, consts, infos, limit_bytes) <= limit_bytes
-        if not foldable:
-            kept.append(node)
-            continue
-        try:
-            results = _evaluate_node(node, opsets, consts,
-                                     static_shape(node.input[0]) if shape_op else None)
-        except Exception:  # onnx.reference raises whatever its op raises (a bare ValueError in
-            # one BERT export's GatherElements): not folding is always correct -- the node
-            # stays and runs with its kernel, whose errors name it
-            kept.append(node)
-            continue
-        if any(isinstance(value, list) for value in results):
-            kept.append(node)  # a sequence: control_flow makes it a list of values
-            continue
-        results = [np.asarray(value) for value in results]
-        if limit_bytes is not None and sum(r.nbytes for r in results) > limit_bytes:
-            kept.append(node)  # a size no inference could tell (see _fold_bytes)
-            continue
-        for out_name, value in zip(node.output, results):
-            if out_name:
-                t = numpy_helper.from_array(value, out_name)
-                consts[out_name] = t
-                dims[out_name] = tuple(t.dims)
-                folded.append(t)
-    if not folded:
-        return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(kept)
-    out.graph.initializer.extend(folded)
-    folded_names = {t.name for t in folded}
-    live = [vi for vi in out.graph.value_info if vi.name not in folded_names]
-    del out.graph.value_info[:]
-    out.graph.value_info.extend(live)
-    return out
-
-
-def _fold_bytes(node, opsets, consts, infos, limit_bytes: int) -> int:
-    """Bytes of ``node``'s outputs, before evaluating it: their inferred shapes (the model's
-    shape inference, else ONNX's inference of this one node given its constant inputs' values:
-    ConstantOfShape's shape, Expand's, Tile's repeats, Range's bounds). Where neither tells (ops
-    whose output size depends on the data, such as NonZero, bounded by their inputs), the
-    inputs' bytes: the node is then folded only if they fit, and its results are checked."""
-    types: dict[str, tuple] = {}
-    for name in node.output:
-        if name and name in infos:
-            t = infos[name].type
-            types[name] = (_type_shape(t), t.tensor_type.elem_type)
-    outputs = [n for n in node.output if n]
-    if not all(n in types and types[n][0] is not None and types[n][1] for n in outputs):
-        inputs = [n for n in node.input if n]
-        types.update(_infer_node(node, opsets, {n: onnx.helper.make_tensor_type_proto(
-            consts[n].data_type, list(consts[n].dims)) for n in inputs},
-            {n: consts[n] for n in inputs}))
-    total = 0
-    for name in outputs:
-        shape, elem = types.get(name, (None, 0))
-        size = _value_bytes(shape, elem)
-        if size is None:
-            sizes = [_value_bytes(consts[n].dims, consts[n].data_type) for n in node.input if n]
-            return limit_bytes + 1 if None in sizes else sum(sizes)
-        total += size
-    return total
-
-
-def _infer_node(node, opsets, types: dict, data: dict) -> dict[str, tuple]:
-    """ONNX shape inference of one node: ``types`` of its inputs (``TypeProto``), ``data`` the
-    values of those known (``TensorProto``) -> {output: (static shape or None, elem type)}."""
-    opset = {o.domain or "": o.version for o in opsets}.get(node.domain or "", 1)
-    schema = schema_for(node.domain, node.op_type, opset) \
-        if canonical_domain(node.domain) in ("", "ai.onnx.ml") else None
-    if schema is None:
-        return {}
-    try:
-        out = onnx.shape_inference.infer_node_outputs(schema, node, types, input_data=data,
-                                                      opset_imports=opsets)
-    except Exception:  # onnx raises InferenceError, or a bare error from an op's rule
-        return {}
-    return {name: (_type_shape(t), t.tensor_type.elem_type) for name, t in out.items()}
-
-
-def _value_bytes(shape, elem_type: int) -> int | None:
-    if shape is None or not elem_type or elem_type == onnx.TensorProto.STRING:
-        return None
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
-    except (KeyError, TypeError, ValueError):
-        return None
-    return math.prod(int(d) for d in shape) * itemsize
-
-
-def _fold_to_fixpoint(model: onnx.ModelProto, param_names, name: str,
-                      limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES) -> onnx.ModelProto:
-    """Infer and fold until nothing more folds: a fold can make another Shape static."""
-    model = _infer(model, name)
-    for _ in range(len(model.graph.node) + 1):
-        before = len(model.graph.node)
-        model = fold_constants(model, param_names, limit_bytes)
-        if len(model.graph.node) == before:
-            return model
-        model = _infer(model, name)
-    return model
-
-
-def _evaluate_node(node, opsets, consts, input_shape) -> list[np.ndarray]:
-    """``node``'s outputs; ``input_shape``: Shape's and Size's input's static shape."""
-    if node.op_type in _SHAPE_OPS and node.domain in ("", "ai.onnx"):
-        shape = input_shape
-        if node.op_type == "Size":
-            return [np.array(int(np.prod(shape)), dtype=np.int64)]
-        attrs = {a.name: a.i for a in node.attribute}
-        rank = len(shape)
-        start = attrs.get("start", 0)
-        end = attrs.get("end", rank)
-        start = min(max(start + rank if start < 0 else start, 0), rank)
-        end = min(max(end + rank if end < 0 else end, 0), rank)
-        return [np.array(shape[start:end], dtype=np.int64)]
-    graph = onnx.helper.make_graph(
-        [node], "fold", [],
-        [onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output if o],
-        initializer=[consts[n] for n in dict.fromkeys(n for n in node.input if n)])
-    model = onnx.helper.make_model(graph, opset_imports=opsets)
-    return ReferenceEvaluator(model).run(None, {})
-
-
-def _data_independent_values(model: onnx.ModelProto, param_names) -> set[str]:
-    """Values computable from shapes and constants alone (they fold once shapes are concrete)."""
-    known = {i.name for i in model.graph.initializer if i.name not in param_names}
-    for node in model.graph.node:
-        if node.op_type in _SHAPE_OPS or all(n in known for n in node.input if n):
-            if node.op_type not in _NONDETERMINISTIC:
-                known.update(o for o in node.output if o)
-    return known
-
-
 def check_supported(model: onnx.ModelProto, source: str, registry: OpRegistry, backend: str,
                     param_names) -> None:
     """Raise one error listing every unsupported (domain, op, version) with its nodes."""
     opsets = {o.domain or "": o.version for o in model.opset_import}
-    shape_only = _data_independent_values(model, param_names)
+    shape_only = data_independent_values(model, param_names)
     missing: dict[tuple[str, str, int], list[str]] = {}
     for i, node in enumerate(model.graph.node):
         if all(o in shape_only for o in node.output if o) and node.output:
@@ -628,9 +438,9 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     param_names = frozenset(i.name for i in model.graph.initializer
                             if i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                                                onnx.TensorProto.FLOAT16))
-    model = _fold_to_fixpoint(model, param_names, name, fold_limit_bytes)
+    model = fold_to_fixpoint(model, param_names, name, fold_limit_bytes)
     check_supported(model, name, registry, backend, param_names)
-    const_feeds = _const_feed_inputs(model, registry, backend)
+    const_feeds = const_feed_inputs(model, registry, backend)
     specs = [_spec(vi) for vi in model.graph.input]
     outs = [_spec(vi) for vi in model.graph.output]
     return ImportedModel(model, name, original, specs, outs, param_names,
@@ -653,57 +463,16 @@ def _spec(vi: onnx.ValueInfoProto) -> InputSpec:
     return InputSpec(vi.name, dims, np_dtype(t.elem_type))
 
 
-def opdef_for(node: onnx.NodeProto, opsets: dict, registry: OpRegistry, backend: str):
-    """The OpDef the registry holds for a proto node at the model's opsets (None: none)."""
-    opset = opsets.get(node.domain or "", 1)
-    version = registry.resolve_version(node.domain, node.op_type, opset)
-    return None if version is None else registry.lookup(node.domain, node.op_type, version, backend)
-
-
-def _const_feed_inputs(model, registry, backend) -> set[str]:
-    """Graph inputs whose values decide shapes: they reach a ``const_inputs`` position (Reshape's
-    shape, Range's limit...) through nodes that compute on values (Shape/Size read only shapes,
-    so the walk stops there). Plans specialise on their values."""
-    opsets = {o.domain or "": o.version for o in model.opset_import}
-    graph_inputs = {i.name for i in model.graph.input}
-    producer = {o: n for n in model.graph.node for o in n.output if o}
-    found, seen = set(), set()
-    pending = [node.input[i] for node in model.graph.node
-               for i in (getattr(opdef_for(node, opsets, registry, backend), "const_inputs", ()))
-               if i < len(node.input) and node.input[i]]
-    pending += subplan.output_deciding_names(model)  # a data-dependent size in an output
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in graph_inputs:
-            found.add(name)
-        elif name in producer and producer[name].op_type not in _SHAPE_OPS:
-            pending.extend(ir.proto_reads(producer[name]))
-    return found | _if_condition_inputs(model.graph, graph_inputs)
-
-
-def _if_condition_inputs(graph: onnx.GraphProto, graph_inputs: set[str]) -> set[str]:
-    """Model inputs read directly as an If's condition (in subgraphs too): the plan
-    specialises on their value and inlines the branch taken. A condition computed from data
-    is not one: that If runs as sub-plans."""
-    found = set()
-    for node in graph.node:
-        if node.op_type == "If" and node.domain in ONNX_DOMAINS and node.input[0] in graph_inputs:
-            found.add(node.input[0])
-        for sub in ir.subgraphs(node):
-            found |= _if_condition_inputs(sub, graph_inputs)
-    return found
-
-
 def specialize(imported: ImportedModel, shapes: dict[str, tuple],
-               const_values: dict[str, np.ndarray], resolve=None) -> ir.Graph:
+               const_values: dict[str, np.ndarray], resolve=None, regions=None) -> ir.Graph:
     """The IR for concrete input shapes; ``const_values`` binds the model's const-feed inputs.
     ``resolve(model, fold, param_names)``: the pass turning static control flow (If, Loop,
     Scan, sequences) into plain ops once shapes and const feeds are bound
-    (``passes.control_flow.resolve``, given by the compiler: the importer does not import
-    passes); ``fold`` infers and folds again between its rounds."""
+    (``passes.control_flow.resolve``); ``fold`` infers and folds again between its rounds.
+    ``regions`` (``subplan.Regions``): ``settle(model)`` the sizes of data-dependent nodes
+    that constants decide, ``cut(model, graph)`` the rest into regions run as sub-plans;
+    without it a data-dependent size is a ``ShapeError``. Both are the compiler's to give: the
+    importer imports neither passes nor the compiler."""
     model = onnx.ModelProto()
     model.CopyFrom(imported.proto)
     g = model.graph
@@ -719,12 +488,13 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
         g.input.extend(kept)
         g.initializer.extend(numpy_helper.from_array(np.asarray(v), k)
                              for k, v in const_values.items())
-    fold = partial(_fold_to_fixpoint, param_names=imported.param_names, name=imported.source,
+    fold = partial(fold_to_fixpoint, param_names=imported.param_names, name=imported.source,
                    limit_bytes=imported.fold_limit_bytes)
     model = fold(model)
     if resolve is not None:
         model = resolve(model, fold, imported.param_names)
-    model = subplan.settle(model)  # sizes that constants decide (a kernel checks)
+    if regions is not None:
+        model = regions.settle(model)  # sizes that constants decide (a kernel checks)
     check_node_shapes(model, imported.source)
     _custom_shapes(model, imported)
     opsets = {o.domain or "": o.version for o in model.opset_import}
@@ -737,7 +507,8 @@ def specialize(imported: ImportedModel, shapes: dict[str, tuple],
     for v in graph.values.values():
         if v.kind == ir.PARAM and v.name not in imported.param_names:
             v.kind = ir.CONST
-    subplan.cut(model, graph, imported.registry)  # data-dependent parts -> sub-plans
+    if regions is not None:
+        regions.cut(model, graph)  # data-dependent parts -> sub-plans
     for node in graph.nodes:  # the first node whose output shape the data decides
         for v in node.outputs:
             if v is not None and not v.is_static:
@@ -765,7 +536,7 @@ def _data_dependent_message(imported: ImportedModel, node: ir.Node, value) -> st
         seen.add(v.name)
         if v.kind == ir.INPUT:
             inputs.append(v.name)
-        elif v.producer is not None and v.producer.op_type not in _SHAPE_OPS:
+        elif v.producer is not None and v.producer.op_type not in SHAPE_OPS:
             pending.extend(i for i in v.producer.inputs if i is not None)
     where = f" (from the values of input(s) {sorted(inputs)})" if inputs else ""
     return (f"{imported.source}: {node.label} gives value {value.name!r} a shape "
@@ -810,13 +581,13 @@ def _custom_shapes_pass(model, imported, infos, inits, rules) -> bool:
     changed = False
     declared = {vi.name: vi for vi in list(g.value_info) + list(g.output)}
     for node in g.node:
-        if all(_static_shape(infos.get(o)) is not None for o in node.output if o):
+        if all(static_shape(infos.get(o)) is not None for o in node.output if o):
             continue
         opdef = rules[(node.domain, node.op_type)]
         if opdef is None and not changed:
             continue
         in_infos = [_info(infos, n) if n else None for n in node.input]
-        in_shapes = [_static_shape(vi) for vi in in_infos]
+        in_shapes = [static_shape(vi) for vi in in_infos]
         if any(n and shape is None for n, shape in zip(node.input, in_shapes)):
             continue  # an input is not known yet; a later pass gets it
         if opdef is not None:
@@ -826,7 +597,7 @@ def _custom_shapes_pass(model, imported, infos, inits, rules) -> bool:
                        for shape, dtype in opdef.shape(node, in_shapes, in_types)]
         else:  # a standard op reading what this pass typed: typed now, not in another pass
             # over the whole model (one per custom op of a chain of them was quadratic)
-            inferred = _infer_node(node, model.opset_import, {
+            inferred = infer_node(node, model.opset_import, {
                 n: vi.type for n, vi in zip(node.input, in_infos) if n}, {
                 n: inits[n] for n in node.input if n in inits})
             results = [inferred.get(o, (None, 0)) for o in node.output]
@@ -842,7 +613,7 @@ def _custom_shapes_pass(model, imported, infos, inits, rules) -> bool:
             infos[out_name] = vi
             changed = True
     if changed:
-        inferred = _infer(model, imported.source)
+        inferred = infer_shapes(model, imported.source)
         model.CopyFrom(inferred)
         g = model.graph
         infos.update({vi.name: vi for vi in list(g.value_info) + list(g.output)})

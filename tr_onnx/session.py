@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .backends import DEFAULT_CHANNEL_ALIGN, ExecutorAPI, check_cuda_graphs, resolve_backend
+from .backends import Backend, ExecutorAPI, backend_for, check_cuda_graphs
 from .compiler import (
     DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLANS,
     CompiledPlan,
-    DeviceFactory,
     PlanCache,
     compile_plan,
     plan_key,
@@ -97,41 +96,39 @@ _SQUARES_EXACT_ENOUGH = 10 ** 7
 class InferenceSession:
     """Run an ONNX model with tr_onnx.
 
-    ``model``: a path, bytes or ``onnx.ModelProto``. ``backend``: ``"numpy"``, ``"cuda"`` or
-    ``"auto"`` (cuda when a GPU is usable). ``channel_align``: pad channels of feature maps to
-    this multiple (default: the backend's, 1 for numpy, 8 for cuda; 8 reproduces the GPU's
-    layout on the CPU). ``plugins``: op-set modules or objects to register for this session in
-    addition to the installed ones. A plan is made per concrete input shape (symbolic
-    dimensions stay symbolic until then) and cached. ``device`` (cuda only, a test hook):
-    ``device(plan) -> DeviceAPI`` used instead of a ``CupyDevice``; with it, ``backend="cuda"``
-    is accepted without a GPU. ``cuda_graphs`` (cuda): ``"fallback"`` (default) captures each
-    plan's run into a CUDA graph and, where that fails, warns naming the node and runs it
-    eagerly; ``"require"`` raises instead; ``"off"`` never captures. ``external_data_dir``: the
-    folder a model given as bytes or a ModelProto keeps its external data in (without it, such a
-    model may not reference external data; a path's model reads it beside the file).
-    ``fold_limit_bytes``: constant folding makes no value larger than this (default 64 MiB;
-    None: no limit); a larger one runs as a node. ``max_arena_bytes``: a plan whose arena would
-    be larger is an ``ArenaSizeError`` naming its largest values, before anything is allocated
-    (default None: the machine's physical memory on numpy). ``max_plans``: compiled plans kept
-    (default 8, the most recently used; each holds its arena); an evicted one is compiled again
-    when its shapes come back. ``max_plan_bytes``: of those, only as many, most recently used
-    first, as fit in this many bytes (``compiler.plan_bytes``: arenas and the arrays kernels
-    made at plan time; default 256 MiB; None: no limit); the current plan stays whatever its
-    size.
+    ``model``: a path, bytes or ``onnx.ModelProto``. ``backend``: ``"numpy"``, ``"cuda"``,
+    ``"auto"`` (cuda when a GPU is usable) or a ``backends.Backend`` (the tests' cuda over the
+    host emulator, ``testing.host_emulator.emulated_cuda``). ``channel_align``: pad channels of
+    feature maps to this multiple (default: the backend's, 1 for numpy, 8 for cuda; 8 reproduces
+    the GPU's layout on the CPU). ``plugins``: op-set modules or objects to register for this
+    session in addition to the installed ones. A plan is made per concrete input shape (symbolic
+    dimensions stay symbolic until then) and cached. ``cuda_graphs`` (cuda): ``"fallback"``
+    (default) captures each plan's run into a CUDA graph and, where that fails, warns naming the
+    node and runs it eagerly; ``"require"`` raises instead; ``"off"`` never captures.
+    ``external_data_dir``: the folder a model given as bytes or a ModelProto keeps its external
+    data in (without it, such a model may not reference external data; a path's model reads it
+    beside the file). ``fold_limit_bytes``: constant folding makes no value larger than this
+    (default 64 MiB; None: no limit); a larger one runs as a node. ``max_arena_bytes``: a plan
+    whose arena would be larger is an ``ArenaSizeError`` naming its largest values, before
+    anything is allocated (default None: the machine's physical memory on numpy). ``max_plans``:
+    compiled plans kept (default 8, the most recently used; each holds its arena); an evicted
+    one is compiled again when its shapes come back. ``max_plan_bytes``: of those, only as many,
+    most recently used first, as fit in this many bytes (``compiler.plan_bytes``: arenas and the
+    arrays kernels made at plan time; default 256 MiB; None: no limit); the current plan stays
+    whatever its size.
     """
 
-    def __init__(self, model: str | Path | bytes | onnx.ModelProto, backend: str = "numpy",
-                 channel_align: int | None = None, plugins=(), reuse_memory: bool = True,
-                 device: DeviceFactory | None = None, cuda_graphs: str = "fallback",
+    def __init__(self, model: str | Path | bytes | onnx.ModelProto,
+                 backend: str | Backend = "numpy", channel_align: int | None = None,
+                 plugins=(), reuse_memory: bool = True, cuda_graphs: str = "fallback",
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
                  max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
                  max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES):
-        self.backend = "cuda" if device is not None and backend == "cuda" else \
-            resolve_backend(backend)
-        self.device = device
+        self.target: Backend = backend_for(backend)  # what its plans are compiled for
+        self.backend = self.target.name
         self.cuda_graphs = check_cuda_graphs(cuda_graphs)
-        self.channel_align = channel_align or DEFAULT_CHANNEL_ALIGN[self.backend]
+        self.channel_align = channel_align or self.target.channel_align
         if self.channel_align < 1:
             raise ValueError(f"channel_align must be >= 1, got {channel_align}")
         self.max_arena_bytes = check_byte_limit("max_arena_bytes", max_arena_bytes)
@@ -165,8 +162,8 @@ class InferenceSession:
         if plan is None:
             transform = partial(_inference_folds, registry=self.imported.registry,
                                 backend=self.backend, fuse=key[-len(_EXACT):] != _EXACT)
-            plan = compile_plan(self.imported, shapes, const_feeds, self.backend,
-                                self.channel_align, reuse=self.reuse_memory, device=self.device,
+            plan = compile_plan(self.imported, shapes, const_feeds, self.target,
+                                self.channel_align, reuse=self.reuse_memory,
                                 cuda_graphs=self.cuda_graphs, max_arena_bytes=self.max_arena_bytes,
                                 transform=transform)
             self._plans[key] = plan

@@ -1,29 +1,31 @@
 """Data-dependent shapes inside a static plan: dynamic regions run through nested sub-plans.
 
-A module of its own, beside the importer it serves and the compiler it calls (a sub-plan is
-a plan): ``importer.specialize`` cuts regions, their kernels (``ops.dynamic``) delegate here.
+A layer between the passes and the compiler: ``compiler.compile_plan`` hands
+``importer.specialize`` a ``Regions`` that settles and cuts the regions, and hands each region
+the compile function that makes its sub-plans (a sub-plan is a plan); the regions' kernels
+(``ops.dynamic``) delegate here through the node's ``attrs["region"]``.
 
-A plan knows every shape before a step runs. A node whose output size depends on data
-(NonZero, Compress with a condition computed at run time, Unique) breaks that; ``cut`` (called
-by ``importer.specialize``) cuts the nodes from such producers down to the first values whose
-shapes are static again (``x[mask].mean(0)``: NonZero -> Transpose -> GatherND -> ReduceMean
-gives a static [D]) out of the graph, and puts ONE ``DynamicRegion`` node (domain ai.tr_onnx)
-in their place: its inputs are the region's static inputs, its outputs the region's static
-outputs, and its ``Region`` (``attrs["region"]``) holds the cut part as a small ONNX model.
-Every node on a path between two region nodes joins the region, so the one node keeps the
-schedule acyclic. A dynamic value that reaches a graph output is not cut: specialize then
-names it (``ShapeError``), except that import makes the model inputs deciding such an output
-plan-time constants (``output_deciding_names``), as Reshape's shape is: the plan is then made
-for their values.
+A plan knows every shape before a step runs. A node whose output size depends on data (NonZero,
+Compress with a condition computed at run time, Unique) breaks that; ``cut`` (called by
+``importer.specialize`` through ``Regions``) cuts the nodes from such producers down to the
+first values whose shapes are static again (``x[mask].mean(0)``: NonZero -> Transpose ->
+GatherND -> ReduceMean gives a static [D]) out of the graph, and puts ONE ``DynamicRegion`` node
+(domain ai.tr_onnx) in their place: its inputs are the region's static inputs, its outputs the
+region's static outputs, and its ``Region`` (``attrs["region"]``) holds the cut part as a small
+ONNX model. Every node on a path between two region nodes joins the region, so the one node
+keeps the schedule acyclic. A dynamic value that reaches a graph output is not cut: specialize
+then names it (``ShapeError``), except that import makes the model inputs deciding such an
+output plan-time constants (``const_feeds.output_deciding_names``), as Reshape's shape is:
+the plan is then made for their values.
 
 Each step the region's kernel runs its *root producers* (data-dependent nodes reading only the
 region's inputs) eagerly in NumPy (``ops.dynamic.EAGER``; others by ``onnx.reference``), which
 allocates their small index results, then a sub-plan made by the usual pipeline
-(``compiler.compile_plan``) for the sizes they gave: the sub-model's inputs are the region's
-inputs and the producers' results, with concrete shapes. A data-dependent node inside the
-sub-model becomes a region of the sub-plan in turn. Sub-plans are cached by size (least
-recently used beyond ``MAX_SUBPLANS``): a step allocates only when it meets a size it has not
-planned (or one evicted since), and that step compiles the sub-plan.
+(``Regions.compile``: ``compiler.compile_region``) for the sizes they gave: the sub-model's
+inputs are the region's inputs and the producers' results, with concrete shapes. A
+data-dependent node inside the sub-model becomes a region of the sub-plan in turn. Sub-plans are
+cached by size (least recently used beyond ``MAX_SUBPLANS``): a step allocates only when it
+meets a size it has not planned (or one evicted since), and that step compiles the sub-plan.
 
 Gradients: a root Compress is run as ``Gather(x, kept positions)`` in the sub-model, so its data
 gets a gradient. When autodiff reaches a DynamicRegion, its rule (``ops.dynamic``) asks the
@@ -44,78 +46,56 @@ the static control-flow pass's to inline; one that reaches this kernel still run
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from . import ir
+from .const_feeds import DECIDING_INPUTS
 from .dtypes import is_float, onnx_elem_type
 from .errors import ShapeError
+from .importer import ImportedModel, import_model
+from .ops.dynamic import EAGER, compress_indices
+from .passes.autodiff import GradBuilder, differentiate
 
 MAX_SUBPLANS = 32
 INTERNAL = "ai.tr_onnx"
-# data-dependent producers: (domain, op_type) -> the inputs whose values decide output shapes
-DECIDING_INPUTS = {("", "NonZero"): (0,), ("", "Compress"): (1,), ("", "Unique"): (0,),
-                   ("", "NonMaxSuppression"): (0, 1, 2, 3, 4), ("", "ImageDecoder"): (0,)}
 FORWARD, BACKWARD = "region_forward", "region_backward"
 
 
-# ---- import: inputs that decide the shape of a graph output ----------------------------------
+@dataclass(frozen=True)
+class Regions:
+    """What ``importer.specialize`` is handed (by ``compiler.compile_plan``) for data-dependent
+    sizes: ``settle`` them where constants decide them, ``cut`` the rest into regions. A
+    region's sub-models are compiled by ``compile(imported, shapes, const_values, transform)
+    -> plan``, the compiler's, handed down rather than imported: the compiler imports this
+    module."""
 
+    registry: Any
+    compile: Callable[[ImportedModel, dict, dict, Callable | None], Any]
 
-def _unknown_dims(vi: onnx.ValueInfoProto | None) -> bool:
-    """No shape, or a dim inference could not tell: neither a value nor a symbol, or a symbol
-    it made up (``unk__N``; a model input's symbols are the user's)."""
-    if vi is None or not vi.type.HasField("tensor_type"):
-        return True
-    t = vi.type.tensor_type
-    return not t.HasField("shape") or any(
-        not d.HasField("dim_value") and (not d.HasField("dim_param") or
-                                         d.dim_param.startswith("unk__")) for d in t.shape.dim)
+    def settle(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        return settle(model)
 
-
-def output_deciding_names(model: onnx.ModelProto) -> list[str]:
-    """The deciding inputs (names) of data-dependent producers whose outputs reach a graph
-    output while their size is still unknown (a region that never closes): the plan must know
-    those values (``importer._const_feed_inputs`` walks them back to model inputs)."""
-    g = model.graph
-    infos = {vi.name: vi for vi in list(g.value_info) + list(g.output)}
-    outputs = {o.name for o in g.output}
-    consumers: dict[str, list] = {}
-    for node in g.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    found = []
-    for node in g.node:
-        deciding = DECIDING_INPUTS.get((node.domain if node.domain != "ai.onnx" else "",
-                                        node.op_type))
-        if deciding is None:
-            continue
-        pending, seen = [o for o in node.output if o and _unknown_dims(infos.get(o))], set()
-        while pending:
-            name = pending.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in outputs:
-                found.extend(node.input[i] for i in deciding if i < len(node.input))
-                break
-            pending.extend(o for c in consumers.get(name, ()) for o in c.output
-                           if o and _unknown_dims(infos.get(o)))
-    return found
+    def cut(self, model: onnx.ModelProto, graph: ir.Graph) -> None:
+        cut(model, graph, self)
 
 
 # ---- specialize: cut the regions -------------------------------------------------------------
 
 
-def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
+def cut(model: onnx.ModelProto, graph: ir.Graph, regions: Regions) -> None:
     """Replace the data-dependent part of ``graph`` (made from ``model``'s nodes, one IR node
     per proto node in order) by one DynamicRegion node. Leaves the graph as it is where the
     part does not close (a dynamic value is a graph output): the caller names that value."""
     for node in graph.nodes:
         if node.op_type == "If" and node.domain in ("", "ai.onnx") and "region" not in node.attrs:
-            prepare_if(node, graph, model, registry)
+            prepare_if(node, graph, model, regions)
     if all(v.is_static for v in graph.values.values()):
         return
     nodes = graph.nodes
@@ -144,7 +124,7 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, registry) -> None:
         id(v) in graph_outputs or any(id(c) not in inside for c in v.consumers))]
     if any(not v.is_static for v in outputs):
         return
-    region = Region.from_members(model, members, protos, inputs, outputs, registry)
+    region = Region.from_members(model, members, protos, inputs, outputs, regions)
     if not region.producers and not region.sub.imported().const_feeds:
         return  # nothing would make the sub-plan's sizes known: the caller names the value
     fed = [v for v in inputs if v.kind != ir.CONST]
@@ -167,8 +147,6 @@ def settle(model: onnx.ModelProto) -> onnx.ModelProto:
     data): Compress's from its condition, NonZero's and Unique's from their one possible
     result. Written into the model, whose shapes are then inferred again; their kernels check
     them at run time."""
-    from .ops.dynamic import EAGER, compress_indices
-
     g = model.graph
     consts = {t.name: t for t in g.initializer}
     infos = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
@@ -231,8 +209,6 @@ class _Producer:
     """A root producer run eagerly: ``run(values by name) -> {output name: array}``."""
 
     def __init__(self, proto: onnx.NodeProto, node: ir.Node, opsets):
-        from .ops.dynamic import EAGER, compress_indices
-
         self.inputs = [v.name if v is not None else None for v in node.inputs]
         key = (node.domain if node.domain != "ai.onnx" else "", node.op_type)
         self.attrs = node.attrs
@@ -244,8 +220,6 @@ class _Producer:
             self.outputs = [v.name if v is not None else "" for v in node.outputs]
             self.fn = EAGER[key]
         else:
-            from onnx.reference import ReferenceEvaluator
-
             self.outputs = [v.name if v is not None else "" for v in node.outputs]
             names = [n for n in self.inputs if n]
             single = helper.make_model(helper.make_graph(
@@ -300,8 +274,9 @@ class SubModel:
     sizes (cached, least recently used beyond ``MAX_SUBPLANS``), with a backward pass when
     gradients of some inputs are asked for."""
 
-    def __init__(self, model: onnx.ModelProto, outputs: list[str], registry):
-        self.model, self.outputs, self.registry = model, outputs, registry
+    def __init__(self, model: onnx.ModelProto, outputs: list[str], regions: Regions):
+        self.model, self.outputs, self.regions = model, outputs, regions
+        self.registry = regions.registry
         self.inputs = {vi.name for vi in model.graph.input}
         self.wrt: list[str] = []  # inputs whose gradients the backward pass gives
         self.plans: OrderedDict = OrderedDict()
@@ -310,8 +285,6 @@ class SubModel:
     def imported(self):
         """The sub-model imported (checked, inferred, folded), once."""
         if self._imported is None:
-            from .importer import import_model
-
             self._imported = import_model(self.model, self.registry, "numpy")
         return self._imported
 
@@ -323,8 +296,6 @@ class SubModel:
         """The sub-plan for the sizes of ``values`` (by input name), with ``key`` naming them;
         inputs the sub-model needs at plan time (a Reshape's shape) are bound by value and
         join the key."""
-        from .compiler import compile_plan
-
         consts = {n: np.asarray(values[n]) for n in self.imported().const_feeds}
         if consts:  # rare: an int input of the region deciding a shape inside it
             key = (key, tuple((n, v.tobytes()) for n, v in sorted(consts.items())))
@@ -335,8 +306,7 @@ class SubModel:
         transform = self._backward if self.wrt else None
         shapes = {n: np.shape(v) for n, v in values.items() if n in self.inputs and
                   n not in consts}
-        plan = compile_plan(self._imported, shapes, consts, "numpy", 1, transform=transform,
-                            absorb_flatten=False)
+        plan = self.regions.compile(self._imported, shapes, consts, transform)
         self.plans[key] = plan
         while len(self.plans) > MAX_SUBPLANS:
             self.plans.popitem(last=False)
@@ -345,8 +315,6 @@ class SubModel:
     def _backward(self, graph: ir.Graph):
         """Objective sum_i <output_i, cotangent_i> over the float outputs; gradients of
         ``wrt``; forward and backward nodes in two phases, run by two kernels of a step."""
-        from .passes.autodiff import GradBuilder, differentiate
-
         b = GradBuilder(graph, self.registry, "numpy", prefix="region")
         terms = []
         for name in self.outputs:
@@ -396,8 +364,8 @@ class Region:
     """A cut data-dependent part of a graph: its root producers, run eagerly, and the
     ``SubModel`` of the rest, planned per size of what they made."""
 
-    def __init__(self, sub_model, producers, fed, dynamic, outputs, registry):
-        self.sub = SubModel(sub_model, outputs, registry)
+    def __init__(self, sub_model, producers, fed, dynamic, outputs, regions: Regions):
+        self.sub = SubModel(sub_model, outputs, regions)
         self.producers = producers
         self.fed = fed  # names of the DynamicRegion node's inputs, in order
         self.dynamic = dynamic  # sub-model inputs the producers make (their sizes key a plan)
@@ -406,7 +374,7 @@ class Region:
         self.consts: dict[str, np.ndarray] = {}  # plan-time inputs the producers read
 
     @classmethod
-    def from_members(cls, model, members, protos, inputs, outputs, registry) -> Region:
+    def from_members(cls, model, members, protos, inputs, outputs, regions) -> Region:
         outside = {id(v) for v in inputs}
         producers, sub_nodes, initializers = [], [], []
         for n in members:
@@ -443,7 +411,7 @@ class Region:
         sub_model = helper.make_model(graph, opset_imports=model.opset_import,
                                       ir_version=model.ir_version, functions=model.functions)
         fed = [v.name for v in inputs if v.kind != ir.CONST]
-        region = cls(sub_model, producers, fed, dynamic, [v.name for v in outputs], registry)
+        region = cls(sub_model, producers, fed, dynamic, [v.name for v in outputs], regions)
         # a producer's constant inputs (NonMaxSuppression's limits) are read by name, not fed
         region.consts = {v.name: np.asarray(v.data) for v in inputs if v.kind == ir.CONST}
         return region
@@ -472,16 +440,16 @@ class Branches:
     its inputs; the If node reads them all after its condition), one planned per branch, the
     one the condition selects run."""
 
-    def __init__(self, node: ir.Node, model: onnx.ModelProto, registry):
+    def __init__(self, node: ir.Node, model: onnx.ModelProto, regions: Regions):
         self.fed = [v.name for v in node.inputs[1:]]
         values = {v.name: v for v in node.inputs[1:]}
-        self.subs = [self._sub(node.attrs[key], values, node.outputs, model, registry)
+        self.subs = [self._sub(node.attrs[key], values, node.outputs, model, regions)
                      for key in ("else_branch", "then_branch")]  # indexed by the condition
         self.wrt: tuple[int, ...] = ()
         self.last = None
 
     @staticmethod
-    def _sub(branch: onnx.GraphProto, values: dict, results: list, model, registry
+    def _sub(branch: onnx.GraphProto, values: dict, results: list, model, regions
              ) -> SubModel:
         reads = free_names(branch)
         outputs = [f"{o.name}__branch_out" for o in branch.output]
@@ -496,7 +464,7 @@ class Branches:
                                   sparse_initializer=branch.sparse_initializer)
         sub = helper.make_model(graph, opset_imports=model.opset_import,
                                 ir_version=model.ir_version, functions=model.functions)
-        return SubModel(sub, outputs, registry)
+        return SubModel(sub, outputs, regions)
 
     def require_gradients(self, positions) -> None:
         self.wrt = tuple(positions)
@@ -529,7 +497,8 @@ def free_names(graph: onnx.GraphProto) -> list[str]:
     return list(dict.fromkeys(free))
 
 
-def prepare_if(node: ir.Node, graph: ir.Graph, model: onnx.ModelProto, registry) -> None:
+def prepare_if(node: ir.Node, graph: ir.Graph, model: onnx.ModelProto, regions: Regions
+               ) -> None:
     """An If whose condition is computed at run time: the outer values its branches read
     become its inputs (so they are planned, kept and differentiated), and its ``Branches``
     ride in ``attrs["region"]``. Its outputs must have static shapes, equal in both branches."""
@@ -545,7 +514,7 @@ def prepare_if(node: ir.Node, graph: ir.Graph, model: onnx.ModelProto, registry)
             raise ShapeError(f"{node.label}: a branch reads {name!r}, which nothing defines")
         node.inputs.append(graph.values[name])
     graph.wire(node)
-    node.attrs["region"] = Branches(node, model, registry)
+    node.attrs["region"] = Branches(node, model, regions)
 
 
 def cotangent_name(output: str) -> str:

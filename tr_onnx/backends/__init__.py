@@ -4,23 +4,38 @@ CUDA Graphs) is imported only when asked for, so ``import tr_onnx`` never loads 
 Both executors implement ``ExecutorAPI``: the sessions move data and run phases through it
 and never index an arena themselves, so the same session code drives a NumPy arena on the CPU
 and a device arena on the GPU.
+
+Each backend is one ``Backend`` object (``numpy_backend.BACKEND``, ``cuda.backend.BACKEND``):
+what the compiler and the sessions ask of a backend, so that compiling a plan compares no
+backend names. They are found by name (``backend_named``) in a registry that the builtins join when
+first asked for, by module name (as pytest loads its own builtin plugins), and that a plugin
+fills with ``register_backend``.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:  # the contract is training's; backends only read it
-    from ..training.train_pass import TrainInfo
+from ..errors import TrOnnxError
 
-BACKENDS = ("numpy", "cuda")
-DEFAULT_CHANNEL_ALIGN = {"numpy": 1, "cuda": 8}
-CUDA_EXTRA = "pip install 'tr_onnx[cu13]'  (CUDA 12 drivers: 'tr_onnx[cu12]')"
+if TYPE_CHECKING:
+    from ..ir import Graph
+    from ..opdef import KernelContext
+
+BUILTIN_BACKENDS = {"numpy": "tr_onnx.backends.numpy_backend",
+                    "cuda": "tr_onnx.backends.cuda.backend"}
+"""The builtin backends' names and the modules whose ``BACKEND`` each is."""
+BACKENDS = tuple(BUILTIN_BACKENDS)
+AUTO_ORDER = ("cuda", "numpy")  # what ``auto`` tries, the first usable one wins
+HOST_BACKEND = "numpy"
+"""The backend that runs on the host, where the reference kernels are: a data-dependent
+region's sub-plans run there whatever the outer plan's backend."""
+
 
 @runtime_checkable
 class ExecutorAPI(Protocol):
@@ -54,24 +69,6 @@ class ExecutorAPI(Protocol):
     def copy_state_from(self, other: ExecutorAPI, names: Iterable[str]) -> None: ...
     def all_finite(self, name: str) -> bool: ...
     def zero(self, name: str) -> None: ...
-    def run_step(self, info: TrainInfo, apply: bool) -> StepReport: ...
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one training step (``ExecutorAPI.run_step``) tells the host: the loss; ``bad``: the
-    loss (or, without loss scaling, a gradient) was not finite, so nothing was committed or
-    applied and the accumulated gradients were dropped; ``overflow``: loss scaling found a
-    non-finite gradient and skipped the optimizer step; ``grad_norm``: the global gradient norm
-    of an applied step (None otherwise); ``rejected``: the step was launched with a step number
-    that assumed an earlier step applied, which was not -- it changed nothing and must be
-    launched again (then ``bad`` is set too)."""
-
-    loss: float
-    bad: bool = False
-    overflow: bool = False
-    grad_norm: float | None = None
-    rejected: bool = False
 
 
 class HostTransfers:
@@ -113,36 +110,6 @@ class HostTransfers:
         t = self.memory.tensors[name]
         self.write_tensor(name, np.zeros(t.shape, t.dtype))
 
-    def run_step(self, info: TrainInfo, apply: bool) -> StepReport:
-        """One training step decided on the host between the phases (``info``: the plan's
-        training contract): ``compute`` (and, when ``apply`` in a data-parallel plan,
-        ``reduce``); a non-finite loss (or, without loss scaling, gradient) drops the batch and
-        the gradients accumulated since the last step -- on every rank, when any rank's was
-        -- else ``commit`` and, when ``apply``, ``apply`` (reading back the norm and the
-        overflow flag)."""
-        scaling = info.loss_scaling
-        self.run(phase="compute")
-        if apply and info.world is not None:  # GRAD averaged over the ranks (data parallel)
-            self.run(phase="reduce")
-        value = self.read_scalar(info.loss)
-        bad = not (np.isfinite(value) and (scaling is not None
-                                           or self.all_finite(info.grads_span)))
-        if not apply and info.world is not None:
-            # a micro-batch's fate is agreed, as one process with the ranks' batches together
-            # would decide it; an applied step's is already the same on every rank (the
-            # reduction spread any rank's non-finite loss or gradient to all)
-            bad = info.world.allreduce_scalars([float(bad)])[0] > 0
-        if bad:
-            self.zero(info.grads_span)
-            return StepReport(value, bad=True)
-        self.run(phase="commit")
-        if not apply:
-            return StepReport(value)
-        self.run(phase="apply")
-        return StepReport(value, overflow=scaling is not None and
-                          self.read_scalar(scaling.found_inf) != 0.0,
-                          grad_norm=self.read_scalar(info.grad_norm))
-
 
 CUDA_GRAPHS = ("fallback", "require", "off")
 """The sessions' ``cuda_graphs=``: capture with an eager fallback that warns, capture or fail,
@@ -155,40 +122,115 @@ def check_cuda_graphs(mode: str) -> str:
     return mode
 
 
-def cuda_unavailable_reason() -> str | None:
-    """Why the cuda backend cannot run here (None when it can). Never raises; imports CuPy only
-    inside ``tr_onnx.backends.cuda.device.cuda_available``."""
-    from .cuda.device import cuda_available
+class Backend:
+    """One backend: everything a plan's compilation and a session ask of it. ``name`` is the
+    key of its kernels in the op registry; ``channel_align`` the channel multiple its plans pad
+    to unless the session says otherwise. A subclass per backend overrides what differs."""
 
-    if cuda_available():
+    name: ClassVar[str]
+    channel_align: ClassVar[int]
+    decides_steps: ClassVar[bool] = False
+    """Whether a training plan carries the step guard (``train_pass.add_step_guard``): the
+    device decides inside the captured step whether a batch is kept, and the host reads one
+    report per step (``training.step``), instead of deciding between the phases."""
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run here (None when it can). Never raises."""
         return None
-    try:
-        import cupy
-    except Exception as exc:  # ImportError, or a CuPy whose CUDA libraries do not load
-        return f"CuPy is not importable ({type(exc).__name__}: {exc}); install {CUDA_EXTRA}"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # CUDARuntimeError: no driver, or a driver too old for CuPy
-        return (f"CuPy is installed but no CUDA driver/GPU is usable ({exc}); the cuda backend "
-                f"needs an NVIDIA GPU with a driver matching the CuPy build ({CUDA_EXTRA})")
-    return f"CuPy sees {count} usable GPU(s) but cupy.cuda.is_available() is False"
+
+    def usable(self) -> bool:
+        """Whether ``auto`` may pick it: a cheap check, never importing a heavy library where
+        it could not run anyway."""
+        return self.unavailable_reason() is None
+
+    def kernel_factory(self, kernel) -> Callable[[KernelContext], Any]:
+        """The factory a registry kernel of this backend stands for (``opdef.kernels[name]``);
+        called once per node at plan time, it sizes its scratch and returns what runs."""
+        return kernel
+
+    def min_workspace_bytes(self, graph: Graph) -> int:
+        """The smallest WORKSPACE region a plan of ``graph`` needs besides its kernels'
+        scratch (the cuda backend stages host transfers through it)."""
+        return 0
+
+    def arena_limit(self) -> tuple[int | None, str]:
+        """The arena size a plan may not exceed when the session sets no ``max_arena_bytes``,
+        and how to name that limit (None: no check before allocating, the device says)."""
+        return None, ""
+
+    def executor(self, plan, cuda_graphs: str = "fallback") -> ExecutorAPI:
+        """The executor of ``plan`` (a ``compiler.CompiledPlan`` for this backend, its kernels
+        made in ``plan.bindings``), its arena allocated and the plan's constants loaded.
+        ``cuda_graphs``: the sessions' capture mode, for a backend that captures its steps."""
+        raise NotImplementedError
+
+    def on_device(self, device: Callable[[Any], Any]) -> Backend:
+        """This backend with its executors over ``device`` (``device(plan)``: a test double
+        such as a recorder, which binds a plan without running it); a backend with no device
+        of its own is itself."""
+        return self
+
+    def plan_report(self, plan, target=None) -> dict:
+        """What ``tr-onnx inspect`` adds about a plan of this backend: ``paths``, per
+        (domain, op, since_version), how its nodes run ({path: count}), and ``cudnn_graphs``;
+        ``target``: the GPU properties to check graphs against. Nothing by default."""
+        return {}
+
+    def host_arrays(self, plan) -> list:
+        """The objects whose NumPy arrays ``plan``'s bound kernels made for themselves at plan
+        time (``compiler.plan_bytes`` counts them): none where kernels run on a device."""
+        return []
+
+
+_REGISTERED: dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend, replace: bool = False) -> None:
+    """Make ``backend`` known by its name, to the sessions' ``backend=`` and the CLI. A name
+    registered twice raises unless ``replace``."""
+    if backend.name in _REGISTERED and not replace:
+        raise ValueError(f"backend {backend.name!r} is registered already "
+                         f"({type(_REGISTERED[backend.name]).__qualname__})")
+    _REGISTERED[backend.name] = backend
+
+
+def available_backends() -> list[str]:
+    """The names ``backend=`` takes (besides ``auto``): the builtins, then those registered."""
+    return list(dict.fromkeys((*BACKENDS, *_REGISTERED)))
+
+
+def backend_named(name: str) -> Backend:
+    """The ``Backend`` registered as ``name`` (a builtin's module is imported when first asked
+    for); an unknown name lists the valid ones. Says nothing about whether it can run here."""
+    if name not in _REGISTERED and name in BUILTIN_BACKENDS:
+        register_backend(importlib.import_module(BUILTIN_BACKENDS[name]).BACKEND)
+    if name not in _REGISTERED:
+        raise TrOnnxError(f"unknown backend {name!r}; available: "
+                          f"{', '.join(available_backends())} (or 'auto')")
+    return _REGISTERED[name]
+
+
+def backend_for(spec: str | Backend) -> Backend:
+    """The ``Backend`` a session's ``backend=`` names: a ``Backend`` itself (a test's emulated
+    cuda) or a name (``resolve_backend``)."""
+    if isinstance(spec, Backend):
+        _check_usable(spec)
+        return spec
+    return backend_named(resolve_backend(spec))
 
 
 def resolve_backend(name: str) -> str:
     """``auto`` picks cuda when a GPU is usable, numpy otherwise; ``cuda`` without a usable GPU
     raises ``TrOnnxError`` saying why (no CuPy, no driver) and what to install; unknown names
     list the valid ones."""
-    from ..errors import TrOnnxError
-
     if name == "auto":  # no reason needed: CuPy is imported only where a driver loads
-        from .cuda.device import cuda_available
-
-        return "cuda" if cuda_available() else "numpy"
-    if name not in BACKENDS:
-        raise TrOnnxError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)} (or 'auto')")
-    if name == "cuda":
-        reason = cuda_unavailable_reason()
-        if reason is not None:
-            raise TrOnnxError(f"backend 'cuda' is not usable here: {reason}. Use backend='numpy' "
-                              "(or 'auto', which picks numpy without a GPU)")
+        return next(n for n in AUTO_ORDER if backend_named(n).usable())
+    _check_usable(backend_named(name))
     return name
+
+
+def _check_usable(backend: Backend) -> None:
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        raise TrOnnxError(f"backend {backend.name!r} is not usable here: {reason}. Use "
+                          "backend='numpy' (or 'auto', which picks numpy without a GPU)")

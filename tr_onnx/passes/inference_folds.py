@@ -143,7 +143,7 @@ def finite_rewrites(graph: ir.Graph, registry, backend: str) -> float | None:
     many nodes as the smallest), or None if nothing changed: where the backend has no
     FusedConv kernel, the values are not float32, or oneDNN (the point of it) is missing."""
     opdef = registry.lookup(*FUSED_CONV, backend)
-    if opdef is None or backend != "numpy" or not onednn.available():
+    if opdef is None or not onednn.available():
         return None
     chains = [_Chain(graph, n) for n in graph.nodes if is_standard(n, "Conv")
               and n.outputs[0].dtype == np.float32]

@@ -5,7 +5,8 @@ host-and-device macro makes them plain C++); ``HostEmulator`` is a device for ``
 that records like ``FakeRecorder`` (capture discipline, pointers, write regions) and runs what
 it records on a NumPy arena at a fake device address: kernels through the host build, cuDNN
 graphs through their nodes' numpy kernels (with the activation fused into a conv's epilogue),
-copies with memmove. ``host_emulator(lib)`` is the factory the sessions' ``device=`` takes.
+copies with memmove. ``emulated_cuda(lib)`` is the cuda ``Backend`` over it that the sessions'
+``backend=`` and ``compile_plan`` take; ``host_emulator(lib)`` its device factory.
 
 A kernel that brings its own source text (a plugin's ``CudaKernel``, an op set's own
 ``KernelSource`` passed as ``BindContext.launch(..., family=...)``) runs from a host build of
@@ -34,9 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.cuda import sources
+from ..backends.cuda.backend import CudaBackend
 from ..backends.cuda.capture import DeviceBuffer
 from ..backends.cuda.executor import EXECUTOR_POLICY
 from ..backends.numpy_backend import allocate_arena
+from ..compiler import kernel_context
 from ..errors import InternalError
 from .recorder import FakeRecorder
 
@@ -240,8 +243,6 @@ class HostEmulator(FakeRecorder):
         of its inputs (what a cuDNN graph computes with, ``GraphDesc.node_inputs``)."""
         bound = self._numpy.get(label)
         if bound is None:
-            from ..compiler import kernel_context
-
             node = self.nodes[label]
             if inputs is not None:
                 node = copy.copy(node)
@@ -268,7 +269,7 @@ class HostEmulator(FakeRecorder):
 
 
 def host_emulator(lib: ctypes.CDLL | None = None):
-    """The device factory for ``compile_plan(..., device=...)`` and the sessions' ``device=``:
+    """The device factory of ``emulated_cuda``, ``CudaBackend(device=...)``:
     ``factory(plan) -> HostEmulator`` over ``lib`` (default: a fresh ``build_host_library()``)."""
     lib = build_host_library() if lib is None else lib
 
@@ -276,3 +277,10 @@ def host_emulator(lib: ctypes.CDLL | None = None):
         return HostEmulator(plan, lib)
 
     return factory
+
+
+def emulated_cuda(lib: ctypes.CDLL | None = None) -> CudaBackend:
+    """The cuda backend with the host emulator over ``lib`` as its device (default: a fresh
+    ``build_host_library()``): a session or ``compile_plan`` given it as ``backend=`` plans
+    for cuda and runs on the CPU."""
+    return CudaBackend(device=host_emulator(lib))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
-from ..backends import DEFAULT_CHANNEL_ALIGN
+from ..backends import backend_named
 from ..compiler import compile_plan
 from ..importer import import_model
 from ..memory import read_host, write_host
@@ -41,7 +41,7 @@ def vjp(model, feed: dict[str, np.ndarray], wrt: list[str], cotangent: np.ndarra
         return grads
 
     plan = compile_plan(imported, shapes, {}, "numpy",
-                        channel_align or DEFAULT_CHANNEL_ALIGN["numpy"], transform=transform,
+                        channel_align or backend_named("numpy").channel_align, transform=transform,
                         absorb_flatten=absorb_flatten)
     tensors, arena = plan.memory.tensors, plan.executor.arena
     for name, value in {**feed, COTANGENT: cotangent}.items():

@@ -15,8 +15,8 @@ import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..backends import DEFAULT_CHANNEL_ALIGN, check_cuda_graphs, resolve_backend
-from ..compiler import DEFAULT_MAX_PLAN_BYTES, DEFAULT_MAX_PLANS, DeviceFactory
+from ..backends import Backend, backend_for, check_cuda_graphs
+from ..compiler import DEFAULT_MAX_PLAN_BYTES, DEFAULT_MAX_PLANS
 from ..errors import InputError, OptionError
 from ..importer import DEFAULT_FOLD_LIMIT_BYTES, ImportedModel, check_byte_limit
 from . import groups
@@ -65,7 +65,7 @@ class TrainOptions:
     # unfreeze``)
     step_offsets: dict[str, int] = field(default_factory=dict)
     # not recorded in checkpoints: where and how this process runs, not what it trains
-    device: DeviceFactory | None = None
+    target: Backend | None = None  # the Backend plans are compiled for (``backend`` its name)
     cuda_graphs: str = "fallback"
     external_data_dir: str | Path | None = None
     max_arena_bytes: int | None = None
@@ -73,12 +73,12 @@ class TrainOptions:
     max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES
 
     @classmethod
-    def from_kwargs(cls, *, backend: str = "auto", label_name: str = "labels",
+    def from_kwargs(cls, *, backend: str | Backend = "auto", label_name: str = "labels",
                     output_name: str | None = None, trainable=None, frozen=(),
                     grad_accumulation: int = 1, clip_grad_norm: float | None = None,
                     bn_running_var: str = "biased", tie_shared_initializers: bool | None = None,
                     seed: int = 0, channel_align: int | None = None, max_bad_steps: int = 5,
-                    device: DeviceFactory | None = None, precision: str = "fp32",
+                    precision: str = "fp32",
                     loss_scale=None, cuda_graphs: str = "fallback",
                     external_data_dir: str | Path | None = None,
                     fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
@@ -90,14 +90,13 @@ class TrainOptions:
                     ) -> TrainOptions:
         """The options checked, defaults filled in; ``trainable``/``frozen`` as given until
         ``for_model`` checks them against the model."""
-        # the device hook stands in for a GPU: cuda needs no usable one then
-        backend = "cuda" if device is not None and backend == "cuda" else \
-            resolve_backend(backend)
+        target = backend_for(backend)
+        backend = target.name
         precision = check_precision(precision, backend)
         _check_session_options(grad_accumulation, bn_running_var, tie_shared_initializers,
                                clip_grad_norm, max_bad_steps, grad_bucket_mb)
         return cls(
-            backend=backend, channel_align=channel_align or DEFAULT_CHANNEL_ALIGN[backend],
+            backend=backend, channel_align=channel_align or target.channel_align,
             label_name=label_name, output_name=output_name,
             trainable=trainable, frozen=frozen, grad_accumulation=int(grad_accumulation),
             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
@@ -110,7 +109,7 @@ class TrainOptions:
             unfreeze_after=groups.check_unfreeze_after(unfreeze_after),
             lr_groups=groups.check_lr_groups(lr_groups, backend, precision),
             step_offsets={str(k): int(v) for k, v in (step_offsets or {}).items()},
-            device=device, cuda_graphs=check_cuda_graphs(cuda_graphs),
+            target=target, cuda_graphs=check_cuda_graphs(cuda_graphs),
             external_data_dir=external_data_dir,
             max_arena_bytes=check_byte_limit("max_arena_bytes", max_arena_bytes),
             max_plans=max_plans, max_plan_bytes=max_plan_bytes)
@@ -141,7 +140,7 @@ class TrainOptions:
             clip_grad_norm=self.clip_grad_norm,
             bn_unbiased_running_var=self.bn_running_var == "unbiased",
             sharing=sharing, seed=self.seed, precision=self.precision,
-            loss_scale=self.loss_scale, step_guard=self.backend == "cuda",
+            loss_scale=self.loss_scale, step_guard=self.target.decides_steps,
             data_inputs=data_inputs, world=world, sync_batchnorm=self.sync_batchnorm,
             grad_bucket_bytes=max(1, int(self.grad_bucket_mb * (1 << 20))),
             grad_accumulation=self.grad_accumulation,

@@ -62,7 +62,7 @@ import onnx
 from onnx import numpy_helper
 
 from .. import ir
-from ..importer import opdef_for
+from ..const_feeds import opdef_for
 from ..opdef import BROADCASTS, LINEAR, MASK_PATH, SOFTMAX
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain

@@ -19,11 +19,11 @@ import numpy as np
 import onnx
 
 from .. import ir
+from ..backends import Backend
 from ..compiler import (
     DEFAULT_MAX_PLAN_BYTES,
     DEFAULT_MAX_PLANS,
     CompiledPlan,
-    DeviceFactory,
     PlanCache,
     compile_plan,
     plan_key,
@@ -98,7 +98,8 @@ class TrainingSession:
     were separate parameters); True also keeps every Identity copy one parameter; False keeps
     all apart (``training.parameters``).
     ``max_bad_steps``: raise ``TrainingDiverged`` after this many non-finite steps in a row.
-    ``backend``: ``"numpy"``, ``"cuda"`` or ``"auto"`` (cuda when a GPU is usable).
+    ``backend``: ``"numpy"``, ``"cuda"``, ``"auto"`` (cuda when a GPU is usable) or a
+    ``backends.Backend`` (the tests' cuda over the host emulator, ``host_emulator.emulated_cuda``).
     ``precision``: ``"fp32"`` (default) or, on the cuda backend, ``"fp16"`` / ``"bf16"``:
     activations and gradients stored in float16 / bfloat16, float32 master weights updated by
     the fused optimizer, which also writes the half copy the next step reads
@@ -108,8 +109,6 @@ class TrainingSession:
     ``False`` turns it off. A step whose gradients overflow is skipped (weights and optimizer
     state unchanged, ``step`` does not advance, the scale backs off) with a warning naming
     it; it does not count towards ``max_bad_steps``. ``loss_scale`` the property: the scale.
-    ``device`` (cuda only, a test hook): ``device(plan) -> DeviceAPI`` used instead of a
-    ``CupyDevice`` for every plan; with it, ``backend="cuda"`` is accepted without a GPU.
     ``cuda_graphs`` (cuda): ``"fallback"`` (default; a step that cannot be captured into a
     CUDA graph warns naming the node and runs eagerly), ``"require"`` (raise) or ``"off"``.
     ``external_data_dir``: the folder a model (or ONNX loss model) given as bytes or a ModelProto
@@ -149,18 +148,18 @@ class TrainingSession:
     bad_steps = _Of("_state", writable=True)  # non-finite steps in a row
     last_grad_norm = _Of("_state")
     world = _Of("_state", writable=True)  # more than one rank, or None
-    backend, channel_align, device = _Of("options"), _Of("options"), _Of("options")
+    backend, channel_align, target = _Of("options"), _Of("options"), _Of("options")
     cuda_graphs, label_name, output_name = _Of("options"), _Of("options"), _Of("options")
     fold_limit_bytes, max_arena_bytes = _Of("options"), _Of("options")
 
     def __init__(self, model, loss="cross_entropy", optimizer: Optimizer | str | None = None,
-                 trainable=None, backend: str = "auto", label_name: str = "labels", *,
+                 trainable=None, backend: str | Backend = "auto", label_name: str = "labels", *,
                  output_name: str | None = None, frozen=(), lr: float | None = None,
                  lr_schedule: Schedule | str | None = None, grad_accumulation: int = 1,
                  clip_grad_norm: float | None = None, bn_running_var: str = "biased",
                  tie_shared_initializers: bool | None = None, seed: int = 0,
                  channel_align: int | None = None, max_bad_steps: int = 5, plugins=(),
-                 device: DeviceFactory | None = None, precision: str = "fp32",
+                 precision: str = "fp32",
                  loss_scale=None, cuda_graphs: str = "fallback",
                  external_data_dir: str | Path | None = None,
                  fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
@@ -175,7 +174,7 @@ class TrainingSession:
             trainable=trainable, frozen=frozen, grad_accumulation=grad_accumulation,
             clip_grad_norm=clip_grad_norm, bn_running_var=bn_running_var,
             tie_shared_initializers=tie_shared_initializers, seed=seed,
-            channel_align=channel_align, max_bad_steps=max_bad_steps, device=device,
+            channel_align=channel_align, max_bad_steps=max_bad_steps,
             precision=precision, loss_scale=loss_scale, cuda_graphs=cuda_graphs,
             external_data_dir=external_data_dir, fold_limit_bytes=fold_limit_bytes,
             max_arena_bytes=max_arena_bytes, max_plans=max_plans, max_plan_bytes=max_plan_bytes,
@@ -264,10 +263,10 @@ class TrainingSession:
         default_trainable = frozenset(n for n, r in self.parameter_roles.items() if r.trainable)
         cfg = o.train_config(self.loss, self.optimizer, default_trainable, self.sharing,
                              tuple(i.name for i in self.imported.inputs), self._state.world_id)
-        return compile_plan(self.imported, shapes, const_feeds, o.backend, o.channel_align,
+        return compile_plan(self.imported, shapes, const_feeds, o.target, o.channel_align,
                             transform=partial(build_training_step, registry=self.registry,
                                               backend=o.backend, cfg=cfg),
-                            absorb_flatten=False, device=o.device,
+                            absorb_flatten=False,
                             cuda_graphs=o.cuda_graphs, max_arena_bytes=o.max_arena_bytes)
 
     def begin_epoch(self, epoch: int) -> str | None:
@@ -454,8 +453,8 @@ class TrainingSession:
                                 cfg, output, labels)
                 graph.outputs = [output, loss]
 
-            plan = compile_plan(self.imported, shapes, const_feeds, o.backend, o.channel_align,
-                                transform=eval_graph, device=o.device,
+            plan = compile_plan(self.imported, shapes, const_feeds, o.target, o.channel_align,
+                                transform=eval_graph,
                                 cuda_graphs=o.cuda_graphs, max_arena_bytes=o.max_arena_bytes)
             self._eval_plans[key] = plan
             for dropped in self._eval_plans.evict():  # (a later plan may reuse its id)

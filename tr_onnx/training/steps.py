@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import StepReport
 from ..compiler import CompiledPlan
 from ..distributed import World
 from ..errors import TrainingDiverged, TrOnnxError
 from .data_parallel import REDUCE
 from .state import TrainingState
+from .step import StepReport, finish_step, run_step
 from .train_pass import GRAD_SCALE, HAS_ROWS, LOSS_SCALE, LR, RNG, ROW_WEIGHT, SAMPLE_OFFSET, STEP
 
 
@@ -155,7 +155,7 @@ class StepLauncher:
             launch.token = ex.launch_step(launch.apply, want)
             launch.outputs = dict.fromkeys(want) if want else None  # filled when read back
         else:
-            launch.report = ex.run_step(launch.plan.info, launch.apply)
+            launch.report = run_step(ex, launch.plan.info, launch.apply)
 
     def resolve_oldest(self) -> None:
         """Read back the oldest step in flight and account for it; if it was not applied, the
@@ -163,7 +163,7 @@ class StepLauncher:
         launch = self.inflight.pop(0)
         if launch.report is None:
             ex = launch.plan.executor
-            launch.report = ex.finish_step(launch.token, launch.apply)
+            launch.report = finish_step(ex, launch.token, launch.apply)
             if launch.outputs:
                 launch.outputs = {n: ex.step_output(launch.token, n) for n in launch.outputs}
         if launch.report.rejected:

@@ -12,10 +12,11 @@ Phases: a training plan's ``compute``, ``commit`` and ``apply`` nodes are separa
 an inference plan has one, ``forward``. ``run(phase)`` goes through ``capture.PhaseGraphs``
 (eager, then captured, then replayed; ``cuda_graphs`` says what happens when capture fails).
 A session's training plan carries the step guard (``train_pass.add_step_guard``: nodes in the
-phases ``guard``, ``discard`` and ``report``): ``run_step`` then runs the whole step --
-compute, reduce (a data-parallel plan's NCCL all-reduce), guard, commit, discard, apply,
-report -- as one graph and reads the step's report tensor (``REPORT_BYTES``) back after one
-wait. Host transfers are ``transfers``'s.
+phases ``guard``, ``discard`` and ``report``): a training step then runs whole -- compute,
+reduce (a data-parallel plan's NCCL all-reduce), guard, commit, discard, apply, report -- as
+one graph (``launch_step``), and its report tensor (``REPORT_BYTES``) comes back after one
+wait (``finish_step``); what the report means is ``training.step``'s. Host transfers are
+``transfers``'s.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import numpy as np
 from ...errors import InternalError
 from ...memory import MemoryPlan, Region
 from ...ops.optimizers import REPORT_FIELDS
-from .. import StepReport
 from .bind import BindContext, BoundNode, CudaUnsupported, Unbound
 from .capture import WRITE_POLICY, CaptureStep, PhaseGraphs
 from .transfers import REPORT_BYTES, DeviceTransfers
@@ -136,14 +136,6 @@ class CudaExecutor(DeviceTransfers):
         """Whether ``launch_step`` / ``finish_step`` work (a plan with the step guard)."""
         return self._report_tensor is not None and "guard" in self.phases
 
-    def run_step(self, info, apply: bool) -> StepReport:
-        """A training step as one CUDA graph (``ExecutorAPI.run_step``; ``info`` the plan's
-        ``TrainInfo``): ``launch_step`` then ``finish_step``. A plan without the step guard
-        takes the host-decided path."""
-        if not self.can_launch_steps:
-            return super().run_step(info, apply)
-        return self.finish_step(self.launch_step(apply), apply)
-
     def launch_step(self, apply: bool, outputs: Sequence[str] = ()) -> int:
         """Launch a training step without waiting for it: compute, the step guard, commit,
         discard, apply (when ``apply``) and the report, captured together (one graph per
@@ -175,16 +167,13 @@ class CudaExecutor(DeviceTransfers):
         t, off = self.memory.tensors[name], self._outputs[name]
         return np.ndarray(t.shape, t.dtype, self._host[token], off).copy()
 
-    def finish_step(self, token: int, apply: bool) -> StepReport:
+    def finish_step(self, token: int) -> dict[str, float]:
         """Wait for the step ``launch_step`` returned ``token`` for (its buffer's event: the
-        step and its report copy) and read its report."""
+        step and its report copy) and read its report: ``REPORT_FIELDS`` by name (what they
+        mean for the step is training's, ``training.step.finish_step``)."""
         self.device.wait_host_buffer(token)
-        fields = dict(zip(REPORT_FIELDS, (float(x) for x in np.ndarray(
+        return dict(zip(REPORT_FIELDS, (float(x) for x in np.ndarray(
             len(REPORT_FIELDS), np.float32, self._host[token], self._report))))
-        bad = fields["bad"] != 0.0
-        return StepReport(fields["loss"], bad=bad, overflow=fields["overflow"] != 0.0 and not bad,
-                          grad_norm=fields["grad_norm"] if apply and not bad else None,
-                          rejected=fields["rejected"] != 0.0)
 
 
 __all__ = ["EXECUTOR_POLICY", "CudaExecutor", "CudaUnsupported"]
