@@ -9,7 +9,8 @@ import onnx
 
 from . import ir
 from .constant_folding import SHAPE_OPS
-from .registry import ONNX_DOMAINS, OpRegistry
+from .domains import ONNX_DOMAINS
+from .registry import OpRegistry
 
 # data-dependent producers: (domain, op_type) -> the inputs whose values decide output shapes
 DECIDING_INPUTS = {("", "NonZero"): (0,), ("", "Compress"): (1,), ("", "Unique"): (0,),

@@ -13,6 +13,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from .domains import ONNX_DOMAINS
 from .errors import ShapeError
 from .registry import canonical_domain, schema_for
 
@@ -71,7 +72,7 @@ def fold_constants(model: onnx.ModelProto, param_names: frozenset[str],
     graph_outputs = {o.name for o in g.output}
     kept, folded = [], []
     for node in g.node:
-        shape_op = node.op_type in SHAPE_OPS and node.domain in ("", "ai.onnx")
+        shape_op = node.op_type in SHAPE_OPS and node.domain in ONNX_DOMAINS
         # the cheapest test first: most nodes read a value computed at run time
         foldable = shape_of(node.input[0]) is not None if shape_op else all(
             n in consts for n in node.input if n)
@@ -187,7 +188,7 @@ def fold_to_fixpoint(model: onnx.ModelProto, param_names, name: str,
 
 def _evaluate_node(node, opsets, consts, input_shape) -> list[np.ndarray]:
     """``node``'s outputs; ``input_shape``: Shape's and Size's input's static shape."""
-    if node.op_type in SHAPE_OPS and node.domain in ("", "ai.onnx"):
+    if node.op_type in SHAPE_OPS and node.domain in ONNX_DOMAINS:
         shape = input_shape
         if node.op_type == "Size":
             return [np.array(int(np.prod(shape)), dtype=np.int64)]

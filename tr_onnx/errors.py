@@ -1,6 +1,8 @@
 """Exceptions raised by tr_onnx, and its warning category. Every message names the file, node,
 op or argument at fault."""
 
+from .domains import INTERNAL_DOMAIN, ONNX_DOMAINS
+
 
 class TrOnnxError(Exception):
     """Base class of every error tr_onnx raises on purpose."""
@@ -46,7 +48,7 @@ def unsupported_message(missing: list[tuple[str, str, int, list[str]]], backend:
         shown = ", ".join(repr(n) for n in nodes[:5]) + (" ..." if len(nodes) > 5 else "")
         have = registered(domain, op_type) if registered is not None else None
         extra = f"; registered versions: {have}" if have else ""
-        provider = ("tr_onnx (builtin op set)" if domain in ("", "ai.onnx", "ai.tr_onnx")
+        provider = ("tr_onnx (builtin op set)" if domain in (*ONNX_DOMAINS, INTERNAL_DOMAIN)
                     else f"a tr_onnx plugin package providing domain {domain!r}")
         lines.append(f"  - {op_type} (domain {domain or 'ai.onnx'!r}, since_version {version}) "
                      f"at node(s) {shown}{extra}; would be provided by {provider}")

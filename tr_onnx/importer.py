@@ -29,6 +29,7 @@ from .constant_folding import (
     infer_shapes,
     static_shape,
 )
+from .domains import ONNX_DOMAINS
 from .dtypes import elem_type_name, is_supported, np_dtype, onnx_elem_type
 from .errors import (
     InputError,
@@ -190,7 +191,7 @@ def load_external_data(model: onnx.ModelProto, base: Path, name: str) -> None:
 def default_opset(model: onnx.ModelProto) -> int | None:
     """The model's ai.onnx opset, or None when it uses no default-domain op."""
     for o in model.opset_import:
-        if o.domain in ("", "ai.onnx"):
+        if o.domain in ONNX_DOMAINS:
             return o.version
     return None
 

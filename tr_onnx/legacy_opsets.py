@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import onnx
 
+from .domains import ONNX_DOMAINS
+
 # the binary ops whose opset < 7 schemas carry ``broadcast`` and ``axis``
 LEGACY_BROADCAST_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal",
                         "Greater", "Less"}
@@ -53,7 +55,7 @@ def prepare_for_conversion(model: onnx.ModelProto, opset: int) -> onnx.ModelProt
     ranks = _ranks(model)
     nodes = []
     for i, node in enumerate(model.graph.node):
-        if node.domain in ("", "ai.onnx"):
+        if node.domain in ONNX_DOMAINS:
             nodes.extend(_explicit_broadcast(model, node, i, ranks))
         else:
             nodes.append(node)

@@ -204,7 +204,7 @@ class TrainingContext:
     ``graph``: the graph being rewritten (``ir.Graph``). ``seed``: this node's random key (the
     session's seed and the node's position). ``step_counter``: the per-step count of
     micro-batches seen, the input that moves a random stream on each step.
-    ``make_node(op_type, name, inputs, outputs, attrs, domain="ai.tr_onnx", since_version=1)``:
+    ``make_node(op_type, name, inputs, outputs, attrs, domain=INTERNAL_DOMAIN, since_version=1)``:
     a dispatched ``ir.Node`` for the plan's backend (an error where none is registered).
     ``trains(value)``: whether ``value`` is a parameter the session trains.
     ``sample_offset(x)``: data parallelism's per-step row offset of this rank's share of the

@@ -19,6 +19,7 @@ import onnx
 import pluggy
 
 from . import hookspecs
+from .domains import ONNX_DOMAINS
 from .errors import RegistryError
 from .opdef import GradientDef, KernelDef, OpDef
 
@@ -63,7 +64,6 @@ BUILTIN_BACKEND_KERNELS = tuple(f"tr_onnx.backends.cuda.ops.{family}" for family
     "elementwise", "unary", "tensor", "indexing", "matmul", "conv", "pool", "normalization",
     "reduce", "losses", "layout_convert", "optimizers", "collective", "resize", "attention",
     "recurrent", "spatial_transform", "quantize", "random", "lrn", "dynamic"))
-ONNX_DOMAINS = ("", "ai.onnx")
 
 
 class OpKey(NamedTuple):

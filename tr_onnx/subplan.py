@@ -57,6 +57,7 @@ from onnx.reference import ReferenceEvaluator
 
 from . import ir
 from .const_feeds import DECIDING_INPUTS
+from .domains import INTERNAL_DOMAIN, ONNX_DOMAINS
 from .dtypes import is_float, onnx_elem_type
 from .errors import ShapeError
 from .importer import ImportedModel, import_model
@@ -64,7 +65,6 @@ from .ops.dynamic import EAGER, compress_indices
 from .passes.autodiff import GradBuilder, differentiate
 
 MAX_SUBPLANS = 32
-INTERNAL = "ai.tr_onnx"
 FORWARD, BACKWARD = "region_forward", "region_backward"
 
 
@@ -94,7 +94,7 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, regions: Regions) -> None:
     per proto node in order) by one DynamicRegion node. Leaves the graph as it is where the
     part does not close (a dynamic value is a graph output): the caller names that value."""
     for node in graph.nodes:
-        if node.op_type == "If" and node.domain in ("", "ai.onnx") and "region" not in node.attrs:
+        if node.op_type == "If" and node.domain in ONNX_DOMAINS and "region" not in node.attrs:
             prepare_if(node, graph, model, regions)
     if all(v.is_static for v in graph.values.values()):
         return
@@ -129,7 +129,7 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, regions: Regions) -> None:
         return  # nothing would make the sub-plan's sizes known: the caller names the value
     fed = [v for v in inputs if v.kind != ir.CONST]
     node = ir.Node(graph.unique_name(f"DynamicRegion/{members[0].name}"), "DynamicRegion",
-                   INTERNAL, 1, fed, outputs, {"region": region})
+                   INTERNAL_DOMAIN, 1, fed, outputs, {"region": region})
     last = nodes.index(members[-1]) - (len(members) - 1)
     for n in members:
         graph.remove_node(n)

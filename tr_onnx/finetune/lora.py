@@ -45,6 +45,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .. import torch_metadata
+from ..domains import ONNX_DOMAINS
 from ..errors import TrOnnxError
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
@@ -356,7 +357,7 @@ def _eligible(node: onnx.NodeProto, inits) -> tuple[str, int, int] | None:
         return None
     dims = list(w.dims)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in ONNX_DOMAINS:
         return None
     if node.op_type == "MatMul" and len(dims) == 2:
         return "matmul", dims[0], dims[1]
@@ -468,7 +469,7 @@ def _check_base(base: onnx.ModelProto, info: LoraInfo) -> None:
 # ---- rewriting the graph --------------------------------------------------------------------
 
 def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return next((o.version for o in model.opset_import if o.domain in ONNX_DOMAINS), 1)
 
 
 def _inject(base: onnx.ModelProto, info: LoraInfo, values: Mapping[str, np.ndarray],

@@ -34,11 +34,12 @@ from typing import NamedTuple
 import numpy as np
 from onnx import helper
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import NORMALIZATION, PLAIN_ONLY, OpDef
 from .elementwise import const_like
 from .normalization import _stash_dtype
-from .tensor import INTERNAL, _split_axes, positive_axis, zeros_like
+from .tensor import _split_axes, positive_axis, zeros_like
 from .unary import _sigmoid
 
 
@@ -412,7 +413,7 @@ def attention_vjp(b, node, gys, needed):
     g_outs = [gys[i] if len(gys) > i else None for i in (1, 2, 3)]  # present k/v, qk
     likes = [q, k, v] + ([past_key, past_value] if past else []) + ([mask] if mask_grad else [])
     outs = b.op("AttentionGrad", [gy, q, k, v, mask, past_key, past_value, ins[6], *g_outs],
-                attrs, domain=INTERNAL, like=likes)
+                attrs, domain=INTERNAL_DOMAIN, like=likes)
     grads = [outs[0], outs[1], outs[2], None, None, None, None]
     if past:
         grads[4], grads[5] = outs[3], outs[4]
@@ -506,7 +507,7 @@ def rms_norm_vjp(b, node, gys, needed):
     x, scale = node.inputs[0], node.inputs[1]
     gx, gscale = b.op("RMSNormalizationGrad", [gys[0], x, scale],
                       {"axis": int(node.attrs["axis"]), "epsilon": float(node.attrs["epsilon"])},
-                      domain=INTERNAL, like=[x, scale])
+                      domain=INTERNAL_DOMAIN, like=[x, scale])
     return [gx if needed[0] else None, gscale if needed[1] else None]
 
 
@@ -569,7 +570,7 @@ def rotary_vjp(b, node, gys, needed):
     attrs = {a: int(node.attrs[a]) for a in ("interleaved", "rotary_embedding_dim", "num_heads")
              if node.attrs.get(a) is not None}
     x = node.inputs[0]
-    gx = b.op("RotaryEmbeddingGrad", [gys[0], *node.inputs[1:]], attrs, domain=INTERNAL,
+    gx = b.op("RotaryEmbeddingGrad", [gys[0], *node.inputs[1:]], attrs, domain=INTERNAL_DOMAIN,
               like=x)
     return [gx] + [None] * (len(node.inputs) - 1)
 
@@ -622,11 +623,11 @@ def tr_onnx_op_definitions():
               doc="rotary position embedding; gradient for the input (caches frozen)"),
         OpDef("Swish", (24,), {"numpy": swish_numpy}, differentiable=True, gradient=swish_vjp),
         # backward-only ops of the rules above
-        OpDef("AttentionGrad", (1,), {"numpy": attention_grad_numpy}, domain=INTERNAL,
+        OpDef("AttentionGrad", (1,), {"numpy": attention_grad_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, doc="gradient of Attention, recomputing the probabilities"),
-        OpDef("RMSNormalizationGrad", (1,), {"numpy": rms_norm_grad_numpy}, domain=INTERNAL,
+        OpDef("RMSNormalizationGrad", (1,), {"numpy": rms_norm_grad_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, doc="gradient of RMSNormalization for x and scale"),
         OpDef("RotaryEmbeddingGrad", (1,), {"numpy": partial(rotary_numpy, inverse=True)},
-              domain=INTERNAL, layout=PLAIN_ONLY,
+              domain=INTERNAL_DOMAIN, layout=PLAIN_ONLY,
               doc="gradient of RotaryEmbedding: the inverse rotation"),
     ]

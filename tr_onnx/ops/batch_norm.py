@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import ir
 from ..distributed import lookup
+from ..domains import INTERNAL_DOMAIN, ONNX_DOMAINS
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..ir import Value
@@ -25,13 +26,7 @@ from ..opdef import (
     TrainingContext,
 )
 from . import batch_norm_onednn
-from .normalization import (
-    INTERNAL_DOMAIN,
-    _acc_dtype,
-    _channels_last,
-    _channels_last_shape,
-    _check_rank,
-)
+from .normalization import _acc_dtype, _channels_last, _channels_last_shape, _check_rank
 
 # SPATIAL, with the per-channel parameters stored as (padded) channel vectors
 BATCH_NORM = replace(SPATIAL, weights={i: CHANNEL_VECTOR for i in (1, 2, 3, 4)})
@@ -492,7 +487,7 @@ def batch_norm_fold_into_conv(bn, graph) -> bool:
         return False
     y = bn.inputs[0]
     conv = y.producer
-    if conv is None or conv.op_type != "Conv" or conv.domain not in ("", "ai.onnx") \
+    if conv is None or conv.op_type != "Conv" or conv.domain not in ONNX_DOMAINS \
             or y.consumers != [bn] or y in graph.outputs:
         return False
     w = conv.inputs[1]

@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..distributed import lookup
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import LayoutRule, OpDef
 
-INTERNAL = "ai.tr_onnx"
 IN_PLACE = LayoutRule(outputs="plain")
 
 
@@ -81,7 +81,7 @@ def broadcast_stats_numpy(ctx):
 
 @hookimpl
 def tr_onnx_op_definitions():
-    internal = dict(domain=INTERNAL, layout=IN_PLACE, differentiable=False)
+    internal = dict(domain=INTERNAL_DOMAIN, layout=IN_PLACE, differentiable=False)
     return [
         # half precision: a bucket of the half GRAD, the float32 loss that decides whether
         # it is poisoned, the float32 reduce flag

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import accumulator_dtype
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
@@ -507,7 +508,6 @@ def conv_transpose_numpy(ctx):
 # Gradient rules
 # --------------------------------------------------------------------------------------------
 
-INTERNAL_DOMAIN = "ai.tr_onnx"
 
 
 def _bias_grad(b, gy):

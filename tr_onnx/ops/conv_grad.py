@@ -16,6 +16,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import host_blas
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import accumulator_dtype
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
@@ -23,7 +24,6 @@ from ..opdef import OpDef
 from .conv import (
     CONV_LAYOUT,
     GRAD_FILTER_LAYOUT,
-    INTERNAL_DOMAIN,
     Window,
     _conv_grid,
     _grid_useful,

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
-from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis
+from .tensor import DATA_INPUT, first_only, positive_axis
 
 
 def _cumulative(ctx, accumulate, identity):
@@ -86,7 +87,7 @@ def cumprod_vjp(b, node, gys, needed):
     x = node.inputs[0]
     attrs = {"exclusive": int(node.attrs["exclusive"]), "reverse": int(node.attrs["reverse"])}
     return first_only(node, b.op("CumProdGrad", [gys[0], x, node.inputs[1]], attrs,
-                                 domain=INTERNAL, like=x))
+                                 domain=INTERNAL_DOMAIN, like=x))
 
 
 @hookimpl
@@ -97,6 +98,6 @@ def tr_onnx_op_definitions():
         OpDef("CumProd", (26,), {"numpy": cumprod_numpy}, const_inputs=(1,),
               differentiable=True, gradient=cumprod_vjp, grad_inputs=DATA_INPUT),
         # backward-only op of the rule above
-        OpDef("CumProdGrad", (1,), {"numpy": cumprod_grad_numpy}, domain=INTERNAL,
+        OpDef("CumProdGrad", (1,), {"numpy": cumprod_grad_numpy}, domain=INTERNAL_DOMAIN,
               const_inputs=(2,), doc="gradient of CumProd (inputs gy, x, axis), exact at zeros"),
     ]

@@ -14,11 +14,12 @@ import numpy as np
 from onnx import numpy_helper
 
 from .. import ir
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import onnx_elem_type
 from ..hookspecs import hookimpl
 from ..ir import Value
 from ..opdef import OpDef, TrainingContext
-from .elementwise import INTERNAL_DOMAIN, _identity_vjp, masked, scaled
+from .elementwise import _identity_vjp, masked, scaled
 
 
 def dropout_drop_ratio(since_version: int, ratio, training) -> float:

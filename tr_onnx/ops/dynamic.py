@@ -22,9 +22,10 @@ import io
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, OpDef
-from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis
+from .tensor import DATA_INPUT, first_only, positive_axis
 
 # ---- eager forms: inputs -> outputs, for the producers a DynamicRegion runs each step ------
 
@@ -236,9 +237,9 @@ def compress_vjp(b, node, gys, needed):
     if axis is not None:
         return first_only(node, b.op("GatherGrad", [gys[0], keep],
                                      {"axis": positive_axis(axis, x.rank)},
-                                     domain=INTERNAL, like=x))
+                                     domain=INTERNAL_DOMAIN, like=x))
     size = int(np.prod(x.shape))
-    flat = b.op("GatherGrad", [gys[0], keep], {"axis": 0}, domain=INTERNAL,
+    flat = b.op("GatherGrad", [gys[0], keep], {"axis": 0}, domain=INTERNAL_DOMAIN,
                 shapes=[((size,), x.dtype)])
     return first_only(node, b.op("Reshape", [flat, b.ints(x.shape)]))
 
@@ -274,7 +275,7 @@ def dynamic_region_vjp(b, node, gys, needed):
     wanted = [i for i, need in enumerate(needed) if need]
     region.require_gradients(wanted)
     cots = [gy if gy is not None else zeros_like(b, y) for gy, y in zip(gys, node.outputs)]
-    outs = b.op("DynamicRegionGrad", cots, {}, domain=INTERNAL,
+    outs = b.op("DynamicRegionGrad", cots, {}, domain=INTERNAL_DOMAIN,
                 like=[node.inputs[i] for i in wanted])
     outs = [outs] if len(wanted) == 1 else outs
     outs[0].producer.attrs["region"] = region  # a Python object: no ONNX attribute holds it
@@ -315,11 +316,11 @@ def tr_onnx_op_definitions():
               doc="a condition computed at run time: both branches planned (their outer "
                   "values become inputs; equal static output shapes), the selected one runs; "
                   "its backward gives the gradients, the other branch's inputs get zeros"),
-        OpDef("DynamicRegion", (1,), {"numpy": dynamic_region_numpy}, domain=INTERNAL,
+        OpDef("DynamicRegion", (1,), {"numpy": dynamic_region_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
               doc="a data-dependent part of the graph: eager producers, then a sub-plan "
                   "specialised to their sizes (subplan)"),
         OpDef("DynamicRegionGrad", (1,), {"numpy": dynamic_region_grad_numpy},
-              domain=INTERNAL, layout=PLAIN_ONLY,
+              domain=INTERNAL_DOMAIN, layout=PLAIN_ONLY,
               doc="gradient of DynamicRegion: the backward of the sub-plan its forward ran"),
     ]

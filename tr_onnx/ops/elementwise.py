@@ -27,8 +27,6 @@ from ..dtypes import cast_into, cast_scratch, is_float, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import LAYOUT_ONLY, MASK_PATH, OpDef, bounded_like_input
 
-INTERNAL_DOMAIN = "ai.tr_onnx"
-
 
 class Elementwise(NamedTuple):
     """A table entry. ``fn`` is the body: unary ``fn(x, y, t, a)``, binary ``fn(x1, x2, y, t, a)``

@@ -17,9 +17,10 @@ import math
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
-from .conv import CONV_LAYOUT, INTERNAL_DOMAIN, conv_kernel
+from .conv import CONV_LAYOUT, conv_kernel
 from .elementwise import filled_like
 
 ACTIVATIONS = ("", "Relu", "Clip")

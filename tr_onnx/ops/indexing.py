@@ -21,11 +21,12 @@ from functools import partial
 import numpy as np
 
 from .. import host_blas
+from ..domains import INTERNAL_DOMAIN
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, OpDef, bounded_like_input
 from .conv import merged_view
-from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis, zeros_like
+from .tensor import DATA_INPUT, first_only, positive_axis, zeros_like
 
 # ---- forward kernels ----------------------------------------------------------------------
 
@@ -331,7 +332,7 @@ def gather_vjp(b, node, gys, needed):
     x = node.inputs[0]
     axis = positive_axis(node.attrs["axis"], x.rank)
     return first_only(node, b.op("GatherGrad", [gys[0], node.inputs[1]], {"axis": axis},
-                             domain=INTERNAL, like=x))
+                             domain=INTERNAL_DOMAIN, like=x))
 
 
 def gather_elements_vjp(b, node, gys, needed):
@@ -345,7 +346,7 @@ def gather_nd_vjp(b, node, gys, needed):
     x = node.inputs[0]
     return first_only(node, b.op("GatherNDGrad", [gys[0], node.inputs[1]],
                              {"batch_dims": int(node.attrs.get("batch_dims", 0))},
-                             domain=INTERNAL, like=x))
+                             domain=INTERNAL_DOMAIN, like=x))
 
 
 def scatter_elements_vjp(b, node, gys, needed):
@@ -484,8 +485,8 @@ def tr_onnx_op_definitions():
         OpDef("TopK", (1, 10, 11, 24), {"numpy": top_k_numpy}, const_inputs=(1,),
               differentiable=True, gradient=top_k_vjp, grad_inputs=DATA_INPUT),
         # backward-only ops of the rules above
-        OpDef("GatherGrad", (1,), {"numpy": gather_grad_numpy}, domain=INTERNAL,
+        OpDef("GatherGrad", (1,), {"numpy": gather_grad_numpy}, domain=INTERNAL_DOMAIN,
               doc="gradient of Gather: scatter-add of gy along axis"),
-        OpDef("GatherNDGrad", (1,), {"numpy": gather_nd_grad_numpy}, domain=INTERNAL,
+        OpDef("GatherNDGrad", (1,), {"numpy": gather_nd_grad_numpy}, domain=INTERNAL_DOMAIN,
               doc="gradient of GatherND: scatter-add of gy at the index tuples"),
     ]

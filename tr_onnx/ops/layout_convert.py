@@ -3,6 +3,7 @@ the layout its input has. Kernels see logical views, so the conversion is one st
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..layouts import GatherRowsLayout
 from ..opdef import STRIDED_TO_PLAIN, OpDef
@@ -42,6 +43,7 @@ def _identity_vjp(b, node, gys, needed):
 @hookimpl
 def tr_onnx_op_definitions():
     # The output layout is set by the pass that inserts the node, not by the rule.
-    return [OpDef("LayoutTranspose", (1,), {"numpy": layout_transpose_numpy}, domain="ai.tr_onnx",
+    return [OpDef("LayoutTranspose", (1,), {"numpy": layout_transpose_numpy},
+                  domain=INTERNAL_DOMAIN,
                   layout=STRIDED_TO_PLAIN, differentiable=True, gradient=_identity_vjp,
                   doc="copy a value into another physical layout")]

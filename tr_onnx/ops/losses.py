@@ -13,10 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import host_blas
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
-
-INTERNAL_DOMAIN = "ai.tr_onnx"
 
 
 def _acc_dtype(dtype: np.dtype) -> np.dtype:

@@ -6,15 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import NORMALIZATION, SPATIAL, OpDef
-from .normalization import (
-    INTERNAL_DOMAIN,
-    _acc_dtype,
-    _channels_last,
-    _channels_last_shape,
-    _check_rank,
-)
+from .normalization import _acc_dtype, _channels_last, _channels_last_shape, _check_rank
 
 
 def _window_shifts(size: int, c: int, transpose: bool = False) -> list[int]:

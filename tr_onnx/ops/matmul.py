@@ -24,10 +24,10 @@ from functools import partial
 import numpy as np
 
 from .. import host_blas, onednn
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import compute_wide
 from ..hookspecs import hookimpl
 from ..opdef import BATCHNORM_FOLDS_INTO, LINEAR, MATMUL, OpDef
-from .conv import INTERNAL_DOMAIN
 from .tensor import reshape_to
 
 

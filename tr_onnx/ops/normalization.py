@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout, channels_last_view
@@ -31,8 +32,6 @@ from ..opdef import (
 )
 from .layer_norm_onednn import layer_norm_grad_onednn, layer_norm_onednn
 from .reduce import reduce_kept
-
-INTERNAL_DOMAIN = "ai.tr_onnx"
 
 # SPATIAL, with the per-channel scale and bias stored as (padded) channel vectors
 SCALE_BIAS_NORM = replace(SPATIAL, weights={1: CHANNEL_VECTOR, 2: CHANNEL_VECTOR})

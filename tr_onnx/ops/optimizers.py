@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ..distributed import lookup
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import STRIDED_TO_PLAIN, LayoutRule, OpDef
 
@@ -461,7 +462,7 @@ def preview_adagrad_numpy(ctx):
 
 @hookimpl
 def tr_onnx_op_definitions():
-    internal = dict(domain="ai.tr_onnx", layout=IN_PLACE, differentiable=False)
+    internal = dict(domain=INTERNAL_DOMAIN, layout=IN_PLACE, differentiable=False)
     updates = {"SGDUpdate": sgd_update_numpy, "AdamUpdate": adam_update_numpy,
                "AdagradUpdate": adagrad_update_numpy}
     return [

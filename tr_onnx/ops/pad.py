@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
-from .tensor import DATA_INPUT, INTERNAL, _const_of, _ints, first_only, positive_axis
+from .tensor import DATA_INPUT, _const_of, _ints, first_only, positive_axis
 
 
 def _pad_source(t: int, n: int, mode: str) -> int:
@@ -167,7 +168,7 @@ def pad_vjp(b, node, gys, needed):
     mode = node.attrs["mode"]
     if mode != "constant":
         return first_only(node, b.op("PadGrad", [gy], {"mode": mode, "pads": begin + end},
-                                 domain=INTERNAL, like=x))
+                                 domain=INTERNAL_DOMAIN, like=x))
     crop = [(max(-p, 0), max(-q, 0)) for p, q in zip(begin, end)]
     kept = tuple(n - lo - hi for n, (lo, hi) in zip(x.shape, crop))
     starts = [max(p, 0) for p in begin]
@@ -189,6 +190,6 @@ def tr_onnx_op_definitions():
               const_inputs=(1, 3), differentiable=True, gradient=pad_vjp,
               grad_inputs=DATA_INPUT),
         # backward-only op of the rule above
-        OpDef("PadGrad", (1,), {"numpy": pad_grad_numpy}, domain=INTERNAL,
+        OpDef("PadGrad", (1,), {"numpy": pad_grad_numpy}, domain=INTERNAL_DOMAIN,
               doc="gradient of Pad (any mode): border gradients added back to their sources"),
     ]

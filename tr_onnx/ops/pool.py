@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 
 from .. import host_blas, onednn
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import accumulator_dtype, is_float
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
@@ -350,7 +351,6 @@ def global_lp_pool_numpy(ctx):
 # plus ``ceil_mode``; it accumulates each tap's share of gy into a padded gx (the adjoint of
 # the forward's per-tap slices) and crops it.
 
-INTERNAL_DOMAIN = "ai.tr_onnx"
 
 
 def max_pool_grad_numpy(ctx):

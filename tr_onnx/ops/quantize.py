@@ -33,11 +33,12 @@ import math
 import ml_dtypes
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import ELEMENTWISE, PLAIN_ONLY, OpDef
 from .conv import Window, im2col_nhwc, pad_nhwc, padding_slabs_nhwc
-from .tensor import INTERNAL, positive_axis
+from .tensor import positive_axis
 
 # ---- quantized types and quantization parameters ------------------------------------------
 
@@ -122,7 +123,7 @@ class QuantParam:
 
 def _layout(ctx):
     """(x's shape, the positive quantization axis, block_size) of a Q/DQ node or its grads."""
-    shape = tuple(ctx.inputs[1].shape) if ctx.node.domain == INTERNAL else \
+    shape = tuple(ctx.inputs[1].shape) if ctx.node.domain == INTERNAL_DOMAIN else \
         tuple(ctx.inputs[0].shape)
     axis = positive_axis(int(ctx.attrs.get("axis", 1)), len(shape)) if shape else 0
     return shape, axis, int(ctx.attrs.get("block_size", 0) or 0)
@@ -301,7 +302,7 @@ def quantize_linear_vjp(b, node, gys, needed):
     zp = node.inputs[2] if len(node.inputs) > 2 else None
     attrs = {**_grad_attrs(node), "to": onnx_elem_type(node.outputs[0].dtype)}
     like = [x] + ([scale] if needed[1] else [])
-    outs = b.op("QuantizeLinearGrad", [gys[0], x, scale, zp], attrs, domain=INTERNAL,
+    outs = b.op("QuantizeLinearGrad", [gys[0], x, scale, zp], attrs, domain=INTERNAL_DOMAIN,
                 like=like)
     outs = outs if isinstance(outs, list) else [outs]
     grads = [outs[0] if needed[0] else None, outs[1] if needed[1] else None]
@@ -314,8 +315,8 @@ def dequantize_linear_vjp(b, node, gys, needed):
     zp = node.inputs[2] if len(node.inputs) > 2 else None
     gy = gys[0]
     specs = [(x.shape, gy.dtype)] + ([(scale.shape, scale.dtype)] if needed[1] else [])
-    outs = b.op("DequantizeLinearGrad", [gy, x, scale, zp], _grad_attrs(node), domain=INTERNAL,
-                shapes=specs)
+    outs = b.op("DequantizeLinearGrad", [gy, x, scale, zp], _grad_attrs(node),
+                domain=INTERNAL_DOMAIN, shapes=specs)
     outs = outs if isinstance(outs, list) else [outs]
     grads = [outs[0] if needed[0] else None, outs[1] if needed[1] else None]
     return grads + [None] * (len(node.inputs) - 2)
@@ -540,9 +541,9 @@ def tr_onnx_op_definitions():
         OpDef("QLinearConv", (10,), {"numpy": qlinear_conv_numpy}, **_FORWARD_ONLY),
         # backward ops of the rules above
         OpDef("QuantizeLinearGrad", (1,), {"numpy": quantize_linear_grad_numpy},
-              domain=INTERNAL, layout=ELEMENTWISE,
+              domain=INTERNAL_DOMAIN, layout=ELEMENTWISE,
               doc="straight-through gradient of QuantizeLinear: (gx, gscale?)"),
         OpDef("DequantizeLinearGrad", (1,), {"numpy": dequantize_linear_grad_numpy},
-              domain=INTERNAL, layout=ELEMENTWISE,
+              domain=INTERNAL_DOMAIN, layout=ELEMENTWISE,
               doc="gradient of DequantizeLinear: (g of the quantized value, gscale?)"),
     ]

@@ -22,9 +22,9 @@ import zlib
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
 from ..opdef import OpDef, TrainingContext
-from .tensor import INTERNAL
 
 RANDOM_OPS = ("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
               "Bernoulli")
@@ -132,7 +132,7 @@ def tr_onnx_op_definitions():
                   doc="counter-based Philox draws (see ops/random.py); in training the step "
                       "counter drives them, so a resumed run redraws the same numbers")
             for op in RANDOM_OPS]
-    defs.append(OpDef("RandomDraw", (1,), {"numpy": random_draw_numpy}, domain=INTERNAL,
+    defs.append(OpDef("RandomDraw", (1,), {"numpy": random_draw_numpy}, domain=INTERNAL_DOMAIN,
                       differentiable=False,
                       doc="training form of a random op: inputs (like/p if any, step), "
                           "attributes op, key and the op's own"))

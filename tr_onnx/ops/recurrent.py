@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..ir import Node, Value, attribute_value
 from ..opdef import PLAIN_ONLY, OpDef
 from .recurrent_cells import _CELLS, _Buffers, _rows
-from .tensor import INTERNAL
 
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _N_ACTS = {"LSTM": 3, "GRU": 2, "RNN": 1}
@@ -376,7 +376,7 @@ def recurrent_numpy(ctx):
     t, n, _ = layer_dims(ctx, sp)
     h, gh, dirs = sp.hidden, sp.gates * sp.hidden, len(sp.reverse)
     n_out, lstm = N_OUT[sp.cell], sp.cell == "LSTM"
-    training = ctx.node.domain == INTERNAL
+    training = ctx.node.domain == INTERNAL_DOMAIN
     saved_ws = None if training else ctx.workspace((dirs, t, n, sp.width), ctx.inputs[0].dtype)
     order = _Order(ctx, sp, t, n)
     x_size = ctx.inputs[0].shape[2]
@@ -552,7 +552,7 @@ def _save_for_backward(b, node, sp: Spec) -> Value:
     """Swap a standard LSTM/GRU/RNN node for its training variant (same inputs and outputs,
     plus the saved rows) and return the saved rows; a training node already has them."""
     n_out = N_OUT[sp.cell]
-    if node.domain == INTERNAL:
+    if node.domain == INTERNAL_DOMAIN:
         return node.outputs[n_out]
     x = node.inputs[0]
     t, n = (x.shape[0], x.shape[1]) if sp.layout == 0 else (x.shape[1], x.shape[0])
@@ -561,14 +561,14 @@ def _save_for_backward(b, node, sp: Spec) -> Value:
                   (len(sp.reverse), t, n, sp.width), x.dtype)
     graph.values[saved.name] = saved
     op_type = f"{sp.cell}Training"
-    opdef = b.registry.lookup(INTERNAL, op_type, 1, b.backend)
+    opdef = b.registry.lookup(INTERNAL_DOMAIN, op_type, 1, b.backend)
     if opdef is None:
-        raise UnsupportedModelError(f"{node.label}: training needs {INTERNAL}.{op_type} for "
+        raise UnsupportedModelError(f"{node.label}: training needs {INTERNAL_DOMAIN}.{op_type} for "
                                     f"backend {b.backend!r}, which is not registered", [])
     outputs = list(node.outputs) + [None] * (n_out - len(node.outputs)) + [saved]
     inputs = list(node.inputs) + [None] * (N_IN[sp.cell] - len(node.inputs))
-    graph.replace_node(node, Node(node.name, op_type, INTERNAL, 1, inputs, outputs, sp.attrs(),
-                                  opdef, node.phase))
+    graph.replace_node(node, Node(node.name, op_type, INTERNAL_DOMAIN, 1, inputs, outputs,
+                                  sp.attrs(), opdef, node.phase))
     return saved
 
 
@@ -591,7 +591,7 @@ def recurrent_vjp(b, node, gys, needed):
     cell = sp.cell
     inputs = list(node.inputs) + [None] * (N_IN[cell] - len(node.inputs))
     gys = list(gys)[:N_OUT[cell]] + [None] * (N_OUT[cell] - len(gys))
-    grads = b.op(f"{cell}Grad", inputs + [saved] + gys, sp.attrs(), domain=INTERNAL,
+    grads = b.op(f"{cell}Grad", inputs + [saved] + gys, sp.attrs(), domain=INTERNAL_DOMAIN,
                  shapes=_grad_shapes(sp, inputs))
     result = [None] * len(node.inputs)
     for position, g in zip(_GRAD_INPUTS[cell], grads):
@@ -635,11 +635,11 @@ def tr_onnx_op_definitions():
             OpDef(cell, _VERSIONS[cell], {"numpy": recurrent_numpy}, layout=PLAIN_ONLY,
                   differentiable=True, gradient=recurrent_vjp, grad_inputs=_GRAD_INPUTS[cell],
                   param_inputs=_PARAMS[cell], doc=_DOCS[cell]),
-            OpDef(f"{cell}Training", (1,), {"numpy": recurrent_numpy}, domain=INTERNAL,
+            OpDef(f"{cell}Training", (1,), {"numpy": recurrent_numpy}, domain=INTERNAL_DOMAIN,
                   layout=PLAIN_ONLY, shape=_training_shape, differentiable=True,
                   gradient=recurrent_vjp, grad_inputs=_GRAD_INPUTS[cell],
                   doc=f"{cell} that also outputs each step's gates and states for {cell}Grad"),
-            OpDef(f"{cell}Grad", (1,), {"numpy": recurrent_grad_numpy}, domain=INTERNAL,
+            OpDef(f"{cell}Grad", (1,), {"numpy": recurrent_grad_numpy}, domain=INTERNAL_DOMAIN,
                   layout=PLAIN_ONLY, doc=f"backward through time of one {cell} layer"),
         ]
     return defs

@@ -32,11 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import accumulator_dtype
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout
 from ..opdef import OpDef
-from .tensor import DATA_INPUT, INTERNAL, first_only, positive_axis
+from .tensor import DATA_INPUT, first_only, positive_axis
 
 CONST_INPUTS = (1, 2, 3)  # roi, scales, sizes (Upsample 9: scales): the plan specialises on them
 
@@ -442,7 +443,7 @@ def resize_vjp(b, node, gys, needed):
     """ResizeGrad of gy with the forward's attributes and constant inputs."""
     attrs = {k: v for k, v in node.attrs.items() if v is not None}
     attrs.update(forward_op=node.op_type, forward_version=int(node.since_version))
-    g = b.op("ResizeGrad", [gys[0], *node.inputs[1:]], attrs, domain=INTERNAL,
+    g = b.op("ResizeGrad", [gys[0], *node.inputs[1:]], attrs, domain=INTERNAL_DOMAIN,
              like=node.inputs[0])
     return first_only(node, g)
 
@@ -463,7 +464,7 @@ def tr_onnx_op_definitions():
         OpDef("Upsample", (7, 9, 10), {"numpy": resize_numpy}, **common,
               doc="legacy Resize: asymmetric coordinates, nearest or linear; scales an "
                   "attribute (7) or an input known at plan time (9)"),
-        OpDef("ResizeGrad", (1,), {"numpy": resize_grad_numpy}, domain=INTERNAL,
+        OpDef("ResizeGrad", (1,), {"numpy": resize_grad_numpy}, domain=INTERNAL_DOMAIN,
               const_inputs=CONST_INPUTS,
               doc="gradient of Resize/Upsample: the transposed gather-and-sum tables "
                   "applied to gy (attributes: the forward's, forward_op, forward_version)"),

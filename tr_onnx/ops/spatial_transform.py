@@ -32,11 +32,12 @@ import math
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
 from .conv import Window, col2im_nhwc, col2im_slices_nhwc, windows_nhwc
-from .tensor import DATA_INPUT, INTERNAL, first_only
+from .tensor import DATA_INPUT, first_only
 
 # ---- GridSample's sampling arithmetic -------------------------------------------------------
 
@@ -483,7 +484,7 @@ def roi_align_vjp(b, node, gys, needed):
     attrs["coordinate_transformation_mode"] = node.attrs.get(
         "coordinate_transformation_mode", "output_half_pixel")
     return first_only(node, b.op("RoiAlignGrad", [gys[0], rois, batch], attrs,
-                                 domain=INTERNAL, like=x))
+                                 domain=INTERNAL_DOMAIN, like=x))
 
 
 # ---- MaxUnpool ------------------------------------------------------------------------------
@@ -603,7 +604,7 @@ def col2im_vjp(b, node, gys, needed):
     cols, image, block = node.inputs
     g = b.op("Col2ImGrad", [gys[0], image, block],
              {k: node.attrs[k] for k in ("dilations", "pads", "strides") if node.attrs.get(k)},
-             domain=INTERNAL, like=cols)
+             domain=INTERNAL_DOMAIN, like=cols)
     return first_only(node, g)
 
 
@@ -633,7 +634,7 @@ def center_crop_pad_vjp(b, node, gys, needed):
     (both start at ``(longer - shorter) // 2``): the same kernel, as a backward op (ONNX's
     CenterCropPad is newer than the opset gradient rules emit)."""
     x = node.inputs[0]
-    return first_only(node, b.op("CenterCropPadGrad", [gys[0]], domain=INTERNAL, like=x))
+    return first_only(node, b.op("CenterCropPadGrad", [gys[0]], domain=INTERNAL_DOMAIN, like=x))
 
 
 # ---- gradient rules -------------------------------------------------------------------------
@@ -644,7 +645,7 @@ def grid_sample_vjp(b, node, gys, needed):
     x, grid = node.inputs
     attrs = {"mode": _MODES[node.attrs["mode"]], "padding_mode": node.attrs["padding_mode"],
              "align_corners": int(node.attrs["align_corners"])}
-    gx, ggrid = b.op("GridSampleGrad", [gys[0], x, grid], attrs, domain=INTERNAL,
+    gx, ggrid = b.op("GridSampleGrad", [gys[0], x, grid], attrs, domain=INTERNAL_DOMAIN,
                      like=[x, grid])
     return [gx if needed[0] else None, ggrid if needed[1] else None]
 
@@ -687,14 +688,14 @@ def tr_onnx_op_definitions():
               layout=STRIDED_TO_PLAIN, const_inputs=(1,), differentiable=True,
               gradient=center_crop_pad_vjp, grad_inputs=DATA_INPUT),
         # backward-only ops of the rules above
-        OpDef("GridSampleGrad", (1,), {"numpy": grid_sample_grad_numpy}, domain=INTERNAL,
+        OpDef("GridSampleGrad", (1,), {"numpy": grid_sample_grad_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, doc="gradient of GridSample: (gx, ggrid) from gy, x, grid"),
-        OpDef("CenterCropPadGrad", (1,), {"numpy": center_crop_pad_numpy}, domain=INTERNAL,
+        OpDef("CenterCropPadGrad", (1,), {"numpy": center_crop_pad_numpy}, domain=INTERNAL_DOMAIN,
               layout=STRIDED_TO_PLAIN,
               doc="gradient of CenterCropPad: gy centre-cropped/padded to the input's shape"),
-        OpDef("RoiAlignGrad", (1,), {"numpy": roi_align_grad_numpy}, domain=INTERNAL,
+        OpDef("RoiAlignGrad", (1,), {"numpy": roi_align_grad_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, doc="gradient of an average RoiAlign to its map"),
-        OpDef("Col2ImGrad", (1,), {"numpy": col2im_grad_numpy}, domain=INTERNAL,
+        OpDef("Col2ImGrad", (1,), {"numpy": col2im_grad_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, const_inputs=(1, 2),
               doc="gradient of Col2Im: im2col of gy"),
     ]

@@ -23,19 +23,12 @@ from numpy.lib.stride_tricks import as_strided
 from onnx import numpy_helper
 
 from .. import onednn
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import is_float
 from ..hookspecs import hookimpl
-from ..opdef import (
-    BROADCASTS,
-    LAYOUT_ONLY,
-    PLAIN_ONLY,
-    STRIDED_TO_PLAIN,
-    OpDef,
-    bounded_like_input,
-)
+from ..opdef import BROADCASTS, LAYOUT_ONLY, PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef, bounded_like_input
 from .elementwise import largest_input_bound
 
-INTERNAL = "ai.tr_onnx"
 DATA_INPUT = (0,)  # the data input: shapes, indices, axes and pads never receive a gradient
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -505,7 +498,7 @@ def slice_vjp(b, node, gys, needed):
         return first_only(node, b.op("Pad", [gy, b.ints(begin + end)], {"mode": "constant"},
                                  like=x))
     attrs = {"starts": starts, "ends": ends, "axes": axes, "steps": steps}
-    return first_only(node, b.op("SliceGrad", [gy], attrs, domain=INTERNAL, like=x))
+    return first_only(node, b.op("SliceGrad", [gy], attrs, domain=INTERNAL_DOMAIN, like=x))
 
 
 def expand_vjp(b, node, gys, needed):
@@ -609,6 +602,6 @@ def tr_onnx_op_definitions():
               differentiable=True, gradient=space_to_depth_vjp, value_bounds=bounded_like_input),
         OpDef("EyeLike", (9, 22), {"numpy": eye_like_numpy}, **_NONE),
         # backward-only ops of the rules above
-        OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL,
+        OpDef("SliceGrad", (1,), {"numpy": slice_grad_numpy}, domain=INTERNAL_DOMAIN,
               doc="gradient of Slice: gy written into zeros at the slice"),
     ]

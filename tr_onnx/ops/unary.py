@@ -25,11 +25,11 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..domains import INTERNAL_DOMAIN
 from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
 from ..opdef import OpDef, bounded_like_input, unit_bounded
 from .elementwise import (
-    INTERNAL_DOMAIN,
     Chunked,
     Elementwise,
     attrs_for,

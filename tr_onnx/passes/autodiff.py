@@ -18,13 +18,13 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..domains import ONNX_DOMAINS
 from ..dtypes import is_float, onnx_elem_type
 from ..errors import ShapeError, UnsupportedModelError
 from ..ir import ACTIVATION, CONST, Graph, Node, Value, node_attributes
 from ..registry import OpRegistry, schema_for
 
 GRAD_OPSET = 17  # semantics of the standard ops gradient rules emit (ReduceSum axes as input...)
-INTERNAL_DOMAIN = "ai.tr_onnx"
 
 
 def _is_float(v: Value | None) -> bool:
@@ -84,7 +84,7 @@ class GradBuilder:
         standard ops, ONNX shape inference. Internal (``ai.tr_onnx``) ops must say ``like`` or
         ``shapes``.
         """
-        opset = GRAD_OPSET if domain in ("", "ai.onnx") else 1
+        opset = GRAD_OPSET if domain in ONNX_DOMAINS else 1
         version = self.registry.resolve_version(domain, op_type, opset)
         opdef = (self.registry.lookup(domain, op_type, version, self.backend)
                  if version is not None else None)
@@ -93,7 +93,7 @@ class GradBuilder:
                 f"gradient of {self.anchor.label if self.anchor else 'the loss'} needs "
                 f"{op_type} (domain {domain or 'ai.onnx'!r}), which has no kernel for backend "
                 f"{self.backend!r}", [])
-        schema = schema_for(domain, op_type, opset) if domain in ("", "ai.onnx") else None
+        schema = schema_for(domain, op_type, opset) if domain in ONNX_DOMAINS else None
         proto = onnx.helper.make_node(op_type, [v.name if v is not None else "" for v in inputs],
                                       [], domain=domain, **(attrs or {}))
         full_attrs = node_attributes(proto, schema)

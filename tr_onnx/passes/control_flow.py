@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..domains import ONNX_DOMAINS
 from ..errors import UnsupportedModelError
 from ..ir import proto_reads, subgraphs
 from .control_flow_rules import _HANDLERS, _label
@@ -49,7 +50,7 @@ _STRUCTURAL = CONTROL_OPS | SEQUENCE_OPS
 
 
 def _is_structural(node: onnx.NodeProto) -> bool:
-    return node.domain in ("", "ai.onnx") and node.op_type in _STRUCTURAL
+    return node.domain in ONNX_DOMAINS and node.op_type in _STRUCTURAL
 
 
 def resolve(model: onnx.ModelProto, fold: Callable[[onnx.ModelProto], onnx.ModelProto],
@@ -112,7 +113,7 @@ def output_reader(executor, name: str, tp: onnx.TypeProto, names) -> Callable[[]
 
 class _Resolver:
     def __init__(self, model: onnx.ModelProto, param_names, max_nodes: int):
-        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        self.opset = next((o.version for o in model.opset_import if o.domain in ONNX_DOMAINS),
                           1)
         self.param_names = param_names
         self.max_nodes = max_nodes
@@ -159,7 +160,7 @@ class _Resolver:
     def _rewrite(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         """The nodes replacing ``node`` ([] when it becomes a list or a constant), or None
         when it stays (not structural, or not resolvable yet)."""
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ONNX_DOMAINS:
             return None
         if node.op_type == "Identity" and node.input[0] in self.seqs:
             self.seqs[node.output[0]] = list(self.seqs[node.input[0]])

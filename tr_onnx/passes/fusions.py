@@ -20,14 +20,14 @@ import math
 import numpy as np
 
 from .. import ir, onednn
+from ..domains import ONNX_DOMAINS
 
-_STANDARD = ("", "ai.onnx")
 # how close an exported constant must be to sqrt(2), 1/sqrt(2), 1 or 0.5: float32 rounding
 _CONSTANT_RTOL = 1e-6
 
 
 def is_standard(node: ir.Node | None, op_type: str) -> bool:
-    return node is not None and node.op_type == op_type and node.domain in _STANDARD
+    return node is not None and node.op_type == op_type and node.domain in ONNX_DOMAINS
 
 
 def _scalar_is(v: ir.Value | None, target: float) -> bool:

@@ -30,11 +30,12 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir, onednn
+from ..domains import INTERNAL_DOMAIN
 from .fusions import is_standard, sole_consumer
 from .value_bounds import ConstantStats, magnitude_bounds
 
-FUSED_CONV = ("ai.tr_onnx", "FusedConv", 1)
-MATMUL_BIAS = ("ai.tr_onnx", "MatMulBias", 1)
+FUSED_CONV = (INTERNAL_DOMAIN, "FusedConv", 1)
+MATMUL_BIAS = (INTERNAL_DOMAIN, "MatMulBias", 1)
 
 
 def _constant(v: ir.Value | None) -> bool:

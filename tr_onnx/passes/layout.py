@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..domains import INTERNAL_DOMAIN
 from ..errors import ShapeError
 from ..ir import ACTIVATION, GRAD, INPUT, Graph, Node, Value
 from ..layouts import GatherRowsLayout, StridedLayout
 from ..opdef import CHANNEL_VECTOR, CHANNELS_LAST, CONV_WEIGHT, FOLLOW, PLAIN
 from ..registry import OpRegistry
 
-INTERNAL_DOMAIN = "ai.tr_onnx"
 SPATIAL_RANKS = (3, 4, 5)
 _FLATTENS = ("Flatten", "Reshape")
 

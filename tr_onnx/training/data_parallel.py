@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
+from ..domains import INTERNAL_DOMAIN
 from ..ir import Value
 from ..passes.autodiff import GradBuilder
-from .train_pass import INTERNAL, TrainConfig, internal_node
+from .train_pass import TrainConfig, internal_node
 
 REDUCE = "__reduce"  # per-step scalar: 1.0 when the step applies (its gradients are reduced)
 
@@ -55,7 +56,7 @@ def add_grad_reduce(b: GradBuilder, accumulators: list[Value], grads_span: Value
     attrs = {"world": cfg.world}
     writers, names = {}, {a.name for a in accumulators}
     for node in list(graph.nodes):
-        if node.op_type == "Accumulate" and node.domain == INTERNAL \
+        if node.op_type == "Accumulate" and node.domain == INTERNAL_DOMAIN \
                 and node.inputs[0].name in names:
             gradient = node.inputs[1].producer
             if gradient is not None:  # final once its producer ran: the fan-in sum is before
@@ -73,11 +74,11 @@ def add_grad_reduce(b: GradBuilder, accumulators: list[Value], grads_span: Value
         start.phase = "compute"
         graph.insert(after + 1, start)
     b.phase = "reduce"
-    b.op("GradAllReduceWait", [grads_span], attrs, domain=INTERNAL, shapes=[])
+    b.op("GradAllReduceWait", [grads_span], attrs, domain=INTERNAL_DOMAIN, shapes=[])
     stats = [stat for stat, _ in commits]
     if stats and not cfg.sync_batchnorm:
         b.phase = "compute"
-        b.op("BroadcastStats", stats, attrs, domain=INTERNAL, shapes=[])
+        b.op("BroadcastStats", stats, attrs, domain=INTERNAL_DOMAIN, shapes=[])
         node = graph.nodes[-1]
         graph.remove_node(node)
         graph.insert(0, node)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..domains import ONNX_DOMAINS
 from ..errors import InputError
 from ..ir import Graph, Value
 from ..passes.autodiff import GradBuilder
@@ -186,7 +187,7 @@ def class_labels(graph: Graph, label_name: str) -> list[ClassLabels]:
     while todo:
         v = todo.pop()
         for node in v.consumers:
-            if node.domain in ("", "ai.onnx") and node.op_type in CLASS_INDEX_LOSSES \
+            if node.domain in ONNX_DOMAINS and node.op_type in CLASS_INDEX_LOSSES \
                     and node.inputs[1] is v:
                 ignore = node.attrs.get("ignore_index")
                 found.append(ClassLabels(int(node.inputs[0].shape[1]),

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import ir
+from ..domains import INTERNAL_DOMAIN
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
@@ -62,7 +63,6 @@ ROW_WEIGHT = "__row_weight"
 HAS_ROWS = "__has_rows"  # data parallelism: whether this rank has rows in this global batch
 # the step guard's OPT_STATE tensors (``add_step_guard``)
 BAD_BATCH, REJECT, APPLIED, STEP_REPORT = "__bad_batch", "__reject", "__applied", "__step_report"
-INTERNAL = "ai.tr_onnx"
 # ops ``TrainInfo.converted`` counts even where a model has none
 REPORTED_TRAINING_FORMS = ("BatchNormalization", "Dropout")
 
@@ -179,11 +179,11 @@ def is_chosen(name: str, cfg: TrainConfig) -> bool:
 
 def internal_node(graph: Graph, registry: OpRegistry, backend: str, op_type: str, name: str,
               inputs, outputs, attrs) -> Node:
-    opdef = registry.lookup(INTERNAL, op_type, 1, backend)
+    opdef = registry.lookup(INTERNAL_DOMAIN, op_type, 1, backend)
     if opdef is None:
-        raise UnsupportedModelError(f"training needs {INTERNAL}.{op_type} for backend "
+        raise UnsupportedModelError(f"training needs {INTERNAL_DOMAIN}.{op_type} for backend "
                                     f"{backend!r}, which is not registered", [])
-    return Node(name, op_type, INTERNAL, 1, inputs, outputs, attrs, opdef)
+    return Node(name, op_type, INTERNAL_DOMAIN, 1, inputs, outputs, attrs, opdef)
 
 
 def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: TrainConfig,
@@ -197,8 +197,8 @@ def to_training_mode(graph: Graph, registry: OpRegistry, backend: str, cfg: Trai
     commits: list[tuple[Value, Value]] = []
     counts = dict.fromkeys(REPORTED_TRAINING_FORMS, 0)
 
-    def make_node(op_type, name, inputs, outputs, attrs, domain=INTERNAL, since_version=1):
-        if domain == INTERNAL and since_version == 1:
+    def make_node(op_type, name, inputs, outputs, attrs, domain=INTERNAL_DOMAIN, since_version=1):
+        if domain == INTERNAL_DOMAIN and since_version == 1:
             return internal_node(graph, registry, backend, op_type, name, inputs, outputs, attrs)
         return Node(name, op_type, domain, since_version, inputs, outputs, attrs,
                     registry.lookup(domain, op_type, since_version, backend))
@@ -454,7 +454,7 @@ def add_grad_accumulators(b: GradBuilder, trainable: list[Value],
         acc = Value(f"{p.name}.grad", p.shape, p.dtype, ir.GRAD, mirror_of=p, slot_order=i)
         b.graph.values[acc.name] = acc
         accumulators[p.name] = acc
-        b.op("Accumulate", [acc, grads[p.name]], domain=INTERNAL, shapes=[])
+        b.op("Accumulate", [acc, grads[p.name]], domain=INTERNAL_DOMAIN, shapes=[])
     return accumulators
 
 
@@ -475,7 +475,7 @@ def fold_accumulators(graph: Graph, info: TrainInfo, cfg: TrainConfig, registry:
         return False
     accumulators = {info.grads[p] for p in info.trainable}
     outputs = set(map(id, graph.outputs))
-    for node in [n for n in graph.nodes if n.op_type == "Accumulate" and n.domain == INTERNAL
+    for node in [n for n in graph.nodes if n.op_type == "Accumulate" and n.domain == INTERNAL_DOMAIN
                  and n.inputs[0].name in accumulators]:
         acc, g = node.inputs
         producer = g.producer
@@ -547,7 +547,7 @@ def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]], cfg: TrainCon
     for stat, new in commits:
         if has_rows is not None:
             new = b.op("Where", [has_rows, new, stat])
-        b.op("Assign", [stat, new], domain=INTERNAL, shapes=[])
+        b.op("Assign", [stat, new], domain=INTERNAL_DOMAIN, shapes=[])
 
 
 def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
@@ -559,15 +559,15 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
     p_span, g_span, *s_spans = spans
     b.phase = "apply"
     grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
-                     {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL,
+                     {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL_DOMAIN,
                      shapes=[((), np.float32)])
     if cfg.lr_groups or cfg.step_offsets:
         update = add_group_updates(b, spans, scalars, cfg)
     else:
         b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
-             cfg.optimizer.attrs(), domain=INTERNAL, shapes=[])
+             cfg.optimizer.attrs(), domain=INTERNAL_DOMAIN, shapes=[])
         update = b.graph.nodes[-1]
-    b.op("ZeroFill", [g_span], domain=INTERNAL, shapes=[])
+    b.op("ZeroFill", [g_span], domain=INTERNAL_DOMAIN, shapes=[])
     return grad_norm, update
 
 
@@ -588,7 +588,7 @@ def add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Val
         lr = scalars[LR] if mult == 1.0 else b.mul(scalars[LR], b.const(np.float32(mult)))
         step = scalars[STEP] if offset == 0 else b.op(
             "Sub", [scalars[STEP], b.const(np.int64(offset))])
-        b.op(cfg.optimizer.op, [*parts, lr, step], cfg.optimizer.attrs(), domain=INTERNAL,
+        b.op(cfg.optimizer.op, [*parts, lr, step], cfg.optimizer.attrs(), domain=INTERNAL_DOMAIN,
              shapes=[])
         updates.append(b.graph.nodes[-1])
     return updates[0]

@@ -39,7 +39,6 @@ from .capture import DeviceBuffer
 from .cudnn_graphs import CudnnGraph, CudnnGraphError, Describe, describe_node
 from .device import BLOCK, KernelRef, launch_dims
 
-INTERNAL = "ai.tr_onnx"
 DT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}  # dtype -> kernel storage
 TO_PADDED, TO_COMPACT = -1, -2  # operand specs that change layout (kernels/elementwise.cu)
 

@@ -26,11 +26,11 @@ from functools import partial
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
 from ....ops.attention import attention_form, attention_spec
 from ..bind import (
-    INTERNAL,
     BindContext,
     Unbound,
     binding,
@@ -298,7 +298,7 @@ def sdpa_refusal(b: BindContext, node, f: _Form) -> str | None:
         return "past key / value, nonpad_kv_seqlen or a window"
     if f.mask is not None and (b.t(f.mask).dtype == np.bool_ or b.t(f.mask).shape[-1] != sp.t):
         return "a boolean mask, or one shorter than the keys"
-    extra = node.outputs[1:] if node.domain != INTERNAL else node.inputs[8:]
+    extra = node.outputs[1:] if node.domain != INTERNAL_DOMAIN else node.inputs[8:]
     if any(v is not None for v in extra) or int(node.attrs.get("mask_grad", 0)):
         return ("present key / value, qk_matmul_output (or their gradients) or the mask's "
                 "gradient")
@@ -489,10 +489,11 @@ def bind_attention_grad(b: BindContext, node, f: _Form, p_ws: int, gs_ws: int,
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("RMSNormalization", "cuda", binding(bind_rms_norm)),
-            KernelDef("RMSNormalizationGrad", "cuda", rms_norm_grad_factory, domain=INTERNAL),
+            KernelDef("RMSNormalizationGrad", "cuda", rms_norm_grad_factory,
+                      domain=INTERNAL_DOMAIN),
             KernelDef("Swish", "cuda", binding(bind_swish)),
             KernelDef("RotaryEmbedding", "cuda", binding(bind_rotary)),
             KernelDef("RotaryEmbeddingGrad", "cuda", binding(bind_rotary_grad),
-                      domain=INTERNAL),
+                      domain=INTERNAL_DOMAIN),
             KernelDef("Attention", "cuda", attention_factory),
-            KernelDef("AttentionGrad", "cuda", attention_grad_factory, domain=INTERNAL)]
+            KernelDef("AttentionGrad", "cuda", attention_grad_factory, domain=INTERNAL_DOMAIN)]

@@ -29,10 +29,11 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....errors import DistributedError
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ..bind import INTERNAL, BindContext, Unbound, binding, i64
+from ..bind import BindContext, Unbound, binding, i64
 from ..nccl import NCCL_AVG, NcclBroadcast, nccl_dtype, node_all_reduce, node_communicator
 
 
@@ -83,7 +84,7 @@ def bind_broadcast_stats(b: BindContext, node) -> list:
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
+    return [KernelDef(op, "cuda", binding(fn), domain=INTERNAL_DOMAIN) for op, fn in (
         ("GradAllReduceStart", bind_grad_all_reduce_start),
         ("GradAllReduceWait", bind_grad_all_reduce_wait),
         ("BroadcastStats", bind_broadcast_stats))]

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN, ONNX_DOMAINS
 from ....errors import UnsupportedModelError
 from ....hookspecs import hookimpl
 from ....memory import DTensor, MemoryPlan
 from ....opdef import KernelContext, KernelDef
 from ....ops.conv import Window, conv_transpose_adjoint_attrs
 from ..bind import (
-    INTERNAL,
     BindContext,
     Unbound,
     collapse,
@@ -158,7 +158,7 @@ def fusable_activation(node, graph) -> tuple[Any, tuple[float | None, float | No
     if y is None or y in graph.outputs or len(y.consumers) != 1:
         return None
     act = y.consumers[0]
-    if act.domain not in ("", "ai.onnx"):
+    if act.domain not in ONNX_DOMAINS:
         return None
     if act.op_type == "Relu":
         return act, (None, None)
@@ -301,5 +301,5 @@ def tr_onnx_op_definitions():
                                                  binding=conv_factory)),
             KernelDef("ConvTranspose", "cuda", CudnnGraph(describe_conv_transpose,
                                                           binding=conv_transpose_factory)),
-            KernelDef("ConvGradData", "cuda", grads, domain=INTERNAL),
-            KernelDef("ConvGradFilter", "cuda", grads, domain=INTERNAL)]
+            KernelDef("ConvGradData", "cuda", grads, domain=INTERNAL_DOMAIN),
+            KernelDef("ConvGradFilter", "cuda", grads, domain=INTERNAL_DOMAIN)]

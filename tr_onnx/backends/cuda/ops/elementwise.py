@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ....ops.dropout import check_inference_dropout, dropout_scale
@@ -508,4 +509,4 @@ def tr_onnx_op_definitions():
                KernelDef("Identity", "cuda", binding(bind_copy)),
                KernelDef("Dropout", "cuda", dropout_inference_factory),
                KernelDef("DropoutTraining", "cuda", dropout_training_factory,
-                         domain="ai.tr_onnx")])
+                         domain=INTERNAL_DOMAIN)])

@@ -32,10 +32,10 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ..bind import (
-    INTERNAL,
     MAX_DIMS,
     BindContext,
     Unbound,
@@ -264,12 +264,12 @@ def bind_reverse_sequence(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("Gather", "cuda", binding(bind_gather)),
-            KernelDef("GatherGrad", "cuda", binding(bind_gather_grad), domain=INTERNAL),
+            KernelDef("GatherGrad", "cuda", binding(bind_gather_grad), domain=INTERNAL_DOMAIN),
             KernelDef("GatherElements", "cuda", binding(bind_gather_elements)),
             KernelDef("ScatterElements", "cuda", binding(bind_scatter_elements)),
             KernelDef("Scatter", "cuda", binding(bind_scatter_elements)),
             KernelDef("GatherND", "cuda", binding(bind_gather_nd)),
-            KernelDef("GatherNDGrad", "cuda", binding(bind_gather_nd_grad), domain=INTERNAL),
+            KernelDef("GatherNDGrad", "cuda", binding(bind_gather_nd_grad), domain=INTERNAL_DOMAIN),
             KernelDef("ScatterND", "cuda", binding(bind_scatter_nd)),
             KernelDef("TopK", "cuda", binding(bind_top_k)),
             KernelDef("OneHot", "cuda", binding(bind_one_hot)),

@@ -4,9 +4,10 @@ padded channels-last one, in either direction and between float storage types
 
 from __future__ import annotations
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ..bind import INTERNAL, BindContext, Unbound, binding, geometry, i64
+from ..bind import BindContext, Unbound, binding, geometry, i64
 from ..sources import KernelSource, instantiate, kernel_source, storage_pairs
 
 # ---- kernels/layout_convert.cu: the family's name table -----------------------------------------
@@ -48,4 +49,5 @@ def bind_layout_transpose(b: BindContext, node) -> list:
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef("LayoutTranspose", "cuda", binding(bind_layout_transpose), domain=INTERNAL)]
+    return [KernelDef("LayoutTranspose", "cuda", binding(bind_layout_transpose),
+                      domain=INTERNAL_DOMAIN)]

@@ -19,9 +19,10 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
-from ..bind import DT, INTERNAL, BindContext, Unbound, float_dt, geometry, i32, i64, need_compact
+from ..bind import DT, BindContext, Unbound, float_dt, geometry, i32, i64, need_compact
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain
 from .indexing import INDEX_TYPES, index_suffix
 from .tensor import logical_strides
@@ -234,7 +235,8 @@ def nll_grad_factory(ctx: KernelContext):
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("SoftmaxCrossEntropyLoss", "cuda", sce_factory),
-            KernelDef("SoftmaxCrossEntropyLossGrad", "cuda", sce_grad_factory, domain=INTERNAL),
+            KernelDef("SoftmaxCrossEntropyLossGrad", "cuda", sce_grad_factory,
+                      domain=INTERNAL_DOMAIN),
             KernelDef("NegativeLogLikelihoodLoss", "cuda", nll_factory),
             KernelDef("NegativeLogLikelihoodLossGrad", "cuda", nll_grad_factory,
-                      domain=INTERNAL)]
+                      domain=INTERNAL_DOMAIN)]

@@ -5,9 +5,10 @@ scratch: the backward recomputes its neighbours' denominators, ``size`` of them)
 
 from __future__ import annotations
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ..bind import INTERNAL, BindContext, binding, f32, float_dt, i32, i64
+from ..bind import BindContext, binding, f32, float_dt, i32, i64
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 from .normalization import map_args, map_lanes, map_strides
 
@@ -62,4 +63,4 @@ def bind_lrn_grad(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("LRN", "cuda", binding(bind_lrn)),
-            KernelDef("LRNGrad", "cuda", binding(bind_lrn_grad), domain=INTERNAL)]
+            KernelDef("LRNGrad", "cuda", binding(bind_lrn_grad), domain=INTERNAL_DOMAIN)]

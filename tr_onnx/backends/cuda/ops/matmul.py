@@ -11,13 +11,13 @@ import copy
 import math
 from dataclasses import replace
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....layouts import compact_strides
 from ....memory import DTensor, MemoryPlan
 from ....opdef import KernelContext, KernelDef
 from ....ops.matmul import einsum_terms
 from ..bind import (
-    INTERNAL,
     BindContext,
     Unbound,
     binding,
@@ -240,4 +240,4 @@ def tr_onnx_op_definitions():
             KernelDef("Einsum", "cuda", binding(bind_einsum)),
             KernelDef("MatMulBias", "cuda", CudnnGraph(describe_matmul_bias,
                                                        binding=matmul_bias_factory),
-                      domain=INTERNAL)]
+                      domain=INTERNAL_DOMAIN)]

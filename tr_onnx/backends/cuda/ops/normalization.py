@@ -28,11 +28,11 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....memory import ALIGN, MemoryPlan
 from ....opdef import KernelContext, KernelDef
 from ..bind import (
-    INTERNAL,
     BindContext,
     Unbound,
     binding,
@@ -643,13 +643,13 @@ def bind_lp_norm(b: BindContext, node) -> list:
 def tr_onnx_op_definitions():
     return [KernelDef("BatchNormalization", "cuda", binding(bind_batch_norm_inference)),
             KernelDef("BatchNormTraining", "cuda", CudnnGraph(
-                describe_batchnorm, binding=bn_training_factory), domain=INTERNAL),
+                describe_batchnorm, binding=bn_training_factory), domain=INTERNAL_DOMAIN),
             KernelDef("BatchNormGrad", "cuda", CudnnGraph(
-                describe_batchnorm_backward, binding=bn_grad_factory), domain=INTERNAL),
+                describe_batchnorm_backward, binding=bn_grad_factory), domain=INTERNAL_DOMAIN),
             KernelDef("LayerNormalization", "cuda", binding(bind_layer_norm)),
-            KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL),
+            KernelDef("LayerNormGrad", "cuda", layer_norm_grad_factory, domain=INTERNAL_DOMAIN),
             KernelDef("InstanceNormalization", "cuda", binding(bind_group_norm)),
             KernelDef("GroupNormalization", "cuda", binding(bind_group_norm)),
-            KernelDef("GroupNormGrad", "cuda", group_norm_grad_factory, domain=INTERNAL),
+            KernelDef("GroupNormGrad", "cuda", group_norm_grad_factory, domain=INTERNAL_DOMAIN),
             KernelDef("MeanVarianceNormalization", "cuda", binding(bind_mvn)),
             KernelDef("LpNormalization", "cuda", binding(bind_lp_norm))]

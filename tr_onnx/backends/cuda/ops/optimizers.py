@@ -16,13 +16,13 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
 from ....ops.optimizers import PREVIEW, UPDATE_STATES
 from ..bind import (
     DT,
-    INTERNAL,
     BindContext,
     Copy,
     Unbound,
@@ -328,8 +328,8 @@ def bind_preview(b: BindContext, node) -> list:
 
 @hookimpl
 def tr_onnx_op_definitions():
-    return [KernelDef("ScaleClipGrad", "cuda", scale_clip_grad_factory, domain=INTERNAL)] + [
-        KernelDef(op, "cuda", binding(fn), domain=INTERNAL) for op, fn in (
+    return [KernelDef("ScaleClipGrad", "cuda", scale_clip_grad_factory, domain=INTERNAL_DOMAIN)] + [
+        KernelDef(op, "cuda", binding(fn), domain=INTERNAL_DOMAIN) for op, fn in (
             ("Accumulate", bind_accumulate), ("Assign", bind_assign),
             ("ZeroFill", bind_zero_fill), ("SGDUpdate", bind_update),
             ("AdamUpdate", bind_update), ("AdagradUpdate", bind_update),

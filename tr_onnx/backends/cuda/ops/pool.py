@@ -12,11 +12,12 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
 from ....ops.conv import Window
-from ..bind import INTERNAL, BindContext, Unbound, binding, f32, float_dt, geometry, i64
+from ..bind import BindContext, Unbound, binding, f32, float_dt, geometry, i64
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 from .reduce import RED_LP, REDUCE_OPS, reduction_geometry, strided_reduce
 from .tensor import pads_after
@@ -231,14 +232,14 @@ def bind_global_max_pool_grad(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("MaxPool", "cuda", binding(bind_max_pool)),
-            KernelDef("MaxPoolGrad", "cuda", max_pool_grad_factory, domain=INTERNAL),
+            KernelDef("MaxPoolGrad", "cuda", max_pool_grad_factory, domain=INTERNAL_DOMAIN),
             KernelDef("AveragePool", "cuda", binding(bind_average_pool)),
             KernelDef("AveragePoolGrad", "cuda", binding(bind_average_pool_grad),
-                      domain=INTERNAL),
+                      domain=INTERNAL_DOMAIN),
             KernelDef("GlobalAveragePool", "cuda", binding(bind_global_average_pool)),
             KernelDef("LpPool", "cuda", binding(bind_lp_pool)),
-            KernelDef("LpPoolGrad", "cuda", binding(bind_lp_pool_grad), domain=INTERNAL),
+            KernelDef("LpPoolGrad", "cuda", binding(bind_lp_pool_grad), domain=INTERNAL_DOMAIN),
             KernelDef("GlobalMaxPool", "cuda", binding(bind_global_max_pool)),
             KernelDef("GlobalLpPool", "cuda", binding(bind_global_lp_pool)),
             KernelDef("GlobalMaxPoolGrad", "cuda", binding(bind_global_max_pool_grad),
-                      domain=INTERNAL)]
+                      domain=INTERNAL_DOMAIN)]

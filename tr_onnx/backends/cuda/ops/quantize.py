@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....dtypes import np_dtype
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
@@ -29,7 +30,6 @@ from ....ops.conv import Window
 from ....ops.quantize import quant_range
 from ....ops.tensor import positive_axis
 from ..bind import (
-    INTERNAL,
     TO_COMPACT,
     TO_PADDED,
     BindContext,
@@ -428,5 +428,5 @@ def tr_onnx_op_definitions():
         ("QLinearMatMul", bind_qlinear_matmul, ""),
         ("ConvInteger", bind_conv_integer, ""),
         ("QLinearConv", bind_qlinear_conv, ""),
-        ("QuantizeLinearGrad", bind_quantize_linear_grad, INTERNAL),
-        ("DequantizeLinearGrad", bind_dequantize_linear_grad, INTERNAL))]
+        ("QuantizeLinearGrad", bind_quantize_linear_grad, INTERNAL_DOMAIN),
+        ("DequantizeLinearGrad", bind_dequantize_linear_grad, INTERNAL_DOMAIN))]

@@ -21,10 +21,11 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ....ops.random import RANDOM_OPS
-from ..bind import INTERNAL, BindContext, Unbound, binding, f64, i64, need_compact
+from ..bind import BindContext, Unbound, binding, f64, i64, need_compact
 from ..sources import STORAGE, instantiate, kernel_source, widths
 
 FLOAT_OUT = (*STORAGE, {"dt": "f64", "T": "double"})
@@ -89,4 +90,4 @@ def bind_public_random(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef(op, "cuda", binding(bind_public_random)) for op in RANDOM_OPS] + [
-        KernelDef("RandomDraw", "cuda", binding(bind_random_draw), domain=INTERNAL)]
+        KernelDef("RandomDraw", "cuda", binding(bind_random_draw), domain=INTERNAL_DOMAIN)]

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelContext, KernelDef
 from ....ops.recurrent import N_IN, N_OUT, SEQ_LENS, Spec, ctx_spec, layer_dims
 from ..bind import (
-    INTERNAL,
     BindContext,
     Unbound,
     collapse,
@@ -203,7 +203,7 @@ def recurrent_factory(ctx: KernelContext):
         shapes["c0"] = (n, h)
     if sp.cell == "GRU":
         shapes.update(q=(n, h), qr=(n, h))
-    if ctx.node.domain != INTERNAL:
+    if ctx.node.domain != INTERNAL_DOMAIN:
         shapes["saved"] = (len(sp.reverse), t, n, sp.width)
     ws = {k: ctx.workspace(s, ctx.inputs[0].dtype) for k, s in shapes.items()}
 
@@ -218,7 +218,7 @@ def _forward(layer: _Layer, node) -> list:
     t, n, h, gh, x_size = layer.t, layer.n, layer.h, layer.gh, layer.x_size
     n_out = N_OUT[sp.cell]
     outs = layer.outs + [None] * (n_out + 1 - len(layer.outs))
-    saved = layer.span(outs[n_out], True) if node.domain == INTERNAL else ws["saved"]
+    saved = layer.span(outs[n_out], True) if node.domain == INTERNAL_DOMAIN else ws["saved"]
     x, w = layer.span(ins[0]), layer.span(ins[1])
     for d, reverse in enumerate(sp.reverse):
         layer.gather(x.at(), ws["xs"].at(), t, x_size, n * x_size, 1, 0, reverse, False,
@@ -475,6 +475,6 @@ def tr_onnx_op_definitions():
     defs = []
     for cell in ("LSTM", "GRU", "RNN"):
         defs += [KernelDef(cell, "cuda", recurrent_factory),
-                 KernelDef(f"{cell}Training", "cuda", recurrent_factory, domain=INTERNAL),
-                 KernelDef(f"{cell}Grad", "cuda", recurrent_grad_factory, domain=INTERNAL)]
+                 KernelDef(f"{cell}Training", "cuda", recurrent_factory, domain=INTERNAL_DOMAIN),
+                 KernelDef(f"{cell}Grad", "cuda", recurrent_grad_factory, domain=INTERNAL_DOMAIN)]
     return defs

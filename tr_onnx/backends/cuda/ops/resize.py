@@ -29,12 +29,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....ir import Node
 from ....opdef import KernelContext, KernelDef
 from ....ops.resize import geometry as axis_geometry
 from ....ops.resize import node_spec, resize_inputs, resize_plan, transpose_table
-from ..bind import DT, INTERNAL, BindContext, Unbound, copy_of, f32, f64, i64, same_layout
+from ..bind import DT, BindContext, Unbound, copy_of, f32, f64, i64, same_layout
 from ..capture import DeviceBuffer
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source, plain, storage_pairs
 
@@ -249,4 +250,4 @@ def _read(buf: DeviceBuffer) -> DeviceBuffer:
 def tr_onnx_op_definitions():
     return [KernelDef("Resize", "cuda", _factory(False)),
             KernelDef("Upsample", "cuda", _factory(False)),
-            KernelDef("ResizeGrad", "cuda", _factory(True), domain=INTERNAL)]
+            KernelDef("ResizeGrad", "cuda", _factory(True), domain=INTERNAL_DOMAIN)]

@@ -44,12 +44,12 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....ir import Node
 from ....opdef import KernelContext, KernelDef
 from ....ops.spatial_transform import col2im_plan, sample_attrs, unpool_shape_of
 from ..bind import (
-    INTERNAL,
     BindContext,
     Unbound,
     binding,
@@ -384,13 +384,13 @@ def max_unpool_factory(ctx: KernelContext):
 @hookimpl
 def tr_onnx_op_definitions():
     return [KernelDef("GridSample", "cuda", grid_sample_factory),
-            KernelDef("GridSampleGrad", "cuda", grid_sample_grad_factory, domain=INTERNAL),
+            KernelDef("GridSampleGrad", "cuda", grid_sample_grad_factory, domain=INTERNAL_DOMAIN),
             KernelDef("AffineGrid", "cuda", binding(bind_affine_grid)),
             KernelDef("RoiAlign", "cuda", roi_align_factory),
-            KernelDef("RoiAlignGrad", "cuda", roi_align_grad_factory, domain=INTERNAL),
+            KernelDef("RoiAlignGrad", "cuda", roi_align_grad_factory, domain=INTERNAL_DOMAIN),
             KernelDef("Col2Im", "cuda", _col2im_factory(False)),
-            KernelDef("Col2ImGrad", "cuda", _col2im_factory(True), domain=INTERNAL),
+            KernelDef("Col2ImGrad", "cuda", _col2im_factory(True), domain=INTERNAL_DOMAIN),
             KernelDef("CenterCropPad", "cuda", binding(bind_center_crop_pad)),
             KernelDef("CenterCropPadGrad", "cuda", binding(bind_center_crop_pad),
-                      domain=INTERNAL),
+                      domain=INTERNAL_DOMAIN),
             KernelDef("MaxUnpool", "cuda", max_unpool_factory)]

@@ -32,12 +32,12 @@ import math
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ....ops import tensor as ops
 from ....ops.pad import pad_amounts
 from ..bind import (
-    INTERNAL,
     MAX_DIMS,
     BindContext,
     Launch,
@@ -547,18 +547,18 @@ def tr_onnx_op_definitions():
             + [KernelDef("Expand", "cuda", binding(bind_expand)),
                KernelDef("Transpose", "cuda", binding(bind_transpose)),
                KernelDef("Slice", "cuda", binding(bind_slice)),
-               KernelDef("SliceGrad", "cuda", binding(bind_slice_grad), domain=INTERNAL),
+               KernelDef("SliceGrad", "cuda", binding(bind_slice_grad), domain=INTERNAL_DOMAIN),
                KernelDef("Concat", "cuda", binding(bind_concat)),
                KernelDef("Split", "cuda", binding(bind_split)),
                KernelDef("Pad", "cuda", binding(bind_pad)),
-               KernelDef("PadGrad", "cuda", binding(bind_pad_grad), domain=INTERNAL),
+               KernelDef("PadGrad", "cuda", binding(bind_pad_grad), domain=INTERNAL_DOMAIN),
                KernelDef("Tile", "cuda", binding(bind_tile)),
                KernelDef("DepthToSpace", "cuda", binding(bind_depth_to_space)),
                KernelDef("SpaceToDepth", "cuda", binding(bind_space_to_depth)),
                KernelDef("Trilu", "cuda", binding(bind_trilu)),
                KernelDef("CumSum", "cuda", binding(bind_scan)),
                KernelDef("CumProd", "cuda", binding(bind_scan)),
-               KernelDef("CumProdGrad", "cuda", binding(bind_cumprod_grad), domain=INTERNAL),
+               KernelDef("CumProdGrad", "cuda", binding(bind_cumprod_grad), domain=INTERNAL_DOMAIN),
                KernelDef("Constant", "cuda", value_binding(ops.constant_value)),
                KernelDef("ConstantOfShape", "cuda", value_binding(ops.constant_of_shape_fill)),
                KernelDef("Shape", "cuda", value_binding(ops.shape_value)),

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
 from ....ops.unary import UNARY_GRADS
 from ..bind import (
-    INTERNAL,
     TO_COMPACT,
     TO_PADDED,
     BindContext,
@@ -199,6 +199,6 @@ def bind_erf(b: BindContext, node) -> list:
 @hookimpl
 def tr_onnx_op_definitions():
     return ([KernelDef(op, "cuda", binding(bind_unary)) for op in ONNX_UNARY]
-            + [KernelDef(f"{op}Grad", "cuda", binding(bind_unary_grad), domain=INTERNAL)
+            + [KernelDef(f"{op}Grad", "cuda", binding(bind_unary_grad), domain=INTERNAL_DOMAIN)
                for op in UNARY_GRADS]
             + [KernelDef("Erf", "cuda", binding(bind_erf))])
