@@ -10,6 +10,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
@@ -21,9 +22,36 @@ from .dtypes import np_dtype
 from .errors import ShapeError, UnsupportedModelError
 from .layouts import Layout, StridedLayout
 
-# Value kinds
-INPUT, PARAM, CONST, ACTIVATION = "input", "param", "const", "activation"
-GRAD, STATE = "grad", "state"  # gradient accumulators, optimizer state (training)
+
+class ValueKind(StrEnum):
+    """What a value holds; with its role in a training step it decides its MemoryPlan region."""
+
+    INPUT = "input"
+    PARAM = "param"
+    CONST = "const"
+    ACTIVATION = "activation"
+    GRAD = "grad"  # gradient accumulators (training)
+    STATE = "state"  # optimizer state, step scalars, half-precision copies (training)
+
+
+INPUT, PARAM, CONST, ACTIVATION, GRAD, STATE = (
+    ValueKind.INPUT, ValueKind.PARAM, ValueKind.CONST, ValueKind.ACTIVATION, ValueKind.GRAD,
+    ValueKind.STATE)
+
+
+class Phase(StrEnum):
+    """Which part of a step runs a node. An executor runs (and the cuda one captures) a phase
+    as one unit; ``backends.cuda.capture.WRITE_POLICY`` says which regions each may write."""
+
+    FORWARD = "forward"  # an inference plan; a training graph's nodes before the train pass
+    COMPUTE = "compute"  # forward and backward of a micro-batch, adding into the gradients
+    REDUCE = "reduce"  # data parallel: the gradients averaged over the ranks
+    BROADCAST = "broadcast"  # data parallel: rank 0's running statistics to every rank
+    COMMIT = "commit"  # running statistics take the batch's values
+    APPLY = "apply"  # clip, scale and the optimizer update
+    GUARD = "guard"  # the step guard: was the batch good, was the step launched in order
+    DISCARD = "discard"  # a bad batch's gradients dropped
+    REPORT = "report"  # the step's outcome written for the host
 
 
 @dataclass(eq=False)
@@ -31,7 +59,7 @@ class Value:
     name: str
     shape: tuple  # ints, or str for a symbolic dimension (only before specialisation)
     dtype: np.dtype
-    kind: str = ACTIVATION
+    kind: ValueKind = ACTIVATION
     data: np.ndarray | None = None  # PARAM / CONST contents (logical layout)
     producer: Node | None = None
     consumers: list[Node] = field(default_factory=list)
@@ -72,7 +100,7 @@ class Node:
     outputs: list[Value | None]
     attrs: dict[str, Any] = field(default_factory=dict)
     opdef: Any = None  # the registry's OpDef, bound at dispatch
-    phase: str = "forward"  # which part of a training step runs it (forward, commit, apply)
+    phase: Phase = Phase.FORWARD
     grad_of: Node | None = None  # backward nodes: the forward node whose gradient rule made it
     # the plan proved every value this node reads finite (inference plans whose inputs are
     # checked: passes.inference_folds), so a kernel that maps NaN elsewhere may run

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from ..errors import ArenaSizeError, DistributedError, TrOnnxError
+from ..ir import Phase
 from ..layouts import GatherRowsLayout
 from ..memory import (
     ALIGN,
@@ -90,9 +91,10 @@ class NumpyExecutor(HostTransfers):
         self.phases: dict[str, list[BoundStep]] = {}
         for step in self.steps:
             self.phases.setdefault(step.phase, []).append(step)
-        if len(self.phases) > 1 and "forward" in self.phases:
-            raise TrOnnxError(f"{self.phases['forward'][0].label} has no training phase; a pass "
-                              "that adds nodes to a training graph must give them one")
+        if len(self.phases) > 1 and Phase.FORWARD in self.phases:
+            node = self.phases[Phase.FORWARD][0].label
+            raise TrOnnxError(f"{node} has no training phase; a pass that adds nodes to a "
+                              "training graph must give them one")
 
     def load_constants(self, values: dict[str, np.ndarray]) -> None:
         """Initial contents: parameters, constants, optimizer state with a non-zero start."""

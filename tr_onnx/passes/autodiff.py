@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from ..domains import ONNX_DOMAINS
 from ..dtypes import is_float, onnx_elem_type
 from ..errors import ShapeError, UnsupportedModelError
-from ..ir import ACTIVATION, CONST, Graph, Node, Value, node_attributes
+from ..ir import ACTIVATION, CONST, Graph, Node, Phase, Value, node_attributes
 from ..registry import OpRegistry, schema_for
 
 GRAD_OPSET = 17  # semantics of the standard ops gradient rules emit (ReduceSum axes as input...)
@@ -51,7 +51,7 @@ class GradBuilder:
         self._ids = count()
         self.anchor: Node | None = None  # the forward node whose rule is running (for names)
         self.emitted: list[Node] = []
-        self.phase = "forward"  # stamped on emitted nodes (training: compute, commit, apply)
+        self.phase = Phase.FORWARD  # stamped on emitted nodes (training: compute, commit, apply)
 
     # -- values ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..backends.cuda.capture import (
     SyncDuringCapture,
 )
 from ..backends.cuda.device import KernelRef
+from ..ir import Phase
 from ..memory import MemoryPlan, Region
 from . import ptx
 
@@ -67,7 +68,7 @@ class FakeRecorder:
         self.policy = WRITE_POLICY if policy is None else policy
         self.calls: list[Call] = []
         self.capturing = False
-        self.node, self.phase = "<no node>", "forward"
+        self.node, self.phase = "<no node>", Phase.FORWARD
         self._heap = arena_base + plan.total_bytes + (1 << 30)  # fake allocations go above
         self._named = {t.name: t for t in plan.all_tensors()}
         self._owner = {t.id: t for t in plan.all_tensors()}

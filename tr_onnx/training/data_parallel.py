@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import ir
 from ..domains import INTERNAL_DOMAIN
-from ..ir import Value
+from ..ir import Phase, Value
 from ..passes.autodiff import GradBuilder
 from .train_pass import TrainConfig, internal_node
 
@@ -71,13 +71,13 @@ def add_grad_reduce(b: GradBuilder, accumulators: list[Value], grads_span: Value
         start = internal_node(graph, b.registry, b.backend, "GradAllReduceStart",
                               graph.unique_name(f"{span.name}/start"), [span, loss, flag], [],
                               attrs)
-        start.phase = "compute"
+        start.phase = Phase.COMPUTE
         graph.insert(after + 1, start)
-    b.phase = "reduce"
+    b.phase = Phase.REDUCE
     b.op("GradAllReduceWait", [grads_span], attrs, domain=INTERNAL_DOMAIN, shapes=[])
     stats = [stat for stat, _ in commits]
     if stats and not cfg.sync_batchnorm:
-        b.phase = "compute"
+        b.phase = Phase.COMPUTE
         b.op("BroadcastStats", stats, attrs, domain=INTERNAL_DOMAIN, shapes=[])
         node = graph.nodes[-1]
         graph.remove_node(node)

@@ -65,7 +65,7 @@ import numpy as np
 from .. import ir
 from ..dtypes import BFLOAT16, onnx_elem_type
 from ..errors import UnsupportedModelError
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Phase, Value
 from .train_pass import (
     LOSS_SCALE,
     LossScaling,
@@ -125,7 +125,7 @@ def add_loss_scaling(graph: Graph, info: TrainInfo, cfg: dict, registry=None,
     scaling = LossScaling(LOSS_SCALE, INV_LOSS_SCALE, GROWTH_TRACKER, FOUND_INF)
     v = graph.values
     found = v[FOUND_INF]
-    clip = next(n for n in graph.nodes if n.phase == "apply" and n.op_type == "ScaleClipGrad")
+    clip = next(n for n in graph.nodes if n.phase == Phase.APPLY and n.op_type == "ScaleClipGrad")
     set_optional_input(graph, clip, 2, v[INV_LOSS_SCALE])
     set_optional_input(graph, clip, 3, found)
     update = next(n for n in graph.nodes if n.name == info.update)
@@ -133,14 +133,14 @@ def add_loss_scaling(graph: Graph, info: TrainInfo, cfg: dict, registry=None,
     if not guarded:
         clear = internal_node(graph, registry, backend, "ZeroFill", f"{FOUND_INF}/clear", [found],
                           [], {})
-        clear.phase = "apply"
+        clear.phase = Phase.APPLY
         graph.insert_before(clip, clear)
     scale_update = internal_node(graph, registry, backend, "LossScaleUpdate",
                              f"{LOSS_SCALE}/update",
                              [v[LOSS_SCALE], v[INV_LOSS_SCALE], v[GROWTH_TRACKER], found], [],
                              {k: cfg[k] for k in ("growth_factor", "backoff_factor",
                                                   "growth_interval")})
-    scale_update.phase = "apply"
+    scale_update.phase = Phase.APPLY
     graph.insert(graph.nodes.index(update) + 1, scale_update)
     return scaling
 
@@ -201,7 +201,7 @@ def _cast(graph: Graph, v: Value, dtype: np.dtype, registry, backend: str) -> Va
     opdef = registry.lookup("", "Cast", 13, backend)
     out = Value(graph.unique_name(f"{v.name}.{dtype.name}"), v.shape, dtype)
     cast = Node(graph.unique_name(f"{v.name}/to_{dtype.name}"), "Cast", "", 13, [v], [out],
-                {"to": onnx_elem_type(dtype)}, opdef, phase="compute")
+                {"to": onnx_elem_type(dtype)}, opdef, phase=Phase.COMPUTE)
     graph.insert(graph.nodes.index(v.producer) + 1 if v.producer is not None else 0, cast)
     return out
 
@@ -225,7 +225,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
     if trainable[0].dtype != f32:
         raise UnsupportedModelError(f"mixed precision needs float32 parameters, got "
                                     f"{trainable[0].dtype}", [])
-    compute = [n for n in graph.nodes if n.phase == "compute"]
+    compute = [n for n in graph.nodes if n.phase == Phase.COMPUTE]
     # float32 islands: BatchNorm's fp32 ports, and the loss region, all of whose inputs are
     # read float32 (parameters as their masters, constants as they are, half activations
     # through a Cast) and whose outputs stay float32
@@ -262,7 +262,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
         graph.values[h.name] = h
         copies.append(h)
         for node in list(p.consumers):
-            if node.phase == "compute":
+            if node.phase == Phase.COMPUTE:
                 for k, v in enumerate(node.inputs):
                     if v is p and k not in fp32_in[id(node)]:
                         graph.replace_input(node, k, h)
@@ -301,7 +301,7 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
     # An island's output read by a half consumer (a BatchNorm parameter's gradient on its way
     # to the half accumulator, d(output) leaving the loss region) goes through one Cast.
     for v in island:
-        readers = [(n, k) for n in list(v.consumers) if n.phase == "compute"
+        readers = [(n, k) for n in list(v.consumers) if n.phase == Phase.COMPUTE
                    for k, u in enumerate(n.inputs) if u is v and k not in fp32_in.get(id(n), ())]
         if readers:
             out = _cast(graph, v, half, registry, backend)

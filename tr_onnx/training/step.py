@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends import ExecutorAPI
+from ..ir import Phase
 from .train_pass import TrainInfo
 
 
@@ -59,9 +60,9 @@ def host_step(executor: ExecutorAPI, info: TrainInfo, apply: bool) -> StepReport
     -- else ``commit`` and, when ``apply``, ``apply`` (reading back the norm and the
     overflow flag)."""
     scaling = info.loss_scaling
-    executor.run(phase="compute")
+    executor.run(phase=Phase.COMPUTE)
     if apply and info.world is not None:  # GRAD averaged over the ranks (data parallel)
-        executor.run(phase="reduce")
+        executor.run(phase=Phase.REDUCE)
     value = executor.read_scalar(info.loss)
     bad = not (np.isfinite(value) and (scaling is not None
                                        or executor.all_finite(info.grads_span)))
@@ -73,10 +74,10 @@ def host_step(executor: ExecutorAPI, info: TrainInfo, apply: bool) -> StepReport
     if bad:
         executor.zero(info.grads_span)
         return StepReport(value, bad=True)
-    executor.run(phase="commit")
+    executor.run(phase=Phase.COMMIT)
     if not apply:
         return StepReport(value)
-    executor.run(phase="apply")
+    executor.run(phase=Phase.APPLY)
     return StepReport(value, overflow=scaling is not None and
                       executor.read_scalar(scaling.found_inf) != 0.0,
                       grad_norm=executor.read_scalar(info.grad_norm))

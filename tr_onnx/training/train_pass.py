@@ -35,7 +35,7 @@ from .. import ir
 from ..domains import INTERNAL_DOMAIN
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
-from ..ir import Graph, Node, Value
+from ..ir import Graph, Node, Phase, Value
 from ..opdef import TrainingContext
 from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, carries_grad, differentiate
@@ -447,7 +447,7 @@ def add_grad_accumulators(b: GradBuilder, trainable: list[Value],
                           grads: dict[str, Value]) -> dict[str, Value]:
     """One GRAD accumulator per trainable parameter (``p.grad``, mirroring its slot) and the
     ``compute``-phase node adding the step's gradient into it."""
-    b.phase = "compute"
+    b.phase = Phase.COMPUTE
     accumulators = {}
     for i, p in enumerate(trainable):
         p.slot_order = i
@@ -499,7 +499,7 @@ def fold_accumulators(graph: Graph, info: TrainInfo, cfg: TrainConfig, registry:
                     graph.replace_input(reader, k, acc)
         del graph.values[g.name]
     span = graph.values[info.grads_span]
-    for node in [n for n in graph.nodes if n.op_type == "ZeroFill" and n.phase == "apply"
+    for node in [n for n in graph.nodes if n.op_type == "ZeroFill" and n.phase == Phase.APPLY
                  and n.inputs[0] is span and len(n.inputs) == 1]:
         graph.remove_node(node)
     return True
@@ -542,7 +542,7 @@ def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]], cfg: TrainCon
     computed (only after a step whose loss and gradients were finite). Data parallel without
     ``sync_batchnorm``, a rank with no rows in this global batch (``HAS_ROWS`` false) keeps its
     own: statistics of no rows are NaN (synchronised ones are the world's rows')."""
-    b.phase = "commit"
+    b.phase = Phase.COMMIT
     has_rows = None if cfg.sync_batchnorm else b.graph.values.get(HAS_ROWS)
     for stat, new in commits:
         if has_rows is not None:
@@ -557,7 +557,7 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
     update node (its optional inputs, skip and weight copy, are wired by the passes that
     need them)."""
     p_span, g_span, *s_spans = spans
-    b.phase = "apply"
+    b.phase = Phase.APPLY
     grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
                      {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL_DOMAIN,
                      shapes=[((), np.float32)])
@@ -613,8 +613,8 @@ def set_step_outputs(graph: Graph, loss: Value, model_outputs: list[Value],
     """The forward nodes join the ``compute`` phase; the step's outputs are the loss, the
     model's outputs and the gradient norm."""
     for node in graph.nodes:
-        if node.phase == "forward":
-            node.phase = "compute"
+        if node.phase == Phase.FORWARD:
+            node.phase = Phase.COMPUTE
     graph.outputs = [loss] + [v for v in model_outputs if v is not loss] + [grad_norm]
 
 
@@ -644,7 +644,7 @@ def add_step_guard(graph: Graph, info: TrainInfo, registry: OpRegistry,
     scaling = info.loss_scaling
     update = next(n for n in graph.nodes if n.name == info.update)
     for node in list(graph.nodes):
-        if node.phase == "commit" and node.op_type == "Assign":
+        if node.phase == Phase.COMMIT and node.op_type == "Assign":
             set_optional_input(graph, node, 2, bad)
     skip = v[scaling.found_inf] if scaling else bad  # what the update skips on
     if not scaling:
@@ -659,13 +659,13 @@ def add_step_guard(graph: Graph, info: TrainInfo, registry: OpRegistry,
 
     check = [bad, reject, v[info.loss], v[info.step], v[guard.applied]]
     check += [None, v[scaling.found_inf]] if scaling else [v[info.grads_span]]
-    add("StepCheck", "guard", check, {"world": world} if world is not None else None)
-    add("ZeroFill", "discard", [v[info.grads_span], bad])
-    add("StepAdvance", "apply", [v[guard.applied], skip])
+    add("StepCheck", Phase.GUARD, check, {"world": world} if world is not None else None)
+    add("ZeroFill", Phase.DISCARD, [v[info.grads_span], bad])
+    add("StepAdvance", Phase.APPLY, [v[guard.applied], skip])
     if scaling:
         scale_update = next(n for n in graph.nodes if n.op_type == "LossScaleUpdate")
         set_optional_input(graph, scale_update, 4, reject)
-    add("StepReport", "report", [v[guard.report], v[info.loss], bad,
+    add("StepReport", Phase.REPORT, [v[guard.report], v[info.loss], bad,
                                  v[scaling.found_inf] if scaling else None,
                                  v[info.grad_norm], reject])
     return guard

@@ -24,25 +24,27 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
 from ...errors import TrOnnxError
+from ...ir import Phase
 from ...memory import Region
 from .. import check_cuda_graphs
 
 # Which arena regions a step may write, per training phase. CONST is never written; INPUT
 # (the batch, LR and step-count scalars) only by async copies issued before the graph launch.
-WRITE_POLICY: dict[str, frozenset[Region]] = {
-    "forward": frozenset({Region.ACTIVATION, Region.WORKSPACE}),
-    "compute": frozenset({Region.ACTIVATION, Region.SAVED, Region.WORKSPACE, Region.GRAD}),
+WRITE_POLICY: dict[Phase, frozenset[Region]] = {
+    Phase.FORWARD: frozenset({Region.ACTIVATION, Region.WORKSPACE}),
+    Phase.COMPUTE: frozenset({Region.ACTIVATION, Region.SAVED, Region.WORKSPACE, Region.GRAD}),
     # data parallelism (ops/collective.py): GRAD averaged over the ranks in place; rank 0's
     # BatchNorm running statistics (PARAM) broadcast at the start of the step (nccl.py)
-    "reduce": frozenset({Region.GRAD}),
-    "broadcast": frozenset({Region.PARAM}),
-    "commit": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM}),  # BN running stats
-    "apply": frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM, Region.GRAD,
-                        Region.OPT_STATE}),
+    Phase.REDUCE: frozenset({Region.GRAD}),
+    Phase.BROADCAST: frozenset({Region.PARAM}),
+    # BatchNorm's running statistics
+    Phase.COMMIT: frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM}),
+    Phase.APPLY: frozenset({Region.ACTIVATION, Region.WORKSPACE, Region.PARAM, Region.GRAD,
+                            Region.OPT_STATE}),
     # the step guard (train_pass.add_step_guard): flags, a bad batch's GRAD, the report
-    "guard": frozenset({Region.OPT_STATE, Region.WORKSPACE}),
-    "discard": frozenset({Region.GRAD}),
-    "report": frozenset({Region.OPT_STATE}),
+    Phase.GUARD: frozenset({Region.OPT_STATE, Region.WORKSPACE}),
+    Phase.DISCARD: frozenset({Region.GRAD}),
+    Phase.REPORT: frozenset({Region.OPT_STATE}),
 }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir import Phase
 from ...memory import ALIGN, MemoryPlan
 from .capture import AllocationGuard, DeviceBuffer
 
@@ -118,7 +119,7 @@ class CupyDevice:
         self._handle = None
         self._pinned: list[tuple[Any, np.ndarray, Any]] = []
         self._allocations: list[Any] = []
-        self.node, self.phase = "<no node>", "forward"
+        self.node, self.phase = "<no node>", Phase.FORWARD
         self.device.synchronize()  # the zeroed arena is ready before any stream work
 
     # -- kernels -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import InternalError
+from ...ir import Phase
 from ...memory import MemoryPlan, Region
 from ...ops.optimizers import REPORT_FIELDS
 from .bind import BindContext, BoundNode, CudaUnsupported, Unbound
@@ -67,7 +68,7 @@ class CudaExecutor(DeviceTransfers):
         if self._report_tensor is not None and self._report_tensor.nbytes != REPORT_BYTES:
             raise InternalError(f"the step report {guard.report!r} is "
                                 f"{self._report_tensor.nbytes} bytes, not {REPORT_BYTES}")
-        self._first_phase = "forward" if "forward" in self.phases else "compute"
+        self._first_phase = Phase.FORWARD if Phase.FORWARD in self.phases else Phase.COMPUTE
         self._init_transfers()
 
     @property
@@ -127,14 +128,14 @@ class CudaExecutor(DeviceTransfers):
     def step_phases(self, apply: bool = True) -> str:
         """The ``run`` key of a guarded training step: one graph of all its phases (a
         data-parallel plan's ``reduce`` only in a step that applies)."""
-        reduce = ("reduce",) if apply and "reduce" in self.phases else ()
-        return "+".join(("compute", *reduce, "guard", "commit", "discard")
-                        + (("apply",) if apply else ()) + ("report",))
+        reduce = (Phase.REDUCE,) if apply and Phase.REDUCE in self.phases else ()
+        return "+".join((Phase.COMPUTE, *reduce, Phase.GUARD, Phase.COMMIT, Phase.DISCARD)
+                        + ((Phase.APPLY,) if apply else ()) + (Phase.REPORT,))
 
     @property
     def can_launch_steps(self) -> bool:
         """Whether ``launch_step`` / ``finish_step`` work (a plan with the step guard)."""
-        return self._report_tensor is not None and "guard" in self.phases
+        return self._report_tensor is not None and Phase.GUARD in self.phases
 
     def launch_step(self, apply: bool, outputs: Sequence[str] = ()) -> int:
         """Launch a training step without waiting for it: compute, the step guard, commit,

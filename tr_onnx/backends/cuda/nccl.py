@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DistributedError
+from ...ir import Phase
 from .capture import DeviceBuffer
 
 # ncclDataType_t and ncclRedOp_t of nccl.h: the C ABI NCCL keeps across releases (CuPy names
@@ -115,7 +116,7 @@ def node_all_reduce(b, node, buf: DeviceBuffer, count: int, dtype: int,
     return NcclAllReduce(comm, buf, count, dtype, op, world.rank, world.size)
 
 
-BROADCAST_PHASE = "broadcast"
+BROADCAST_PHASE = Phase.BROADCAST
 """The write policy a broadcast of rank 0's running statistics runs under
 (``capture.WRITE_POLICY``): it writes PARAM at the start of the step, before any BatchNorm reads
 them, as the commit phase writes them at its end."""

@@ -25,6 +25,7 @@ import numpy as np
 from ....domains import INTERNAL_DOMAIN, ONNX_DOMAINS
 from ....errors import UnsupportedModelError
 from ....hookspecs import hookimpl
+from ....ir import Phase
 from ....memory import DTensor, MemoryPlan
 from ....opdef import KernelContext, KernelDef
 from ....ops.conv import Window, conv_transpose_adjoint_attrs
@@ -238,7 +239,7 @@ def conv_factory(ctx: KernelContext):
     k = cudnn_workspace(ctx, im2col_bytes(ctx))
 
     def bind(b: BindContext, node) -> list:
-        if node.phase == "forward":
+        if node.phase == Phase.FORWARD:
             activation = fusable_activation(node, b.graph)
             if activation is not None:
                 b.fused[id(activation[0])] = node.label
