@@ -34,7 +34,7 @@ optimizer stay precision-agnostic and the change is one retyping, visible in the
   of the backward pass (1, or the fp16 loss scale) is float32 as well;
 * a frozen float32 parameter stays float32 where a float32 port reads it, and elsewhere is
   read through ``p.half`` (half, an OPT_STATE value of its own initialised from ``p``,
-  rewritten from ``p`` when the session loads it; ``TrainInfo.frozen_half``).
+  rewritten from ``p`` when the session loads it; ``TrainInfo.half_copies``).
 
 The per-step scalars (lr, step, grad scale) and the apply phase's grad-norm stay float32.
 
@@ -253,13 +253,14 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
                 graph.values[h.name] = h
                 frozen[v.name] = h
             graph.replace_input(node, k, frozen[v.name])
-    info.frozen_half = {name: h.name for name, h in frozen.items()}
+    info.half_copies = {name: h.name for name, h in frozen.items()}
     n_state = len({k for s in info.states.values() for k in s})
     copies = []
     for i, p in enumerate(trainable):
         h = Value(f"{p.name}.half", p.shape, half, ir.STATE, data=p.data.astype(half),
                   mirror_of=p, slot_order=(n_state + 2) * len(trainable) + i)
         graph.values[h.name] = h
+        info.half_copies[p.name] = h.name
         copies.append(h)
         for node in list(p.consumers):
             if node.phase == Phase.COMPUTE:

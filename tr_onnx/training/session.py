@@ -206,7 +206,7 @@ class TrainingSession:
         self.options = options.for_model(self.imported, initializers)
         # a world of one trains as no world at all: the plan gets no collective nodes
         world = distributed if distributed is not None and distributed.size > 1 else None
-        self._state = TrainingState(self.imported, self.sharing, options.precision, world,
+        self._state = TrainingState(self.imported, self.sharing, world,
                                     register(world) if world is not None else None)
         self._steps = StepLauncher(self._state, options.grad_accumulation,
                                    options.max_bad_steps, self._lr_of_step,

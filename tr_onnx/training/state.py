@@ -33,9 +33,9 @@ class TrainingState:
     world of more than one rank (None: one process), and ``world_id`` what
     ``distributed.register`` gave it (the plans' collective nodes name it)."""
 
-    def __init__(self, imported: ImportedModel, sharing: ParamSharing, precision: str,
-                 world: World | None, world_id: int | None):
-        self.imported, self.sharing, self.precision = imported, sharing, precision
+    def __init__(self, imported: ImportedModel, sharing: ParamSharing, world: World | None,
+                 world_id: int | None):
+        self.imported, self.sharing = imported, sharing
         self.world, self.world_id = world, world_id
         self.broadcast_due = world is not None  # rank 0's state before the next step
         self.step = 0  # optimizer steps taken
@@ -97,13 +97,9 @@ class TrainingState:
 
     def write(self, plan: CompiledPlan, state: dict[str, np.ndarray]) -> None:
         plan.executor.write_state(state)
-        if self.precision != "fp32":  # the half weights follow their masters
-            for name in plan.info.trainable:
-                if name in state:
-                    plan.executor.write_tensor(f"{name}.half", state[name])
-            for name, copy in plan.info.frozen_half.items():
-                if name in state:
-                    plan.executor.write_tensor(copy, state[name])
+        for name, copy in plan.info.half_copies.items():  # half weights follow their masters
+            if name in state:
+                plan.executor.write_tensor(copy, state[name])
 
     def _check_checkpoint_state(self, plan: CompiledPlan) -> None:
         """The checkpoint's arrays that ``plan`` holds fit it exactly (its optimizer state and

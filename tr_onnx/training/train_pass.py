@@ -147,7 +147,9 @@ class TrainInfo:
     untied: dict[str, str]  # parameter made from an Identity copy -> the initializer it copied
     grad_norm: str
     converted: dict[str, int] = field(default_factory=dict)
-    frozen_half: dict[str, str] = field(default_factory=dict)  # fp16: frozen param -> copy
+    # mixed precision: each float32 parameter a compute node reads through a half copy -> that
+    # copy (written from the parameter whenever the session loads it)
+    half_copies: dict[str, str] = field(default_factory=dict)
     params_span: str = PARAMS_SPAN
     grads_span: str = GRADS_SPAN
     step: str = STEP
@@ -162,6 +164,11 @@ class TrainInfo:
     # slot afresh and nothing zeroes them after the update, so between steps they hold the
     # last step's gradients, not an accumulation; the session reads them as zeros
     grads_overwritten: bool = False
+
+    @property
+    def frozen_half(self) -> dict[str, str]:
+        """The half copies of parameters that do not train (read where no float32 port is)."""
+        return {p: c for p, c in self.half_copies.items() if p not in self.trainable}
 
 
 def _matches(name: str, patterns) -> bool:
