@@ -13,6 +13,7 @@ level and inside functions; ``if TYPE_CHECKING:`` blocks are type hints, not imp
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -248,3 +249,19 @@ def test_the_cuda_executor_is_under_500_lines():
 def test_every_layer_holds_a_module(layer):
     rank = [n for n, _ in LAYERS].index(layer)
     assert any(_layer(n) == rank for n in MODULES)
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/ARCHITECTURE.md describes every module: a module is named there (its file stem as
+    a word), a package by its folder (``data/``)."""
+    page = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    missing = []
+    for name, path in MODULES.items():
+        if path.name == "__init__.py":
+            folder = path.parent.relative_to(PACKAGE).as_posix()
+            named = f"{folder}/" in page if folder != "." else "`__init__.py`" in page
+        else:
+            named = re.search(rf"\b{re.escape(path.stem)}\b", page) is not None
+        if not named:
+            missing.append(name)
+    assert not missing, f"docs/ARCHITECTURE.md does not name {missing}"

@@ -132,7 +132,7 @@ class Backend:
     decides_steps: ClassVar[bool] = False
     """Whether a training plan carries the step guard (``train_pass.add_step_guard``): the
     device decides inside the captured step whether a batch is kept, and the host reads one
-    report per step (``training.step``), instead of deciding between the phases."""
+    report per step (``training.step_policy``), instead of deciding between the phases."""
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here (None when it can). Never raises."""

@@ -21,7 +21,7 @@ from ..distributed import World
 from ..errors import TrainingDiverged, TrOnnxError
 from .data_parallel import REDUCE
 from .state import TrainingState
-from .step import StepReport, finish_step, run_step
+from .step_policy import StepReport, finish_step, run_step
 from .train_pass import GRAD_SCALE, HAS_ROWS, LOSS_SCALE, LR, RNG, ROW_WEIGHT, SAMPLE_OFFSET, STEP
 
 

@@ -15,7 +15,7 @@ A session's training plan carries the step guard (``train_pass.add_step_guard``:
 phases ``guard``, ``discard`` and ``report``): a training step then runs whole -- compute,
 reduce (a data-parallel plan's NCCL all-reduce), guard, commit, discard, apply, report -- as
 one graph (``launch_step``), and its report tensor (``REPORT_BYTES``) comes back after one
-wait (``finish_step``); what the report means is ``training.step``'s. Host transfers are
+wait (``finish_step``); what the report means is ``training.step_policy``'s. Host transfers are
 ``transfers``'s.
 """
 
@@ -171,7 +171,7 @@ class CudaExecutor(DeviceTransfers):
     def finish_step(self, token: int) -> dict[str, float]:
         """Wait for the step ``launch_step`` returned ``token`` for (its buffer's event: the
         step and its report copy) and read its report: ``REPORT_FIELDS`` by name (what they
-        mean for the step is training's, ``training.step.finish_step``)."""
+        mean for the step is training's, ``training.step_policy.finish_step``)."""
         self.device.wait_host_buffer(token)
         return dict(zip(REPORT_FIELDS, (float(x) for x in np.ndarray(
             len(REPORT_FIELDS), np.float32, self._host[token], self._report))))
