@@ -7,7 +7,7 @@ One guarded training graph with dynamic loss scaling (``build_training_step`` wi
 for both backends; both run the same sequence of steps phase by phase -- good steps, a NaN
 batch, a step launched with a wrong step number (rejected), a loss scale that grows -- and every
 tensor of the contract and every parameter agrees after each step. The host-decided step
-(``training.step.host_step``) is the independent oracle of the decisions: bad, rejected and
+(``training.step_policy.host_step``) is the independent oracle of the decisions: bad, rejected and
 applied steps are the ones it would make.
 """
 
