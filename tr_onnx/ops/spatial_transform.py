@@ -36,7 +36,7 @@ from ..domains import INTERNAL_DOMAIN
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, STRIDED_TO_PLAIN, OpDef
-from .conv import Window, col2im_nhwc, col2im_slices_nhwc, windows_nhwc
+from .conv_window import Window, col2im_nhwc, col2im_slices_nhwc, windows_nhwc
 from .tensor import DATA_INPUT, first_only
 
 # ---- GridSample's sampling arithmetic -------------------------------------------------------

@@ -27,7 +27,8 @@ from ....errors import UnsupportedModelError
 from ....hookspecs import hookimpl
 from ....memory import DTensor, MemoryPlan
 from ....opdef import KernelContext, KernelDef
-from ....ops.conv import Window, conv_transpose_adjoint_attrs
+from ....ops.conv import conv_transpose_adjoint_attrs
+from ....ops.conv_window import Window
 from ..bind import (
     BindContext,
     Unbound,
