@@ -37,6 +37,7 @@ from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Value
 from ..opdef import TrainingContext
+from ..ops.optimizers import UPDATE_STATES
 from ..optim import Optimizer
 from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
@@ -603,8 +604,6 @@ def set_optional_input(graph: Graph, node: Node, index: int, value: Value) -> No
 def update_skip_index(update: Node) -> int:
     """The ``skip`` input of an update op, after (params, grads, states..., lr, step); the
     ``weight_copy`` input follows it (``ops.optimizers.with_skip_and_copy``)."""
-    from ..ops.optimizers import UPDATE_STATES
-
     return UPDATE_STATES[update.op_type] + 4
 
 
