@@ -52,7 +52,6 @@ GPU) or costly to import."""
 
 _CLI = ("each command imports what it runs, so `tr-onnx --help` and `tr-onnx ops` load no "
         "training stack")
-_PENDING = "no cycle behind it: a plain module-level import, left to the module's owner"
 FUNCTION_LEVEL = {  # module -> why its functions import tr_onnx modules (or private NumPy)
     "__main__": "the entry point imports the command line when run",
     "cli": _CLI,
@@ -68,12 +67,6 @@ FUNCTION_LEVEL = {  # module -> why its functions import tr_onnx modules (or pri
     "ops.pool": "oneDNN's pooling, an optional library (onednn-cpu-gomp)",
     "training.batches": "datasets load on demand",
     "training.checkpoints": "LoRA, for LoRA checkpoints only",
-    "opdef": _PENDING,
-    "ops.dynamic": _PENDING,
-    "training.losses": _PENDING,
-    "training.parameters": _PENDING,
-    "training.train_pass": _PENDING,
-    "training.trainer": _PENDING,
 }
 
 

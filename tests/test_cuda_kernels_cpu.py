@@ -924,7 +924,7 @@ POOLS = {  # id: (op, x shape, attrs)
 
 
 def _pool_args(op, shape, attrs):
-    from tr_onnx.ops.conv import Window
+    from tr_onnx.ops.conv_window import Window
 
     spatial = shape[2:]
     win = Window.resolve({**attrs, "auto_pad": "NOTSET"}, spatial, attrs["kernel_shape"],

@@ -55,7 +55,7 @@ import tr_onnx
 from tr_onnx.backends.cuda.backend import CudaBackend
 from tr_onnx.dtypes import BFLOAT16, onnx_elem_type
 from tr_onnx.memory import pad_lanes_are_zero
-from tr_onnx.ops.conv import Window
+from tr_onnx.ops.conv_window import Window
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 

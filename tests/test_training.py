@@ -254,6 +254,55 @@ def test_user_onnx_loss_model_equals_builtin():
     np.testing.assert_allclose(ours_curve(custom, data), ours_curve(builtin, data), rtol=1e-6)
 
 
+def masked_mse_loss_model(compress: bool) -> onnx.ModelProto:
+    """Mean squared error over the labels that are not -1: with ``compress`` the kept squares
+    are Compress'd out (a size decided by the labels' values: a data-dependent region), else
+    the same mean as a weighted sum over static shapes."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Constant", [], ["skip"], value=helper.make_tensor(
+                 "skip", TensorProto.FLOAT, [], [-1.0])),
+             helper.make_node("Equal", ["target", "skip"], ["is_skip"]),
+             helper.make_node("Not", ["is_skip"], ["keep"]),
+             helper.make_node("Sub", ["out", "target"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["sq"])]
+    if compress:
+        nodes += [helper.make_node("Compress", ["sq", "keep"], ["kept"]),
+                  helper.make_node("ReduceMean", ["kept"], ["loss"], keepdims=0)]
+    else:
+        nodes += [helper.make_node("Cast", ["keep"], ["w"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["sq", "w"], ["wsq"]),
+                  helper.make_node("ReduceSum", ["wsq"], ["total"], keepdims=0),
+                  helper.make_node("ReduceSum", ["w"], ["count"], keepdims=0),
+                  helper.make_node("Div", ["total", "count"], ["loss"])]
+    graph = helper.make_graph(nodes, "masked_mse", [
+        helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 10]),
+        helper.make_tensor_value_info("target", TensorProto.FLOAT, ["n", 10])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_user_loss_model_with_a_data_dependent_size_trains_as_its_static_form():
+    """The loss model is cut into sub-plans as the main model is (a Compress over the labels
+    would otherwise be a ShapeError)."""
+    rng = np.random.default_rng(5)
+    data = []
+    for _ in range(4):
+        y = rng.standard_normal((8, 10)).astype(np.float32)
+        y[rng.random(y.shape) < 0.3] = -1.0
+        data.append((rng.standard_normal((8, 64)).astype(np.float32), y))
+    dynamic = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=masked_mse_loss_model(True),
+                                      optimizer=SGD(lr=0.1))
+    static = tr_onnx.TrainingSession(ZOO / "mlp.onnx", loss=masked_mse_loss_model(False),
+                                     optimizer=SGD(lr=0.1))
+    (x, y), keep = data[0], data[0][1] != -1.0
+    out = dynamic.run(None, {"input": x})[0]
+    want = np.mean((out.astype(np.float64)[keep] - y[keep]) ** 2)
+    curve = ours_curve(dynamic, data)
+    assert curve[0] == pytest.approx(want, rel=1e-5)
+    np.testing.assert_allclose(curve, ours_curve(static, data), rtol=1e-5)
+
+
 def test_dropout_trains_in_training_mode_and_is_identity_in_eval():
     # the eval export drops Dropout; the training-mode export keeps it
     session = tr_onnx.TrainingSession(ZOO / "mobilenet_train.onnx", optimizer=SGD(lr=0.0))

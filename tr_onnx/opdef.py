@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import ir
+from .errors import UnsupportedModelError
 from .layouts import Layout
 
 RunFn = Callable[[list, list, list], None]
@@ -341,6 +342,4 @@ class KernelContext:
         return len(self.workspace_requests) - 1
 
     def error(self, message: str) -> Exception:
-        from .errors import UnsupportedModelError
-
         return UnsupportedModelError(f"{self.node.label}: {message}", [])

@@ -49,6 +49,7 @@ BUILTIN_OPSETS = (
     "tr_onnx.ops.collective",
     "tr_onnx.ops.random",
     "tr_onnx.ops.resize",
+    "tr_onnx.ops.grid_sample",
     "tr_onnx.ops.spatial_transform",
     "tr_onnx.ops.dynamic",
     "tr_onnx.ops.recurrent",

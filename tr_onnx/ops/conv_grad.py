@@ -5,7 +5,8 @@ ConvGradFilter (gw = im2col(x)^T @ gy per group). Conv's and ConvTranspose's gra
 
 Both carry the forward window with explicit pads (``Window.attrs``) and ``group``; the
 feature-map operand they slide over is input 0 (channels-last, like the forward's x). They
-share conv.py's window arithmetic and its fast paths (``ops.conv_grid``, ``ops.conv_onednn``).
+share the window arithmetic (``ops.conv_window``) and the forward's fast paths
+(``ops.conv_grid``, ``ops.conv_onednn``).
 """
 
 from __future__ import annotations
@@ -21,15 +22,12 @@ from ..dtypes import accumulator_dtype
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
 from ..opdef import OpDef
-from .conv import (
-    CONV_LAYOUT,
-    GRAD_FILTER_LAYOUT,
+from . import conv_grid
+from .conv import CONV_LAYOUT, GRAD_FILTER_LAYOUT, grid_useful, onednn_kernel
+from .conv_window import (
     Window,
-    _conv_grid,
-    _grid_useful,
-    _groups,
-    _onednn_kernel,
     as_2d,
+    channel_groups,
     col2im_nhwc,
     col2im_slices_nhwc,
     im2col_nhwc,
@@ -61,12 +59,12 @@ def conv_grad_data_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gx_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
-    fast = _onednn_kernel("conv_grad_data_onednn", ctx, win, group, dtype)
+    fast = onednn_kernel("conv_grad_data_onednn", ctx, win, group, dtype)
     if fast is not None:
         return fast
     depthwise = group == c and group > 1
-    if not depthwise and not cast and math.prod(kernel) > 1 and _grid_useful(win, dtype):
-        return _conv_grid().conv_grad_data_grid_numpy(ctx, win, group)
+    if not depthwise and not cast and math.prod(kernel) > 1 and grid_useful(win, dtype):
+        return conv_grid.conv_grad_data_grid_numpy(ctx, win, group)
     adjoint = _adjoint_window(win)
     if adjoint is not None and not depthwise:
         return _grad_data_as_conv_numpy(ctx, adjoint, group, compute)
@@ -83,7 +81,7 @@ def conv_grad_data_numpy(ctx):
            else ctx.workspace((o, taps * cg), compute))
     col_k = ctx.workspace((rows, taps * cg), compute)
     col_shape = (n, *win.out_shape, *kernel, cg)
-    groups = [(cs, os_, col2im_slices_nhwc(win, cs)) for cs, os_ in _groups(group, cg, og)]
+    groups = [(cs, os_, col2im_slices_nhwc(win, cs)) for cs, os_ in channel_groups(group, cg, og)]
 
     def run(ins, outs, ws):
         gy2 = matrix_view_or_copy(channels_last_view(ins[0]), 1 + nd,
@@ -141,7 +139,7 @@ def _grad_data_as_conv_numpy(ctx, adjoint: Window, group: int, compute: np.dtype
     # w [O, Cg, *K] seen as [group, og, cg, *K], kernel flipped, then ordered like wt_shape
     flip = (slice(None),) * 3 + (slice(None, None, -1),) * nd
     order = (0, 2, *range(3, 3 + nd), 1)
-    groups = _groups(group, cg, og)
+    groups = channel_groups(group, cg, og)
     zero = compute.type(0)
 
     def run(ins, outs, ws):
@@ -214,13 +212,13 @@ def conv_grad_filter_numpy(ctx):
     nd, dtype = win.ndim, np.dtype(gw_info.dtype)
     compute = accumulator_dtype(dtype)
     cast = compute != dtype
-    fast = _onednn_kernel("conv_grad_filter_onednn", ctx, win, group, dtype)
+    fast = onednn_kernel("conv_grad_filter_onednn", ctx, win, group, dtype)
     if fast is not None:
         return fast
     # a 1x1 stride-1 window: gw = gy^T @ x, one GEMM per group on the maps as they are
     if not (group == c and group > 1) and not cast and math.prod(kernel) == 1 \
-            and _grid_useful(win, dtype):
-        return _conv_grid().conv_grad_filter_grid_numpy(ctx, win, group)
+            and grid_useful(win, dtype):
+        return conv_grid.conv_grad_filter_grid_numpy(ctx, win, group)
     xp_k = (ctx.workspace((n, *win.padded_shape, c), compute) if win.needs_padding or cast
             else None)
     interior, slabs = padding_slabs_nhwc(win)
@@ -232,7 +230,7 @@ def conv_grad_filter_numpy(ctx):
     gy_k = (None if not cast and mergeable_2d(gy_info, True, 1 + nd)
             else ctx.workspace((rows, o), compute))
     col_k = ctx.workspace((rows, taps * cg), compute)
-    groups = _groups(group, cg, og)
+    groups = channel_groups(group, cg, og)
     if not cast and host_blas.available(dtype):
         matrix_k = None if mergeable_2d(gw_info, True, 1) else \
             ctx.workspace((o, taps * cg), compute)

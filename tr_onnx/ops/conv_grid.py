@@ -23,7 +23,14 @@ import numpy as np
 
 from .. import host_blas
 from ..layouts import channels_last_view
-from .conv import Window, _groups, as_2d, mergeable_2d, pad_nhwc, padding_slabs_nhwc
+from .conv_window import (
+    Window,
+    as_2d,
+    channel_groups,
+    mergeable_2d,
+    pad_nhwc,
+    padding_slabs_nhwc,
+)
 
 MAX_WASTE = 1.6  # grid rows per output row above which im2col's copy is the cheaper one
 
@@ -82,7 +89,7 @@ def conv_grid_numpy(ctx, win: Window, group: int):
     grid = Grid(win, n)
     xp_k, fill = _padded_input(ctx, win, grid, dtype)
     y_k = ctx.workspace((n * grid.per_image, o), dtype)
-    groups = _groups(group, cg, o // group)
+    groups = channel_groups(group, cg, o // group)
     has_bias = ctx.has_input(2)
     rows = grid.rows
 
@@ -126,7 +133,7 @@ def conv_grad_data_grid_numpy(ctx, win: Window, group: int):
     gy_k = ctx.workspace((n * grid.per_image, o), dtype)
     gx_k = ctx.workspace((n * grid.per_image, c), dtype)
     interior, _ = padding_slabs_nhwc(win)
-    groups = _groups(group, cg, o // group)
+    groups = channel_groups(group, cg, o // group)
     rows = grid.rows
 
     def make(ins, outs, ws):
@@ -160,7 +167,7 @@ def conv_grad_filter_grid_numpy(ctx, win: Window, group: int):
     # no scatter when the grid is the output itself (a 1x1 kernel without padding)
     direct_gy = not grid.invalid and mergeable_2d(gy_info, True, 1 + win.ndim)
     gy_k = None if direct_gy else ctx.workspace((n * grid.per_image, o), dtype)
-    groups = _groups(group, cg, o // group)
+    groups = channel_groups(group, cg, o // group)
     rows = grid.rows
 
     def make(ins, outs, ws):

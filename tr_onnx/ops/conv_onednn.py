@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import host_blas, onednn
-from .conv import Window
+from .conv_window import Window
 
 
 def strided(info) -> onednn.MemoryDesc:

@@ -23,9 +23,10 @@ import io
 import numpy as np
 
 from ..domains import INTERNAL_DOMAIN
+from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, OpDef
-from .tensor import DATA_INPUT, first_only, positive_axis
+from .tensor import DATA_INPUT, first_only, positive_axis, zeros_like
 
 # ---- eager forms: inputs -> outputs, for the producers a DynamicRegion runs each step ------
 
@@ -226,8 +227,6 @@ def compress_numpy(ctx):
 def compress_vjp(b, node, gys, needed):
     """gx = 0 with gy scattered back at the kept positions (GatherGrad); needs a plan-time
     condition -- a data-dependent one is a DynamicRegion's, which gathers instead."""
-    from ..errors import UnsupportedModelError
-
     x, condition = node.inputs[0], node.inputs[1]
     if condition.data is None:
         raise UnsupportedModelError(f"{node.label}: gradient needs the condition at plan time "
@@ -269,8 +268,6 @@ def dynamic_region_vjp(b, node, gys, needed):
     """One DynamicRegionGrad node: cotangents of the region's outputs (zeros where none flows)
     in, gradients of the needed inputs out. It runs the backward of the sub-plan the forward
     ran in the same step."""
-    from .tensor import zeros_like
-
     region = node.attrs["region"]
     wanted = [i for i, need in enumerate(needed) if need]
     region.require_gradients(wanted)

@@ -25,7 +25,7 @@ from ..domains import INTERNAL_DOMAIN
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import PLAIN_ONLY, OpDef, bounded_like_input
-from .conv import merged_view
+from .conv_window import merged_view
 from .tensor import DATA_INPUT, first_only, positive_axis, zeros_like
 
 # ---- forward kernels ----------------------------------------------------------------------

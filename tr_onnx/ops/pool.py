@@ -2,7 +2,8 @@
 
 A pool is a loop over the kernel taps: each tap is one strided slice of the (padded)
 ``[N, *S, C]`` input covering every output position at once, folded into the output with one
-ufunc. The window arithmetic (pads, ``auto_pad``, ``ceil_mode``, dilations) is ``conv.Window``.
+ufunc. The window arithmetic (pads, ``auto_pad``, ``ceil_mode``, dilations) is
+``conv_window.Window``.
 
 Gradients: the windowed pools' rules emit MaxPoolGrad, AveragePoolGrad and LpPoolGrad (domain
 ai.tr_onnx), which add each tap's share of gy back through the same per-tap slices into a
@@ -23,7 +24,7 @@ from ..dtypes import accumulator_dtype, is_float
 from ..hookspecs import hookimpl
 from ..layouts import channels_last_view
 from ..opdef import SPATIAL, OpDef, bounded_like_input
-from .conv import Window, merged_view, pad_nhwc, padding_slabs_nhwc
+from .conv_window import Window, merged_view, pad_nhwc, padding_slabs_nhwc
 
 
 def _lowest(dtype: np.dtype):

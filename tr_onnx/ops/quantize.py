@@ -37,7 +37,7 @@ from ..domains import INTERNAL_DOMAIN
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
 from ..opdef import ELEMENTWISE, PLAIN_ONLY, OpDef
-from .conv import Window, im2col_nhwc, pad_nhwc, padding_slabs_nhwc
+from .conv_window import Window, im2col_nhwc, pad_nhwc, padding_slabs_nhwc
 from .tensor import positive_axis
 
 # ---- quantized types and quantization parameters ------------------------------------------

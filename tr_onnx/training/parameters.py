@@ -63,6 +63,7 @@ from onnx import numpy_helper
 
 from .. import ir
 from ..const_feeds import opdef_for
+from ..errors import OptionError
 from ..opdef import BROADCASTS, LINEAR, MASK_PATH, SOFTMAX
 from ..passes.autodiff import GradBuilder
 from ..registry import canonical_domain
@@ -479,8 +480,6 @@ def name_patterns(option: str, patterns, names) -> list[str]:
     something else silently: an ``OptionError`` naming the nearest names (difflib)."""
     import difflib
     import fnmatch
-
-    from ..errors import OptionError
 
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     names = sorted(names)

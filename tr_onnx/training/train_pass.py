@@ -32,15 +32,19 @@ from typing import Any
 import numpy as np
 
 from .. import ir
+from ..compiler import compile_region
 from ..domains import INTERNAL_DOMAIN
 from ..errors import TrOnnxError, UnsupportedModelError
 from ..importer import ImportedModel
 from ..ir import Graph, Node, Phase, Value
 from ..opdef import TrainingContext
+from ..ops.optimizers import UPDATE_STATES
 from ..optim import Optimizer
+from ..passes import control_flow
 from ..passes.autodiff import GradBuilder, carries_grad, differentiate
 from ..passes.dispatch import dispatch
 from ..registry import OpRegistry
+from ..subplan import Regions
 from .groups import update_group, update_runs
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
 from .parameters import ParamSharing
@@ -383,7 +387,8 @@ def add_loss(b: GradBuilder, cfg: TrainConfig, output: Value, labels: Value) -> 
         return LOSSES[cfg.loss.name](b, output, labels, cfg.loss)
     loss_model = cfg.loss
     loss_graph = loss_model.specialize({loss_model.inputs[0].name: output.shape,
-                                        loss_model.inputs[1].name: labels.shape}, {})
+                                        loss_model.inputs[1].name: labels.shape}, {},
+                                       control_flow.resolve, Regions(b.registry, compile_region))
     dispatch(loss_graph, b.registry, b.backend)
     return splice_loss_graph(b.graph, loss_graph, output, labels)
 
@@ -610,8 +615,6 @@ def set_optional_input(graph: Graph, node: Node, index: int, value: Value) -> No
 def update_skip_index(update: Node) -> int:
     """The ``skip`` input of an update op, after (params, grads, states..., lr, step); the
     ``weight_copy`` input follows it (``ops.optimizers.with_skip_and_copy``)."""
-    from ..ops.optimizers import UPDATE_STATES
-
     return UPDATE_STATES[update.op_type] + 4
 
 

@@ -28,7 +28,8 @@ from ....hookspecs import hookimpl
 from ....ir import Phase
 from ....memory import DTensor, MemoryPlan
 from ....opdef import KernelContext, KernelDef
-from ....ops.conv import Window, conv_transpose_adjoint_attrs
+from ....ops.conv import conv_transpose_adjoint_attrs
+from ....ops.conv_window import Window
 from ..bind import (
     BindContext,
     Unbound,

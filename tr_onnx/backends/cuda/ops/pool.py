@@ -1,7 +1,7 @@
 """cuda bindings of ``ops/pool.py``: MaxPool, AveragePool, LpPool and their backward ops, and
 GlobalAveragePool (``kernels/pool.cu``), over channels-last feature maps with 1-D or 2-D
 windows (a compact NCHW map as N * C maps of one channel: tf2onnx exports without its
-optimizer pool NCHW maps between Transposes). The window arithmetic is ``ops.conv.Window``'s,
+optimizer pool NCHW maps between Transposes). The window arithmetic is ``ops.conv_window.Window``'s,
 the same the NumPy kernels use.
 GlobalMaxPool, GlobalLpPool and GlobalMaxPoolGrad are reductions over the spatial axes: the
 strided reduction kernels of ``kernels/reduce.cu`` (``backends/cuda/ops/reduce.py``)."""
@@ -16,7 +16,7 @@ from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....ir import Node, Value
 from ....opdef import KernelContext, KernelDef
-from ....ops.conv import Window
+from ....ops.conv_window import Window
 from ..bind import BindContext, Unbound, binding, f32, float_dt, geometry, i64
 from ..sources import STORAGE, KernelSource, instantiate, kernel_source
 from .reduce import RED_LP, REDUCE_OPS, reduction_geometry, strided_reduce

@@ -26,7 +26,7 @@ from ....domains import INTERNAL_DOMAIN
 from ....dtypes import np_dtype
 from ....hookspecs import hookimpl
 from ....opdef import KernelDef
-from ....ops.conv import Window
+from ....ops.conv_window import Window
 from ....ops.quantize import quant_range
 from ....ops.tensor import positive_axis
 from ..bind import (

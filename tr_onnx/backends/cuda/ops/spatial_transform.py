@@ -1,5 +1,6 @@
-"""cuda bindings of ``ops/spatial_transform.py`` (``kernels/spatial_transform.cu``): GridSample
-(16, 20, 22) and GridSampleGrad, AffineGrid (20), RoiAlign (10, 16, 22) and RoiAlignGrad,
+"""cuda bindings of ``ops/spatial_transform.py`` and ``ops/grid_sample.py``
+(``kernels/spatial_transform.cu``): GridSample (16, 20, 22) and GridSampleGrad,
+AffineGrid (20), RoiAlign (10, 16, 22) and RoiAlignGrad,
 Col2Im (18) and Col2ImGrad, CenterCropPad (18) and CenterCropPadGrad, MaxUnpool (9, 11, 22).
 
 Layouts: every op but CenterCropPad is ``PLAIN_ONLY``, so the plan hands these bindings compact
@@ -48,7 +49,8 @@ from ....domains import INTERNAL_DOMAIN
 from ....hookspecs import hookimpl
 from ....ir import Node
 from ....opdef import KernelContext, KernelDef
-from ....ops.spatial_transform import col2im_plan, sample_attrs, unpool_shape_of
+from ....ops.grid_sample import sample_attrs
+from ....ops.spatial_transform import col2im_plan, unpool_shape_of
 from ..bind import (
     BindContext,
     Unbound,
