@@ -46,7 +46,7 @@ import numpy as np
 
 import tr_onnx
 from tr_onnx.optim import SGD
-from tr_onnx.training.train_pass import STEP
+from tr_onnx.training.reserved import Reserved
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / "model_zoo"
@@ -506,7 +506,7 @@ def bench_tr_onnx(b: Bench, device, iters: int, dry: bool, precision: str = "fp3
     for i in range(n):  # the host stages batch k+1 while the GPU runs step k
         ex.write_input("input", x)
         # the step guard applies only the step numbered applied + 1: each gets the next
-        ex.write_scalar(STEP, applied + i + 1)
+        ex.write_scalar(Reserved.STEP, applied + i + 1)
         ex.run(ex.step_phases())
     _sync(device)
     dt = time.perf_counter() - t0

@@ -146,7 +146,8 @@ def test_only_a_batch_major_dropout_draws_its_ranks_rows(batch):
     from tr_onnx.registry import default_registry
     from tr_onnx.training.losses import make_loss_spec
     from tr_onnx.training.pipeline import build_training_step
-    from tr_onnx.training.train_pass import SAMPLE_OFFSET, TrainConfig
+    from tr_onnx.training.reserved import Reserved
+    from tr_onnx.training.train_pass import TrainConfig
 
     registry = default_registry()
     imported = import_model(_two_dropouts_model(), registry, "numpy")
@@ -160,9 +161,9 @@ def test_only_a_batch_major_dropout_draws_its_ranks_rows(batch):
                                 g, registry=registry, backend="numpy", cfg=c))
         inputs[world] = {n.name: [v.name for v in n.inputs] for n in plan.graph.nodes
                          if n.op_type == "DropoutTraining"}
-    assert SAMPLE_OFFSET in inputs[key]["batch_major"]
-    assert (SAMPLE_OFFSET in inputs[key]["batch_last"]) == (batch == 6)
-    assert not any(SAMPLE_OFFSET in names for names in inputs[None].values())
+    assert Reserved.SAMPLE_OFFSET in inputs[key]["batch_major"]
+    assert (Reserved.SAMPLE_OFFSET in inputs[key]["batch_last"]) == (batch == 6)
+    assert not any(Reserved.SAMPLE_OFFSET in names for names in inputs[None].values())
 
 
 def test_a_checkpoint_resumes_into_a_world_with_its_data_parallel_options(tmp_path):

@@ -29,18 +29,10 @@ from tr_onnx.optim import SGD
 from tr_onnx.registry import default_registry
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 from tr_onnx.testing.host_nccl import HostNccl
-from tr_onnx.training.data_parallel import REDUCE
 from tr_onnx.training.losses import make_loss_spec
 from tr_onnx.training.pipeline import build_training_step
-from tr_onnx.training.train_pass import (
-    GRAD_SCALE,
-    HAS_ROWS,
-    LR,
-    RNG,
-    ROW_WEIGHT,
-    STEP,
-    TrainConfig,
-)
+from tr_onnx.training.reserved import Reserved
+from tr_onnx.training.train_pass import TrainConfig
 
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 PHASES = ("compute", "guard", "commit", "discard", "apply", "report")
@@ -94,10 +86,10 @@ def test_the_contract_ops_numpy_kernels_equal_the_cuda_kernels(device):
             ex = plan.executor
             ex.write_input("input", x)
             ex.write_input("labels", labels)
-            ex.write_scalar(LR, 0.1)
-            ex.write_scalar(STEP, step)
-            ex.write_scalar(GRAD_SCALE, 1.0)
-            ex.write_scalar(RNG, i)
+            ex.write_scalar(Reserved.LR, 0.1)
+            ex.write_scalar(Reserved.STEP, step)
+            ex.write_scalar(Reserved.GRAD_SCALE, 1.0)
+            ex.write_scalar(Reserved.RNG, i)
         for phase in PHASES:
             ref.executor.run(phase=phase)
         dev.executor.run("+".join(PHASES))
@@ -165,10 +157,13 @@ def test_a_batch_bad_on_another_rank_is_bad_on_this_one_on_both_backends(device,
             ex = plan.executor
             ex.write_input("input", x)
             ex.write_input("labels", np.arange(4) % 10)
-            for name, value in ((LR, 0.1), (STEP, step), (GRAD_SCALE, 1.0), (RNG, i),
-                                (ROW_WEIGHT, 1.0), (HAS_ROWS, True)):  # both ranks 4 rows
+            for name, value in ((Reserved.LR, 0.1), (Reserved.STEP, step),
+                                (Reserved.GRAD_SCALE, 1.0), (Reserved.RNG, i),
+                                (Reserved.ROW_WEIGHT, 1.0),
+                                (Reserved.HAS_ROWS, True)):  # both ranks 4 rows
                 ex.write_scalar(name, value)
-        ref.executor.write_scalar(REDUCE, 1.0)  # every step applies (cuda: its reduce phase)
+        # every step applies (cuda: its reduce phase)
+        ref.executor.write_scalar(Reserved.REDUCE, 1.0)
         before = ref.executor.read_state([info.params_span])[info.params_span]
         for phase in ("compute", "reduce", *PHASES[1:]):
             ref.executor.run(phase=phase)

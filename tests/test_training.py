@@ -474,3 +474,21 @@ def test_loaded_frozen_parameters_survive_a_new_batch_shape():
     session.load_parameters({"features.0.weight": new})
     ours_curve(session, batches("lenet", 1, batch=5))  # a new plan for batch 5
     np.testing.assert_array_equal(session.parameters()["features.0.weight"], new)
+
+
+@pytest.mark.parametrize("name", ["__step", "__params"])
+def test_a_model_value_with_a_name_training_reserves_is_refused_by_name(name):
+    """A model's value named like a value the train pass adds (the step counter, the parameter
+    span) would be read and written as that one: refused, naming it."""
+    from onnx import helper, numpy_helper
+
+    from tr_onnx.errors import UnsupportedModelError
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], [name]), helper.make_node("Relu", [name], ["y"])],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = tr_onnx.TrainingSession(model, loss="mse", optimizer=SGD(lr=0.1), backend="numpy")
+    with pytest.raises(UnsupportedModelError, match=repr(name)):
+        session.train_step({"x": np.ones((2, 4), np.float32)}, np.zeros((2, 3), np.float32))

@@ -20,9 +20,8 @@ from .. import ir
 from ..domains import INTERNAL_DOMAIN
 from ..ir import Phase, Value
 from ..passes.autodiff import GradBuilder
+from .reserved import Reserved
 from .train_pass import TrainConfig, internal_node
-
-REDUCE = "__reduce"  # per-step scalar: 1.0 when the step applies (its gradients are reduced)
 
 
 def gradient_buckets(accumulators: list[Value], cap_bytes: int) -> list[list[Value]]:
@@ -50,7 +49,7 @@ def add_grad_reduce(b: GradBuilder, accumulators: list[Value], grads_span: Value
     if cfg.world is None:
         return
     graph = b.graph
-    flag = Value(REDUCE, (), np.dtype(np.float32), ir.INPUT)
+    flag = Value(Reserved.REDUCE, (), np.dtype(np.float32), ir.INPUT)
     graph.values[flag.name] = flag
     graph.inputs.append(flag)
     attrs = {"world": cfg.world}

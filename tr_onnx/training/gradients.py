@@ -16,8 +16,7 @@ from ..importer import import_model
 from ..memory import read_host, write_host
 from ..passes.autodiff import differentiate
 from ..registry import default_registry
-
-COTANGENT = "__cotangent__"
+from .reserved import Reserved
 
 
 def vjp(model, feed: dict[str, np.ndarray], wrt: list[str], cotangent: np.ndarray,
@@ -31,7 +30,7 @@ def vjp(model, feed: dict[str, np.ndarray], wrt: list[str], cotangent: np.ndarra
 
     def transform(graph: ir.Graph):
         out = graph.values[output]
-        cot = ir.Value(COTANGENT, tuple(out.shape), out.dtype, ir.INPUT)
+        cot = ir.Value(Reserved.COTANGENT, tuple(out.shape), out.dtype, ir.INPUT)
         graph.values[cot.name] = cot
         graph.inputs.append(cot)
         graph.backward_start = len(graph.nodes)
@@ -44,7 +43,7 @@ def vjp(model, feed: dict[str, np.ndarray], wrt: list[str], cotangent: np.ndarra
                         channel_align or backend_named("numpy").channel_align, transform=transform,
                         absorb_flatten=absorb_flatten)
     tensors, arena = plan.memory.tensors, plan.executor.arena
-    for name, value in {**feed, COTANGENT: cotangent}.items():
+    for name, value in {**feed, Reserved.COTANGENT: cotangent}.items():
         write_host(arena, tensors[name], np.asarray(value))
     plan.executor.run(check_pads=True)
     grads = {n: read_host(arena, tensors[plan.info[n].name]) for n in wrt}

@@ -17,8 +17,8 @@ from ..registry import OpRegistry
 from .data_parallel import add_grad_reduce
 from .parameters import share_parameters
 from .precision import PRECISIONS, add_loss_scaling, to_half_precision
+from .reserved import Reserved, check_no_reserved_names
 from .train_pass import (
-    RNG,
     TrainConfig,
     TrainInfo,
     add_backward,
@@ -54,10 +54,11 @@ def build_training_step(graph: Graph, registry: OpRegistry, backend: str,
     ``cfg`` asks for them, half precision, loss scaling and the cuda step guard; last, with one
     micro-batch per step, gradients written straight into GRAD (``fold_accumulators``).
     """
+    check_no_reserved_names(graph)
     model_outputs = list(graph.outputs)
     untied = share_parameters(graph, cfg.sharing, registry, backend)
     scalars = add_step_scalars(graph)
-    commits, converted = to_training_mode(graph, registry, backend, cfg, scalars[RNG])
+    commits, converted = to_training_mode(graph, registry, backend, cfg, scalars[Reserved.RNG])
     output, labels = add_labels(graph, cfg, model_outputs)
     b = GradBuilder(graph, registry, backend, prefix="loss")  # loss and update nodes
     loss = add_loss(b, cfg, output, labels)

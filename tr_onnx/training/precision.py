@@ -66,21 +66,12 @@ from .. import ir
 from ..dtypes import BFLOAT16, onnx_elem_type
 from ..errors import UnsupportedModelError
 from ..ir import Graph, Node, Phase, Value
-from .train_pass import (
-    LOSS_SCALE,
-    LossScaling,
-    TrainInfo,
-    internal_node,
-    set_optional_input,
-    update_skip_index,
-)
+from .reserved import Reserved
+from .train_pass import LossScaling, TrainInfo, internal_node, set_optional_input, update_skip_index
 
 PRECISIONS = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16),
               "bf16": BFLOAT16}
 """``precision=`` -> the storage dtype of activations and gradients."""
-HALF_SPAN = "__params_half"
-INV_LOSS_SCALE, GROWTH_TRACKER, FOUND_INF = "__inv_loss_scale", "__loss_scale_growth", \
-    "__found_inf"
 LOSS_SCALE_DEFAULTS = {"init": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                        "growth_interval": 2000}
 
@@ -118,26 +109,28 @@ def add_loss_scaling(graph: Graph, info: TrainInfo, cfg: dict, registry=None,
     after it. ``guarded``: the step guard will clear and set the flag each step (StepCheck);
     otherwise a ZeroFill clears it at the start of the apply phase."""
     f32 = np.dtype(np.float32)
-    for name, dtype, value in ((INV_LOSS_SCALE, f32, 1.0 / cfg["init"]),
-                               (GROWTH_TRACKER, np.dtype(np.int32), 0),
-                               (FOUND_INF, f32, 0.0)):
+    for name, dtype, value in ((Reserved.INV_LOSS_SCALE, f32, 1.0 / cfg["init"]),
+                               (Reserved.GROWTH_TRACKER, np.dtype(np.int32), 0),
+                               (Reserved.FOUND_INF, f32, 0.0)):
         graph.values[name] = Value(name, (), dtype, ir.STATE, data=np.array(value, dtype))
-    scaling = LossScaling(LOSS_SCALE, INV_LOSS_SCALE, GROWTH_TRACKER, FOUND_INF)
+    scaling = LossScaling(Reserved.LOSS_SCALE, Reserved.INV_LOSS_SCALE, Reserved.GROWTH_TRACKER,
+                          Reserved.FOUND_INF)
     v = graph.values
-    found = v[FOUND_INF]
+    found = v[Reserved.FOUND_INF]
     clip = next(n for n in graph.nodes if n.phase == Phase.APPLY and n.op_type == "ScaleClipGrad")
-    set_optional_input(graph, clip, 2, v[INV_LOSS_SCALE])
+    set_optional_input(graph, clip, 2, v[Reserved.INV_LOSS_SCALE])
     set_optional_input(graph, clip, 3, found)
     update = next(n for n in graph.nodes if n.name == info.update)
     set_optional_input(graph, update, update_skip_index(update), found)
     if not guarded:
-        clear = internal_node(graph, registry, backend, "ZeroFill", f"{FOUND_INF}/clear", [found],
-                          [], {})
+        clear = internal_node(graph, registry, backend, "ZeroFill", f"{Reserved.FOUND_INF}/clear",
+                              [found], [], {})
         clear.phase = Phase.APPLY
         graph.insert_before(clip, clear)
     scale_update = internal_node(graph, registry, backend, "LossScaleUpdate",
-                             f"{LOSS_SCALE}/update",
-                             [v[LOSS_SCALE], v[INV_LOSS_SCALE], v[GROWTH_TRACKER], found], [],
+                             f"{Reserved.LOSS_SCALE}/update",
+                             [v[Reserved.LOSS_SCALE], v[Reserved.INV_LOSS_SCALE],
+                              v[Reserved.GROWTH_TRACKER], found], [],
                              {k: cfg[k] for k in ("growth_factor", "backoff_factor",
                                                   "growth_interval")})
     scale_update.phase = Phase.APPLY
@@ -314,8 +307,8 @@ def to_half_precision(graph: Graph, info, dtype=np.float16, registry=None,
     for v in graph.values.values():  # the data-parallel all-reduce's buckets of them
         if v.kind == ir.GRAD and v.span_of and all(m.name in grads for m in v.span_of):
             v.dtype = half
-    span = Value(HALF_SPAN, (0,), half, ir.STATE, span_of=copies)
+    span = Value(Reserved.HALF_SPAN, (0,), half, ir.STATE, span_of=copies)
     graph.values[span.name] = span
     update = next(n for n in graph.nodes if n.name == info.update)
     set_optional_input(graph, update, update_skip_index(update) + 1, span)
-    return HALF_SPAN
+    return Reserved.HALF_SPAN

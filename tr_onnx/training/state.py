@@ -25,7 +25,8 @@ from ..distributed import World
 from ..errors import CheckpointError
 from ..importer import ImportedModel
 from .parameters import ParamSharing, shared_value
-from .train_pass import LOSS_SCALE, TrainInfo
+from .reserved import Reserved
+from .train_pass import TrainInfo
 
 
 class TrainingState:
@@ -171,8 +172,8 @@ class TrainingState:
         if not loss_scale:
             return None
         if self.active is None:
-            return float(self.pending.get(LOSS_SCALE, loss_scale["init"]))
-        return float(self.active.executor.read_scalar(LOSS_SCALE))
+            return float(self.pending.get(Reserved.LOSS_SCALE, loss_scale["init"]))
+        return float(self.active.executor.read_scalar(Reserved.LOSS_SCALE))
 
     def broadcast(self, plan: CompiledPlan) -> None:
         """Every rank takes rank 0's training state (parameters, optimizer state, running

@@ -19,10 +19,9 @@ import numpy as np
 from ..compiler import CompiledPlan
 from ..distributed import World
 from ..errors import TrainingDiverged, TrOnnxError
-from .data_parallel import REDUCE
+from .reserved import Reserved
 from .state import TrainingState
 from .step_policy import StepReport, finish_step, run_step
-from .train_pass import GRAD_SCALE, HAS_ROWS, LOSS_SCALE, LR, RNG, ROW_WEIGHT, SAMPLE_OFFSET, STEP
 
 
 @dataclass(eq=False)
@@ -140,16 +139,16 @@ class StepLauncher:
         inflight = self.inflight
         earlier = inflight[:inflight.index(launch)] if launch in inflight else inflight
         step = state.step + sum(1 for e in earlier if e.apply)
-        ex.write_scalar(LR, self.lr_of_step(step + 1))
-        ex.write_scalar(STEP, step + 1)
-        ex.write_scalar(GRAD_SCALE, 1.0 / k)
-        ex.write_scalar(RNG, launch.rng)
+        ex.write_scalar(Reserved.LR, self.lr_of_step(step + 1))
+        ex.write_scalar(Reserved.STEP, step + 1)
+        ex.write_scalar(Reserved.GRAD_SCALE, 1.0 / k)
+        ex.write_scalar(Reserved.RNG, launch.rng)
         if state.world is not None:  # the gradients are reduced on the steps that apply
-            ex.write_scalar(REDUCE, float(launch.apply))
-            ex.write_scalar(ROW_WEIGHT, launch.row_weight)
-            ex.write_scalar(HAS_ROWS, launch.row_weight != 0.0)
-            if SAMPLE_OFFSET in ex.memory.tensors:
-                ex.write_scalar(SAMPLE_OFFSET, launch.rows_before)
+            ex.write_scalar(Reserved.REDUCE, float(launch.apply))
+            ex.write_scalar(Reserved.ROW_WEIGHT, launch.row_weight)
+            ex.write_scalar(Reserved.HAS_ROWS, launch.row_weight != 0.0)
+            if Reserved.SAMPLE_OFFSET in ex.memory.tensors:
+                ex.write_scalar(Reserved.SAMPLE_OFFSET, launch.rows_before)
         if self.pipelined(launch.plan):
             want = [self.output_name] if self.output_name in ex.step_outputs else []
             launch.token = ex.launch_step(launch.apply, want)
@@ -205,7 +204,8 @@ class StepLauncher:
             state.last_grad_norm = report.grad_norm
             state.micro_step = 0
             if report.overflow:
-                scale = launch.plan.executor.read_scalar(LOSS_SCALE)  # a rejected step keeps it
+                # a rejected step keeps it
+                scale = launch.plan.executor.read_scalar(Reserved.LOSS_SCALE)
                 warnings.warn(f"step {state.step + 1}: fp16 gradient overflow; the step was "
                               f"skipped and the loss scale lowered to {scale:g} (not "
                               "counted towards max_bad_steps)", RuntimeWarning, stacklevel=5)

@@ -48,25 +48,8 @@ from ..subplan import Regions
 from .groups import update_group, update_runs
 from .losses import INTEGER_LABELS, LOSSES, LossSpec, label_dtype
 from .parameters import ParamSharing
+from .reserved import Reserved
 
-# per-step scalars the host writes: learning rate, optimizer step (1-based, the one being
-# taken), 1/k for k accumulated micro-batches, and the count of micro-batches seen (dropout)
-LR, STEP, GRAD_SCALE, RNG = "__lr", "__step", "__grad_scale", "__rng_counter"
-# dynamic loss scaling (``training.precision``): the scale lives in the arena (OPT_STATE) and
-# seeds the backward pass, d(loss * scale)/d(loss)
-LOSS_SCALE = "__loss_scale"
-# the flat spans the update runs over (``add_spans``)
-PARAMS_SPAN, GRADS_SPAN = "__params", "__grads"
-# data parallelism: the rows of the global batch before this rank's, written each step, so a
-# batch-major dropout mask is the global batch's, rows of this rank (``sample_offset``)
-SAMPLE_OFFSET = "__sample_offset"
-# data parallelism: this rank's share of the global batch's gradient, size * rows / total rows
-# (1 when every rank has as many rows), written each step; it seeds the backward pass, so the
-# mean over the ranks (GradAllReduceWait) is the mean over the global batch's rows
-ROW_WEIGHT = "__row_weight"
-HAS_ROWS = "__has_rows"  # data parallelism: whether this rank has rows in this global batch
-# the step guard's OPT_STATE tensors (``add_step_guard``)
-BAD_BATCH, REJECT, APPLIED, STEP_REPORT = "__bad_batch", "__reject", "__applied", "__step_report"
 # ops ``TrainInfo.converted`` counts even where a model has none
 REPORTED_TRAINING_FORMS = ("BatchNormalization", "Dropout")
 
@@ -129,10 +112,10 @@ class StepGuard:
     when it loads state) and the report the host reads back after a step (float32 x 8, fields
     ``ops.optimizers.REPORT_FIELDS``)."""
 
-    bad_batch: str = BAD_BATCH
-    reject: str = REJECT
-    applied: str = APPLIED
-    report: str = STEP_REPORT
+    bad_batch: str = Reserved.BAD_BATCH
+    reject: str = Reserved.REJECT
+    applied: str = Reserved.APPLIED
+    report: str = Reserved.STEP_REPORT
 
 
 @dataclass
@@ -154,9 +137,9 @@ class TrainInfo:
     # mixed precision: each float32 parameter a compute node reads through a half copy -> that
     # copy (written from the parameter whenever the session loads it)
     half_copies: dict[str, str] = field(default_factory=dict)
-    params_span: str = PARAMS_SPAN
-    grads_span: str = GRADS_SPAN
-    step: str = STEP
+    params_span: str = Reserved.PARAMS_SPAN
+    grads_span: str = Reserved.GRADS_SPAN
+    step: str = Reserved.STEP
     update: str = ""
     weight_copy: str | None = None
     loss_scaling: LossScaling | None = None
@@ -242,9 +225,9 @@ def sample_offset(graph: Graph, cfg: TrainConfig, x: Value) -> Value | None:
     rows = {v.shape[0] for v in data if v.kind == ir.INPUT and v.rank > 0}  # no plan constant
     if rows != {x.shape[0]}:
         return None
-    offset = graph.values.get(SAMPLE_OFFSET)
+    offset = graph.values.get(Reserved.SAMPLE_OFFSET)
     if offset is None:
-        offset = Value(SAMPLE_OFFSET, (), np.dtype(np.int64), ir.INPUT)
+        offset = Value(Reserved.SAMPLE_OFFSET, (), np.dtype(np.int64), ir.INPUT)
         graph.values[offset.name] = offset
         graph.inputs.append(offset)
     return offset
@@ -315,8 +298,8 @@ def add_step_scalars(graph: Graph) -> dict[str, Value]:
     """The per-step scalars the host writes before each step (``LR``, ``STEP``, ``GRAD_SCALE``,
     ``RNG``), as graph inputs."""
     scalars = {}
-    for name, dtype in ((LR, np.float32), (STEP, np.int64), (GRAD_SCALE, np.float32),
-                        (RNG, np.int64)):
+    for name, dtype in ((Reserved.LR, np.float32), (Reserved.STEP, np.int64),
+                        (Reserved.GRAD_SCALE, np.float32), (Reserved.RNG, np.int64)):
         scalars[name] = Value(name, (), np.dtype(dtype), ir.INPUT)
         graph.values[name] = scalars[name]
         graph.inputs.append(scalars[name])
@@ -426,10 +409,10 @@ def add_backward(graph: Graph, loss: Value, trainable: list[Value], registry: Op
     if cfg.loss_scale is not None:
         if loss.shape:
             raise TrOnnxError(f"loss scaling needs a scalar loss, got shape {list(loss.shape)}")
-        seed = Value(LOSS_SCALE, (), np.dtype(np.float32), ir.STATE,
+        seed = Value(Reserved.LOSS_SCALE, (), np.dtype(np.float32), ir.STATE,
                      data=np.array(cfg.loss_scale["init"], np.float32))
         graph.values[seed.name] = seed
-    weight = graph.values.get(ROW_WEIGHT)
+    weight = graph.values.get(Reserved.ROW_WEIGHT)
     if weight is not None:  # data parallelism: d(objective)/d(loss) is this rank's share
         b = GradBuilder(graph, registry, backend, prefix="loss")
         b.anchor = loss.producer  # the loss's own gradient (half precision: a float32 island)
@@ -447,8 +430,8 @@ def add_rank_loss(b: GradBuilder, cfg: TrainConfig, loss: Value) -> Value:
     CONST region is one process's less the backward pass's seed of 1.)"""
     if cfg.world is None:
         return loss
-    weight = Value(ROW_WEIGHT, (), loss.dtype, ir.INPUT)
-    has_rows = Value(HAS_ROWS, (), np.dtype(bool), ir.INPUT)
+    weight = Value(Reserved.ROW_WEIGHT, (), loss.dtype, ir.INPUT)
+    has_rows = Value(Reserved.HAS_ROWS, (), np.dtype(bool), ir.INPUT)
     for v in (weight, has_rows):
         b.graph.values[v.name] = v
         b.graph.inputs.append(v)
@@ -543,8 +526,8 @@ def add_spans(graph: Graph, trainable: list[Value], accumulators: dict[str, Valu
         graph.values[name] = v
         return v
 
-    return [span(PARAMS_SPAN, ir.PARAM, trainable),
-            span(GRADS_SPAN, ir.GRAD, [accumulators[p.name] for p in trainable]),
+    return [span(Reserved.PARAMS_SPAN, ir.PARAM, trainable),
+            span(Reserved.GRADS_SPAN, ir.GRAD, [accumulators[p.name] for p in trainable]),
             *(span(f"__{state}", ir.STATE, [states[p.name][state] for p in trainable])
               for state in optimizer.state)]
 
@@ -555,7 +538,7 @@ def add_commit(b: GradBuilder, commits: list[tuple[Value, Value]], cfg: TrainCon
     ``sync_batchnorm``, a rank with no rows in this global batch (``HAS_ROWS`` false) keeps its
     own: statistics of no rows are NaN (synchronised ones are the world's rows')."""
     b.phase = Phase.COMMIT
-    has_rows = None if cfg.sync_batchnorm else b.graph.values.get(HAS_ROWS)
+    has_rows = None if cfg.sync_batchnorm else b.graph.values.get(Reserved.HAS_ROWS)
     for stat, new in commits:
         if has_rows is not None:
             new = b.op("Where", [has_rows, new, stat])
@@ -570,13 +553,14 @@ def add_update(b: GradBuilder, spans: list[Value], scalars: dict[str, Value],
     need them)."""
     p_span, g_span, *s_spans = spans
     b.phase = Phase.APPLY
-    grad_norm = b.op("ScaleClipGrad", [g_span, scalars[GRAD_SCALE]],
+    grad_norm = b.op("ScaleClipGrad", [g_span, scalars[Reserved.GRAD_SCALE]],
                      {"max_norm": float(cfg.clip_grad_norm or 0.0)}, domain=INTERNAL_DOMAIN,
                      shapes=[((), np.float32)])
     if cfg.lr_groups or cfg.step_offsets:
         update = add_group_updates(b, spans, scalars, cfg)
     else:
-        b.op(cfg.optimizer.op, [p_span, g_span, *s_spans, scalars[LR], scalars[STEP]],
+        b.op(cfg.optimizer.op,
+             [p_span, g_span, *s_spans, scalars[Reserved.LR], scalars[Reserved.STEP]],
              cfg.optimizer.attrs(), domain=INTERNAL_DOMAIN, shapes=[])
         update = b.graph.nodes[-1]
     b.op("ZeroFill", [g_span], domain=INTERNAL_DOMAIN, shapes=[])
@@ -597,9 +581,10 @@ def add_group_updates(b: GradBuilder, spans: list[Value], scalars: dict[str, Val
                          span_of=span.span_of[start:stop])
             b.graph.values[part.name] = part
             parts.append(part)
-        lr = scalars[LR] if mult == 1.0 else b.mul(scalars[LR], b.const(np.float32(mult)))
-        step = scalars[STEP] if offset == 0 else b.op(
-            "Sub", [scalars[STEP], b.const(np.int64(offset))])
+        lr = scalars[Reserved.LR]
+        lr = lr if mult == 1.0 else b.mul(lr, b.const(np.float32(mult)))
+        step = scalars[Reserved.STEP] if offset == 0 else b.op(
+            "Sub", [scalars[Reserved.STEP], b.const(np.int64(offset))])
         b.op(cfg.optimizer.op, [*parts, lr, step], cfg.optimizer.attrs(), domain=INTERNAL_DOMAIN,
              shapes=[])
         updates.append(b.graph.nodes[-1])
