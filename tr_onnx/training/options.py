@@ -73,22 +73,17 @@ class TrainOptions:
     max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES
 
     @classmethod
-    def from_kwargs(cls, *, backend: str | Backend = "auto", label_name: str = "labels",
-                    output_name: str | None = None, trainable=None, frozen=(),
-                    grad_accumulation: int = 1, clip_grad_norm: float | None = None,
-                    bn_running_var: str = "biased", tie_shared_initializers: bool | None = None,
-                    seed: int = 0, channel_align: int | None = None, max_bad_steps: int = 5,
-                    precision: str = "fp32",
-                    loss_scale=None, cuda_graphs: str = "fallback",
-                    external_data_dir: str | Path | None = None,
-                    fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
-                    max_arena_bytes: int | None = None, max_plans: int = DEFAULT_MAX_PLANS,
-                    max_plan_bytes: int | None = DEFAULT_MAX_PLAN_BYTES,
-                    sync_batchnorm: bool = False, grad_bucket_mb: float = 25.0,
-                    frozen_batchnorm: str = "train", unfreeze_after: int | None = None,
-                    lr_groups: dict | None = None, step_offsets: dict | None = None
-                    ) -> TrainOptions:
-        """The options checked, defaults filled in; ``trainable``/``frozen`` as given until
+    def from_kwargs(cls, *, backend: str | Backend, label_name: str, output_name: str | None,
+                    trainable, frozen, grad_accumulation: int, clip_grad_norm: float | None,
+                    bn_running_var: str, tie_shared_initializers: bool | None, seed: int,
+                    channel_align: int | None, max_bad_steps: int, precision: str, loss_scale,
+                    cuda_graphs: str, external_data_dir: str | Path | None,
+                    fold_limit_bytes: int | None, max_arena_bytes: int | None, max_plans: int,
+                    max_plan_bytes: int | None, sync_batchnorm: bool, grad_bucket_mb: float,
+                    frozen_batchnorm: str, unfreeze_after: int | None,
+                    lr_groups: dict | None, step_offsets: dict | None) -> TrainOptions:
+        """The options checked (``TrainingSession``'s keywords, whose defaults are the only
+        ones: every option is passed); ``trainable``/``frozen`` as given until
         ``for_model`` checks them against the model."""
         target = backend_for(backend)
         backend = target.name
