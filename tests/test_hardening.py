@@ -248,3 +248,13 @@ def test_a_onednn_error_is_a_tr_onnx_error():
     from tr_onnx import onednn
 
     assert issubclass(onednn.OneDnnError, TrOnnxError)
+
+
+def test_a_training_session_of_a_model_with_no_outputs_is_a_clean_error():
+    """Issue 35 item 11: a model with no outputs was an IndexError in TrainingSession."""
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], []),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError, match="no outputs"):
+        tr_onnx.TrainingSession(model, optimizer=tr_onnx.optim.SGD(lr=0.1), backend="numpy")

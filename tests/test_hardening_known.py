@@ -19,7 +19,6 @@ from onnx.reference import ReferenceEvaluator
 import tr_onnx
 from tr_onnx import cli
 from tr_onnx.errors import TrOnnxError, UnsupportedModelError
-from tr_onnx.optim import SGD
 
 ROOT = Path(__file__).resolve().parent.parent
 F = TensorProto.FLOAT
@@ -101,14 +100,6 @@ def test_inspect_train_on_a_rank_1_output_is_a_clean_error(tmp_path, capsys):
     onnx.save(model, tmp_path / "m.onnx")
     assert cli.main(["inspect", "--train", str(tmp_path / "m.onnx")]) == 2
     assert "tr-onnx: error:" in capsys.readouterr().err
-
-
-@pytest.mark.xfail(strict=True, reason="issue 35 item 11: a model with no outputs is an "
-                   "IndexError in TrainingSession.__init__")
-def test_a_training_session_of_a_model_with_no_outputs_is_a_clean_error():
-    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F, [2, 4])], [])
-    with pytest.raises(TrOnnxError):
-        tr_onnx.TrainingSession(model, optimizer=SGD(lr=0.1), backend="numpy")
 
 
 @pytest.mark.xfail(strict=True, reason="issue 35 item 11: an AveragePool with a zero-width "

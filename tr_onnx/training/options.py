@@ -114,6 +114,8 @@ class TrainOptions:
         the first) and the ``trainable``/``frozen`` patterns (each must match one of
         ``initializers``)."""
         outputs = [o.name for o in imported.outputs]
+        if not outputs:
+            raise InputError("the model has no outputs: training needs one for the loss to read")
         output_name = self.output_name or outputs[0]
         if output_name not in outputs:
             raise InputError(f"output_name {output_name!r}; the model's outputs are {outputs}")
