@@ -258,3 +258,17 @@ def test_a_training_session_of_a_model_with_no_outputs_is_a_clean_error():
         opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(InputError, match="no outputs"):
         tr_onnx.TrainingSession(model, optimizer=tr_onnx.optim.SGD(lr=0.1), backend="numpy")
+
+
+@pytest.mark.parametrize("stash_type", [0, TensorProto.INT32])
+def test_a_layer_norm_with_a_stash_type_the_schema_lacks_is_refused_by_name(stash_type):
+    """Issue 35 item 13: LayerNormalization's stash_type=0 was a TypeError from the dtype
+    table; the schema's stash types are float ones."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "s"], ["y"], stash_type=stash_type)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "s")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedModelError, match="stash_type"):
+        tr_onnx.InferenceSession(model).run(None, {"x": np.ones((2, 3), np.float32)})

@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from onnx import TensorProto
 
 from ..domains import INTERNAL_DOMAIN
-from ..dtypes import np_dtype, onnx_elem_type
+from ..dtypes import elem_type_name, np_dtype, onnx_elem_type
+from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..layouts import StridedLayout, channels_last_view
 from ..opdef import (
@@ -224,7 +226,16 @@ def group_norm_vjp(b, node, gys, needed):
 
 def _stash_dtype(ctx, dtype: np.dtype) -> np.dtype:
     """Stage-one precision: ``stash_type`` (float32 by the schema default), or x's if wider."""
-    return np.promote_types(dtype, np_dtype(int(ctx.attrs["stash_type"])))
+    stash = int(ctx.attrs["stash_type"])
+    if stash not in _STASH_TYPES:
+        raise UnsupportedModelError(
+            f"{ctx.node.label}: stash_type={stash} ({elem_type_name(stash)}); the schema's "
+            f"stash types are {', '.join(elem_type_name(t) for t in _STASH_TYPES)}", [])
+    return np.promote_types(dtype, np_dtype(stash))
+
+
+# the float types a normalization may compute its statistics in
+_STASH_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
 def _plain_rows(info, dtype: np.dtype) -> bool:
