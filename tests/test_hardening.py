@@ -272,3 +272,16 @@ def test_a_layer_norm_with_a_stash_type_the_schema_lacks_is_refused_by_name(stas
         opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(UnsupportedModelError, match="stash_type"):
         tr_onnx.InferenceSession(model).run(None, {"x": np.ones((2, 3), np.float32)})
+
+
+@pytest.mark.parametrize("axis", [3, -3])
+def test_a_dequantize_with_an_axis_outside_the_rank_is_refused_by_name(axis):
+    """Issue 35 item 13: DequantizeLinear with an axis past x's rank was an IndexError."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=axis)], "g",
+        [helper.make_tensor_value_info("q", TensorProto.INT8, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "s")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedModelError, match=f"axis {axis} is outside"):
+        tr_onnx.InferenceSession(model).run(None, {"q": np.ones((2, 3), np.int8)})

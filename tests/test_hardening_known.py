@@ -114,16 +114,6 @@ def test_an_average_pool_with_a_zero_width_output_returns_the_empty_result():
     assert got.shape == want.shape == (1, 4, 2, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 item 13: DequantizeLinear with an axis past "
-                   "the input's rank is an IndexError")
-def test_a_dequantize_with_an_axis_past_the_rank_is_a_clean_error():
-    model = _model([helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=3)],
-                   [_vi("q", TensorProto.INT8, [2, 3])], [_vi("y", F, [2, 3])],
-                   [numpy_helper.from_array(np.ones(3, np.float32), "s")])
-    with pytest.raises(TrOnnxError):
-        tr_onnx.InferenceSession(model).run(None, {"q": np.ones((2, 3), np.int8)})
-
-
 @pytest.mark.xfail(strict=True, reason="issue 35 item 14: an internal op in a user's model "
                    "fails inside its kernel instead of being refused by name")
 def test_an_internal_op_in_a_users_model_is_refused_by_name():

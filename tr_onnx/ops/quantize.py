@@ -126,6 +126,8 @@ def _layout(ctx):
     shape = tuple(ctx.inputs[1].shape) if ctx.node.domain == INTERNAL_DOMAIN else \
         tuple(ctx.inputs[0].shape)
     axis = positive_axis(int(ctx.attrs.get("axis", 1)), len(shape)) if shape else 0
+    if shape and not 0 <= axis < len(shape):
+        raise ctx.error(f"axis {ctx.attrs.get('axis', 1)} is outside x's rank {len(shape)}")
     return shape, axis, int(ctx.attrs.get("block_size", 0) or 0)
 
 
