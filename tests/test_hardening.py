@@ -285,3 +285,18 @@ def test_a_dequantize_with_an_axis_outside_the_rank_is_refused_by_name(axis):
         opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(UnsupportedModelError, match=f"axis {axis} is outside"):
         tr_onnx.InferenceSession(model).run(None, {"q": np.ones((2, 3), np.int8)})
+
+
+def test_inspect_train_on_a_rank_1_output_is_a_clean_error(tmp_path, capsys):
+    """Issue 35 item 9: `tr-onnx inspect --train` on an output of rank 1 (no class axis for
+    cross-entropy) was a ValueError traceback."""
+    from tr_onnx import cli
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    assert cli.main(["inspect", "--train", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "tr-onnx: error:" in err and "class axis" in err and "Traceback" not in err

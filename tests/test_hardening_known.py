@@ -17,7 +17,6 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import tr_onnx
-from tr_onnx import cli
 from tr_onnx.errors import TrOnnxError, UnsupportedModelError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,16 +89,6 @@ def test_a_declared_input_of_a_trillion_elements_is_a_clean_cli_error(tmp_path, 
     """)
     last = (done.stderr.strip().splitlines() or [""])[-1]
     assert done.returncode == 2 and last.startswith("tr-onnx: error:"), done.stderr[-1500:]
-
-
-@pytest.mark.xfail(strict=True, reason="issue 35 item 9: `tr-onnx inspect --train` on an output "
-                   "of rank 1 raises ValueError from the class axis rule")
-def test_inspect_train_on_a_rank_1_output_is_a_clean_error(tmp_path, capsys):
-    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F, [4])],
-                   [_vi("y", F, [4])])
-    onnx.save(model, tmp_path / "m.onnx")
-    assert cli.main(["inspect", "--train", str(tmp_path / "m.onnx")]) == 2
-    assert "tr-onnx: error:" in capsys.readouterr().err
 
 
 @pytest.mark.xfail(strict=True, reason="issue 35 item 11: an AveragePool with a zero-width "

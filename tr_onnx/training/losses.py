@@ -42,11 +42,11 @@ class LossSpec:
     def class_axis_of(self, rank: int) -> int:
         """The class axis of an output of ``rank`` (a named error where there is none)."""
         if not -rank <= self.class_axis < rank or rank < 2:
-            raise ValueError(f"cross_entropy class_axis={self.class_axis} for an output of rank "
+            raise InputError(f"cross_entropy class_axis={self.class_axis} for an output of rank "
                              f"{rank}: the scores need a batch axis and a class axis")
         axis = self.class_axis % rank
         if axis == 0:
-            raise ValueError("cross_entropy class_axis=0 is the batch axis")
+            raise InputError("cross_entropy class_axis=0 is the batch axis")
         return axis
 
 
