@@ -300,3 +300,26 @@ def test_inspect_train_on_a_rank_1_output_is_a_clean_error(tmp_path, capsys):
     assert cli.main(["inspect", "--train", str(tmp_path / "m.onnx")]) == 2
     err = capsys.readouterr().err
     assert "tr-onnx: error:" in err and "class axis" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("loss", ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"])
+@pytest.mark.parametrize("bad", [-2, 4])
+def test_a_label_outside_the_classes_is_refused_not_read_from_another_row(loss, bad):
+    """Issue 35 item 2: a target of -2 (not ignore_index) read the previous sample's scores,
+    and 4 of 4 classes the next sample's; onnx.reference indexes from the back (-2) or
+    raises (4). Both are refused, naming the label; ignore_index and in-range labels still
+    equal the reference."""
+    def model(labels, **attrs):
+        return helper.make_model(helper.make_graph(
+            [helper.make_node(loss, ["x", "t"], ["y"], reduction="none", **attrs)], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+            [numpy_helper.from_array(np.array(labels, np.int64), "t")]),
+            opset_imports=[helper.make_opsetid("", 17)])
+    x = -np.arange(12, dtype=np.float32).reshape(3, 4) / 8
+    with pytest.raises(TrOnnxError, match=f"a label is {bad}"):
+        tr_onnx.InferenceSession(model([0, bad, 1])).run(None, {"x": x})
+    good = model([0, bad, 1], ignore_index=bad)
+    (want,) = ReferenceEvaluator(good).run(None, {"x": x})
+    (got,) = tr_onnx.InferenceSession(good).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import host_blas
 from ..domains import INTERNAL_DOMAIN
+from ..errors import InputError
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
 
@@ -54,6 +55,12 @@ class _Labels:
         if self.ignore is not None:
             keep = idx != self.ignore  # label-sized bool temporary
             idx *= keep
+        if self.count and not 0 <= idx.min() <= idx.max() < self.c:
+            # a flat position outside its row would read another sample's scores
+            bad = idx[(idx < 0) | (idx >= self.c)][0]
+            raise InputError(f"a label is {int(bad)}: class labels must lie in [0, {self.c})"
+                             + ("" if self.ignore is None else
+                                f" or equal ignore_index {self.ignore}"))
         np.add(idx[..., 0], self.row_starts, out=flat)
         if not self.weighted:
             return idx, flat, None
