@@ -47,7 +47,10 @@ def test_each_way_a_case_can_fail_is_reported(tmp_path, monkeypatch, how, outcom
     assert record["known"] is None and record["signature"].startswith(outcome)
 
 
-def test_a_known_signature_is_matched_by_its_pattern_and_names_its_item():
+def test_a_known_signature_is_matched_by_its_pattern_and_names_its_item(monkeypatch):
+    # the list may be empty (every bug fixed): the matching is checked on a pattern of its own
+    monkeypatch.setitem(known_bugs.KNOWN, "traceback|IndexError@*|random_graph|AveragePool",
+                        "issue 35 item 11: a zero-size AveragePool output was an IndexError")
     assert known_bugs.item_of("nothing|like|this|at all") is None
     assert known_bugs.item_of("traceback|IndexError@pool.py:f|random_graph|AveragePool")
     for key, item in known_bugs.KNOWN.items():

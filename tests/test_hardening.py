@@ -323,3 +323,18 @@ def test_a_label_outside_the_classes_is_refused_not_read_from_another_row(loss, 
     (want,) = ReferenceEvaluator(good).run(None, {"x": x})
     (got,) = tr_onnx.InferenceSession(good).run(None, {"x": x})
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "LpPool"])
+def test_a_pool_with_a_zero_width_output_returns_the_empty_result(op):
+    """Issue 35 item 11: AveragePool with a zero-width output was an IndexError (MaxPool's
+    SIGFPE is item 3); the result is empty, as onnx.reference's."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 3], strides=[1, 2])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 0])]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    x = np.ones((1, 4, 3, 1), np.float32)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    (got,) = tr_onnx.InferenceSession(model).run(None, {"x": x})
+    assert got.shape == want.shape == (1, 4, 2, 0)

@@ -220,6 +220,8 @@ def average_pool_numpy(ctx):
     t = _Tapped(ctx, 0, _ceil_mode(ctx))
     counts = _window_counts(t.win, bool(ctx.attrs.get("count_include_pad")))
     acc_dtype = accumulator_dtype(t.dtype)
+    if counts.size == 0:  # an empty output (a zero-width window count): nothing to divide
+        counts = np.ones(1, np.int64)
     uniform = bool(np.all(counts == counts.flat[0]))
     divisor = acc_dtype.type(counts.flat[0]) if uniform else \
         counts.reshape((1, *t.win.out_shape, 1)).astype(acc_dtype)
