@@ -67,8 +67,12 @@ class QuantParam:
         shape, self.x_shape, self.axis = tuple(ctx.inputs[index].shape), tuple(x_shape), axis
         rank, self.blocked, self.ws, self.grad_ws = len(x_shape), False, None, None
         if math.prod(shape) == 1 and len(shape) <= 1:
-            self.bshape = ()
-        elif block_size <= 0:
+            self.bshape = ()  # per tensor: the axis plays no part
+            return
+        if not 0 <= axis < rank:
+            raise ctx.error(f"axis {ctx.attrs.get('axis', 1)} is outside x's rank {rank} "
+                            f"(the {what} of shape {list(shape)} is per axis)")
+        if block_size <= 0:
             if len(shape) != 1 or not rank or shape[0] != x_shape[axis]:
                 raise ctx.error(f"{what} of shape {list(shape)} is neither a scalar nor one "
                                 f"value per index of axis {axis} of x {list(x_shape)}")
@@ -126,8 +130,6 @@ def _layout(ctx):
     shape = tuple(ctx.inputs[1].shape) if ctx.node.domain == INTERNAL_DOMAIN else \
         tuple(ctx.inputs[0].shape)
     axis = positive_axis(int(ctx.attrs.get("axis", 1)), len(shape)) if shape else 0
-    if shape and not 0 <= axis < len(shape):
-        raise ctx.error(f"axis {ctx.attrs.get('axis', 1)} is outside x's rank {len(shape)}")
     return shape, axis, int(ctx.attrs.get("block_size", 0) or 0)
 
 
