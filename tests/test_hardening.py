@@ -113,6 +113,78 @@ def test_a_max_pool_with_a_zero_width_output_returns_the_empty_result_of_both_re
     assert done.stdout.split("\n")[0] == "(1, 4, 2, 0) float32"
 
 
+# ---- item 4: attributes onnx's shape inference reads unchecked ---------------------------------
+
+
+def _conv_transpose_then_eye_like(kernel_shape, dilations) -> onnx.ModelProto:
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], kernel_shape=kernel_shape,
+                              auto_pad="SAME_LOWER", dilations=dilations),
+             helper.make_node("EyeLike", ["c"], ["y"], dtype=0)]
+    return helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("kernel_shape", [[0], [1], [0, 0]])
+def test_a_model_that_crashes_onnx_shape_inference_is_refused_before_it(tmp_path, kernel_shape):
+    """Before: onnx's shape inference, called by the importer, died with SIGSEGV (in a
+    subprocess, so a crash fails this test rather than the suite)."""
+    model = _conv_transpose_then_eye_like(kernel_shape, [2, 2])
+    onnx.checker.check_model(model)  # the model passes the checker
+    onnx.save(model, tmp_path / "m.onnx")
+    done = _run_python(textwrap.dedent(f"""
+        import tr_onnx
+        try:
+            tr_onnx.InferenceSession({str(tmp_path / 'm.onnx')!r})
+        except tr_onnx.ModelLoadError as exc:
+            print("refused:", exc)
+    """))
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "refused:" in done.stdout and "node 'ConvTranspose_0' (ConvTranspose)" in done.stdout
+
+
+def _window_model(op, attrs, x_shape=(1, 2, 5, 5), w_shape=(3, 2, 3, 3)):
+    inputs = ["x", "w"] if "Conv" in op else ["x"]
+    inits = [numpy_helper.from_array(np.ones(w_shape, np.float32), "w")] if "Conv" in op else []
+    return helper.make_model(helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], name="n", **attrs)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list("nchw"))], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op,attrs,message", [
+    ("Conv", dict(strides=[1, 0]), "'strides' is [1, 0]"),
+    ("Conv", dict(dilations=[-1, 1]), "'dilations' is [-1, 1]"),
+    ("Conv", dict(kernel_shape=[3]), "'kernel_shape' ([3]) describes 1 spatial axis but "
+                                     "input 'x' (rank 4) describes 2"),
+    ("ConvTranspose", dict(pads=[0, 0, 0]), "odd number"),
+    ("MaxPool", dict(kernel_shape=[2, 2], strides=[1, 1, 1]), "describes 3 spatial axes"),
+    ("AveragePool", dict(kernel_shape=[2, 2, 2]), "input 'x' (rank 4) describes 2"),
+])
+def test_window_attributes_onnx_reads_unchecked_are_refused_by_node(op, attrs, message):
+    with pytest.raises(tr_onnx.ModelLoadError, match=r"node 'n' \(" + op + r"\)") as caught:
+        tr_onnx.InferenceSession(_window_model(op, attrs))
+    assert message in str(caught.value)
+
+
+def test_an_element_type_attribute_of_0_is_refused_also_inside_a_subgraph():
+    cast = helper.make_node("Cast", ["x"], ["c"], name="cast", to=0)
+    branch = helper.make_graph([cast], "then", [], [helper.make_tensor_value_info(
+        "c", TensorProto.FLOAT, [2])])
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("If", ["b"], ["y"], then_branch=branch, else_branch=branch)], "g",
+        [helper.make_tensor_value_info("b", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(tr_onnx.ModelLoadError, match="attribute 'then_branch'.*node 'cast' "
+                       r"\(Cast\): attribute 'to' is 0, which is no ONNX element type"):
+        tr_onnx.InferenceSession(model)
+
+
 # ---- item 5: a Loop of 2**31 - 1 iterations --------------------------------------------------
 
 

@@ -38,26 +38,6 @@ def _run_python(code: str, memory_bytes: int = 3 << 30, timeout: float = 120):
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35 item 4: onnx's shape inference segfaults on "
-                   "ConvTranspose(kernel_shape=[0]) -> EyeLike(dtype=0), called by the importer")
-def test_a_model_that_crashes_onnx_shape_inference_is_a_clean_error(tmp_path):
-    nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["c"], kernel_shape=[0],
-                              auto_pad="SAME_LOWER", dilations=[2, 2]),
-             helper.make_node("EyeLike", ["c"], ["y"], dtype=0)]
-    model = _model(nodes, [_vi("x", F, [1, 1, 4, 4])], [_vi("y", F, [1, 1])],
-                   [numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")])
-    onnx.checker.check_model(model)
-    onnx.save(model, tmp_path / "m.onnx")
-    done = _run_python(f"""
-        import tr_onnx
-        try:
-            tr_onnx.InferenceSession({str(tmp_path / 'm.onnx')!r})
-        except tr_onnx.TrOnnxError as exc:
-            print("refused:", exc)
-    """)
-    assert done.returncode == 0 and "refused:" in done.stdout, (done.returncode, done.stderr)
-
-
 @pytest.mark.xfail(strict=True, reason="issue 35 item 6: an input dim of 1e12 is a MemoryError "
                    "traceback in `tr-onnx inspect` and `tr-onnx run`")
 @pytest.mark.parametrize("command", ["inspect", "run"])

@@ -40,7 +40,7 @@ from .errors import (
 )
 from .legacy_opsets import prepare_for_conversion
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
-from .shape_checks import check_node_shapes
+from .shape_checks import check_attributes, check_node_shapes
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -416,6 +416,7 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     registry = registry or default_registry()
     model, name = load_model(src, external_data_dir)
     _check(model, name)
+    check_attributes(model, name)  # before anything runs onnx's shape inference
     _check_tensors(model, name, in_memory=isinstance(src, (bytes, onnx.ModelProto)))
     original = onnx.ModelProto()
     original.CopyFrom(model)

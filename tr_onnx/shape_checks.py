@@ -1,6 +1,8 @@
 """ONNX's shape rules, strictly, over a model specialised to concrete input shapes: a node whose
 inputs do not fit its op is named before a shape rule, the layout pass or a kernel relies on it
-(``importer.specialize`` calls ``check_node_shapes``)."""
+(``importer.specialize`` calls ``check_node_shapes``). Before any shape inference runs,
+``check_attributes`` refuses the attribute values onnx's own shape rules read unchecked (a
+ConvTranspose with a zero kernel once crashed the process inside onnx, issue 35)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from functools import partial
 
 import onnx
 
+from .domains import is_onnx_domain
 from .dtypes import elem_type_name
-from .errors import ShapeError
+from .errors import ModelLoadError, ShapeError
 from .registry import schema_for
 
 
@@ -129,3 +132,80 @@ def _dims(vi: onnx.ValueInfoProto) -> list | None:
 
 def _shown(dims: list) -> list:
     return ["?" if d is None else d for d in dims]
+
+
+# Ops with a sliding window, whose window attributes ONNX's shape rules index by the kernel's
+# spatial rank without checking their lengths or signs.
+_WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "DeformConv",
+                         "MaxPool", "AveragePool", "LpPool", "MaxUnpool"})
+# (op, attribute) pairs naming an element type, where 0 (UNDEFINED) means nothing
+_TYPE_ATTRIBUTES = {("Cast", "to"), ("EyeLike", "dtype"), ("RandomNormal", "dtype"),
+                    ("RandomUniform", "dtype"), ("RandomNormalLike", "dtype"),
+                    ("RandomUniformLike", "dtype"), ("Multinomial", "dtype"),
+                    ("Bernoulli", "dtype")}
+_ELEMENT_TYPES = frozenset(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
+
+
+def check_attributes(model: onnx.ModelProto, source: str) -> None:
+    """Refuse, naming the node, the attribute values ONNX's shape inference reads without a
+    check: window sizes, strides and dilations below 1, window attributes whose lengths
+    disagree with each other or with the rank of the weight or input they describe, and an
+    element type that is none. A model with such a node passes ``onnx.checker``, and the
+    inference it goes on to may read out of bounds and kill the process (issue 35 item 4:
+    ConvTranspose(kernel_shape=[0]) followed by EyeLike). Every graph is walked: the main
+    graph, subgraphs and local functions."""
+    ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input
+             if vi.type.tensor_type.HasField("shape")}
+    ranks.update({t.name: len(t.dims) for t in model.graph.initializer})
+    # (where, nodes, the ranks their names may read): a function's names are its own
+    graphs = [("", model.graph.node, ranks)] + [(f"function {f.name!r}: ", f.node, {})
+                                                for f in model.functions]
+    while graphs:
+        where, nodes, known = graphs.pop()
+        for i, node in enumerate(nodes):
+            name = node.name or f"{node.op_type}_{i}"
+            label = f"{source}: {where}node {name!r} ({node.op_type})"
+            attrs = {a.name: a for a in node.attribute}
+            if is_onnx_domain(node.domain) and node.op_type in _WINDOW_OPS:
+                _check_window(node, attrs, known, label)
+            for attr_name, a in attrs.items():
+                if is_onnx_domain(node.domain) and (node.op_type, attr_name) in \
+                        _TYPE_ATTRIBUTES and a.i not in _ELEMENT_TYPES:
+                    raise ModelLoadError(f"{label}: attribute {attr_name!r} is {a.i}, which "
+                                         "is no ONNX element type")
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    graphs.append((f"{where}node {name!r} attribute {attr_name!r}: ", g.node,
+                                   known))
+
+
+def _check_window(node: onnx.NodeProto, attrs: dict, ranks: dict, label: str) -> None:
+    ints = {name: list(attrs[name].ints) for name in
+            ("kernel_shape", "strides", "dilations", "pads", "output_padding")
+            if name in attrs and attrs[name].ints}  # an empty list: some exporters' default
+    for name in ("kernel_shape", "strides", "dilations"):
+        if any(v < 1 for v in ints.get(name, ())):
+            raise ModelLoadError(f"{label}: attribute {name!r} is {ints[name]}; each entry "
+                                 "must be at least 1")
+    if len(ints.get("pads", ())) % 2:
+        raise ModelLoadError(f"{label}: attribute 'pads' ({ints['pads']}) has an odd number of "
+                             "entries; it lists a begin and an end per spatial axis")
+    spatial = {}  # spatial rank -> what says so
+    for name, values in ints.items():
+        spatial.setdefault(len(values) // 2 if name == "pads" else len(values),
+                           f"attribute {name!r} ({values})")
+    # the weight (Conv, ConvTranspose, ConvInteger, DeformConv: input 1; QLinearConv: input 3)
+    # and the data input hold the spatial rank too, where their rank is known here
+    described = [(0, "input")] + ([(3, "weight")] if node.op_type == "QLinearConv" else
+                                  [(1, "weight")] if "Conv" in node.op_type else [])
+    for index, what in described:
+        if index < len(node.input) and node.input[index] in ranks:
+            spatial.setdefault(ranks[node.input[index]] - 2,
+                               f"{what} {node.input[index]!r} (rank {ranks[node.input[index]]})")
+    if len(spatial) > 1:
+        (a, what_a), (b, what_b) = list(spatial.items())[:2]
+        raise ModelLoadError(f"{label}: {what_a} describes {_axes(a)} but {what_b} "
+                             f"describes {_axes(b)}")
+
+
+def _axes(count: int) -> str:
+    return f"{count} spatial axis" if count == 1 else f"{count} spatial axes"
