@@ -316,6 +316,51 @@ def test_an_npz_larger_than_the_memory_left_is_refused_before_it_is_read(tmp_pat
 # ---- item 12: OneDnnError is a TrOnnxError ------------------------------------------------------
 
 
+# ---- item 6 (sizes a model declares): checked before anything that size is allocated ----------
+
+
+@pytest.mark.parametrize("command", ["inspect", "run"])
+def test_a_declared_input_of_a_trillion_elements_is_a_clean_cli_error(tmp_path, command):
+    """Before: a MemoryError traceback, even from ``inspect``, which needs no data."""
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10 ** 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [10 ** 12])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    done = _run_python(textwrap.dedent(f"""
+        import sys
+        from tr_onnx import cli
+        sys.exit(cli.main([{command!r}, {str(tmp_path / 'm.onnx')!r}]))
+    """), memory_bytes=3 << 30)
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    assert done.returncode == 2, done.stderr[-1500:]
+    assert last.startswith("tr-onnx: error: the numpy plan for inputs {'x': [1000000000000]} "
+                           "holds 'x' [1000000000000] float32 (3725.29 GiB"), last
+
+
+def test_a_constant_range_too_large_for_the_process_names_its_node():
+    """A Range of 2**31 - 1 constant elements (16 GiB) is computed when its kernel is built:
+    under a 3 GiB address-space limit that was a MemoryError traceback."""
+    done = _run_python(textwrap.dedent("""
+        import numpy as np
+        from onnx import TensorProto, helper, numpy_helper
+        import tr_onnx
+        consts = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(
+            np.array(v, np.int64))) for n, v in (("a", 0), ("b", 2 ** 31 - 1), ("d", 1))]
+        model = helper.make_model(helper.make_graph(
+            consts + [helper.make_node("Range", ["a", "b", "d"], ["y"], name="r")], "g", [],
+            [helper.make_tensor_value_info("y", TensorProto.INT64, ["n"])]),
+            opset_imports=[helper.make_opsetid("", 17)])
+        try:
+            tr_onnx.InferenceSession(model).run(None, {})
+        except tr_onnx.ArenaSizeError as exc:
+            print("refused:", exc)
+    """), memory_bytes=3 << 30)
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert "refused: node 'r' (Range" in done.stdout and "output [[2147483647]]" in done.stdout
+
+
 def test_a_onednn_error_is_a_tr_onnx_error():
     from tr_onnx import onednn
 

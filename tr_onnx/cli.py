@@ -58,6 +58,10 @@ def _check_declared_dims(imported) -> None:
 
 
 def _concrete_feed(imported, batch: int, shapes: dict[str, tuple[int, ...]]) -> dict:
+    """Zeros of each input's concrete shape (its symbolic dims from ``batch`` or ``shapes``),
+    as read-only broadcast views: planning reads their shapes (and a shape-deciding input's
+    zeros), so a declared input of any size costs no memory until the plan is checked
+    against the machine."""
     names = [s.name for s in imported.inputs]
     for name, dims in shapes.items():
         if name not in names:
@@ -83,7 +87,7 @@ def _concrete_feed(imported, batch: int, shapes: dict[str, tuple[int, ...]]) -> 
             if None in dims:
                 raise TrOnnxError(f"input {spec.name!r} has symbolic dims {list(spec.shape)}; "
                                   f"give them with --shape {spec.name}=...")
-        feed[spec.name] = np.zeros(dims, spec.dtype)
+        feed[spec.name] = np.broadcast_to(np.zeros((), spec.dtype), dims)
     return feed
 
 
@@ -320,9 +324,11 @@ def run_model(path: str, batch: int, inputs: str | None, channel_align: int | No
     if inputs:
         feed = _load_inputs(inputs)
     else:
+        zeros = _concrete_feed(sess.imported, batch, shapes)
+        sess.plan_for(zeros)  # an input too large for the machine is an ArenaSizeError here
         rng = np.random.default_rng(0)
         feed = {k: (rng.standard_normal(v.shape).astype(v.dtype) if v.dtype.kind == "f"
-                    else v) for k, v in _concrete_feed(sess.imported, batch, shapes).items()}
+                    else v.copy()) for k, v in zeros.items()}
     start = time.perf_counter()
     outputs = sess.run(None, feed)
     first = time.perf_counter() - start

@@ -11,6 +11,7 @@ what differs between them is the ``Backend``'s to say."""
 
 from __future__ import annotations
 
+import math
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -236,13 +237,19 @@ def compile_graph(graph: ir.Graph, registry, backend: Backend, align: int, reuse
         if v.span_of is not None:
             v.shape = (span_elements(v.span_of, widen),)
             v.layout = StridedLayout.plain(v.shape)
+    check_value_sizes(graph, backend, max_arena_bytes)
     schedule = list(graph.nodes)
     factories, workspace = [], {}
     for index, node in enumerate(schedule):
         if node.outputs and node.outputs[0] is not None and node.outputs[0].alias_of is not None:
             continue  # a zero-copy view: nothing to run
         ctx = kernel_context(node, backend.name)
-        run = backend.kernel_factory(node.opdef.kernels[backend.name])(ctx)
+        try:
+            run = backend.kernel_factory(node.opdef.kernels[backend.name])(ctx)
+        except MemoryError as exc:  # a kernel computing its constant output at plan time
+            raise ArenaSizeError(f"{node.label}: building its kernel (output "
+                                 f"{[list(v.shape) for v in node.outputs if v is not None]}) "
+                                 f"needs more memory than this process has: {exc}") from None
         if ctx.workspace_requests:
             workspace[index] = ctx.workspace_requests
         factories.append((index, node, run))
@@ -259,16 +266,43 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):.2f} GiB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):.1f} MiB"
 
 
+def _arena_limit(backend: Backend, max_arena_bytes: int | None) -> tuple[int | None, str]:
+    if max_arena_bytes is not None:
+        return max_arena_bytes, f"max_arena_bytes={max_arena_bytes}"
+    limit, name = backend.arena_limit()
+    return limit, f"{name} ({_size(limit or 0)}; max_arena_bytes= sets another limit)"
+
+
+def _value_bytes(v: ir.Value) -> int:
+    return math.prod(v.shape) * np.dtype(v.dtype).itemsize if v.is_static else 0
+
+
+def check_value_sizes(graph: ir.Graph, backend: Backend, max_arena_bytes: int | None) -> None:
+    """An ``ArenaSizeError`` before any kernel is built (a kernel may hold a buffer the size
+    of its output) when one value alone is larger than the arena may be
+    (``check_arena_size``'s limit): an input declared with 10^12 elements is refused here,
+    naming it, not as a MemoryError from the first kernel that asks for its size."""
+    limit, what = _arena_limit(backend, max_arena_bytes)
+    largest = max(graph.values.values(), key=_value_bytes, default=None)
+    if limit is None or largest is None or _value_bytes(largest) <= limit:
+        return
+    made_by = f"made by {largest.producer.label}" if largest.producer is not None \
+        else "an input or initializer"
+    inputs = {v.name: list(v.shape) for v in graph.inputs}
+    raise ArenaSizeError(
+        f"the {backend.name} plan for inputs {inputs} holds {largest.name!r} "
+        f"{list(largest.shape)} {largest.dtype} ({_size(_value_bytes(largest))}, {made_by}), "
+        f"more than {what} for the whole arena. Feed smaller inputs, or raise "
+        "max_arena_bytes= if the machine has the memory")
+
+
 def check_arena_size(graph: ir.Graph, memory: MemoryPlan, backend: Backend,
                      max_arena_bytes: int | None) -> None:
     """An ``ArenaSizeError`` before anything is allocated when the plan's arena is larger than
     ``max_arena_bytes`` (None: the backend's ``arena_limit``, for numpy the machine's physical
     memory; for cuda, no check here, the device says). It names the inputs, the largest values
     and the nodes making them."""
-    limit, what = max_arena_bytes, f"max_arena_bytes={max_arena_bytes}"
-    if limit is None:
-        limit, name = backend.arena_limit()
-        what = f"{name} ({_size(limit or 0)}; max_arena_bytes= sets another limit)"
+    limit, what = _arena_limit(backend, max_arena_bytes)
     if limit is None or memory.total_bytes <= limit:
         return
     owners = sorted((t for t in memory.tensors.values() if t.alias_of is None and not t.span),
