@@ -44,6 +44,8 @@ from tr_onnx.errors import UnsupportedModelError
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 PREVIEW = "ai.onnx.preview.training"
 ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
         np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,

@@ -41,6 +41,8 @@ from tr_onnx.ops.recurrent import _ACTIVATIONS, _spec
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
         BFLOAT16: TensorProto.BFLOAT16, np.dtype(np.int32): TensorProto.INT32}

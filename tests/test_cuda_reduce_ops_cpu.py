@@ -59,6 +59,8 @@ from tr_onnx.ops.conv_window import Window
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 FLOATS = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BFLOAT16}
 MANTISSA = {"f32": (23, -126), "f16": (10, -14), "bf16": (7, -126)}  # (bits, min exponent)
 SHAPE = (2, 5, 3, 4)  # C = 5: padded to 8 channels-last

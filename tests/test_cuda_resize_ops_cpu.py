@@ -281,6 +281,7 @@ def test_a_unet_trains_on_cuda_as_on_numpy(mode, coord, device, signatures):
     assert {"tr_resize_table", "tr_resize_transpose", "tr_resize_apply_f32_f32"} <= names
 
 
+@pytest.mark.internal_ops
 def test_resize_grad_is_the_transpose_of_the_forward_map(device):
     """<Resize(x), gy> = <x, ResizeGrad(gy)> on the device, for a cubic antialiased map (taps
     merged at the edges, rows of several lengths): the gather form lists every tap."""

@@ -48,6 +48,8 @@ from tr_onnx.dtypes import BFLOAT16
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 ELEM = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float16): TensorProto.FLOAT16,
         BFLOAT16: TensorProto.BFLOAT16, np.dtype(np.int64): TensorProto.INT64}
 INTERNAL = "ai.tr_onnx"

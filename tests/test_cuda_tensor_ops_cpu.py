@@ -56,6 +56,8 @@ from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 DTYPES = [*FLOATS, "int64"]
 CONV_OUT = 5  # Conv's output channels, padded to 8 by channel_align=8
 

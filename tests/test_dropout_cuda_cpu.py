@@ -20,6 +20,8 @@ from tr_onnx.errors import TrOnnxError
 from tr_onnx.optim import SGD
 from tr_onnx.testing.host_emulator import build_host_library, host_emulator
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 ZOO = Path(__file__).resolve().parent.parent / "model_zoo"
 ELEM = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 

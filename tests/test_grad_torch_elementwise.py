@@ -14,6 +14,8 @@ import tr_onnx
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.training.gradients import vjp
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 RNG = np.random.default_rng(7)
 
 

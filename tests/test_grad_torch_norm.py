@@ -14,6 +14,8 @@ from onnx import helper, numpy_helper
 import tr_onnx
 from tr_onnx.training.gradients import vjp
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 F64 = 11  # onnx TensorProto.DOUBLE
 # float64 throughout; gradients of normalisations cancel terms of size ~|gy| (1e-12 abs)
 RTOL, ATOL = 1e-9, 1e-11

@@ -361,6 +361,39 @@ def test_a_constant_range_too_large_for_the_process_names_its_node():
     assert "refused: node 'r' (Range" in done.stdout and "output [[2147483647]]" in done.stdout
 
 
+# ---- item 14: tr_onnx's internal ops in a user's model ------------------------------------------
+
+
+def _dropout_training_model(in_subgraph: bool) -> onnx.ModelProto:
+    F = TensorProto.FLOAT
+    node = helper.make_node("DropoutTraining", ["x"], ["y"], name="dt", domain="ai.tr_onnx",
+                            ratio=0.5, seed=1)
+    if in_subgraph:
+        branch = helper.make_graph([node], "b", [], [helper.make_tensor_value_info("y", F,
+                                                                                  [2, 4])])
+        node = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)
+    inputs = [helper.make_tensor_value_info("x", F, [2, 4])] + (
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])] if in_subgraph else [])
+    return helper.make_model(
+        helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", F, [2, 4])]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.tr_onnx", 1)])
+
+
+@pytest.mark.parametrize("in_subgraph", [False, True], ids=["top_level", "in_an_if_branch"])
+@pytest.mark.parametrize("session", ["inference", "training"])
+def test_an_internal_op_in_a_users_model_is_refused_by_name(session, in_subgraph):
+    """Before: DropoutTraining (a form the training pass makes, with the inputs that pass
+    gives it) failed inside its kernel with an IndexError."""
+    model = _dropout_training_model(in_subgraph)
+    with pytest.raises(UnsupportedModelError, match=r"node 'dt' \(DropoutTraining\): "
+                       r"DropoutTraining is one of tr_onnx's internal ops"):
+        if session == "inference":
+            tr_onnx.InferenceSession(model)
+        else:
+            tr_onnx.TrainingSession(model, optimizer=tr_onnx.optim.SGD(lr=0.1),
+                                    backend="numpy")
+
+
 def test_a_onednn_error_is_a_tr_onnx_error():
     from tr_onnx import onednn
 

@@ -24,6 +24,8 @@ from tr_onnx.hookspecs import hookimpl
 from tr_onnx.memory import pad_lanes_are_zero
 from tr_onnx.opdef import SPATIAL, OpDef
 
+pytestmark = pytest.mark.internal_ops  # models of its internal ops, to test their kernels
+
 RNG = np.random.default_rng(0)
 TEST_DOMAIN = "test.layout"
 

@@ -139,6 +139,7 @@ def test_layout1_with_seq_lens_equals_layout0_transposed(op):
         np.testing.assert_array_equal(a, b.swapaxes(0, 1))
 
 
+@pytest.mark.internal_ops
 def test_the_training_variant_equals_the_op_and_types_its_saved_rows():
     """ai.tr_onnx GRUTraining as a node of its own (its shape rule types the outputs the
     model leaves symbolic): Y and Y_h equal GRU's, the saved rows are [D, T, N, 5H]."""

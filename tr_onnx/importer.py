@@ -8,6 +8,8 @@ folding what those make constant. Symbolic batch dimensions stay symbolic until 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path, PureWindowsPath
@@ -40,7 +42,7 @@ from .errors import (
 )
 from .legacy_opsets import prepare_for_conversion
 from .registry import OpRegistry, canonical_domain, default_registry, schema_for
-from .shape_checks import check_attributes, check_node_shapes
+from .shape_checks import check_node_shapes, check_nodes
 
 MIN_OPSET = 7  # older models are converted up (opset 6 and below had legacy broadcasting)
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -404,19 +406,37 @@ def _rename_inputs(nodes, renamed: dict[str, str]) -> None:
                 _rename_inputs(body.node, renamed)
 
 
+_INTERNAL_OPS_ALLOWED: ContextVar[bool] = ContextVar("internal_ops_allowed", default=False)
+
+
+@contextmanager
+def internal_ops_allowed():
+    """Within it, models may hold tr_onnx's internal ops (domain ai.tr_onnx), which a user's
+    model may not (``shape_checks.check_nodes``): for the tests that run those ops' kernels
+    and gradients as a model's nodes."""
+    token = _INTERNAL_OPS_ALLOWED.set(True)
+    try:
+        yield
+    finally:
+        _INTERNAL_OPS_ALLOWED.reset(token)
+
+
 @ir.collector_paused()
 def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy",
                  external_data_dir: str | Path | None = None,
-                 fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES) -> ImportedModel:
+                 fold_limit_bytes: int | None = DEFAULT_FOLD_LIMIT_BYTES,
+                 internal_ops: bool = False) -> ImportedModel:
     """Load, check, convert, infer and fold ``src``; verify every op has a kernel for
     ``backend``. ``external_data_dir``: where a model given as bytes or a ModelProto keeps its
     external data (``load_model``). ``fold_limit_bytes``: no folded constant is larger (None:
-    no limit)."""
+    no limit). ``internal_ops``: ``src`` is tr_onnx's own and may hold its internal ops (as
+    within ``internal_ops_allowed``)."""
     check_byte_limit("fold_limit_bytes", fold_limit_bytes)
     registry = registry or default_registry()
     model, name = load_model(src, external_data_dir)
     _check(model, name)
-    check_attributes(model, name)  # before anything runs onnx's shape inference
+    # before anything runs onnx's shape inference
+    check_nodes(model, name, internal_ops or _INTERNAL_OPS_ALLOWED.get())
     _check_tensors(model, name, in_memory=isinstance(src, (bytes, onnx.ModelProto)))
     original = onnx.ModelProto()
     original.CopyFrom(model)

@@ -1,8 +1,9 @@
 """ONNX's shape rules, strictly, over a model specialised to concrete input shapes: a node whose
 inputs do not fit its op is named before a shape rule, the layout pass or a kernel relies on it
 (``importer.specialize`` calls ``check_node_shapes``). Before any shape inference runs,
-``check_attributes`` refuses the attribute values onnx's own shape rules read unchecked (a
-ConvTranspose with a zero kernel once crashed the process inside onnx, issue 35)."""
+``check_nodes`` refuses tr_onnx's internal ops and the attribute values onnx's own shape rules
+read unchecked (a ConvTranspose with a zero kernel once crashed the process inside onnx, issue
+35)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from functools import partial
 
 import onnx
 
-from .domains import is_onnx_domain
+from .domains import INTERNAL_DOMAIN, is_onnx_domain
 from .dtypes import elem_type_name
-from .errors import ModelLoadError, ShapeError
+from .errors import ModelLoadError, ShapeError, UnsupportedModelError
 from .registry import schema_for
 
 
@@ -146,14 +147,19 @@ _TYPE_ATTRIBUTES = {("Cast", "to"), ("EyeLike", "dtype"), ("RandomNormal", "dtyp
 _ELEMENT_TYPES = frozenset(onnx.TensorProto.DataType.values()) - {onnx.TensorProto.UNDEFINED}
 
 
-def check_attributes(model: onnx.ModelProto, source: str) -> None:
-    """Refuse, naming the node, the attribute values ONNX's shape inference reads without a
-    check: window sizes, strides and dilations below 1, window attributes whose lengths
-    disagree with each other or with the rank of the weight or input they describe, and an
-    element type that is none. A model with such a node passes ``onnx.checker``, and the
-    inference it goes on to may read out of bounds and kill the process (issue 35 item 4:
-    ConvTranspose(kernel_shape=[0]) followed by EyeLike). Every graph is walked: the main
-    graph, subgraphs and local functions."""
+def check_nodes(model: onnx.ModelProto, source: str, internal_ops: bool = False) -> None:
+    """Refuse, naming the node, what ``onnx.checker`` lets through and later steps cannot take.
+
+    - tr_onnx's internal ops (domain ai.tr_onnx; unless ``internal_ops``, as tests of their
+      kernels build): the forms its passes make, whose inputs the pass that makes them
+      guarantees (issue 35 item 14: DropoutTraining in a model was an IndexError);
+    - the attribute values ONNX's shape inference reads without a check: window sizes,
+      strides and dilations below 1, window attributes whose lengths disagree with each other
+      or with the rank of the weight or input they describe, and an element type that is
+      none. Inference over such a node may read out of bounds and kill the process (issue 35
+      item 4: ConvTranspose(kernel_shape=[0]) followed by EyeLike).
+
+    Every graph is walked: the main graph, subgraphs and local functions."""
     ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input
              if vi.type.tensor_type.HasField("shape")}
     ranks.update({t.name: len(t.dims) for t in model.graph.initializer})
@@ -165,6 +171,12 @@ def check_attributes(model: onnx.ModelProto, source: str) -> None:
         for i, node in enumerate(nodes):
             name = node.name or f"{node.op_type}_{i}"
             label = f"{source}: {where}node {name!r} ({node.op_type})"
+            if node.domain == INTERNAL_DOMAIN and not internal_ops:
+                raise UnsupportedModelError(
+                    f"{label}: {node.op_type} is one of tr_onnx's internal ops (domain "
+                    f"{INTERNAL_DOMAIN!r}): its passes add them (training forms, gradients, "
+                    "optimizer steps, layout changes), and a model may not contain them; use the "
+                    "ONNX op the model means", [])
             attrs = {a.name: a for a in node.attribute}
             if is_onnx_domain(node.domain) and node.op_type in _WINDOW_OPS:
                 _check_window(node, attrs, known, label)
@@ -194,11 +206,12 @@ def _check_window(node: onnx.NodeProto, attrs: dict, ranks: dict, label: str) ->
         spatial.setdefault(len(values) // 2 if name == "pads" else len(values),
                            f"attribute {name!r} ({values})")
     # the weight (Conv, ConvTranspose, ConvInteger, DeformConv: input 1; QLinearConv: input 3)
-    # and the data input hold the spatial rank too, where their rank is known here
+    # and the data input hold the spatial rank too, where their rank is known here (below rank
+    # 3 ONNX's rule refuses the input itself)
     described = [(0, "input")] + ([(3, "weight")] if node.op_type == "QLinearConv" else
                                   [(1, "weight")] if "Conv" in node.op_type else [])
     for index, what in described:
-        if index < len(node.input) and node.input[index] in ranks:
+        if index < len(node.input) and ranks.get(node.input[index], 0) > 2:
             spatial.setdefault(ranks[node.input[index]] - 2,
                                f"{what} {node.input[index]!r} (rank {ranks[node.input[index]]})")
     if len(spatial) > 1:

@@ -285,7 +285,8 @@ class SubModel:
     def imported(self):
         """The sub-model imported (checked, inferred, folded), once."""
         if self._imported is None:
-            self._imported = import_model(self.model, self.registry, "numpy")
+            self._imported = import_model(self.model, self.registry, "numpy",
+                                          internal_ops=True)  # carved out by tr_onnx
         return self._imported
 
     def require_gradients(self, names) -> None:
