@@ -361,6 +361,38 @@ def test_a_constant_range_too_large_for_the_process_names_its_node():
     assert "refused: node 'r' (Range" in done.stdout and "output [[2147483647]]" in done.stdout
 
 
+# ---- item 8: a run whose validation loss is not finite ------------------------------------------
+
+
+def test_a_run_whose_validation_loss_is_not_finite_prints_its_summary(tmp_path, capsys):
+    """A running variance of NaN: training normalises by the batch's statistics (finite),
+    evaluation by the running ones (NaN), so the validation loss is NaN, kept as None in the
+    records. Before: the final summary raised a TypeError after the model was exported."""
+    F = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(v.astype(np.float32), n) for n, v in [
+        ("s", np.full(4, 1.5)), ("b", np.full(4, 0.1)), ("m", np.zeros(4)),
+        ("v", np.full(4, np.nan)), ("W", rng.standard_normal((4, 3))), ("B", np.full(3, 0.2))]]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("BatchNormalization", ["input", "s", "b", "m", "v"], ["h"]),
+         helper.make_node("Gemm", ["h", "W", "B"], ["logits"])], "g",
+        [helper.make_tensor_value_info("input", F, ["N", 4])],
+        [helper.make_tensor_value_info("logits", F, ["N", 3])], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", input=rng.standard_normal((64, 4)).astype(np.float32),
+             labels=rng.integers(0, 3, 64).astype(np.int64))
+    out = tmp_path / "out.onnx"
+    assert tr_onnx.cli.main(["train", str(tmp_path / "m.onnx"), "--data",
+                             str(tmp_path / "d.npz"), "--epochs", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert ", val loss not finite acc " in next(p for p in printed if p.startswith("epoch 1/1:")
+                                                and "val loss" in p)
+    assert any(p.startswith("final val accuracy ") and p.endswith(
+        "(val loss not finite) after 1 epochs, 2 steps") for p in printed), printed
+    assert out.is_file()
+
+
 # ---- item 14: tr_onnx's internal ops in a user's model ------------------------------------------
 
 

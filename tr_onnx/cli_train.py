@@ -354,7 +354,9 @@ def train_model(args, log=print, on_trainer=None, world=None) -> dict:
         if history and args.plot:
             _write_plot(history, args.plot, out, _step_records(args, records.steps))
     final = history[-1] if history else {}
-    return {"val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
+    return {"trained": bool(history),
+            "validated": bool(history) and trainer.val_data is not None,
+            "val_acc": final.get("val_acc"), "val_loss": final.get("val_loss"),
             "train_loss": final.get("train_loss"),
             "epochs": trainer.epoch, "steps": session.step, "model": str(out),
             "checkpoint": str(ckpt) if ckpt else None,
@@ -425,13 +427,15 @@ def _epochs(n: int) -> str:
 
 
 def _print_trained(info: dict) -> None:
-    if info["val_acc"] is not None:
-        print(f"final val accuracy {info['val_acc']:.4f} (val loss {info['val_loss']:.4f}) after "
-              f"{info['epochs']} epochs, {info['steps']} steps")
-    elif info["val_loss"] is not None:
-        print(f"final val loss {info['val_loss']:.4f} after {_epochs(info['epochs'])}")
-    elif info["train_loss"] is not None:
-        print(f"final train loss {info['train_loss']:.4f} after {_epochs(info['epochs'])} "
+    def loss(v):  # a record's loss is None where it was not finite (strict JSON has no NaN)
+        return "not finite" if v is None else f"{v:.4f}"
+    if info["validated"] and info["val_acc"] is not None:
+        print(f"final val accuracy {info['val_acc']:.4f} (val loss {loss(info['val_loss'])}) "
+              f"after {info['epochs']} epochs, {info['steps']} steps")
+    elif info["validated"]:
+        print(f"final val loss {loss(info['val_loss'])} after {_epochs(info['epochs'])}")
+    elif info["trained"]:
+        print(f"final train loss {loss(info['train_loss'])} after {_epochs(info['epochs'])} "
               "(no validation split)")
     for what in ("model", "checkpoint", "metrics", "plot"):
         if info[what]:

@@ -171,7 +171,8 @@ def summary(r: dict, epochs: int, metric_keys: Sequence[str], with_acc: bool, wi
     text = (f"epoch {r['epoch']}/{epochs}: train loss {fmt(r['train_loss'], '.4f')}"
             f"{printed_metrics(r, 'train_', metric_keys, with_acc)}")
     if with_val:
-        text += (f", val loss {fmt(r['val_loss'], '.4f')}"
+        val_loss = "not finite" if r["val_loss"] is None else format(r["val_loss"], ".4f")
+        text += (f", val loss {val_loss}"
                  f"{printed_metrics(r, 'val_', metric_keys, with_acc)}")
     on_ranks = f" on {ranks} ranks" if ranks > 1 else ""
     text += (f", {fmt(r['samples_per_s'], '.0f')} samples/s{on_ranks}, {r['seconds']:.2f} s, "
