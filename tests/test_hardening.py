@@ -393,6 +393,47 @@ def test_a_run_whose_validation_loss_is_not_finite_prints_its_summary(tmp_path, 
     assert out.is_file()
 
 
+# ---- item 10: a model rewritten before import (a new head, LoRA) is checked as import checks it ---
+
+
+def _duplicated_functions_model(path: Path) -> None:
+    F = TensorProto.FLOAT
+    relu = [helper.make_function("local", "f", ["a"], ["b"], [helper.make_node("Relu", ["a"],
+                                                                              ["b"])],
+                                 [helper.make_opsetid("", 17)]) for _ in range(2)]
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(
+        np.float32), "W")
+    onnx.save(helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]),
+         helper.make_node("f", ["h"], ["y"], domain="local")], "g",
+        [helper.make_tensor_value_info("x", F, ["N", 4])],
+        [helper.make_tensor_value_info("y", F, ["N", 3])], [w]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
+        functions=relu), path)
+
+
+@pytest.mark.parametrize("model", ["duplicated_functions", "not_onnx"])
+@pytest.mark.parametrize("finetune", [["--num-classes", "2", "--head", "h"], ["--lora", "rank=2"]],
+                         ids=["new_head", "lora"])
+def test_a_bad_model_given_to_fine_tuning_is_one_error_line(tmp_path, capsys, model, finetune):
+    """Before: onnx's ValidationError (duplicated local functions) and protobuf's DecodeError
+    (not a model) escaped from the head and LoRA rewrites, which loaded the file with
+    onnx.load before the importer's checks."""
+    path = tmp_path / "m.onnx"
+    if model == "not_onnx":
+        path.write_bytes(b"garbage")
+    else:
+        _duplicated_functions_model(path)
+    np.savez(tmp_path / "d.npz", input=np.ones((8, 4), np.float32),
+             labels=np.zeros(8, np.int64))
+    assert tr_onnx.cli.main(["train", str(path), "--data", str(tmp_path / "d.npz"), "--epochs",
+                             "1", "--out", str(tmp_path / "out.onnx"), *finetune]) == 2
+    why = ("fails onnx.checker: Model contains multiple local functions"
+           if model == "duplicated_functions" else "not a valid ONNX model")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tr-onnx: error: {path}: {why}"), lines
+
+
 # ---- item 14: tr_onnx's internal ops in a user's model ------------------------------------------
 
 

@@ -505,7 +505,7 @@ def _one_node_model(op: str, attrs: dict, x_shape, w_shape, out_shape) -> onnx.M
     graph = helper.make_graph(
         [helper.make_node(op, ["x", "w", "c"], ["y"], "layer", **attrs)], "one",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

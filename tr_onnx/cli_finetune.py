@@ -92,11 +92,9 @@ def apply(args, model_path: str):
         raise TrOnnxError("--unfreeze-after needs --train-only: nothing is frozen to unfreeze")
     model, choice = model_path, None
     if args.num_classes is not None:
-        import onnx
-
         if args.num_classes < 1:
             raise TrOnnxError(f"--num-classes {args.num_classes}: must be >= 1")
-        model, choice = replace_head(onnx.load(model_path), args.num_classes, head=args.head,
+        model, choice = replace_head(model_path, args.num_classes, head=args.head,
                                      seed=args.seed or 0)
         notes.append(f"new head: {choice.op_type} {choice.node!r} ({choice.in_features} -> "
                      f"{choice.num_classes} classes, was {choice.old_classes}; {choice.why})")

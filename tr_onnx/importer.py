@@ -421,6 +421,20 @@ def internal_ops_allowed():
         _INTERNAL_OPS_ALLOWED.reset(token)
 
 
+def load_checked(src: str | Path | onnx.ModelProto | bytes,
+                 external_data_dir: str | Path | None = None,
+                 internal_ops: bool = False) -> tuple[onnx.ModelProto, str]:
+    """``load_model``, then the checks every model passes before anything reads it: onnx.checker
+    (duplicate local functions, ...), ``shape_checks.check_nodes`` (before anything runs
+    onnx's shape inference) and the tensors' data against their dims. What rewrites a user's
+    model before import (a new head, LoRA branches) loads it here too."""
+    model, name = load_model(src, external_data_dir)
+    _check(model, name)
+    check_nodes(model, name, internal_ops or _INTERNAL_OPS_ALLOWED.get())
+    _check_tensors(model, name, in_memory=isinstance(src, (bytes, onnx.ModelProto)))
+    return model, name
+
+
 @ir.collector_paused()
 def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy",
                  external_data_dir: str | Path | None = None,
@@ -433,11 +447,7 @@ def import_model(src, registry: OpRegistry | None = None, backend: str = "numpy"
     within ``internal_ops_allowed``)."""
     check_byte_limit("fold_limit_bytes", fold_limit_bytes)
     registry = registry or default_registry()
-    model, name = load_model(src, external_data_dir)
-    _check(model, name)
-    # before anything runs onnx's shape inference
-    check_nodes(model, name, internal_ops or _INTERNAL_OPS_ALLOWED.get())
-    _check_tensors(model, name, in_memory=isinstance(src, (bytes, onnx.ModelProto)))
+    model, name = load_checked(src, external_data_dir, internal_ops)
     original = onnx.ModelProto()
     original.CopyFrom(model)
     original_opset = default_opset(model)

@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import TrOnnxError
+from ..importer import load_checked
 
 # ops that keep each row's class scores in place between the classifier and the output
 PASS_THROUGH = ("Flatten", "Reshape", "Identity", "Squeeze", "Unsqueeze", "Softmax",
@@ -167,8 +168,7 @@ def replace_head(model: onnx.ModelProto | str | Path, num_classes: int, *,
     if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) \
             or num_classes < 1:
         raise TrOnnxError(f"num_classes={num_classes!r}: must be an integer >= 1")
-    model = (onnx.load(str(model)) if isinstance(model, (str, Path)) else
-             onnx.ModelProto.FromString(model.SerializeToString()))
+    model = onnx.ModelProto.FromString(load_checked(model)[0].SerializeToString())
     graph = model.graph
     heads = _heads(graph)
     found = _path_to_output(graph, heads)

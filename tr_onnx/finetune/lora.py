@@ -47,6 +47,7 @@ from onnx import helper, numpy_helper
 from .. import torch_metadata
 from ..domains import ONNX_DOMAINS
 from ..errors import TrOnnxError
+from ..importer import load_checked
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
                onnx.TensorProto.BFLOAT16)
@@ -289,7 +290,7 @@ def parse_lora(text: str) -> dict:
 # ---- finding the weights --------------------------------------------------------------------
 
 def _load(model) -> onnx.ModelProto:
-    return onnx.load(str(model)) if isinstance(model, (str, Path)) else model
+    return load_checked(model)[0]
 
 
 def _positive_int(what: str, v) -> int:
