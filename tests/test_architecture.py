@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tr_onnx"
 
 LAYERS = [  # bottom to top: (layer, module prefixes); "" is the package's __init__
     ("base", ("errors", "domains")),  # what every module may name: its errors, the op domains
-    ("cpu_libraries", ("host_blas", "blas_threads", "onednn")),
+    ("cpu_libraries", ("host_blas", "blas_threads", "onednn", "host_math")),
     ("core", ("ir", "layouts", "dtypes", "opdef", "hookspecs", "registry", "memory",
               "importer", "constant_folding", "const_feeds", "feeds", "export_advice",
               "legacy_opsets", "shape_checks", "torch_metadata")),

@@ -83,6 +83,49 @@ def test_a_recurrent_layer_of_hidden_size_1_over_a_batch_of_3_equals_both_refere
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+# ---- item 1's NumPy loop elsewhere: np.negative into strided views ------------------------------
+
+
+@pytest.mark.parametrize("dtype,stride", [(np.float32, 4), (np.int32, 4), (np.float64, 8),
+                                          (np.int64, 8), (np.float32, 3), (np.float64, 4)])
+def test_negate_is_right_where_numpys_negative_loop_is_not(dtype, stride):
+    from tr_onnx.host_math import negate
+
+    x = np.arange(1, 4 * 7 * stride + 1).astype(dtype).reshape(7 * 4, stride)[:, 1]
+    out = np.zeros((7 * 4, 5), dtype)[:, 2]
+    negate(x, out)
+    np.testing.assert_array_equal(out, -np.array(x))
+    inplace = x.copy().repeat(stride).reshape(-1, stride)[:, 0]  # stride elements apart
+    negate(inplace, inplace)
+    np.testing.assert_array_equal(inplace, -np.array(x))
+
+
+@pytest.mark.parametrize("op", ["Neg", "Softplus", "Sigmoid", "Selu"])
+@pytest.mark.parametrize("elem,align", [(TensorProto.FLOAT, 4), (TensorProto.DOUBLE, 8)],
+                         ids=["float32_align4", "float64_align8"])
+def test_a_one_channel_conv_then_a_negating_op_equals_onnxruntime(op, elem, align):
+    """One output channel padded to ``align`` lanes makes the activation a column of 16-byte
+    (float32) or 64-byte (float64) stride: NumPy's negative loop wrote wrong values into it
+    (Conv then Neg was off by 2.05)."""
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((1, 3, 1, 1)).astype(dtype), "w")
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node(op, ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", elem, [2, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", elem, [2, 1, 4, 4])], [w]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, 3, 4, 4)).astype(dtype)
+    got = tr_onnx.InferenceSession(model, channel_align=align).run(None, {"x": x})[0]
+    if elem == TensorProto.FLOAT:
+        ref, rt = _references(model, {"x": x})
+        np.testing.assert_allclose(got, rt[0], rtol=1e-6, atol=1e-6)
+    else:  # onnxruntime has no float64 Conv
+        ref = ReferenceEvaluator(model).run(None, {"x": x})
+    tol = 1e-6 if elem == TensorProto.FLOAT else 1e-12
+    np.testing.assert_allclose(got, ref[0], rtol=tol, atol=tol)
+
+
 # ---- item 3: MaxPool with a zero-width output -------------------------------------------------
 
 

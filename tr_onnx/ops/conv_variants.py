@@ -11,6 +11,7 @@ import itertools
 import numpy as np
 
 from ..hookspecs import hookimpl
+from ..host_math import negate
 from ..opdef import PLAIN_ONLY, OpDef
 
 # --------------------------------------------------------------------------------------------
@@ -50,7 +51,7 @@ def causal_conv_with_state_numpy(ctx):
         if has_bias:
             np.add(y, ins[2][None, :, None], out=y)
         if activation != "none":
-            np.negative(y, out=t)
+            negate(y, t)
             np.exp(t, out=t)
             np.add(t, 1, out=t)
             np.divide(y, t, out=y)

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from ..host_math import negate
+
 _ERF_SPLIT = 2.0  # series below, continued fraction above (both reach float64 precision there)
 # (series terms, continued-fraction terms) for float64 results: errors below 2e-16, measured
 # against the C library's erf
@@ -70,7 +72,7 @@ def erf_float64(x, t, scale=1.0, exact=True):
         np.divide(n / 2.0, p, out=p)
         p += u
     np.square(u, out=r)
-    np.negative(r, out=r)
+    negate(r, r)
     np.exp(r, out=r)
     r /= p
     r *= -1.0 / math.sqrt(math.pi)
@@ -83,7 +85,7 @@ def erf_float64(x, t, scale=1.0, exact=True):
         p *= u
         p += c
     p *= z
-    np.negative(u, out=u)
+    negate(u, u)
     np.exp(u, out=u)
     p *= u
     p *= 2.0 / math.sqrt(math.pi)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..domains import INTERNAL_DOMAIN
 from ..hookspecs import hookimpl
+from ..host_math import negate
 from ..opdef import PLAIN_ONLY, OpDef
 
 _MODES = {"bilinear": "linear", "bicubic": "cubic", "linear": "linear", "cubic": "cubic",
@@ -150,7 +151,7 @@ class _GridTaps:
         np.copyto(v, value, where=outside)
         if dv is not None:
             np.logical_and(outside, even, out=even)
-            np.negative(dv, out=dv, where=even)
+            negate(dv, dv, where=even)
 
     def _axis(self, g, length, axis, tmp, b, slopes):
         u, du, weights, dweights, idx = axis

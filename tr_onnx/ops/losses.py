@@ -16,6 +16,7 @@ from .. import host_blas
 from ..domains import INTERNAL_DOMAIN
 from ..errors import InputError
 from ..hookspecs import hookimpl
+from ..host_math import negate
 from ..opdef import OpDef
 
 
@@ -134,7 +135,7 @@ def _nll_forward(ctx, log_softmax: bool):
             pick(idx, flat)
             if w is not None:
                 np.multiply(loss, w, out=loss)
-            np.negative(loss, out=loss)
+            negate(loss, loss)
             if reduction == "none":
                 np.copyto(out, loss, casting="same_kind")
                 return

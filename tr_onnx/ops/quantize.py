@@ -36,6 +36,7 @@ import numpy as np
 from ..domains import INTERNAL_DOMAIN
 from ..dtypes import np_dtype, onnx_elem_type
 from ..hookspecs import hookimpl
+from ..host_math import negate
 from ..opdef import ELEMENTWISE, PLAIN_ONLY, OpDef
 from .conv_window import Window, im2col_nhwc, pad_nhwc, padding_slabs_nhwc
 from .tensor import positive_axis
@@ -256,7 +257,7 @@ def quantize_linear_grad_numpy(ctx):
             g = ws[gs_ws]
             np.multiply(gx, ins[1], out=g)  # gq/s * x
             np.divide(g, s, out=g)
-            np.negative(g, out=g)
+            negate(g, g)
             scale.reduce(g, outs[1], ws)
 
     return run

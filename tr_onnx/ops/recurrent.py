@@ -40,6 +40,7 @@ import numpy as np
 from ..domains import INTERNAL_DOMAIN
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
+from ..host_math import negate
 from ..ir import Node, Value, attribute_value
 from ..opdef import PLAIN_ONLY, OpDef
 from .recurrent_cells import _CELLS, _Buffers, _rows
@@ -60,9 +61,7 @@ SEQ_LENS = 4
 
 
 def _sigmoid(x, out, a, b):
-    # not np.negative: NumPy 2.4's float32 loop of it writes wrong values where both operands
-    # are strided columns (a hidden_size=1 gate block of [N, G*1] rows; issue 35 item 1)
-    np.multiply(x, -1, out=out)
+    negate(x, out)  # a hidden_size=1 gate block is a strided column of [N, G*1] rows
     np.exp(out, out=out)
     np.add(out, 1, out=out)
     np.reciprocal(out, out=out)

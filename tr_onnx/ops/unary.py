@@ -28,6 +28,7 @@ import numpy as np
 from ..domains import INTERNAL_DOMAIN
 from ..dtypes import finfo, is_float
 from ..hookspecs import hookimpl
+from ..host_math import negate
 from ..opdef import OpDef, bounded_like_input, unit_bounded
 from .elementwise import (
     Chunked,
@@ -79,7 +80,7 @@ def _sigmoid(x, y, t, a):
     # exp(-|x|) never overflows: 1/(1+e) for x >= 0, e/(1+e) below
     e, negative = t
     np.abs(x, out=e)
-    np.negative(e, out=e)
+    negate(e, e)
     np.exp(e, out=e)
     np.add(e, 1, out=y)
     np.reciprocal(y, out=y)
@@ -90,7 +91,7 @@ def _sigmoid(x, y, t, a):
 def _softplus(x, y, t, a):
     # log1p(exp(-|x|)) + max(x, 0): exact where exp(x) would overflow
     np.abs(x, out=y)
-    np.negative(y, out=y)
+    negate(y, y)
     np.exp(y, out=y)
     np.log1p(y, out=y)
     np.maximum(x, 0, out=t[0])
@@ -459,7 +460,7 @@ UNARY: dict[str, Elementwise] = {
     "Sqrt": Elementwise(_MATH, _ufunc1(np.sqrt), True, vjp=_grad_op("Sqrt")),
     "Reciprocal": Elementwise(_MATH, _ufunc1(np.reciprocal), True, vjp=_unary(
         lambda b, x, y, gy, a: b.neg(b.mul(gy, b.mul(y, y))))),
-    "Neg": Elementwise(_MATH, _ufunc1(np.negative), True, vjp=_unary(
+    "Neg": Elementwise(_MATH, (lambda x, y, t, a: negate(x, y)), True, vjp=_unary(
         lambda b, x, y, gy, a: b.neg(gy))),
     "Abs": Elementwise(_MATH, _ufunc1(np.absolute), True, vjp=_grad_op("Abs")),
     "Sign": Elementwise((9, 13), _ufunc1(np.sign), False),
