@@ -45,19 +45,26 @@ def const_feed_inputs(model, registry, backend) -> set[str]:
             found.add(name)
         elif name in producer and producer[name].op_type not in SHAPE_OPS:
             pending.extend(ir.proto_reads(producer[name]))
-    return found | _if_condition_inputs(model.graph, graph_inputs)
+    return found | _control_inputs(model.graph, graph_inputs)
 
 
-def _if_condition_inputs(graph: onnx.GraphProto, graph_inputs: set[str]) -> set[str]:
-    """Model inputs read directly as an If's condition (in subgraphs too): the plan
-    specialises on their value and inlines the branch taken. A condition computed from data
-    is not one: that If runs as sub-plans."""
+# the conditions of control-flow ops, which decide what a plan inlines or unrolls (a Loop's
+# trip count is one of its const_inputs: the model inputs it is computed from are fed too)
+_CONTROL_POSITIONS = {"If": (0,), "Loop": (1,)}
+
+
+def _control_inputs(graph: onnx.GraphProto, graph_inputs: set[str]) -> set[str]:
+    """Model inputs read directly as an If's or a Loop's condition (in subgraphs too): the
+    plan specialises on their value, inlines the branch taken and unrolls the loop. A
+    condition computed from data is not one: that If runs as sub-plans, that Loop as a loop
+    (a plan per batch of the float input deciding a while loop would be no plan at all)."""
     found = set()
     for node in graph.node:
-        if node.op_type == "If" and node.domain in ONNX_DOMAINS and node.input[0] in graph_inputs:
-            found.add(node.input[0])
+        if node.domain in ONNX_DOMAINS:
+            found.update(node.input[i] for i in _CONTROL_POSITIONS.get(node.op_type, ())
+                         if i < len(node.input) and node.input[i] in graph_inputs)
         for sub in ir.subgraphs(node):
-            found |= _if_condition_inputs(sub, graph_inputs)
+            found |= _control_inputs(sub, graph_inputs)
     return found
 
 

@@ -94,8 +94,11 @@ def cut(model: onnx.ModelProto, graph: ir.Graph, regions: Regions) -> None:
     per proto node in order) by one DynamicRegion node. Leaves the graph as it is where the
     part does not close (a dynamic value is a graph output): the caller names that value."""
     for node in graph.nodes:
-        if node.op_type == "If" and node.domain in ONNX_DOMAINS and "region" not in node.attrs:
-            prepare_if(node, graph, model, regions)
+        if node.domain in ONNX_DOMAINS and "region" not in node.attrs:
+            if node.op_type == "If":
+                prepare_if(node, graph, model, regions)
+            elif node.op_type == "Loop":
+                prepare_loop(node, graph, model, regions)
     if all(v.is_static for v in graph.values.values()):
         return
     nodes = graph.nodes
@@ -253,9 +256,9 @@ def _gather_for_compress(node: ir.Node, initializers: list) -> list[onnx.NodePro
             helper.make_node("Gather", [f"{y}__flat", keep], [y], axis=0)]
 
 
-def _value_info(v: ir.Value, shape=None) -> onnx.ValueInfoProto:
+def _value_info(v: ir.Value, shape=None, name: str | None = None) -> onnx.ValueInfoProto:
     dims = [d if isinstance(d, int) else None for d in (v.shape if shape is None else shape)]
-    return helper.make_tensor_value_info(v.name, onnx_elem_type(v.dtype), dims)
+    return helper.make_tensor_value_info(name or v.name, onnx_elem_type(v.dtype), dims)
 
 
 def _eager(node: ir.Node) -> bool:
@@ -481,6 +484,139 @@ class Branches:
     def backward(self, ins: list, outs: list) -> None:
         sub, plan = self.last
         sub.backward(plan, ins, {self.fed[i - 1]: g for i, g in zip(self.wrt, outs)})
+
+
+class Iterations:
+    """A Loop run at run time: one too long to unroll, or whose trip count or condition is
+    known only then (``passes.control_flow`` leaves it). Its body is one ``SubModel`` (inputs:
+    the iteration number, the condition, the carried values and the outer values it reads),
+    planned once: the carried values keep their static shapes. The kernel runs it while the
+    trip count and the condition allow.
+
+    Gradients: the forward keeps each iteration's carried inputs; the backward walks the
+    iterations in reverse, running each body again (its activations are not kept, only the
+    carried values) and then its backward. The gradients of the carried values chain from one
+    iteration to the one before; those of the outer values add up."""
+
+    def __init__(self, node: ir.Node, model: onnx.ModelProto, regions: Regions):
+        body = node.attrs["body"]
+        self.carried = len(body.input) - 2
+        self.fed = [v.name for v in node.inputs[2 + self.carried:]]  # outer values read
+        self.names = [i.name for i in body.input]  # iteration number, condition, carried
+        self.scalars = [tuple(_declared_dims(i)) for i in body.input[:2]]
+        outputs = [f"{o.name}__body_out" for o in body.output]
+        nodes = list(body.node) + [helper.make_node("Identity", [o.name], [name])
+                                   for o, name in zip(body.output, outputs)]
+        values = {v.name: v for v in node.inputs[2:] if v is not None}
+        carried_in = node.inputs[2:2 + self.carried]
+        inputs = [helper.make_tensor_value_info(self.names[0], onnx.TensorProto.INT64,
+                                                list(self.scalars[0])),
+                  helper.make_tensor_value_info(self.names[1], onnx.TensorProto.BOOL,
+                                                list(self.scalars[1]))]
+        inputs += [_value_info(v, name=n) for v, n in zip(carried_in, self.names[2:])]
+        inputs += [_value_info(values[n]) for n in self.fed]
+        results = [helper.make_tensor_value_info(outputs[0], onnx.TensorProto.BOOL,
+                                                 _declared_dims(body.output[0]))] + [
+            _value_info(v, name=n) for v, n in zip(carried_in, outputs[1:])]
+        graph = helper.make_graph(nodes, body.name or "loop_body", inputs, results,
+                                  initializer=body.initializer,
+                                  sparse_initializer=body.sparse_initializer)
+        self.sub = SubModel(helper.make_model(graph, opset_imports=model.opset_import,
+                                              ir_version=model.ir_version,
+                                              functions=model.functions), outputs, regions)
+        self.float_carried = [n for n, v in zip(self.names[2:], carried_in) if is_float(v.dtype)]
+        self.wrt: tuple[int, ...] = ()
+        self.kept: list[dict] = []  # each iteration's inputs, while gradients are asked for
+
+    def require_gradients(self, positions) -> None:
+        """Sub-plans with a backward pass: the float carried values always (their gradients
+        chain through the iterations), and the outer values at these Loop input positions."""
+        self.wrt = tuple(p for p in positions if p >= 2)
+        outer = [self.fed[p - 2 - self.carried] for p in self.wrt if p >= 2 + self.carried]
+        self.sub.require_gradients(self.float_carried + outer)
+
+    def forward(self, ins: list, outs: list) -> None:
+        """The Loop kernel: ``ins`` are the trip count and condition (None where absent), the
+        initial carried values and the outer values; ``outs`` the final carried values."""
+        trip = None if ins[0] is None else int(np.asarray(ins[0]).reshape(-1)[0])
+        go = True if ins[1] is None else bool(np.asarray(ins[1]).reshape(-1)[0])
+        values = dict(zip(self.fed, ins[2 + self.carried:]))
+        carried = [np.array(v) for v in ins[2:2 + self.carried]]
+        after = [None] + [np.empty_like(v) for v in carried]
+        self.kept = []
+        i = 0
+        while go and (trip is None or i < trip):
+            values[self.names[0]] = np.full(self.scalars[0], i, np.int64)
+            values[self.names[1]] = np.full(self.scalars[1], True)
+            values.update(zip(self.names[2:], carried))
+            if self.wrt:
+                self.kept.append({n: np.array(v) for n, v in values.items()})
+            plan = self.sub.plan(values)
+            after[0] = self._condition(plan)
+            self.sub.forward(plan, values, after)
+            go = bool(after[0].reshape(-1)[0])
+            carried, after[1:] = after[1:], carried
+            i += 1
+        for y, v in zip(outs, carried):
+            np.copyto(y, v)
+
+    def backward(self, ins: list, outs: list) -> None:
+        """The gradient kernel: cotangents of the final carried values (``ins``) to gradients
+        of the asked Loop inputs (``outs``), iteration by iteration in reverse."""
+        cot = dict(zip(self.names[2:], (np.array(c) for c in ins)))
+        outer = {self.fed[p - 2 - self.carried]: np.zeros_like(g)
+                 for p, g in zip(self.wrt, outs) if p >= 2 + self.carried}
+        scratch = [None] + [np.empty_like(cot[n]) for n in self.names[2:]]
+        for values in reversed(self.kept):
+            plan = self.sub.plan(values)
+            scratch[0] = self._condition(plan)
+            self.sub.forward(plan, values, scratch)  # the activations its backward reads
+            grads = {n: np.zeros_like(cot[n]) for n in self.float_carried}
+            grads.update({n: np.zeros_like(g) for n, g in outer.items()})
+            self.sub.backward(plan, [None] + [cot[n] for n in self.names[2:]], grads)
+            for n in outer:
+                outer[n] += grads[n]
+            cot.update({n: grads[n] for n in self.float_carried})
+        for p, g in zip(self.wrt, outs):
+            np.copyto(g, cot[self.names[p]] if p < 2 + self.carried
+                      else outer[self.fed[p - 2 - self.carried]])
+        self.kept = []
+
+    def _condition(self, plan) -> np.ndarray:
+        """A buffer for the body's condition output, of the shape the sub-plan gives it."""
+        return np.empty(plan.graph.values[self.sub.outputs[0]].shape, bool)
+
+
+def _declared_dims(vi: onnx.ValueInfoProto) -> list[int]:
+    """A loop body's iteration number or condition (in or out): its declared static dims (a
+    scalar where it declares none, as the spec has it)."""
+    t = vi.type.tensor_type
+    if not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
+        return []
+    return [int(d.dim_value) for d in t.shape.dim]
+
+
+def prepare_loop(node: ir.Node, graph: ir.Graph, model: onnx.ModelProto, regions: Regions
+                 ) -> None:
+    """A Loop the control-flow pass left to run at run time: the outer values its body reads
+    become its inputs, and its ``Iterations`` ride in ``attrs["region"]``. Its carried values
+    must keep static shapes; scan outputs (one slice per iteration, so a length known only
+    at run time) are refused by the pass."""
+    body = node.attrs["body"]
+    carried = len(body.input) - 2
+    for v, out in zip(node.inputs[2:2 + carried], node.outputs):
+        if v is None or not v.is_static or (out is not None and tuple(out.shape) != v.shape):
+            raise ShapeError(f"{node.label}: a Loop run at run time carries values of one "
+                             f"static shape through its iterations; "
+                             f"{(v or out).name!r} changes its shape or has none")
+    for name in free_names(body):
+        if name not in graph.values:
+            raise ShapeError(f"{node.label}: its body reads {name!r}, which nothing defines")
+        node.inputs.append(graph.values[name])
+    graph.wire(node)
+    node.attrs["region"] = Iterations(node, model, regions)
+    # its kernel: M and cond are run-time values here (Loop's own OpDef needs them constant)
+    node.op_type, node.domain, node.since_version = "RunLoop", INTERNAL_DOMAIN, 1
 
 
 def free_names(graph: onnx.GraphProto) -> list[str]:

@@ -255,6 +255,20 @@ def dynamic_region_numpy(ctx):
     return run
 
 
+def loop_shape(node, in_shapes, in_types):
+    """A Loop left to run as a loop: its carried values keep their shapes (ONNX's inference
+    gives them none, as a body may change them; ``subplan.Iterations`` plans the body with
+    these and names a body that does not keep them). Scan outputs: none here."""
+    carried = len(node.input) - 2
+    return list(zip(in_shapes[2:], in_types[2:])) + [(None, None)] * (len(node.output)
+                                                                      - carried)
+
+
+def run_loop_cuda(ctx):
+    raise ctx.error("a Loop that runs as a loop (not unrolled when the plan is made) runs on "
+                    "the numpy backend only")
+
+
 def dynamic_region_grad_numpy(ctx):
     region = ctx.attrs["region"]
 
@@ -313,6 +327,13 @@ def tr_onnx_op_definitions():
               doc="a condition computed at run time: both branches planned (their outer "
                   "values become inputs; equal static output shapes), the selected one runs; "
                   "its backward gives the gradients, the other branch's inputs get zeros"),
+        OpDef("RunLoop", (1,), {"numpy": dynamic_region_numpy, "cuda": run_loop_cuda},
+              domain=INTERNAL_DOMAIN, layout=PLAIN_ONLY, differentiable=True,
+              gradient=dynamic_region_vjp,
+              doc="a Loop not unrolled at plan time (its trip count or condition known only at "
+                  "run time, or too many iterations to unroll) run as a loop: the body one "
+                  "sub-plan (the carried values keep static shapes; no scan outputs), its "
+                  "backward by running each iteration again in reverse (subplan.Iterations)"),
         OpDef("DynamicRegion", (1,), {"numpy": dynamic_region_numpy}, domain=INTERNAL_DOMAIN,
               layout=PLAIN_ONLY, differentiable=True, gradient=dynamic_region_vjp,
               doc="a data-dependent part of the graph: eager producers, then a sub-plan "

@@ -21,6 +21,7 @@ from __future__ import annotations
 from ..errors import UnsupportedModelError
 from ..hookspecs import hookimpl
 from ..opdef import OpDef
+from .dynamic import loop_shape
 
 _WHY = {
     "Loop": "its trip count or condition is not known when the plan is made",
@@ -45,11 +46,12 @@ def unrolled_vjp(b, node, gys, needed):
 
 
 def _structural(op_type: str, versions: tuple[int, ...], doc: str,
-                differentiable: bool = False, const_inputs: tuple[int, ...] = ()) -> OpDef:
+                differentiable: bool = False, const_inputs: tuple[int, ...] = (),
+                shape=None) -> OpDef:
     """``const_inputs``: positions, split sizes, trip counts: model inputs reaching them make
     the plan specialise on their values."""
     return OpDef(op_type, versions, {"numpy": unresolved, "cuda": unresolved},
-                 const_inputs=const_inputs,
+                 const_inputs=const_inputs, shape=shape,
                  differentiable=differentiable, gradient=unrolled_vjp if differentiable else None,
                  doc=doc)
 
@@ -60,11 +62,15 @@ _CONTROL_VERSIONS = (1, 11, 13, 16, 19, 21, 23, 24, 25)
 @hookimpl
 def tr_onnx_op_definitions():
     return [
-        # M and cond must be known when the plan is made: model inputs reaching them make the
-        # plan specialise on their values (as Reshape's shape does)
+
+        # M and cond known when the plan is made unroll the loop: model inputs reaching M
+        # (which decides the scan outputs' length, as Reshape's shape decides a shape) or read
+        # directly as cond make the plan specialise on their values (const_feeds). A Loop left
+        # becomes RunLoop (ops.dynamic) when the graph is specialised.
         _structural("Loop", _CONTROL_VERSIONS, "forward: unrolled at plan time, given a known "
                     "trip count and a condition that stays constant (passed through or a "
-                    "constant)", const_inputs=(0, 1)),
+                    "constant); otherwise, or when unrolling would make too many nodes, run "
+                    "as a loop (RunLoop)", const_inputs=(0,), shape=loop_shape),
         _structural("Scan", (8, 9, 11, 16, 19, 21, 23, 24, 25), "unrolled at plan time (Gather "
                     "per step, body inlined, outputs stacked by Unsqueeze+Concat): input/output "
                     "axes and directions, opset 8's batch axis; differentiable when its body is",

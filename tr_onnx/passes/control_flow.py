@@ -38,7 +38,7 @@ from onnx import helper, numpy_helper
 from ..domains import ONNX_DOMAINS
 from ..errors import UnsupportedModelError
 from ..ir import proto_reads, subgraphs
-from .control_flow_rules import _HANDLERS, _label
+from .control_flow_rules import _HANDLERS, _label, _static_cond
 
 MAX_UNROLLED_NODES = 100_000  # nodes one specialisation may inline; more is a named error
 CONTROL_OPS = frozenset({"If", "Loop", "Scan"})
@@ -126,6 +126,9 @@ class _Resolver:
         # the stacked output takes when the loop ends)
         self.scan_prefix: dict[str, tuple[list[str], str]] = {}
         self.opts: dict[str, str | None] = {}  # an optional value -> what it holds (None: empty)
+        self.peeled: dict[tuple, int] = {}  # a Loop's carried outputs -> iterations peeled
+        # a Loop left to run at run time (its first output) -> why it is not unrolled
+        self.at_run_time: dict[str, str] = {}
 
     # ---- one round ----------------------------------------------------------------------
 
@@ -257,9 +260,10 @@ class _Resolver:
 
     def check_resolved(self, model: onnx.ModelProto) -> None:
         """A named error for the first structural node still in ``model`` (a data-dependent
-        If stays: the sub-plan If takes it)."""
+        If stays: the sub-plan If takes it; so does a Loop that can run at run time)."""
         self.round_info(model)
-        left = [n for n in model.graph.node if _is_structural(n) and n.op_type != "If"]
+        left = [n for n in model.graph.node if _is_structural(n) and n.op_type != "If"
+                and not (n.op_type == "Loop" and self._runs_at_run_time(n))]
         # a SequenceConstruct left is one rebuilt for a node that could not take its list
         for node in sorted(left, key=lambda n: n.op_type in ("SequenceConstruct",
                                                              "SequenceEmpty")):
@@ -278,20 +282,52 @@ class _Resolver:
         self.types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info)
                       + list(g.output)}
 
+    def _runs_at_run_time(self, node: onnx.NodeProto) -> bool:
+        """A Loop left that ``subplan.Iterations`` runs: it carries tensors only, has no scan
+        outputs (their length would be known only at run time) and ends (a trip count, or a
+        condition the body computes)."""
+        carried = len(node.input) - 2
+        m = (list(node.input) + [""])[0]
+        body = next(a.g for a in node.attribute if a.name == "body")
+        return (not any(node.output[carried:])
+                and all(self._is_tensor(n) for n in node.input[2:])
+                and (bool(m) or _static_cond(self, body) not in ("pass", True)))
+
+    def _is_tensor(self, name: str) -> bool:
+        """Not a sequence or optional: an initializer, or a value typed as a tensor."""
+        return name in self.inits or self.types.get(name, onnx.TypeProto()).HasField(
+            "tensor_type")
+
     def _why(self, node: onnx.NodeProto) -> str:
         if node.op_type == "Loop":
-            m, cond = (list(node.input) + ["", ""])[:2]
-            if m and self.const(m) is None:
-                return (f"its trip count {m!r} depends on data (not known when the plan is "
-                        "made); tr_onnx unrolls loops of a known trip count")
-            if cond and self.const(cond) is None:
-                return f"its condition {cond!r} depends on data"
-            return ("its condition is computed inside the body from loop-carried values; "
-                    "tr_onnx unrolls loops whose condition stays constant")
+            return self._why_loop(node)
         if node.op_type == "Scan":
             return "a scan input has no static shape, so its length is unknown"
         return ("its sequence input or position is not known when the plan is made (a "
                 "sequence model input, or a position computed from data)")
+
+    def _why_loop(self, node: onnx.NodeProto) -> str:
+        """Why a Loop is not unrolled, and why it cannot run as a loop either."""
+        m, cond = (list(node.input) + ["", ""])[:2]
+        if node.output[0] in self.at_run_time:
+            reason = self.at_run_time[node.output[0]]
+        elif m and self.const(m) is None:
+            reason = f"its trip count {m!r} depends on data (not known when the plan is made)"
+        elif cond and self.const(cond) is None:
+            reason = f"its condition {cond!r} depends on data"
+        else:
+            reason = "its body computes its condition from the values it carries"
+        scans = [self.scan_prefix.get(o, (None, o))[1]  # a peeled loop's: the user's name
+                 for o in node.output[len(node.input) - 2:] if o]
+        if scans:
+            return (f"{reason}, so it would run as a loop at run time, where it cannot have "
+                    f"scan outputs ({scans}: one slice per iteration, a length known only "
+                    "then); tr_onnx unrolls a Loop with scan outputs")
+        if not all(self._is_tensor(n) for n in node.input[2:]):
+            return (f"{reason}, so it would run as a loop at run time, where it carries "
+                    "tensors only, not sequences or optionals")
+        return (f"{reason}, and it has no trip count while its body passes the condition "
+                "through: once it starts it never ends")
 
     # ---- helpers ------------------------------------------------------------------------
 

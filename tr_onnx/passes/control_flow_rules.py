@@ -154,10 +154,17 @@ def _static_cond(r: _Resolver, body: onnx.GraphProto):
     return None if value is None else bool(np.asarray(value).reshape(-1)[0])
 
 
+# iterations of one Loop unrolled one at a time (each a round of folding over the model) before
+# the rest runs as a loop, at run time
+MAX_PEELED_ITERATIONS = 64
+
+
 def _loop(r: _Resolver, node: onnx.NodeProto):
     """Unrolled all at once when the body's condition stays what it is; when the body computes
     it, one iteration at a time: the step, then a Loop for the rest, whose condition the next
-    round's folding decides (a condition from data stays unresolved: a named error)."""
+    round's folding decides. A Loop left (a condition or trip count from data, too many
+    iterations to unroll) runs as a loop at run time (``subplan.Iterations``), where
+    ``check_resolved`` lets it."""
     m, cond = (list(node.input) + ["", ""])[:2]
     trip = r.const(m) if m else None
     go = r.const(cond) if cond else np.array(True)
@@ -173,18 +180,25 @@ def _loop(r: _Resolver, node: onnx.NodeProto):
     if not go or trip == 0:
         count = 0
     elif static is None:
+        key = tuple(node.output[:len(node.input) - 2])
+        r.peeled[key] = r.peeled.get(key, 0) + 1
+        if r.peeled[key] > MAX_PEELED_ITERATIONS:  # each peel is a round over the model
+            r.at_run_time[node.output[0]] = (f"its condition was still open after "
+                                             f"{MAX_PEELED_ITERATIONS} iterations unrolled")
+            return None
         return _loop_step(r, node, body, trip)
     else:
         count = trip if static in ("pass", True) else 1
         # checked before the first iteration: a trip count of 2**31 - 1 would otherwise
         # spend hours inlining (an empty body emits no node to trip the node bound; issue 35
-        # item 5)
+        # item 5); such a loop runs as a loop, at run time
         per_iteration = len(body.node) + 1  # its nodes, and its iteration's constants
         if count * per_iteration > r.max_nodes - r.emitted:
-            raise UnsupportedModelError(
-                f"{_label(node)}: {count} iterations of its body ({len(body.node)} nodes) "
-                f"would unroll into more than {r.max_nodes} nodes (the most a plan may inline, "
-                "MAX_UNROLLED_NODES); tr_onnx runs a Loop unrolled", [])
+            r.at_run_time[node.output[0]] = (
+                f"{count} iterations of its body ({len(body.node)} nodes) would unroll into "
+                f"more than {r.max_nodes} nodes (the most a plan may inline, "
+                "MAX_UNROLLED_NODES)")
+            return None
     states = list(node.input[2:])
     nodes, states, pieces, _ = _loop_iterations(r, body, states, count)
     nodes += [r.node("Identity", [s], [o]) for s, o in zip(states, node.output) if o]
@@ -241,7 +255,9 @@ def _loop_step(r: _Resolver, node: onnx.NodeProto, body: onnx.GraphProto, trip: 
         if name:
             r.scan_prefix[name] = (before + pieces[j], final)
         outs.append(name)
-    return nodes + [r.node("Loop", [m, cond] + after, outs, body=rest)]
+    rest_loop = r.node("Loop", [m, cond] + after, outs, body=rest)
+    rest_loop.name = node.name or rest_loop.name  # errors name the user's node
+    return nodes + [rest_loop]
 
 
 def _shape_of_type(tp: onnx.TypeProto) -> tuple[int, ...]:
