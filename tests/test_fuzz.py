@@ -64,8 +64,17 @@ def test_a_clean_run_of_a_valid_model_is_ok_and_equal_to_the_references(tmp_path
     case.files = {**base.files}
     record = runner.run_one(case, tmp_path / "case")
     assert record["outcome"] == "ok", record
-    assert record["oracle"] and record["detail"] == "equal to both references"
+    assert record["oracle"] and record["detail"] == \
+        "equal to both references (also channel_align=4)"
     assert MODEL in case.files
+
+
+@pytest.mark.parametrize("index", [82, 111], ids=["while_loop", "counted_loop"])
+def test_the_loops_of_the_random_graphs_run_and_equal_the_references(tmp_path, index):
+    case = make_case(SEED, index)
+    assert case.subject == "Loop", case.description
+    record = runner.run_one(case, tmp_path / "case")
+    assert record["outcome"] == "ok" and record["oracle"], record
 
 
 def test_every_op_of_the_random_graphs_has_a_schema_and_a_numpy_kernel():

@@ -380,9 +380,49 @@ _OPS = dict([
 ])
 
 
+def _loop_graph(rng: random.Random):
+    """A Loop carrying h through h = f(h * w + x): a while loop (a trip count of 2**31 - 1, a
+    condition the body computes from the data, capped by an iteration count), or a counted
+    one (its trip count from 0 to 300, the condition passed through)."""
+    shape = _shape(rng, 1, 3)
+    x, w = _f(rng, shape), _f(rng, shape, -1.5, 1.5)
+    f = rng.choice(["Tanh", "Sigmoid", "Relu", "Neg", "Softsign"])
+    body = [helper.make_node("Mul", ["h", "w"], ["hw"]), helper.make_node("Add", ["hw", "x"],
+                                                                          ["pre"]),
+            helper.make_node(f, ["pre"], ["h_next"])]
+    if rng.random() < 0.5:
+        kind, trip = "while", 2 ** 31 - 1
+        body += [helper.make_node("ReduceSumSquare", ["h_next"], ["energy"], keepdims=0),
+                 helper.make_node("Greater", ["energy", "threshold"], ["busy"]),
+                 helper.make_node("Less", ["i", "cap"], ["under_cap"]),
+                 helper.make_node("And", ["busy", "under_cap"], ["c_next"])]
+        cond_out = "c_next"
+    else:
+        kind, trip, cond_out = "counted", rng.randrange(0, 301), "c"
+    consts = [numpy_helper.from_array(np.array(rng.uniform(0.01, 2.0), np.float32),
+                                      "threshold"),
+              numpy_helper.from_array(np.array(rng.randrange(0, 20), np.int64), "cap")]
+    graph = helper.make_graph(body, "body", [
+        helper.make_tensor_value_info("i", TensorProto.INT64, []),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        helper.make_tensor_value_info("h", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_next", TensorProto.FLOAT, shape)],
+        consts if kind == "while" else [])
+    nodes = [helper.make_node("Loop", ["M", "go", "x"], ["y0"], body=graph)]
+    inits = [numpy_helper.from_array(np.array(trip, np.int64), "M"),
+             numpy_helper.from_array(np.array(True), "go"), numpy_helper.from_array(w, "w")]
+    return nodes, [("x", x)], inits, f"{kind} Loop of {f}, trip {trip}"
+
+
 def _random_graph(rng: random.Random) -> Case:
     """One op with random inputs and attributes, sometimes followed by a unary op; its inputs
-    are graph inputs (fed), its other operands initializers."""
+    are graph inputs (fed), its other operands initializers. One case in twelve is a Loop
+    (``_loop_graph``)."""
+    if rng.random() < 1 / 12:
+        nodes, fed, inits, what = _loop_graph(rng)
+        return _oracle_case("Loop", what, nodes, fed, inits, ["y0"],
+                            {"y0": list(fed[0][1].shape)})  # ONNX infers no carried shape
     op = rng.choice(sorted(_OPS))
     fed, consts, attrs = _OPS[op](rng)
     out_count = {"TopK": 2, "LSTM": 3, "GRU": 2, "RNN": 2}.get(op, 1)
@@ -395,11 +435,20 @@ def _random_graph(rng: random.Random) -> Case:
         tail = rng.choice(["Relu", "Tanh", "Abs", "Neg"])
         nodes.append(helper.make_node(tail, ["y0"], ["z"]))
         outs = ["z", *outs[1:]]
+    return _oracle_case(op, f"{op} {attrs} on {[list(v.shape) for _, v in fed]}", nodes, fed,
+                        [numpy_helper.from_array(v, n) for n, v in consts], outs)
+
+
+def _oracle_case(op: str, description: str, nodes, fed, inits, outs, shapes=None) -> Case:
+    """A graph of ``nodes`` whose fed inputs are float tensors, checked against the
+    references (``runner``), at the default channel alignment and with channels padded.
+    ``shapes``: float outputs declared with these shapes (else inferred)."""
+    shapes = shapes or {}
     graph = helper.make_graph(
         nodes, "fuzz",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(v.shape)) for n, v in fed],
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
-        [numpy_helper.from_array(v, n) for n, v in consts])
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, shapes[o]) if o in shapes else
+         helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = 8
     try:
@@ -412,7 +461,7 @@ def _random_graph(rng: random.Random) -> Case:
         pass
     feed = io.BytesIO()
     np.savez(feed, **dict(fed))
-    return Case("random_graph", 0, op, f"{op} {attrs} on {[list(v.shape) for _, v in fed]}",
+    return Case("random_graph", 0, op, description,
                 {MODEL: model.SerializeToString(), "feed.npz": feed.getvalue()}, oracle=True)
 
 
