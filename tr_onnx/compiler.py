@@ -273,6 +273,12 @@ def _arena_limit(backend: Backend, max_arena_bytes: int | None) -> tuple[int | N
     return limit, f"{name} ({_size(limit or 0)}; max_arena_bytes= sets another limit)"
 
 
+def _made_by(graph: ir.Graph, name: str) -> str:
+    v = graph.values.get(name)
+    return f"made by {v.producer.label}" if v is not None and v.producer is not None \
+        else "an input or initializer"
+
+
 def _value_bytes(v: ir.Value) -> int:
     return math.prod(v.shape) * np.dtype(v.dtype).itemsize if v.is_static else 0
 
@@ -286,12 +292,11 @@ def check_value_sizes(graph: ir.Graph, backend: Backend, max_arena_bytes: int | 
     largest = max(graph.values.values(), key=_value_bytes, default=None)
     if limit is None or largest is None or _value_bytes(largest) <= limit:
         return
-    made_by = f"made by {largest.producer.label}" if largest.producer is not None \
-        else "an input or initializer"
     inputs = {v.name: list(v.shape) for v in graph.inputs}
     raise ArenaSizeError(
         f"the {backend.name} plan for inputs {inputs} holds {largest.name!r} "
-        f"{list(largest.shape)} {largest.dtype} ({_size(_value_bytes(largest))}, {made_by}), "
+        f"{list(largest.shape)} {largest.dtype} ({_size(_value_bytes(largest))}, "
+        f"{_made_by(graph, largest.name)}), "
         f"more than {what} for the whole arena. Feed smaller inputs, or raise "
         "max_arena_bytes= if the machine has the memory")
 
@@ -307,14 +312,8 @@ def check_arena_size(graph: ir.Graph, memory: MemoryPlan, backend: Backend,
         return
     owners = sorted((t for t in memory.tensors.values() if t.alias_of is None and not t.span),
                     key=lambda t: -t.slot_bytes)[:3]
-
-    def made_by(name: str) -> str:
-        v = graph.values.get(name)
-        return f"made by {v.producer.label}" if v is not None and v.producer is not None \
-            else "an input or initializer"
-
     largest = "; ".join(f"{t.name!r} {list(t.shape)} {t.dtype} ({_size(t.slot_bytes)}) "
-                        f"{made_by(t.name)}" for t in owners)
+                        f"{_made_by(graph, t.name)}" for t in owners)
     inputs = {v.name: list(v.shape) for v in graph.inputs}
     raise ArenaSizeError(
         f"the {backend.name} plan for inputs {inputs} needs an arena of "
