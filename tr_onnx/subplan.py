@@ -526,7 +526,8 @@ class Iterations:
                                               functions=model.functions), outputs, regions)
         self.float_carried = [n for n, v in zip(self.names[2:], carried_in) if is_float(v.dtype)]
         self.wrt: tuple[int, ...] = ()
-        self.kept: list[dict] = []  # each iteration's inputs, while gradients are asked for
+        # while gradients are asked for: the outer values, then each iteration's own inputs
+        self.kept: list[dict] = []
 
     def require_gradients(self, positions) -> None:
         """Sub-plans with a backward pass: the float carried values always (their gradients
@@ -541,16 +542,18 @@ class Iterations:
         trip = None if ins[0] is None else int(np.asarray(ins[0]).reshape(-1)[0])
         go = True if ins[1] is None else bool(np.asarray(ins[1]).reshape(-1)[0])
         values = dict(zip(self.fed, ins[2 + self.carried:]))
+        # the outer values once (the arena may reuse their memory before the backward runs),
+        # then each iteration's own inputs
+        self.kept = [{n: np.array(v) for n, v in values.items()}] if self.wrt else []
         carried = [np.array(v) for v in ins[2:2 + self.carried]]
         after = [None] + [np.empty_like(v) for v in carried]
-        self.kept = []
         i = 0
         while go and (trip is None or i < trip):
             values[self.names[0]] = np.full(self.scalars[0], i, np.int64)
             values[self.names[1]] = np.full(self.scalars[1], True)
             values.update(zip(self.names[2:], carried))
             if self.wrt:
-                self.kept.append({n: np.array(v) for n, v in values.items()})
+                self.kept.append({n: np.array(values[n]) for n in self.names})
             plan = self.sub.plan(values)
             after[0] = self._condition(plan)
             self.sub.forward(plan, values, after)
@@ -567,7 +570,9 @@ class Iterations:
         outer = {self.fed[p - 2 - self.carried]: np.zeros_like(g)
                  for p, g in zip(self.wrt, outs) if p >= 2 + self.carried}
         scratch = [None] + [np.empty_like(cot[n]) for n in self.names[2:]]
-        for values in reversed(self.kept):
+        outer_values = self.kept[0] if self.kept else {}
+        for own in reversed(self.kept[1:]):
+            values = {**outer_values, **own}
             plan = self.sub.plan(values)
             scratch[0] = self._condition(plan)
             self.sub.forward(plan, values, scratch)  # the activations its backward reads
