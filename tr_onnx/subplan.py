@@ -63,6 +63,7 @@ from .errors import ShapeError
 from .importer import ImportedModel, import_model
 from .ops.dynamic import EAGER, compress_indices
 from .passes.autodiff import GradBuilder, differentiate
+from .passes.control_flow_rules import declared_shape
 
 MAX_SUBPLANS = 32
 FORWARD, BACKWARD = "region_forward", "region_backward"
@@ -503,7 +504,7 @@ class Iterations:
         self.carried = len(body.input) - 2
         self.fed = [v.name for v in node.inputs[2 + self.carried:]]  # outer values read
         self.names = [i.name for i in body.input]  # iteration number, condition, carried
-        self.scalars = [tuple(_declared_dims(i)) for i in body.input[:2]]
+        self.scalars = [declared_shape(i.type) for i in body.input[:2]]
         outputs = [f"{o.name}__body_out" for o in body.output]
         nodes = list(body.node) + [helper.make_node("Identity", [o.name], [name])
                                    for o, name in zip(body.output, outputs)]
@@ -516,7 +517,7 @@ class Iterations:
         inputs += [_value_info(v, name=n) for v, n in zip(carried_in, self.names[2:])]
         inputs += [_value_info(values[n]) for n in self.fed]
         results = [helper.make_tensor_value_info(outputs[0], onnx.TensorProto.BOOL,
-                                                 _declared_dims(body.output[0]))] + [
+                                                 declared_shape(body.output[0].type))] + [
             _value_info(v, name=n) for v, n in zip(carried_in, outputs[1:])]
         graph = helper.make_graph(nodes, body.name or "loop_body", inputs, results,
                                   initializer=body.initializer,
@@ -547,15 +548,17 @@ class Iterations:
         self.kept = [{n: np.array(v) for n, v in values.items()}] if self.wrt else []
         carried = [np.array(v) for v in ins[2:2 + self.carried]]
         after = [None] + [np.empty_like(v) for v in carried]
+        counter = values[self.names[0]] = np.zeros(self.scalars[0], np.int64)
+        values[self.names[1]] = np.ones(self.scalars[1], bool)  # a body runs while it is true
         i = 0
         while go and (trip is None or i < trip):
-            values[self.names[0]] = np.full(self.scalars[0], i, np.int64)
-            values[self.names[1]] = np.full(self.scalars[1], True)
+            counter.fill(i)
             values.update(zip(self.names[2:], carried))
             if self.wrt:
                 self.kept.append({n: np.array(values[n]) for n in self.names})
             plan = self.sub.plan(values)
-            after[0] = self._condition(plan)
+            if after[0] is None:
+                after[0] = self._condition(plan)
             self.sub.forward(plan, values, after)
             go = bool(after[0].reshape(-1)[0])
             carried, after[1:] = after[1:], carried
@@ -570,14 +573,17 @@ class Iterations:
         outer = {self.fed[p - 2 - self.carried]: np.zeros_like(g)
                  for p, g in zip(self.wrt, outs) if p >= 2 + self.carried}
         scratch = [None] + [np.empty_like(cot[n]) for n in self.names[2:]]
+        # written whole by each backward (a gradient or zeros), after it has read the
+        # cotangents, so the carried ones serve as the next iteration's cotangents in place
+        grads = {n: np.empty_like(cot[n]) for n in self.float_carried}
+        grads.update({n: np.empty_like(g) for n, g in outer.items()})
         outer_values = self.kept[0] if self.kept else {}
         for own in reversed(self.kept[1:]):
             values = {**outer_values, **own}
             plan = self.sub.plan(values)
-            scratch[0] = self._condition(plan)
+            if scratch[0] is None:
+                scratch[0] = self._condition(plan)
             self.sub.forward(plan, values, scratch)  # the activations its backward reads
-            grads = {n: np.zeros_like(cot[n]) for n in self.float_carried}
-            grads.update({n: np.zeros_like(g) for n, g in outer.items()})
             self.sub.backward(plan, [None] + [cot[n] for n in self.names[2:]], grads)
             for n in outer:
                 outer[n] += grads[n]
@@ -590,15 +596,6 @@ class Iterations:
     def _condition(self, plan) -> np.ndarray:
         """A buffer for the body's condition output, of the shape the sub-plan gives it."""
         return np.empty(plan.graph.values[self.sub.outputs[0]].shape, bool)
-
-
-def _declared_dims(vi: onnx.ValueInfoProto) -> list[int]:
-    """A loop body's iteration number or condition (in or out): its declared static dims (a
-    scalar where it declares none, as the spec has it)."""
-    t = vi.type.tensor_type
-    if not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
-        return []
-    return [int(d.dim_value) for d in t.shape.dim]
 
 
 def prepare_loop(node: ir.Node, graph: ir.Graph, model: onnx.ModelProto, regions: Regions

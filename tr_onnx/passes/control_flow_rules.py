@@ -216,11 +216,11 @@ def _loop(r: _Resolver, node: onnx.NodeProto):
 def _loop_iterations(r: _Resolver, body: onnx.GraphProto, states: list[str], count: int):
     """``body`` inlined ``count`` times: (nodes, final states, pieces per scan output, the
     last iteration's condition output)."""
-    iter_shape = _shape_of_type(body.input[0].type)
+    iter_shape = declared_shape(body.input[0].type)
     nodes, pieces, cond = [], [[] for _ in range(len(body.output) - 1 - len(states))], ""
     for t in range(count):
         bindings = {body.input[0].name: r.constant(np.full(iter_shape, t, np.int64), "cf/iter"),
-                    body.input[1].name: r.constant(np.full(_shape_of_type(body.input[1].type),
+                    body.input[1].name: r.constant(np.full(declared_shape(body.input[1].type),
                                                            True), "cf/cond")}
         bindings.update({i.name: v for i, v in zip(body.input[2:], states)})
         inlined, results = r.inline(body, bindings)
@@ -260,8 +260,10 @@ def _loop_step(r: _Resolver, node: onnx.NodeProto, body: onnx.GraphProto, trip: 
     return nodes + [rest_loop]
 
 
-def _shape_of_type(tp: onnx.TypeProto) -> tuple[int, ...]:
-    """A body input's declared static shape ((): a scalar where it says nothing)."""
+def declared_shape(tp: onnx.TypeProto) -> tuple[int, ...]:
+    """A loop body's iteration number or condition (in or out): its declared static shape
+    ((): a scalar where it says nothing, as the spec has it). Also read by
+    ``subplan.Iterations``."""
     t = tp.tensor_type
     if not t.HasField("shape") or not all(d.HasField("dim_value") for d in t.shape.dim):
         return ()
