@@ -169,25 +169,32 @@ def check_nodes(model: onnx.ModelProto, source: str, internal_ops: bool = False)
     while graphs:
         where, nodes, known = graphs.pop()
         for i, node in enumerate(nodes):
-            name = node.name or f"{node.op_type}_{i}"
-            label = f"{source}: {where}node {name!r} ({node.op_type})"
             if node.domain == INTERNAL_DOMAIN and not internal_ops:
                 raise UnsupportedModelError(
-                    f"{label}: {node.op_type} is one of tr_onnx's internal ops (domain "
-                    f"{INTERNAL_DOMAIN!r}): its passes add them (training forms, gradients, "
-                    "optimizer steps, layout changes), and a model may not contain them; use the "
-                    "ONNX op the model means", [])
-            attrs = {a.name: a for a in node.attribute}
-            if is_onnx_domain(node.domain) and node.op_type in _WINDOW_OPS:
-                _check_window(node, attrs, known, label)
-            for attr_name, a in attrs.items():
-                if is_onnx_domain(node.domain) and (node.op_type, attr_name) in \
-                        _TYPE_ATTRIBUTES and a.i not in _ELEMENT_TYPES:
-                    raise ModelLoadError(f"{label}: attribute {attr_name!r} is {a.i}, which "
-                                         "is no ONNX element type")
+                    f"{_label(source, where, node, i)}: {node.op_type} is one of tr_onnx's "
+                    f"internal ops (domain {INTERNAL_DOMAIN!r}): its passes add them (training "
+                    "forms, gradients, optimizer steps, layout changes), and a model may not "
+                    "contain them; use the ONNX op the model means", [])
+            if not node.attribute:  # most nodes: nothing more to read
+                continue
+            onnx_op = is_onnx_domain(node.domain)
+            if onnx_op and node.op_type in _WINDOW_OPS:
+                _check_window(node, {a.name: a for a in node.attribute}, known,
+                              _label(source, where, node, i))
+            for a in node.attribute:
+                if onnx_op and (node.op_type, a.name) in _TYPE_ATTRIBUTES and \
+                        a.i not in _ELEMENT_TYPES:
+                    raise ModelLoadError(f"{_label(source, where, node, i)}: attribute "
+                                         f"{a.name!r} is {a.i}, which is no ONNX element type")
                 for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    graphs.append((f"{where}node {name!r} attribute {attr_name!r}: ", g.node,
-                                   known))
+                    graphs.append((f"{where}node {node.name or f'{node.op_type}_{i}'!r} "
+                                   f"attribute {a.name!r}: ", g.node, known))
+
+
+def _label(source: str, where: str, node: onnx.NodeProto, index: int) -> str:
+    """How a refusal names a node: the model, the graph it is in, its name (or op and
+    position) and op."""
+    return f"{source}: {where}node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type})"
 
 
 def _check_window(node: onnx.NodeProto, attrs: dict, ranks: dict, label: str) -> None:
